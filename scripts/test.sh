@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The test command: sets up (deps + build), runs the CPU test suite with CTest,
+# then a short libFuzzer run over the binary parsers.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh
+ctest --test-dir "${LT_BUILD_DIR:-build}" -L cpu --output-on-failure -j "$(nproc)" --timeout 900
+if [[ -x scripts/fuzz.sh ]]; then ./scripts/fuzz.sh 20; fi

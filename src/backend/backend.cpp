@@ -1,0 +1,1 @@
+// Backend interface: see backend.h (owned by the executor module).

@@ -1,0 +1,28 @@
+#include <cstdio>
+
+#include "cli/commands.h"
+#include "core/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"lazytrain: train large language models on limited hardware"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "lazytrain 0.1.0");
+  lt::cli::add_model_info(app);
+  lt::cli::add_profile(app);
+  lt::cli::add_plan(app);
+  lt::cli::add_train(app);
+  lt::cli::add_eval(app);
+  lt::cli::add_generate(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const lt::Error& e) {
+    std::fprintf(stderr, "lazytrain: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "lazytrain: internal error: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}

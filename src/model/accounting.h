@@ -1,0 +1,28 @@
+// Model accounting: bytes and FLOPs per layer at a given batch x seq. Used by
+// `model-info`, the planner's cost model, and the metrics (TFLOPS/MFU/HFU).
+#pragma once
+#include <cstdint>
+
+#include "model/model_config.h"
+
+namespace lt {
+
+struct LayerCost {
+  int64_t params = 0;                  // parameters of one decoder layer
+  double flops_fwd = 0;                // matmul + attention FLOPs of one layer forward (causal attention: half of S^2)
+  double flops_bwd = 0;                // backward (2x the forward's matmuls + attention backward)
+  int64_t boundary_bytes = 0;          // one boundary activation: tokens * hidden * act_bytes
+  int64_t internal_bytes = 0;          // a layer's saved internals for backward (everything but its input boundary)
+  int64_t workspace_bytes = 0;         // transient peak inside a layer's forward/backward beyond saved internals
+};
+
+// tokens = batch * seq. act_bytes: 2 for bf16, 4 for fp32.
+LayerCost layer_cost(const ModelConfig& c, int64_t batch, int64_t seq, int act_bytes = 2);
+
+// 6 * N * tokens, N = all parameters counted once (the paper's and MegaTrain's TFLOPS numerator).
+double model_flops_per_step(const ModelConfig& c, int64_t tokens);
+// FLOPs of the LM head forward (2 * tokens * hidden * vocab).
+double head_flops_fwd(const ModelConfig& c, int64_t tokens);
+int64_t parameter_count(const ModelConfig& c);
+
+}  // namespace lt
