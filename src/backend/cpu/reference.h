@@ -1,0 +1,59 @@
+// CPU fp32 reference of the model, at the granularity the executor streams:
+// embedding, one decoder layer, and the head (final norm + LM head + cross-entropy).
+// The CPU backend runs these; the CUDA kernels are tested against them.
+//
+// Conventions (shared by every backend):
+//  * Activations are row-major [T, hidden], T = batch * seq, sample-major (sample b's tokens are rows b*seq..).
+//  * Weights of a unit are one flat fp32 buffer laid out by model/param_layout.h (UnitLayout offsets).
+//  * layer_backward recomputes the layer's internals from its input x (no saved internals needed)
+//    and ACCUMULATES weight gradients into dw (+=). Cross-sample reductions (weight gradients,
+//    loss sums) are accumulated sample by sample in sample order, so results are bit-identical
+//    however the executor groups samples into chunks.
+//  * targets are already shifted: targets[t] is the token predicted at row t, or -100 (ignored).
+//    shift_labels() turns HF-style labels into targets (last row of each sample becomes -100;
+//    with packing, the last row of each segment too).
+#pragma once
+#include <cstdint>
+
+#include "model/model_config.h"
+#include "model/param_layout.h"
+
+namespace lt::cpu {
+
+constexpr int32_t kIgnoreIndex = -100;
+
+struct SeqGeometry {
+  int64_t batch = 0;
+  int64_t seq = 0;
+  const int32_t* positions = nullptr;  // [batch*seq] RoPE positions; nullptr means 0..seq-1 per sample
+  const int32_t* segments = nullptr;   // [batch*seq] packed-sequence segment ids; nullptr means one segment per sample
+  int64_t tokens() const { return batch * seq; }
+};
+
+// Labels [B*S] in HF convention (labels[t] is token t itself, -100 ignored) to shifted targets.
+void shift_labels(const int32_t* labels, const SeqGeometry& g, int32_t* targets);
+
+void embed_forward(const ModelConfig& c, const float* emb, const int32_t* ids, int64_t T, float* x);
+void embed_backward(const ModelConfig& c, const int32_t* ids, int64_t T, const float* dx, float* demb);
+
+void layer_forward(const ModelConfig& c, const UnitLayout& lay, const float* w, const SeqGeometry& g,
+                   const float* x, float* y);
+void layer_backward(const ModelConfig& c, const UnitLayout& lay, const float* w, const SeqGeometry& g,
+                    const float* x, const float* dy, float* dx, float* dw);
+
+// Final RMSNorm + LM head + cross-entropy, chunked over tokens so that full logits never exist.
+// lm_w is lm_head.weight, or the embedding matrix when tied. Returns the SUM of per-token losses over
+// non-ignored targets. If dx != nullptr, also computes gradients of (loss_sum * loss_scale): writes dx,
+// and accumulates (+=) into d_head_w (the head unit's flat gradient) and d_lm_w.
+struct HeadResult {
+  double loss_sum = 0;
+  int64_t n_tokens = 0;  // non-ignored targets
+};
+HeadResult head_forward_backward(const ModelConfig& c, const UnitLayout& head_lay, const float* head_w,
+                                 const float* lm_w, const int32_t* targets, int64_t T, const float* x,
+                                 float loss_scale, float* dx, float* d_head_w, float* d_lm_w);
+// Logits of chosen rows (generation): out [n_rows, vocab].
+void head_logits(const ModelConfig& c, const UnitLayout& head_lay, const float* head_w, const float* lm_w,
+                 const float* x, const int64_t* rows, int64_t n_rows, float* out);
+
+}  // namespace lt::cpu
