@@ -1,0 +1,231 @@
+// Backend interface: everything the layer-streaming executor needs from a device, so that the
+// executor (src/exec) is written once and runs on the CPU backend (src/backend/cpu, worker threads
+// stand in for streams, host memory for device memory) and the CUDA backend (src/backend/cuda).
+//
+// Model of execution
+//  * Three lanes run concurrently: Compute, H2D (host -> device copies), D2H (device -> host copies).
+//    Work enqueued on one lane runs in enqueue order (a CUDA stream). Nothing orders two lanes except
+//    events: record(lane) returns an Event that completes when everything enqueued on that lane before
+//    it has finished; wait(lane, ev) makes later work on `lane` start only after `ev` completed.
+//  * Every enqueue is asynchronous: it returns at once. Pointers passed to an enqueue must stay valid
+//    until the work completed (use an event). Errors raised by enqueued work are reported (as lt::Error)
+//    by the next synchronize()/host_wait()/check() call; after an error the backend skips further ops but
+//    still completes events, so that nothing deadlocks and the caller can clean up.
+//  * All methods are called from one host thread (the executor's), except MemoryTracker, which is
+//    thread-safe.
+//
+// Memory
+//  * Two kinds: Device (HBM; host RAM on the CPU backend) and Pinned (page-locked host memory that the
+//    copy engines can read and write; plain aligned host memory on the CPU backend). Pinned memory is
+//    directly addressable by the host. Device memory is only touched through enqueued work.
+//  * Every allocation carries a tag ("weights.ring", "ckpt.gpu", ...). A budget per kind is enforced
+//    by MemoryTracker: an allocation beyond it throws "does not fit: device short by <bytes> ...".
+//    Current and peak bytes are tracked per kind and per tag.
+//  * Alignment: device allocations are 256-byte aligned, pinned ones 4096-byte aligned (O_DIRECT).
+//
+// Ops (all enqueued on the Compute lane; every pointer is device memory of the backend's dtypes)
+//    They follow src/backend/cpu/reference.h exactly (same layouts, conventions and accumulation
+//    rules): activations [T, hidden] row-major, sample-major; weights of a unit are one flat buffer
+//    laid out by UnitLayout (in dtypes().weight); gradients in dtypes().grad, ACCUMULATED (+=) into.
+//    Cross-sample reductions are accumulated sample by sample in sample order, so calling an op on a
+//    batch or on consecutive chunks of samples gives bit-identical results (on the CPU backend).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "model/model_config.h"
+#include "model/param_layout.h"
+
+namespace lt {
+
+enum class MemKind : uint8_t { Device = 0, Pinned = 1 };
+const char* mem_kind_name(MemKind k);  // "device", "pinned"
+
+enum class Lane : uint8_t { Compute = 0, H2D = 1, D2H = 2 };
+constexpr int kNumLanes = 3;
+const char* lane_name(Lane l);  // "compute", "h2d", "d2h"
+
+// Budgets, current and peak bytes per memory kind and per tag. Shared by all backends.
+class MemoryTracker {
+ public:
+  static constexpr int64_t kUnlimited = -1;
+  void set_budget(MemKind k, int64_t bytes);  // kUnlimited (or < 0) = no limit
+  int64_t budget(MemKind k) const;
+  // Throws lt::Error "does not fit: <kind> short by <bytes> (<tag> asks <bytes>, in use <bytes> of <budget>)".
+  void reserve(MemKind k, int64_t bytes, const std::string& tag);
+  void release(MemKind k, int64_t bytes, const std::string& tag);
+  int64_t current(MemKind k) const;
+  int64_t peak(MemKind k) const;
+  void reset_peaks();  // peaks := current
+  struct TagStat {
+    MemKind kind;
+    std::string tag;
+    int64_t current = 0, peak = 0, count = 0;  // count = live allocations
+  };
+  std::vector<TagStat> tags() const;  // sorted by kind, then tag
+  std::string table() const;          // printable table of tags with totals and budgets
+
+ private:
+  mutable std::mutex mu_;
+  int64_t budget_[2] = {kUnlimited, kUnlimited};
+  int64_t cur_[2] = {0, 0}, peak_[2] = {0, 0};
+  std::map<std::pair<int, std::string>, TagStat> tags_;
+};
+
+// A block of backend memory. Owned by whoever allocated it; free with Backend::free (or use Buffer).
+struct Allocation {
+  void* ptr = nullptr;
+  int64_t bytes = 0;
+  MemKind kind = MemKind::Device;
+  std::string tag;
+  explicit operator bool() const { return ptr != nullptr; }
+};
+
+// Opaque completion marker; each backend derives its own. Shared so that it can outlive a lane's queue.
+struct EventImpl {
+  virtual ~EventImpl() = default;
+};
+using Event = std::shared_ptr<EventImpl>;
+
+// What an enqueued piece of work is, for timing spans and traces.
+struct OpLabel {
+  const char* what = "";  // static string: "fwd", "bwd", "recompute", "w.h2d", "ckpt.d2h", ...
+  int32_t window = -1;    // the executor's window index (docs/executor.md), -1 if none
+  int32_t index = -1;     // layer / boundary / unit the work is about, -1 if none
+};
+
+// A finished piece of work on a lane, times in seconds on now_seconds()'s clock.
+struct Span {
+  Lane lane;
+  OpLabel label;
+  int64_t bytes = 0;  // copies: bytes moved
+  double t0 = 0, t1 = 0;
+};
+
+// Dtypes the backend computes in. The executor sizes buffers and converts host data with these.
+struct BackendDTypes {
+  DType act = DType::F32;     // boundary activations and their gradients
+  DType weight = DType::F32;  // streamed weights (the host "streaming copy" has this dtype)
+  DType grad = DType::F32;    // weight gradients produced on the device
+};
+
+// Sequence geometry of the rows an op works on; positions/segments are DEVICE pointers to int32
+// [batch*seq] (nullptr: 0..seq-1 per sample / one segment per sample), already offset to the chunk.
+struct DevGeometry {
+  int64_t batch = 0;
+  int64_t seq = 0;
+  const int32_t* positions = nullptr;
+  const int32_t* segments = nullptr;
+  int64_t tokens() const { return batch * seq; }
+};
+
+class Backend {
+ public:
+  explicit Backend(const ModelConfig& c);
+  virtual ~Backend() = default;
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+
+  virtual std::string name() const = 0;  // "cpu", "cuda:0 (NVIDIA H200)", ...
+  virtual BackendDTypes dtypes() const = 0;
+  const ModelConfig& config() const { return cfg_; }
+  const ModelLayout& layout() const { return layout_; }
+  MemoryTracker& memory() { return mem_; }
+
+  // ---- memory ----
+  // Reserves against the kind's budget (throws "does not fit: ..."), then allocates. bytes > 0.
+  virtual Allocation alloc(MemKind k, int64_t bytes, const std::string& tag) = 0;
+  // Frees now: the caller guarantees no enqueued work still uses it (synchronize first). Null is a no-op.
+  virtual void free(Allocation& a) = 0;
+  // Extra device bytes one layer_forward/layer_backward on `tokens` rows needs internally (the backend
+  // reserves it itself from the Device budget under tag "workspace" when first needed).
+  virtual int64_t layer_workspace_bytes(int64_t tokens) const = 0;
+  // Reserves the workspace for layers/head on up to `tokens` rows now, so that a plan that cannot fit
+  // fails before running.
+  virtual void reserve_workspace(int64_t tokens) = 0;
+
+  // ---- lanes and events ----
+  virtual Event record(Lane lane) = 0;
+  virtual void wait(Lane lane, const Event& ev) = 0;  // null ev: no-op
+  virtual void host_wait(const Event& ev) = 0;        // blocks the host; throws the lanes' first error
+  virtual bool done(const Event& ev) = 0;             // non-blocking query
+  virtual void synchronize() = 0;                     // all lanes idle; throws the first error
+  virtual void check() = 0;                           // throws the first error of enqueued work, if any
+  virtual void clear_error() = 0;                     // forget a reported error (after cleanup)
+
+  // Copies. H2D: dst Device, src Pinned; D2H: dst Pinned, src Device; Compute: device to device.
+  virtual void copy(Lane lane, void* dst, const void* src, int64_t bytes, OpLabel l) = 0;
+  virtual void fill_zero(Lane lane, void* dst, int64_t bytes, OpLabel l) = 0;
+
+  // ---- timing ----
+  // When on, every enqueued op produces a Span (CUDA: event pairs, resolved at take_spans()).
+  virtual void set_timing(bool on) = 0;
+  virtual std::vector<Span> take_spans() = 0;  // after synchronize(); clears the list
+
+  // ---- ops (Compute lane), contracts as src/backend/cpu/reference.h ----
+  // x[T, hidden] = emb[ids]
+  virtual void embed_forward(const void* emb, const int32_t* ids, int64_t T, void* x, OpLabel l) = 0;
+  // demb[ids[t]] += dx[t] (in sample order)
+  virtual void embed_backward(const int32_t* ids, int64_t T, const void* dx, void* demb, OpLabel l) = 0;
+  // y = layer(x) for decoder layer `layer` with weights w (layout_.layer(layer)).
+  virtual void layer_forward(int64_t layer, const void* w, const DevGeometry& g, const void* x, void* y,
+                             OpLabel l) = 0;
+  // Recomputes internals from x; writes dx, ACCUMULATES dw.
+  virtual void layer_backward(int64_t layer, const void* w, const DevGeometry& g, const void* x,
+                              const void* dy, void* dx, void* dw, OpLabel l) = 0;
+  // Head (final norm + LM head + CE) on the rows of g, targets already shifted (-100 ignored).
+  // acc: device double[2]; acc[0] += loss_sum, acc[1] += n_tokens (non-ignored), added sample by sample.
+  // If dx != nullptr: gradients of loss_sum * loss_scale: writes dx, ACCUMULATES d_head_w and d_lm_w
+  // (d_lm_w is the embedding's gradient when tied).
+  virtual void head_loss(const void* head_w, const void* lm_w, const int32_t* targets, const DevGeometry& g,
+                         const void* x, float loss_scale, void* dx, void* d_head_w, void* d_lm_w, double* acc,
+                         OpLabel l) = 0;
+  // out[n_rows, vocab] (fp32, device) = logits of the given rows (rows: device int64).
+  virtual void head_logits(const void* head_w, const void* lm_w, const void* x, const int64_t* rows,
+                           int64_t n_rows, float* out, OpLabel l) = 0;
+  // *out (device double) += sum of squares of grad[0..n) (dtypes().grad), accumulated in fp64.
+  // Used for exact global-norm clipping without a second pass over gradients on the host.
+  virtual void grad_sumsq(const void* grad, int64_t n, double* out, OpLabel l) = 0;
+
+ protected:
+  ModelConfig cfg_;
+  ModelLayout layout_;
+  MemoryTracker mem_;
+};
+
+// RAII owner of one allocation.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Backend& b, MemKind k, int64_t bytes, const std::string& tag) : be_(&b), a_(b.alloc(k, bytes, tag)) {}
+  ~Buffer() { reset(); }
+  Buffer(Buffer&& o) noexcept : be_(o.be_), a_(o.a_) { o.a_ = {}; }
+  Buffer& operator=(Buffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      be_ = o.be_;
+      a_ = o.a_;
+      o.a_ = {};
+    }
+    return *this;
+  }
+  void reset() {
+    if (be_ && a_) be_->free(a_);
+    a_ = {};
+  }
+  void* data() const { return a_.ptr; }
+  template <typename T> T* as() const { return static_cast<T*>(a_.ptr); }
+  int64_t bytes() const { return a_.bytes; }
+  explicit operator bool() const { return a_.ptr != nullptr; }
+
+ private:
+  Backend* be_ = nullptr;
+  Allocation a_;
+};
+
+}  // namespace lt
