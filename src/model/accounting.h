@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "model/model_config.h"
+#include "model/param_layout.h"
 
 namespace lt {
 
@@ -24,5 +25,9 @@ double model_flops_per_step(const ModelConfig& c, int64_t tokens);
 // FLOPs of the LM head forward (2 * tokens * hidden * vocab).
 double head_flops_fwd(const ModelConfig& c, int64_t tokens);
 int64_t parameter_count(const ModelConfig& c);
+// Real parameters of one unit (no alignment padding).
+int64_t unit_param_count(const UnitLayout& u);
+// Transient bytes of the chunked LM head + cross-entropy for one chunk: fp32 logits and their gradient.
+int64_t head_chunk_workspace_bytes(const ModelConfig& c, int64_t chunk_tokens);
 
 }  // namespace lt
