@@ -1,0 +1,54 @@
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "model/accounting.h"
+#include "model/model_config.h"
+
+using namespace lt;
+
+// Values below are worked out by hand from the shapes (see docs/model.md "Accounting").
+TEST(Accounting, TinyQwen2ByHand) {
+  auto c = preset_config("tiny-qwen2");  // H 64, heads 4/2, head_dim 16, F 128, bias
+  auto r = layer_cost(c, 2, 8, 2);
+  EXPECT_EQ(r.params, 128 + (4096 + 64) + 2 * (2048 + 32) + 4096 + 3 * 64 * 128);
+  const double T = 16;
+  const double matmul = 4096 + 2048 + 2048 + 4096 + 3 * 64 * 128;
+  EXPECT_DOUBLE_EQ(r.flops_fwd, 2 * T * matmul + 2.0 * 2 * 8 * 8 * 64);
+  EXPECT_DOUBLE_EQ(r.flops_bwd, 2 * r.flops_fwd);
+  EXPECT_EQ(r.boundary_bytes, 16 * 64 * 2);
+  // xn, q, k, v, attn, h, hn, gate, up, act (bf16) + 2 rstd + 4 lse (fp32)
+  EXPECT_EQ(r.internal_bytes, 16 * ((64 + 64 + 32 + 32 + 64 + 64 + 64 + 3 * 128) * 2 + (2 + 4) * 4));
+  // max(fwd T(H+3F), bwd mlp T(3F+2H), bwd attn T(2Q+2KV+2H)*2 + 4TQ)
+  EXPECT_EQ(r.workspace_bytes, std::max<int64_t>({16 * (64 + 384) * 2, 16 * (384 + 128) * 2,
+                                                  16 * (128 + 64 + 128) * 2 + 16 * 64 * 4}));
+  auto r4 = layer_cost(c, 2, 8, 4);
+  EXPECT_EQ(r4.boundary_bytes, 2 * r.boundary_bytes);
+}
+
+TEST(Accounting, Qwen3CountsQkNormInternals) {
+  auto c = preset_config("tiny-qwen3");  // H 64, heads 4/2, head_dim 32 -> Q 128, KV 64, F 128
+  auto r = layer_cost(c, 1, 4, 2);
+  const int64_t act = 64 + 128 + 2 * 64 + 128 + 64 + 64 + 3 * 128 + (128 + 64);
+  const int64_t f32 = 2 + 4 + 4 + 2;
+  EXPECT_EQ(r.internal_bytes, 4 * (act * 2 + f32 * 4));
+  EXPECT_EQ(r.params, 128 + 128 * 64 + 2 * 64 * 64 + 64 * 128 + 2 * 32 + 3 * 64 * 128);
+}
+
+TEST(Accounting, ScalesWithShape) {
+  auto c = preset_config("qwen2.5-7b");
+  auto a = layer_cost(c, 1, 1024);
+  auto b = layer_cost(c, 2, 1024);
+  auto s = layer_cost(c, 1, 2048);
+  EXPECT_DOUBLE_EQ(b.flops_fwd, 2 * a.flops_fwd);     // linear in batch
+  EXPECT_GT(s.flops_fwd, 2 * a.flops_fwd);            // attention is quadratic in seq
+  EXPECT_EQ(b.boundary_bytes, 2 * a.boundary_bytes);
+  EXPECT_EQ(b.internal_bytes, 2 * a.internal_bytes);
+  // Layer params times layers plus embedding/head equals the model count.
+  EXPECT_EQ(a.params * c.layers + 2 * c.vocab * c.hidden + c.hidden, parameter_count(c));
+  // 6*N*tokens convention
+  EXPECT_DOUBLE_EQ(model_flops_per_step(c, 1024), 6.0 * 7615616512.0 * 1024);
+  EXPECT_DOUBLE_EQ(head_flops_fwd(c, 10), 2.0 * 10 * 3584 * 152064);
+  EXPECT_EQ(head_chunk_workspace_bytes(c, 128), 2 * 128 * 152064 * 4);
+  EXPECT_THROW(layer_cost(c, 0, 1024), lt::Error);
+  EXPECT_THROW(layer_cost(c, 1, 1024, 3), lt::Error);
+}
