@@ -1,0 +1,291 @@
+#include "train/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+#include <variant>
+
+#include "core/error.h"
+#include "core/units.h"
+
+namespace lt::train {
+namespace {
+
+using Member = std::variant<std::string TrainConfig::*, int64_t TrainConfig::*, double TrainConfig::*,
+                            bool TrainConfig::*>;
+struct Field {
+  const char* key;
+  Member member;
+};
+
+// One row per key. "template" maps to template_name (a C++ keyword).
+const std::vector<Field>& fields() {
+  using C = TrainConfig;
+  static const std::vector<Field> f = {
+      {"model_name_or_path", &C::model_name_or_path},
+      {"tokenizer", &C::tokenizer},
+      {"dataset", &C::dataset},
+      {"eval_dataset", &C::eval_dataset},
+      {"template", &C::template_name},
+      {"cutoff_len", &C::cutoff_len},
+      {"packing", &C::packing},
+      {"train_on_inputs", &C::train_on_inputs},
+      {"val_size", &C::val_size},
+      {"max_samples", &C::max_samples},
+      {"per_device_train_batch_size", &C::per_device_train_batch_size},
+      {"per_device_eval_batch_size", &C::per_device_eval_batch_size},
+      {"gradient_accumulation_steps", &C::gradient_accumulation_steps},
+      {"learning_rate", &C::learning_rate},
+      {"lr_scheduler_type", &C::lr_scheduler_type},
+      {"warmup_ratio", &C::warmup_ratio},
+      {"warmup_steps", &C::warmup_steps},
+      {"min_lr_ratio", &C::min_lr_ratio},
+      {"weight_decay", &C::weight_decay},
+      {"adam_beta1", &C::adam_beta1},
+      {"adam_beta2", &C::adam_beta2},
+      {"adam_epsilon", &C::adam_epsilon},
+      {"max_grad_norm", &C::max_grad_norm},
+      {"num_train_epochs", &C::num_train_epochs},
+      {"max_steps", &C::max_steps},
+      {"logging_steps", &C::logging_steps},
+      {"save_steps", &C::save_steps},
+      {"save_total_limit", &C::save_total_limit},
+      {"eval_steps", &C::eval_steps},
+      {"save_dtype", &C::save_dtype},
+      {"save_final", &C::save_final},
+      {"output_dir", &C::output_dir},
+      {"overwrite_output_dir", &C::overwrite_output_dir},
+      {"seed", &C::seed},
+      {"resume_from_checkpoint", &C::resume_from_checkpoint},
+      {"gpu_mem", &C::gpu_mem},
+      {"host_mem", &C::host_mem},
+      {"nvme_dir", &C::nvme_dir},
+      {"nvme_mem", &C::nvme_mem},
+      {"planner", &C::planner},
+      {"profile", &C::profile},
+      {"optimizer", &C::optimizer},
+      {"backend", &C::backend},
+      {"threads", &C::threads},
+      {"peak_tflops", &C::peak_tflops},
+      {"progress_bar", &C::progress_bar},
+      {"do_eval_dataset", &C::do_eval_dataset},
+      {"eval_max_samples", &C::eval_max_samples},
+      {"max_new_tokens", &C::max_new_tokens},
+  };
+  return f;
+}
+
+const Field* find_field(const std::string& key) {
+  for (const auto& f : fields())
+    if (key == f.key) return &f;
+  return nullptr;
+}
+
+[[noreturn]] void unknown_key(const std::string& key, const std::string& source) {
+  std::string near = nearest_key(key);
+  if (!near.empty()) fail("{}: unknown key '{}'; did you mean '{}'?", source, key, near);
+  fail("{}: unknown key '{}'; valid keys: {}", source, key, fmt::join(config_keys(), ", "));
+}
+
+std::string node_text(const YAML::Node& n) {
+  if (n.IsScalar()) return n.Scalar();
+  if (n.IsSequence()) return "a list";
+  if (n.IsMap()) return "a mapping";
+  return "null";
+}
+
+// Sets one field from a YAML node, with type checking. YAML scalars are untyped text, so
+// the expected type decides how to read them; a mismatch names key, expected and actual.
+void set_field(TrainConfig& c, const Field& f, const YAML::Node& n, const std::string& source) {
+  const std::string key = f.key;
+  auto bad = [&](const char* expected) {
+    fail("{}: key '{}' expects {}, got '{}'", source, key, expected, node_text(n));
+  };
+  if (!n.IsScalar() && !n.IsNull()) {
+    std::visit([&](auto m) {
+      using T = std::remove_reference_t<decltype(c.*m)>;
+      if constexpr (std::is_same_v<T, std::string>) bad("a string");
+      else if constexpr (std::is_same_v<T, bool>) bad("a boolean (true/false)");
+      else if constexpr (std::is_same_v<T, int64_t>) bad("an integer");
+      else bad("a number");
+    }, f.member);
+  }
+  std::visit([&](auto m) {
+    using T = std::remove_reference_t<decltype(c.*m)>;
+    if constexpr (std::is_same_v<T, std::string>) {
+      c.*m = n.IsNull() ? std::string() : n.Scalar();
+    } else if constexpr (std::is_same_v<T, bool>) {
+      bool v;
+      if (n.IsNull() || !YAML::convert<bool>::decode(n, v)) bad("a boolean (true/false)");
+      c.*m = v;
+    } else if constexpr (std::is_same_v<T, int64_t>) {
+      if (n.IsNull()) bad("an integer");
+      const std::string& s = n.Scalar();
+      size_t pos = 0;
+      long long v = 0;
+      try {
+        v = std::stoll(s, &pos);
+      } catch (...) {
+        pos = 0;
+      }
+      if (pos != s.size() || s.empty()) {
+        // Accept integral floats written like 1e3 or 100.0.
+        double d = 0;
+        if (YAML::convert<double>::decode(n, d) && d == static_cast<double>(static_cast<long long>(d)))
+          v = static_cast<long long>(d);
+        else
+          bad("an integer");
+      }
+      c.*m = v;
+    } else {
+      double v;
+      if (n.IsNull() || !YAML::convert<double>::decode(n, v)) bad("a number");
+      c.*m = v;
+    }
+  }, f.member);
+}
+
+}  // namespace
+
+const std::vector<std::string>& config_keys() {
+  static const std::vector<std::string> keys = [] {
+    std::vector<std::string> k;
+    for (const auto& f : fields()) k.push_back(f.key);
+    return k;
+  }();
+  return keys;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t sub = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string nearest_key(const std::string& key) {
+  std::string best;
+  size_t best_d = SIZE_MAX;
+  for (const auto& k : config_keys()) {
+    size_t d = edit_distance(key, k);
+    if (d < best_d) best_d = d, best = k;
+  }
+  size_t limit = std::max<size_t>(2, key.size() / 3);
+  return best_d <= limit ? best : std::string();
+}
+
+TrainConfig parse_config(const std::string& yaml_text, const std::string& source,
+                         const std::vector<std::string>& overrides) {
+  TrainConfig c;
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    fail("{}: invalid YAML at line {}, column {}: {}", source, e.mark.line + 1, e.mark.column + 1, e.msg);
+  }
+  if (root.IsDefined() && !root.IsNull()) {
+    LT_CHECK(root.IsMap(), "{}: expected a mapping of key: value at the top level, got {}", source,
+             node_text(root));
+    for (const auto& kv : root) {
+      std::string key = kv.first.as<std::string>();
+      const Field* f = find_field(key);
+      if (!f) unknown_key(key, source);
+      set_field(c, *f, kv.second, fmt::format("{} (line {})", source, kv.first.Mark().line + 1));
+    }
+  }
+  for (const auto& ov : overrides) {
+    auto eq = ov.find('=');
+    LT_CHECK(eq != std::string::npos && eq > 0, "override '{}': expected key=value", ov);
+    std::string key = ov.substr(0, eq), val = ov.substr(eq + 1);
+    const Field* f = find_field(key);
+    if (!f) unknown_key(key, "command line");
+    YAML::Node n;
+    try {
+      n = YAML::Load(val);
+    } catch (const YAML::Exception&) {
+      n = YAML::Node(val);
+    }
+    if (val.empty()) n = YAML::Node(YAML::NodeType::Null);
+    set_field(c, *f, n, "command line override");
+  }
+  validate_config(c);
+  return c;
+}
+
+TrainConfig load_config(const std::filesystem::path& file, const std::vector<std::string>& overrides) {
+  std::ifstream in(file);
+  LT_CHECK(in.good(), "cannot open config file '{}'", file.string());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  TrainConfig c = parse_config(ss.str(), file.string(), overrides);
+  c.config_path = file;
+  return c;
+}
+
+void validate_config(const TrainConfig& c) {
+  auto one_of = [](const std::string& key, const std::string& v, std::initializer_list<const char*> ok) {
+    for (const char* o : ok)
+      if (v == o) return;
+    fail("config: {} = '{}' is not valid; expected one of: {}", key, v, fmt::join(ok, ", "));
+  };
+  auto positive = [](const char* key, int64_t v) {
+    LT_CHECK(v > 0, "config: {} must be > 0, got {}", key, v);
+  };
+  LT_CHECK(!c.model_name_or_path.empty(), "config: model_name_or_path is required (a model directory or a preset name)");
+  positive("cutoff_len", c.cutoff_len);
+  positive("per_device_train_batch_size", c.per_device_train_batch_size);
+  positive("gradient_accumulation_steps", c.gradient_accumulation_steps);
+  positive("logging_steps", c.logging_steps);
+  LT_CHECK(c.per_device_eval_batch_size >= 0, "config: per_device_eval_batch_size must be >= 0, got {}",
+           c.per_device_eval_batch_size);
+  LT_CHECK(c.learning_rate >= 0, "config: learning_rate must be >= 0, got {}", c.learning_rate);
+  LT_CHECK(c.warmup_ratio >= 0 && c.warmup_ratio <= 1, "config: warmup_ratio must be in [0, 1], got {}", c.warmup_ratio);
+  LT_CHECK(c.warmup_steps >= 0, "config: warmup_steps must be >= 0, got {}", c.warmup_steps);
+  LT_CHECK(c.min_lr_ratio >= 0 && c.min_lr_ratio <= 1, "config: min_lr_ratio must be in [0, 1], got {}", c.min_lr_ratio);
+  LT_CHECK(c.weight_decay >= 0, "config: weight_decay must be >= 0, got {}", c.weight_decay);
+  LT_CHECK(c.max_steps > 0 || c.num_train_epochs > 0, "config: set max_steps > 0 or num_train_epochs > 0");
+  LT_CHECK(c.save_steps >= 0 && c.save_total_limit >= 0 && c.eval_steps >= 0,
+           "config: save_steps, save_total_limit and eval_steps must be >= 0");
+  LT_CHECK(c.val_size >= 0, "config: val_size must be >= 0, got {}", c.val_size);
+  LT_CHECK(!c.output_dir.empty(), "config: output_dir must not be empty");
+  one_of("lr_scheduler_type", c.lr_scheduler_type, {"constant", "linear", "cosine"});
+  one_of("optimizer", c.optimizer, {"adamw", "adamw8bit", "hybrid"});
+  one_of("backend", c.backend, {"auto", "cpu", "cuda"});
+  one_of("save_dtype", c.save_dtype, {"bf16", "fp32"});
+  one_of("planner", c.planner, {"milp", "dp", "megatrain", "all-gpu", "sqrt", "all-cpu"});
+  for (auto [key, v] : {std::pair{"gpu_mem", &c.gpu_mem}, {"host_mem", &c.host_mem}, {"nvme_mem", &c.nvme_mem}}) {
+    if (v->empty()) continue;
+    try {
+      parse_bytes(*v);
+    } catch (const Error& e) {
+      fail("config: {}: {}", key, e.what());
+    }
+  }
+}
+
+std::string config_to_yaml(const TrainConfig& c) {
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  for (const auto& f : fields()) {
+    out << YAML::Key << f.key << YAML::Value;
+    std::visit([&](auto m) {
+      using T = std::remove_reference_t<decltype(c.*m)>;
+      if constexpr (std::is_same_v<T, std::string>) out << YAML::DoubleQuoted << (c.*m);
+      else if constexpr (std::is_same_v<T, double>) out << fmt::format("{}", c.*m);
+      else out << (c.*m);
+    }, f.member);
+  }
+  out << YAML::EndMap;
+  return out.c_str();
+}
+
+}  // namespace lt::train

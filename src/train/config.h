@@ -1,0 +1,92 @@
+// TrainConfig: everything `lazytrain train config.yaml [key=value ...]` accepts.
+// Names follow HF TrainingArguments / LLaMA-Factory where they exist, plus lazytrain's own
+// (gpu_mem, host_mem, nvme_dir, nvme_mem, planner, optimizer, backend).
+// Unknown keys are errors that suggest the nearest valid key (edit distance); type errors name
+// the key, the expected type and the value found.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace YAML { class Node; }
+
+namespace lt::train {
+
+struct TrainConfig {
+  // model and data
+  std::string model_name_or_path;      // model dir (config.json [+ safetensors]) or a preset name
+  std::string tokenizer;               // tokenizer dir/file; default: model dir, else configs/demo
+  std::string dataset;                 // JSONL path or builtin:math
+  std::string eval_dataset;            // optional JSONL for periodic eval-loss; default: val split
+  std::string template_name = "auto";  // chat template ("template" in YAML)
+  int64_t cutoff_len = 1024;
+  bool packing = false;
+  bool train_on_inputs = false;
+  double val_size = 0.0;               // fraction (<1) or count (>=1) of samples held out
+  int64_t max_samples = 0;             // 0 = all; for builtin datasets: how many to generate
+  // batch and schedule
+  int64_t per_device_train_batch_size = 8;
+  int64_t per_device_eval_batch_size = 0;  // 0 = same as train
+  int64_t gradient_accumulation_steps = 1;
+  double learning_rate = 5e-5;
+  std::string lr_scheduler_type = "linear";  // constant | linear | cosine (all with warmup)
+  double warmup_ratio = 0.0;
+  int64_t warmup_steps = 0;                  // takes precedence over warmup_ratio when > 0
+  double min_lr_ratio = 0.0;                 // floor of cosine/linear decay, as a fraction of lr
+  double weight_decay = 0.0;
+  double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_epsilon = 1e-8;
+  double max_grad_norm = 1.0;                // <= 0 disables clipping
+  double num_train_epochs = 3.0;
+  int64_t max_steps = -1;                    // > 0 overrides num_train_epochs
+  // logging, eval, checkpoints
+  int64_t logging_steps = 10;
+  int64_t save_steps = 500;                  // 0 = only at the end
+  int64_t save_total_limit = 0;              // 0 = keep all
+  int64_t eval_steps = 0;                    // 0 = no periodic eval
+  std::string save_dtype = "bf16";           // model weights in checkpoints: bf16 | fp32
+  bool save_final = true;                    // save a checkpoint at the last step
+  std::string output_dir = "output";
+  bool overwrite_output_dir = false;
+  int64_t seed = 42;
+  std::string resume_from_checkpoint;        // "", a checkpoint dir, or "auto"
+  // lazytrain's own
+  std::string gpu_mem;                       // byte string ("24GiB"); empty = what the device has
+  std::string host_mem;                      // DRAM budget; empty = MemAvailable
+  std::string nvme_dir;
+  std::string nvme_mem;
+  std::string planner = "milp";              // milp | dp | megatrain | all-gpu | sqrt | all-cpu
+  std::string profile;                       // resource profile JSON or preset; empty = measure/estimate
+  std::string optimizer = "adamw";           // adamw | adamw8bit | hybrid
+  std::string backend = "auto";              // auto | cpu | cuda
+  int64_t threads = 0;                       // CPU threads; 0 = all cores
+  double peak_tflops = 0;                    // MFU denominator; 0 = by device (989 on H100/H200 class)
+  bool progress_bar = true;                  // only shown when stdout is a terminal
+  // after training: exact-match evaluation on a test set (eval command semantics)
+  std::string do_eval_dataset;               // JSONL or builtin:math-test; empty = none
+  int64_t eval_max_samples = 0;              // 0 = all
+  int64_t max_new_tokens = 64;
+
+  std::filesystem::path config_path;         // where it was read from (for relative paths)
+};
+
+// Every key a config may contain, in documentation order.
+const std::vector<std::string>& config_keys();
+
+// Parses YAML text. `source` names the file in messages. Then applies overrides "key=value"
+// (value parsed as a YAML scalar). Throws lt::Error.
+TrainConfig parse_config(const std::string& yaml_text, const std::string& source,
+                         const std::vector<std::string>& overrides = {});
+TrainConfig load_config(const std::filesystem::path& file, const std::vector<std::string>& overrides = {});
+
+// Checks cross-field constraints (positive sizes, known enum values). Throws lt::Error.
+void validate_config(const TrainConfig& c);
+
+// The nearest key by edit distance, or "" when none is close (distance > max(2, len/3)).
+std::string nearest_key(const std::string& key);
+size_t edit_distance(const std::string& a, const std::string& b);
+
+// YAML dump of the effective config (written next to the checkpoints).
+std::string config_to_yaml(const TrainConfig& c);
+
+}  // namespace lt::train
