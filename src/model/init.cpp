@@ -1,0 +1,115 @@
+#include "model/init.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+namespace lt {
+
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+uint64_t hash_name(const std::string& s) {  // FNV-1a
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
+  return h;
+}
+
+// Counter-based normal: element pair k of a tensor comes from two uniforms hashed from (key, k),
+// Box-Muller gives both elements. So values depend only on (seed, name, index).
+void fill_normal(float* out, int64_t n, uint64_t key, double std, int64_t begin, int64_t end) {
+  constexpr double two_pi = 6.283185307179586476925286766559;
+  begin &= ~int64_t(1);
+  for (int64_t i = begin; i < end; i += 2) {
+    uint64_t k = uint64_t(i / 2);
+    uint64_t a = splitmix64(key ^ splitmix64(2 * k));
+    uint64_t b = splitmix64(key ^ splitmix64(2 * k + 1));
+    double u1 = (double(a >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
+    double u2 = double(b >> 11) * 0x1.0p-53;          // [0, 1)
+    double r = std * std::sqrt(-2.0 * std::log(u1));
+    out[i] = float(r * std::cos(two_pi * u2));
+    if (i + 1 < n) out[i + 1] = float(r * std::sin(two_pi * u2));
+  }
+}
+
+int pick_threads(int threads) {
+  if (threads > 0) return threads;
+  unsigned hc = std::thread::hardware_concurrency();
+  return int(std::clamp(hc, 1u, 16u));
+}
+
+bool is_norm(const ParamInfo& p) { return p.suffix.find("norm.weight") != std::string::npos; }
+bool is_bias(const ParamInfo& p) { return p.suffix.size() >= 5 && p.suffix.compare(p.suffix.size() - 5, 5, ".bias") == 0; }
+
+}  // namespace
+
+void init_unit(const ModelConfig& c, const UnitLayout& u, float* buf, uint64_t seed, int threads) {
+  std::memset(buf, 0, size_t(u.numel) * sizeof(float));
+  const uint64_t seed_key = splitmix64(seed ^ 0x6c617a7974726169ull);
+  struct Job {
+    float* out;
+    int64_t n;
+    uint64_t key;
+  };
+  std::vector<Job> jobs;
+  for (auto& p : u.params) {
+    float* dst = buf + p.offset;
+    if (is_norm(p)) {
+      std::fill(dst, dst + p.numel, 1.0f);
+    } else if (is_bias(p)) {
+      // already zero
+    } else {
+      jobs.push_back({dst, p.numel, splitmix64(seed_key ^ hash_name(p.name))});
+    }
+  }
+  // Split the normal fills into even-sized slices across threads (values do not depend on it).
+  int64_t total = 0;
+  for (auto& j : jobs) total += j.n;
+  const int nt = total < (1 << 20) ? 1 : pick_threads(threads);
+  auto work = [&](int t) {
+    const int64_t lo = total * t / nt, hi = total * (t + 1) / nt;
+    int64_t base = 0;
+    for (auto& j : jobs) {
+      int64_t b = std::max(lo, base) - base, e = std::min(hi, base + j.n) - base;
+      // keep Box-Muller pairs in one slice: both slice ends round up to even
+      if (b < e) {
+        int64_t bb = (b == 0) ? 0 : ((b + 1) & ~int64_t(1));
+        int64_t ee = (e == j.n) ? e : ((e + 1) & ~int64_t(1));
+        if (bb < ee) fill_normal(j.out, j.n, j.key, c.initializer_range, bb, ee);
+      }
+      base += j.n;
+    }
+  };
+  if (nt == 1) {
+    work(0);
+  } else {
+    std::vector<std::thread> ts;
+    for (int t = 0; t < nt; ++t) ts.emplace_back(work, t);
+    for (auto& th : ts) th.join();
+  }
+  // HF zeroes the padding_idx row of nn.Embedding (padding_idx = pad_token_id).
+  if (u.kind == UnitKind::Embedding && c.pad_token_id >= 0 && c.pad_token_id < c.vocab) {
+    auto& p = u.params.front();
+    std::fill(buf + p.offset + c.pad_token_id * c.hidden, buf + p.offset + (c.pad_token_id + 1) * c.hidden, 0.0f);
+  }
+}
+
+void init_weights(ModelWeights& w, uint64_t seed, int threads) {
+  for (size_t i = 0; i < w.units.size(); ++i) init_unit(w.config, w.layout.units[i], w.unit(i), seed, threads);
+}
+
+ModelWeights random_model(const ModelConfig& c, uint64_t seed, int threads) {
+  ModelWeights w = make_weights(c);
+  init_weights(w, seed, threads);
+  return w;
+}
+
+}  // namespace lt
