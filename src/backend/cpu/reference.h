@@ -51,7 +51,11 @@ struct HeadResult {
 };
 HeadResult head_forward_backward(const ModelConfig& c, const UnitLayout& head_lay, const float* head_w,
                                  const float* lm_w, const int32_t* targets, int64_t T, const float* x,
-                                 float loss_scale, float* dx, float* d_head_w, float* d_lm_w);
+                                 float loss_scale, float* dx, float* d_head_w, float* d_lm_w, int64_t seq = 0);
+// Token chunking of the head: chunks of head_chunk_rows(vocab) rows. When seq > 0 (pass SeqGeometry::seq),
+// chunks restart at every sample's first row, so d_lm_w is bit-identical however samples are grouped
+// into calls; with seq == 0 that holds only if every call starts at a multiple of head_chunk_rows().
+int64_t head_chunk_rows(int64_t vocab);
 // Logits of chosen rows (generation): out [n_rows, vocab].
 void head_logits(const ModelConfig& c, const UnitLayout& head_lay, const float* head_w, const float* lm_w,
                  const float* x, const int64_t* rows, int64_t n_rows, float* out);

@@ -1,0 +1,71 @@
+// CPU backend: the Backend interface on the host, for tests and for machines without a GPU.
+// One worker thread per lane stands in for a stream; "device" memory is host memory with the same
+// budget enforcement; ops are the fp32 reference (reference.h), so every dtype is F32 (the streaming
+// copy of the weights is then fp32 too). Optional bandwidth emulation makes copies take
+// bytes / bandwidth seconds, so overlap and exposed time can be studied without a GPU.
+#pragma once
+#include <memory>
+
+#include "backend/backend.h"
+
+namespace lt {
+
+struct CpuBackendOptions {
+  int64_t device_budget = MemoryTracker::kUnlimited;
+  int64_t pinned_budget = MemoryTracker::kUnlimited;
+  double h2d_bytes_per_s = 0;  // 0: as fast as memcpy
+  double d2h_bytes_per_s = 0;
+};
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(const ModelConfig& c, CpuBackendOptions o = {});
+  ~CpuBackend() override;
+
+  std::string name() const override { return "cpu"; }
+  BackendDTypes dtypes() const override { return {DType::F32, DType::F32, DType::F32}; }
+
+  Allocation alloc(MemKind k, int64_t bytes, const std::string& tag) override;
+  void free(Allocation& a) override;
+  int64_t layer_workspace_bytes(int64_t tokens) const override;
+  void reserve_workspace(int64_t tokens) override;
+
+  Event record(Lane lane) override;
+  void wait(Lane lane, const Event& ev) override;
+  void host_wait(const Event& ev) override;
+  bool done(const Event& ev) override;
+  void synchronize() override;
+  void check() override;
+  void clear_error() override;
+
+  void copy(Lane lane, void* dst, const void* src, int64_t bytes, OpLabel l) override;
+  void fill_zero(Lane lane, void* dst, int64_t bytes, OpLabel l) override;
+
+  void set_timing(bool on) override;
+  std::vector<Span> take_spans() override;
+
+  void embed_forward(const void* emb, const int32_t* ids, int64_t T, void* x, OpLabel l) override;
+  void embed_backward(const int32_t* ids, int64_t T, const void* dx, void* demb, OpLabel l) override;
+  void layer_forward(int64_t layer, const void* w, const DevGeometry& g, const void* x, void* y,
+                     OpLabel l) override;
+  void layer_backward(int64_t layer, const void* w, const DevGeometry& g, const void* x, const void* dy,
+                      void* dx, void* dw, OpLabel l) override;
+  void head_loss(const void* head_w, const void* lm_w, const int32_t* targets, const DevGeometry& g,
+                 const void* x, float loss_scale, void* dx, void* d_head_w, void* d_lm_w, double* acc,
+                 OpLabel l) override;
+  void head_logits(const void* head_w, const void* lm_w, const void* x, const int64_t* rows, int64_t n_rows,
+                   float* out, OpLabel l) override;
+  void grad_sumsq(const void* grad, int64_t n, double* out, OpLabel l) override;
+
+  // Test hook: the next `n`-th op enqueued on `lane` (counting from 1) throws this message.
+  void inject_failure(Lane lane, int64_t nth, const std::string& msg);
+
+  struct Impl;
+
+ private:
+  CpuBackendOptions opt_;
+  std::unique_ptr<Impl> impl_;
+  int64_t workspace_reserved_ = 0;
+};
+
+}  // namespace lt

@@ -1,0 +1,89 @@
+// SwiGLU, embedding lookup and cross-entropy.
+#include <cmath>
+#include <limits>
+
+#include "backend/cpu/ops.h"
+#include "core/error.h"
+
+namespace lt::cpu {
+
+namespace {
+inline float sigmoid(float g) { return 1.0f / (1.0f + std::exp(-g)); }
+}  // namespace
+
+void swiglu_fwd(const float* gate, const float* up, int64_t n, int64_t f, float* act) {
+  const int64_t total = n * f;
+#pragma omp parallel for simd schedule(static) if (total > 65536)
+  for (int64_t i = 0; i < total; ++i) act[i] = gate[i] * sigmoid(gate[i]) * up[i];
+}
+
+void swiglu_bwd(const float* gate, const float* up, const float* dact, int64_t n, int64_t f, float* dgate,
+                float* dup) {
+  // silu(g) = g s, silu'(g) = s (1 + g (1 - s)), s = sigmoid(g).
+  const int64_t total = n * f;
+#pragma omp parallel for simd schedule(static) if (total > 65536)
+  for (int64_t i = 0; i < total; ++i) {
+    const float g = gate[i], s = sigmoid(g), da = dact[i];
+    const float u = up[i];
+    dup[i] = da * g * s;
+    dgate[i] = da * u * s * (1.0f + g * (1.0f - s));
+  }
+}
+
+void embedding_fwd(const float* emb, int64_t vocab, int64_t hidden, const int32_t* ids, int64_t n, float* x) {
+  for (int64_t t = 0; t < n; ++t)
+    LT_CHECK(ids[t] >= 0 && ids[t] < vocab, "embedding: token id {} at position {} is outside [0, {})", ids[t], t,
+             vocab);
+#pragma omp parallel for schedule(static) if (n * hidden > 65536)
+  for (int64_t t = 0; t < n; ++t) {
+    const float* e = emb + int64_t(ids[t]) * hidden;
+    float* xr = x + t * hidden;
+    for (int64_t i = 0; i < hidden; ++i) xr[i] = e[i];
+  }
+}
+
+void embedding_bwd(const int32_t* ids, int64_t n, int64_t hidden, const float* dx, float* demb) {
+  for (int64_t t = 0; t < n; ++t) {  // token order: rows sharing an id add deterministically
+    float* e = demb + int64_t(ids[t]) * hidden;
+    const float* d = dx + t * hidden;
+#pragma omp simd
+    for (int64_t i = 0; i < hidden; ++i) e[i] += d[i];
+  }
+}
+
+void cross_entropy(float* logits, const int32_t* targets, int64_t n, int64_t vocab, float grad_scale, bool want_grad,
+                   double* loss_sum, int64_t* n_valid) {
+  for (int64_t r = 0; r < n; ++r)
+    LT_CHECK(targets[r] == -100 || (targets[r] >= 0 && targets[r] < vocab),
+             "cross_entropy: target {} at row {} is outside [0, {}) and is not -100", targets[r], r, vocab);
+  std::vector<float> row_loss(static_cast<size_t>(n), 0.0f);
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < n; ++r) {
+    float* z = logits + r * vocab;
+    const int32_t t = targets[r];
+    if (t == -100) {
+      if (want_grad) std::fill(z, z + vocab, 0.0f);
+      continue;
+    }
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t i = 0; i < vocab; ++i) m = std::max(m, z[i]);
+    double sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t i = 0; i < vocab; ++i) sum += double(std::exp(z[i] - m));
+    const float lse = m + float(std::log(sum));
+    row_loss[size_t(r)] = lse - z[t];
+    if (want_grad) {
+      // d loss / d z_i = softmax_i - [i == t]
+#pragma omp simd
+      for (int64_t i = 0; i < vocab; ++i) z[i] = std::exp(z[i] - lse) * grad_scale;
+      z[t] -= grad_scale;
+    }
+  }
+  for (int64_t r = 0; r < n; ++r) {
+    if (targets[r] == -100) continue;
+    *loss_sum += double(row_loss[size_t(r)]);
+    *n_valid += 1;
+  }
+}
+
+}  // namespace lt::cpu

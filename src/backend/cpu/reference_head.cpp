@@ -1,0 +1,87 @@
+// Embedding unit, label shifting, and the head (final norm + LM head + cross-entropy) of reference.h.
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include "backend/cpu/ops.h"
+#include "backend/cpu/reference.h"
+#include "core/error.h"
+
+namespace lt::cpu {
+
+void shift_labels(const int32_t* labels, const SeqGeometry& g, int32_t* targets) {
+  for (int64_t b = 0; b < g.batch; ++b) {
+    for (int64_t s = 0; s < g.seq; ++s) {
+      const int64_t t = b * g.seq + s;
+      const bool last = s + 1 == g.seq || (g.segments && g.segments[t + 1] != g.segments[t]);
+      targets[t] = last ? kIgnoreIndex : labels[t + 1];
+    }
+  }
+}
+
+void embed_forward(const ModelConfig& c, const float* emb, const int32_t* ids, int64_t T, float* x) {
+  embedding_fwd(emb, c.vocab, c.hidden, ids, T, x);
+}
+
+void embed_backward(const ModelConfig& c, const int32_t* ids, int64_t T, const float* dx, float* demb) {
+  embedding_bwd(ids, T, c.hidden, dx, demb);
+}
+
+int64_t head_chunk_rows(int64_t vocab) {
+  // ~64 MiB of fp32 logits per chunk; depends on vocab only, so chunking is the same for every caller.
+  const int64_t budget = (int64_t(64) << 20) / 4;
+  return std::clamp<int64_t>(budget / std::max<int64_t>(vocab, 1), 16, 512);
+}
+
+HeadResult head_forward_backward(const ModelConfig& c, const UnitLayout& head_lay, const float* head_w,
+                                 const float* lm_w, const int32_t* targets, int64_t T, const float* x,
+                                 float loss_scale, float* dx, float* d_head_w, float* d_lm_w, int64_t seq) {
+  LT_CHECK(head_lay.kind == UnitKind::Head, "head_forward_backward called with a non-head unit layout");
+  LT_CHECK(seq >= 0 && (seq == 0 || T % seq == 0), "head_forward_backward: T={} is not a multiple of seq={}", T, seq);
+  const bool grad = dx != nullptr;
+  LT_CHECK(!grad || (d_head_w && d_lm_w), "head_forward_backward: dx given without d_head_w/d_lm_w");
+  const int64_t H = c.hidden, V = c.vocab;
+  const float eps = float(c.rms_eps);
+  const int64_t norm_off = head_lay.find("model.norm.weight").offset;
+  const float* norm_w = head_w + norm_off;
+
+  auto xn = std::make_unique_for_overwrite<float[]>(size_t(std::max<int64_t>(T * H, 1)));
+  rmsnorm_fwd(x, norm_w, T, H, eps, xn.get());
+  std::unique_ptr<float[]> dxn;
+  if (grad) dxn = std::make_unique_for_overwrite<float[]>(size_t(std::max<int64_t>(T * H, 1)));
+
+  const int64_t R = head_chunk_rows(V);
+  auto logits = std::make_unique_for_overwrite<float[]>(size_t(R * V));
+  HeadResult res;
+  const int64_t span = seq > 0 ? seq : T;  // chunks never cross a sample boundary
+  for (int64_t s0 = 0; s0 < T; s0 += span) {
+    for (int64_t r0 = s0; r0 < std::min(T, s0 + span); r0 += R) {
+      const int64_t n = std::min(R, s0 + span - r0);
+      const bool any = std::any_of(targets + r0, targets + r0 + n, [](int32_t t) { return t != kIgnoreIndex; });
+      if (!any) {  // nothing to predict: no loss, zero gradient
+        if (grad) std::fill(dxn.get() + r0 * H, dxn.get() + (r0 + n) * H, 0.0f);
+        continue;
+      }
+      const float* xc = xn.get() + r0 * H;
+      sgemm(false, true, n, V, H, 1.0f, xc, H, lm_w, H, 0.0f, logits.get(), V);
+      cross_entropy(logits.get(), targets + r0, n, V, loss_scale, grad, &res.loss_sum, &res.n_tokens);
+      if (grad) {
+        sgemm(false, false, n, H, V, 1.0f, logits.get(), V, lm_w, H, 0.0f, dxn.get() + r0 * H, H);
+        sgemm(true, false, V, H, n, 1.0f, logits.get(), V, xc, H, 1.0f, d_lm_w, H);
+      }
+    }
+  }
+  if (grad) rmsnorm_bwd(x, norm_w, dxn.get(), T, H, eps, dx, d_head_w + norm_off);
+  return res;
+}
+
+void head_logits(const ModelConfig& c, const UnitLayout& head_lay, const float* head_w, const float* lm_w,
+                 const float* x, const int64_t* rows, int64_t n_rows, float* out) {
+  const int64_t H = c.hidden;
+  const float* norm_w = head_w + head_lay.find("model.norm.weight").offset;
+  std::vector<float> xn(static_cast<size_t>(std::max<int64_t>(n_rows * H, 1)));
+  for (int64_t i = 0; i < n_rows; ++i) rmsnorm_fwd(x + rows[i] * H, norm_w, 1, H, float(c.rms_eps), &xn[size_t(i * H)]);
+  sgemm(false, true, n_rows, c.vocab, H, 1.0f, xn.data(), H, lm_w, H, 0.0f, out, c.vocab);
+}
+
+}  // namespace lt::cpu
