@@ -11,8 +11,8 @@
 //    until the work completed (use an event). Errors raised by enqueued work are reported (as lt::Error)
 //    by the next synchronize()/host_wait()/check() call; after an error the backend skips further ops but
 //    still completes events, so that nothing deadlocks and the caller can clean up.
-//  * All methods are called from one host thread (the executor's), except MemoryTracker, which is
-//    thread-safe.
+//  * All methods are called from one host thread (the executor's), except host_wait() and done(), which
+//    any thread may call, and MemoryTracker, which is thread-safe.
 //
 // Memory
 //  * Two kinds: Device (HBM; host RAM on the CPU backend) and Pinned (page-locked host memory that the

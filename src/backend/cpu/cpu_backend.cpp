@@ -1,0 +1,368 @@
+#include "backend/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <thread>
+
+#include "backend/cpu/reference.h"
+#include "core/error.h"
+#include "core/timer.h"
+
+namespace lt {
+
+namespace {
+
+struct CpuEvent final : EventImpl {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  void signal() {
+    {
+      std::lock_guard<std::mutex> g(mu);
+      done = true;
+    }
+    cv.notify_all();
+  }
+  void wait() {
+    std::unique_lock<std::mutex> g(mu);
+    cv.wait(g, [&] { return done; });
+  }
+};
+
+CpuEvent* as_cpu(const Event& e) {
+  auto* p = dynamic_cast<CpuEvent*>(e.get());
+  LT_CHECK(p != nullptr, "cpu backend: event from another backend");
+  return p;
+}
+
+// What a lane runs. Ops are skipped once an error was raised (events still complete).
+struct Task {
+  enum Kind { Op, Record, Wait } kind = Op;
+  std::function<void()> fn;
+  std::shared_ptr<CpuEvent> ev;
+  OpLabel label;
+  int64_t bytes = 0;
+  double min_seconds = 0;  // bandwidth emulation: the op takes at least this long
+};
+
+}  // namespace
+
+struct CpuBackend::Impl {
+  struct LaneQ {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<Task> q;
+    int64_t busy = 0;  // tasks taken but not finished
+    int64_t n_ops = 0;  // ops enqueued (for failure injection)
+    int64_t fail_at = -1;
+    std::string fail_msg;
+    std::thread th;
+  };
+  LaneQ lanes[kNumLanes];
+  std::atomic<bool> stop{false};
+  std::atomic<bool> failed{false};
+  std::mutex err_mu;
+  std::string first_error;
+  std::atomic<bool> timing{false};
+  std::mutex span_mu;
+  std::vector<Span> spans;
+  std::condition_variable idle_cv;
+
+  void set_error(const std::string& m) {
+    std::lock_guard<std::mutex> g(err_mu);
+    if (!failed.exchange(true)) first_error = m;
+  }
+
+  void run(int li) {
+    LaneQ& L = lanes[li];
+    for (;;) {
+      Task t;
+      {
+        std::unique_lock<std::mutex> g(L.mu);
+        L.cv.wait(g, [&] { return stop || !L.q.empty(); });
+        if (L.q.empty()) return;
+        t = std::move(L.q.front());
+        L.q.pop_front();
+        L.busy++;
+      }
+      if (t.kind == Task::Record) {
+        t.ev->signal();
+      } else if (t.kind == Task::Wait) {
+        t.ev->wait();
+      } else if (!failed) {
+        const double t0 = now_seconds();
+        try {
+          t.fn();
+        } catch (const std::exception& e) {
+          set_error(fmt::format("{} lane, op '{}' (window {}, index {}): {}", lane_name(Lane(li)), t.label.what,
+                                t.label.window, t.label.index, e.what()));
+        }
+        if (t.min_seconds > 0) {
+          const double left = t.min_seconds - (now_seconds() - t0);
+          if (left > 0) std::this_thread::sleep_for(std::chrono::duration<double>(left));
+        }
+        if (timing) {
+          std::lock_guard<std::mutex> g(span_mu);
+          spans.push_back(Span{Lane(li), t.label, t.bytes, t0, now_seconds()});
+        }
+      }
+      {
+        std::lock_guard<std::mutex> g(L.mu);
+        L.busy--;
+      }
+      L.cv.notify_all();
+    }
+  }
+
+  void push(Lane lane, Task t) {
+    LaneQ& L = lanes[int(lane)];
+    {
+      std::lock_guard<std::mutex> g(L.mu);
+      if (t.kind == Task::Op) {
+        L.n_ops++;
+        if (L.fail_at > 0 && L.n_ops == L.fail_at) {
+          std::string msg = L.fail_msg;
+          t.fn = [msg] { fail("{}", msg); };
+          L.fail_at = -1;
+        }
+      }
+      L.q.push_back(std::move(t));
+    }
+    L.cv.notify_all();
+  }
+
+  void drain() {
+    for (auto& L : lanes) {
+      std::unique_lock<std::mutex> g(L.mu);
+      L.cv.wait(g, [&] { return L.q.empty() && L.busy == 0; });
+    }
+  }
+};
+
+CpuBackend::CpuBackend(const ModelConfig& c, CpuBackendOptions o) : Backend(c), opt_(o), impl_(std::make_unique<Impl>()) {
+  mem_.set_budget(MemKind::Device, o.device_budget);
+  mem_.set_budget(MemKind::Pinned, o.pinned_budget);
+  for (int i = 0; i < kNumLanes; ++i) impl_->lanes[i].th = std::thread([this, i] { impl_->run(i); });
+}
+
+CpuBackend::~CpuBackend() {
+  impl_->drain();
+  impl_->stop = true;
+  for (auto& L : impl_->lanes) {
+    L.cv.notify_all();
+    L.th.join();
+  }
+  if (workspace_reserved_ > 0) mem_.release(MemKind::Device, workspace_reserved_, "workspace");
+}
+
+Allocation CpuBackend::alloc(MemKind k, int64_t bytes, const std::string& tag) {
+  LT_CHECK(bytes > 0, "cpu backend: allocation of {} bytes for '{}' (expected > 0)", bytes, tag);
+  mem_.reserve(k, bytes, tag);
+  const size_t align = k == MemKind::Pinned ? 4096 : 256;
+  const size_t rounded = (size_t(bytes) + align - 1) / align * align;
+  void* p = std::aligned_alloc(align, rounded);
+  if (!p) {
+    mem_.release(k, bytes, tag);
+    fail("cpu backend: out of host memory allocating {} bytes for '{}'", bytes, tag);
+  }
+  return Allocation{p, bytes, k, tag};
+}
+
+void CpuBackend::free(Allocation& a) {
+  if (!a.ptr) return;
+  std::free(a.ptr);
+  mem_.release(a.kind, a.bytes, a.tag);
+  a = {};
+}
+
+int64_t CpuBackend::layer_workspace_bytes(int64_t tokens) const {
+  // The reference keeps q, k, v, attention output, normed input and the three MLP activations of the
+  // rows it works on, plus their gradients in backward: an upper estimate, in fp32.
+  const auto& c = cfg_;
+  const int64_t per_row = 2 * (3 * c.hidden + c.q_dim() + 2 * c.kv_dim() + c.q_dim() + 3 * c.ffn);
+  return tokens * per_row * 4;
+}
+
+void CpuBackend::reserve_workspace(int64_t tokens) {
+  const int64_t want = layer_workspace_bytes(tokens);
+  if (want <= workspace_reserved_) return;
+  mem_.reserve(MemKind::Device, want - workspace_reserved_, "workspace");
+  workspace_reserved_ = want;
+}
+
+Event CpuBackend::record(Lane lane) {
+  auto ev = std::make_shared<CpuEvent>();
+  Task t;
+  t.kind = Task::Record;
+  t.ev = ev;
+  impl_->push(lane, std::move(t));
+  return ev;
+}
+
+void CpuBackend::wait(Lane lane, const Event& ev) {
+  if (!ev) return;
+  auto* ce = as_cpu(ev);
+  Task t;
+  t.kind = Task::Wait;
+  t.ev = std::shared_ptr<CpuEvent>(ev, ce);
+  impl_->push(lane, std::move(t));
+}
+
+void CpuBackend::host_wait(const Event& ev) {
+  if (ev) as_cpu(ev)->wait();
+  check();
+}
+
+bool CpuBackend::done(const Event& ev) {
+  if (!ev) return true;
+  auto* ce = as_cpu(ev);
+  std::lock_guard<std::mutex> g(ce->mu);
+  return ce->done;
+}
+
+void CpuBackend::synchronize() {
+  impl_->drain();
+  check();
+}
+
+void CpuBackend::check() {
+  if (impl_->failed) {
+    std::lock_guard<std::mutex> g(impl_->err_mu);
+    throw Error(impl_->first_error);
+  }
+}
+
+void CpuBackend::clear_error() {
+  std::lock_guard<std::mutex> g(impl_->err_mu);
+  impl_->failed = false;
+  impl_->first_error.clear();
+}
+
+void CpuBackend::copy(Lane lane, void* dst, const void* src, int64_t bytes, OpLabel l) {
+  Task t;
+  t.fn = [dst, src, bytes] { std::memcpy(dst, src, size_t(bytes)); };
+  t.label = l;
+  t.bytes = bytes;
+  const double bw = lane == Lane::H2D ? opt_.h2d_bytes_per_s : lane == Lane::D2H ? opt_.d2h_bytes_per_s : 0;
+  if (bw > 0) t.min_seconds = double(bytes) / bw;
+  impl_->push(lane, std::move(t));
+}
+
+void CpuBackend::fill_zero(Lane lane, void* dst, int64_t bytes, OpLabel l) {
+  Task t;
+  t.fn = [dst, bytes] { std::memset(dst, 0, size_t(bytes)); };
+  t.label = l;
+  impl_->push(lane, std::move(t));
+}
+
+void CpuBackend::set_timing(bool on) { impl_->timing = on; }
+
+std::vector<Span> CpuBackend::take_spans() {
+  std::lock_guard<std::mutex> g(impl_->span_mu);
+  std::vector<Span> s;
+  s.swap(impl_->spans);
+  return s;
+}
+
+namespace {
+cpu::SeqGeometry geom(const DevGeometry& g) { return cpu::SeqGeometry{g.batch, g.seq, g.positions, g.segments}; }
+}  // namespace
+
+void CpuBackend::embed_forward(const void* emb, const int32_t* ids, int64_t T, void* x, OpLabel l) {
+  Task t;
+  t.fn = [this, emb, ids, T, x] { cpu::embed_forward(cfg_, static_cast<const float*>(emb), ids, T, static_cast<float*>(x)); };
+  t.label = l;
+  impl_->push(Lane::Compute, std::move(t));
+}
+
+void CpuBackend::embed_backward(const int32_t* ids, int64_t T, const void* dx, void* demb, OpLabel l) {
+  Task t;
+  t.fn = [this, ids, T, dx, demb] {
+    cpu::embed_backward(cfg_, ids, T, static_cast<const float*>(dx), static_cast<float*>(demb));
+  };
+  t.label = l;
+  impl_->push(Lane::Compute, std::move(t));
+}
+
+void CpuBackend::layer_forward(int64_t layer, const void* w, const DevGeometry& g, const void* x, void* y, OpLabel l) {
+  LT_CHECK(layer >= 0 && layer < cfg_.layers, "cpu backend: layer {} out of range [0, {})", layer, cfg_.layers);
+  Task t;
+  t.fn = [this, layer, w, g, x, y] {
+    cpu::layer_forward(cfg_, layout_.layer(layer), static_cast<const float*>(w), geom(g), static_cast<const float*>(x),
+                       static_cast<float*>(y));
+  };
+  t.label = l;
+  impl_->push(Lane::Compute, std::move(t));
+}
+
+void CpuBackend::layer_backward(int64_t layer, const void* w, const DevGeometry& g, const void* x, const void* dy,
+                                void* dx, void* dw, OpLabel l) {
+  LT_CHECK(layer >= 0 && layer < cfg_.layers, "cpu backend: layer {} out of range [0, {})", layer, cfg_.layers);
+  Task t;
+  t.fn = [this, layer, w, g, x, dy, dx, dw] {
+    cpu::layer_backward(cfg_, layout_.layer(layer), static_cast<const float*>(w), geom(g),
+                        static_cast<const float*>(x), static_cast<const float*>(dy), static_cast<float*>(dx),
+                        static_cast<float*>(dw));
+  };
+  t.label = l;
+  impl_->push(Lane::Compute, std::move(t));
+}
+
+void CpuBackend::head_loss(const void* head_w, const void* lm_w, const int32_t* targets, const DevGeometry& g,
+                           const void* x, float loss_scale, void* dx, void* d_head_w, void* d_lm_w, double* acc,
+                           OpLabel l) {
+  Task t;
+  t.fn = [this, head_w, lm_w, targets, g, x, loss_scale, dx, d_head_w, d_lm_w, acc] {
+    // Sample by sample, so that the loss sum is accumulated in the same order however the executor
+    // chunks the batch.
+    const int64_t S = g.seq, H = cfg_.hidden;
+    for (int64_t b = 0; b < g.batch; ++b) {
+      const int64_t r0 = b * S;
+      auto res = cpu::head_forward_backward(
+          cfg_, layout_.head(), static_cast<const float*>(head_w), static_cast<const float*>(lm_w), targets + r0, S,
+          static_cast<const float*>(x) + r0 * H, loss_scale, dx ? static_cast<float*>(dx) + r0 * H : nullptr,
+          static_cast<float*>(d_head_w), static_cast<float*>(d_lm_w));
+      acc[0] += res.loss_sum;
+      acc[1] += double(res.n_tokens);
+    }
+  };
+  t.label = l;
+  impl_->push(Lane::Compute, std::move(t));
+}
+
+void CpuBackend::head_logits(const void* head_w, const void* lm_w, const void* x, const int64_t* rows, int64_t n_rows,
+                             float* out, OpLabel l) {
+  Task t;
+  t.fn = [this, head_w, lm_w, x, rows, n_rows, out] {
+    cpu::head_logits(cfg_, layout_.head(), static_cast<const float*>(head_w), static_cast<const float*>(lm_w),
+                     static_cast<const float*>(x), rows, n_rows, out);
+  };
+  t.label = l;
+  impl_->push(Lane::Compute, std::move(t));
+}
+
+void CpuBackend::grad_sumsq(const void* grad, int64_t n, double* out, OpLabel l) {
+  Task t;
+  t.fn = [grad, n, out] {
+    const float* g = static_cast<const float*>(grad);
+    double s = 0;
+    for (int64_t i = 0; i < n; ++i) s += double(g[i]) * double(g[i]);
+    *out += s;
+  };
+  t.label = l;
+  impl_->push(Lane::Compute, std::move(t));
+}
+
+void CpuBackend::inject_failure(Lane lane, int64_t nth, const std::string& msg) {
+  auto& L = impl_->lanes[int(lane)];
+  std::lock_guard<std::mutex> g(L.mu);
+  L.fail_at = L.n_ops + nth;
+  L.fail_msg = msg;
+}
+
+}  // namespace lt

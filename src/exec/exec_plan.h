@@ -1,0 +1,71 @@
+// ExecPlan: what the executor needs from a plan, in its own terms (src/plan's Plan converts to it).
+// See docs/executor.md for the window numbering, which the planner shares.
+//
+// Windows: the step is the sequence of compute windows of ONE micro-batch
+//   0 .. L-1            F_j   forward of layer j (window 0 also runs the embedding)
+//   L                   H     head: final norm + LM head + loss, forward and backward
+//   L+1 ..              for each recompute block (s,e) in reverse order (e = L first):
+//                           R_j  for j = s .. e-2   recompute forward of layer j (inner boundaries)
+//                           B_j  for j = e-1 .. s   backward of layer j (B_0 also runs the embedding backward)
+// A transfer "assigned to window w" is issued when window w starts (it then runs beside w's compute).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace lt {
+
+enum class CkptTier : uint8_t { None = 0, Gpu = 1, Cpu = 2, Nvme = 3 };
+const char* ckpt_tier_name(CkptTier t);  // "none", "gpu", "cpu", "nvme"
+
+enum class WindowKind : uint8_t { Forward, Head, Recompute, Backward };
+const char* window_kind_name(WindowKind k);  // "fwd", "head", "recompute", "bwd"
+
+struct WindowRef {
+  WindowKind kind;
+  int32_t layer;  // -1 for the head window
+};
+
+// Per-window figures, predicted (by the planner/simulator) or measured (by the executor), seconds.
+struct WindowFigures {
+  double compute = 0;     // compute lane busy
+  double h2d = 0;         // H2D lane busy (weights + checkpoint reloads)
+  double d2h = 0;         // D2H lane busy (checkpoint offloads + gradients)
+  double nvme_read = 0;   // NVMe reads busy
+  double nvme_write = 0;  // NVMe writes busy
+  double exposed = 0;     // compute waited for a transfer (or the optimizer) before this window ran
+};
+
+struct ExecPlan {
+  int64_t batch = 0;  // samples per micro-batch
+  int64_t seq = 0;
+  // tier[i] for boundary i = 0..L. Materialised boundaries (tier != None) cut the layers into recompute
+  // blocks; tier[0] must be materialised; boundary L is consumed by the head at once and its tier is
+  // ignored (treated as Gpu).
+  std::vector<CkptTier> tier;
+  int32_t ring = 2;           // weight buffers on the device (>= 2); prefetch depth ring-1
+  int64_t chunk_samples = 0;  // samples per chunk inside each layer pass; 0 = the whole micro-batch
+  int32_t nvme_staging = 2;   // pinned staging buffers for each NVMe direction
+  // Transfer windows per boundary (size L+1 or empty = defaults), -1 = default:
+  //  d2h_window[i]        CPU/NVMe tier: offload D2H issued at this window, in [i, L]. Default i.
+  //  nvme_write_window[i] NVMe: file write issued at this window, in [d2h_window[i], L]. Default d2h.
+  //  nvme_read_window[i]  NVMe: file read issued at this window, in [L, h2d_window[i]]. Default h2d-1.
+  //  h2d_window[i]        CPU/NVMe: reload H2D issued at this window, in [L, first window of the block
+  //                       starting at i]. Default: one window before the block starts (prefetch).
+  std::vector<int32_t> d2h_window, nvme_write_window, nvme_read_window, h2d_window;
+  std::vector<WindowFigures> predicted;  // optional, per window (size = window count)
+  double predicted_step_s = 0;           // optional
+
+  // The plan that keeps every boundary on the GPU and recomputes nothing.
+  static ExecPlan keep_all(int64_t layers, int64_t batch, int64_t seq);
+};
+
+// The compute-window sequence of a plan (docs above), and the window where each block starts.
+std::vector<WindowRef> plan_windows(const ExecPlan& p);
+// Materialised boundaries, ascending (always starts with 0, ends with L).
+std::vector<int64_t> plan_checkpoints(const ExecPlan& p);
+// Throws lt::Error naming the field, the boundary and expected vs actual for an invalid plan.
+void validate_plan(const ExecPlan& p, int64_t layers);
+std::string describe_plan(const ExecPlan& p);  // one line: "ckpt 0:gpu 4:cpu 8:nvme ... ring 2 chunk 1"
+
+}  // namespace lt

@@ -1,0 +1,118 @@
+// Layer-streaming executor: runs one training step (forward, loss, backward, gradient offload) of an
+// ExecPlan on a Backend, with the model state in host memory (DESIGN §2). The trainer owns an Executor.
+//
+//   lt::CpuBackend be(cfg);                       // or the CUDA backend
+//   lt::HostState st(be, init_fp32_units);        // fp32 master, streaming copy, gradients per unit
+//   lt::Executor ex(cfg, be, plan, st, opts);     // allocates everything; throws "does not fit: ..."
+//   ex.set_update_hook(&optimizer);               // optional: per-unit CPU optimizer
+//   lt::StepResult r = ex.train_step(micro_batches);
+//
+// Units (model/param_layout.h): 0 = embedding, 1..L = decoder layers, L+1 = head.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "exec/exec_plan.h"
+#include "exec/host_state.h"
+#include "exec/nvme_store.h"
+
+namespace lt {
+
+// One micro-batch in host memory; all arrays [plan.batch * plan.seq], sample-major.
+struct MicroBatch {
+  const int32_t* ids = nullptr;
+  const int32_t* targets = nullptr;    // already shifted (cpu::shift_labels), -100 = ignored
+  const int32_t* positions = nullptr;  // nullptr: 0..seq-1 per sample
+  const int32_t* segments = nullptr;   // nullptr: one segment per sample
+};
+
+// Per-unit optimizer, called by the executor (the optim module implements it). The executor guarantees:
+// submit(u, ...) is called after unit u's gradient for the whole step is final in HostState::grad(u);
+// before the next step streams unit u's weights it calls wait(u). The hook must update master(u) and
+// write the streaming copy stream(u) (in the backend's weight dtype), and must not touch other units.
+class UpdateHook {
+ public:
+  virtual ~UpdateHook() = default;
+  // grad_scale: multiply gradients by this (global-norm clipping; 1 when not clipping).
+  virtual void submit(int64_t unit, float grad_scale) = 0;
+  virtual void wait(int64_t unit) = 0;  // blocks until unit's update (if any was submitted) finished
+};
+
+struct ExecOptions {
+  std::filesystem::path nvme_dir;          // required when the plan has NVMe-tier boundaries
+  std::shared_ptr<IoLayer> io;             // file I/O for the NVMe tier; nullptr = default (O_DIRECT, io_uring)
+  double max_grad_norm = 0;                // > 0: clip to this global norm (torch clip_grad_norm_ semantics)
+  bool skip_nonfinite = true;              // non-finite grad norm: skip the update (else throw)
+  bool timing = true;                      // collect spans and per-window figures
+};
+
+struct WindowStats {
+  int32_t index = 0;
+  WindowRef ref{WindowKind::Forward, 0};
+  double t_begin = 0, t_end = 0;  // seconds from the step start; [end of previous window's compute, end of this one's]
+  WindowFigures measured;         // of the LAST micro-batch
+  WindowFigures predicted;        // from the plan (zeros if it has none)
+};
+
+struct StepResult {
+  double loss = 0;          // sum of token losses / n_tokens, over all micro-batches
+  int64_t n_tokens = 0;     // non-ignored targets of the step
+  int64_t rows = 0;         // all tokens (batch * seq * micro-batches), padding included
+  double grad_norm = 0;     // global L2 norm of the step's gradient (before clipping)
+  float clip_scale = 1.0f;  // factor applied by the optimizer
+  bool skipped = false;     // non-finite gradient: no update submitted
+  double step_s = 0;        // wall time of train_step
+  double forward_s = 0, backward_s = 0;  // wall time of the (last micro-batch's) forward incl. head / backward
+  double update_wait_s = 0;  // time forward waited for the previous step's optimizer updates
+  double exposed_s = 0;      // sum over windows and micro-batches of measured exposed time
+  double predicted_exposed_s = 0;
+  std::vector<WindowStats> windows;
+  int64_t peak_device = 0, peak_pinned = 0;
+};
+
+class Executor {
+ public:
+  Executor(const ModelConfig& c, Backend& be, const ExecPlan& plan, HostState& state, ExecOptions opts = {});
+  ~Executor();  // waits for all work, removes its NVMe files and directory, frees its allocations
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  void set_update_hook(UpdateHook* hook) { hook_ = hook; }
+
+  // Forward + loss + backward of every micro-batch (gradient accumulation; the loss is normalised by
+  // the non-ignored tokens of the whole step), then the global norm and the per-unit update submissions.
+  // On any error (I/O, memory, backend) throws lt::Error after cleaning up: host gradients are zeroed,
+  // master weights and optimizer state untouched, this step's NVMe files removed; the executor stays usable.
+  StepResult train_step(const std::vector<MicroBatch>& micro_batches);
+  // Mean loss over non-ignored targets of one micro-batch (forward only, no gradients, no update).
+  double eval_loss(const MicroBatch& mb, int64_t* n_tokens = nullptr);
+
+  // Chrome/Perfetto trace (one track per lane, plus NVMe and host tracks) of the last train_step.
+  void write_trace(const std::filesystem::path& path) const;
+  // Table of named allocations (backend memory tracker) with the plan's tier budgets.
+  std::string memory_table() const;
+  // Per-window measured vs predicted table of the last step.
+  std::string window_table(const StepResult& r) const;
+
+  const ExecPlan& plan() const { return plan_; }
+  HostState& state() { return state_; }
+  int64_t nvme_files_live() const;  // files currently present in the executor's NVMe directory
+
+  struct Impl;
+
+ private:
+  ModelConfig cfg_;
+  Backend& be_;
+  ExecPlan plan_;
+  HostState& state_;
+  ExecOptions opts_;
+  UpdateHook* hook_ = nullptr;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace lt
