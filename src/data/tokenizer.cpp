@@ -1,0 +1,348 @@
+#include "data/tokenizer.h"
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/error.h"
+#include "data/unicode.h"
+
+namespace lt::data {
+
+using json = nlohmann::json;
+
+namespace {
+
+const json& field(const json& j, const char* name, const std::string& where) {
+  auto it = j.find(name);
+  LT_CHECK(it != j.end(), "{}: missing field '{}'", where, name);
+  return *it;
+}
+
+std::string get_str(const json& j, const char* name, const std::string& where) {
+  const json& v = field(j, name, where);
+  LT_CHECK(v.is_string(), "{}.{}: expected a string, got {}", where, name, v.type_name());
+  return v.get<std::string>();
+}
+
+bool get_bool(const json& j, const char* name, bool def, const std::string& where) {
+  auto it = j.find(name);
+  if (it == j.end() || it->is_null()) return def;
+  LT_CHECK(it->is_boolean(), "{}.{}: expected true/false, got {}", where, name, it->type_name());
+  return it->get<bool>();
+}
+
+// Normalizer: null, NFC, or a Sequence of those.
+void parse_normalizer(const json& n, const std::string& where, bool& nfc) {
+  if (n.is_null()) return;
+  LT_CHECK(n.is_object(), "{}: expected an object or null, got {}", where, n.type_name());
+  const std::string type = get_str(n, "type", where);
+  if (type == "NFC") {
+    nfc = true;
+  } else if (type == "Sequence") {
+    const json& list = field(n, "normalizers", where);
+    LT_CHECK(list.is_array(), "{}.normalizers: expected an array", where);
+    for (size_t i = 0; i < list.size(); ++i) parse_normalizer(list[i], fmt::format("{}.normalizers[{}]", where, i), nfc);
+  } else {
+    fail("{}.type: unsupported normalizer '{}'; supported: NFC, Sequence (of NFC), null", where, type);
+  }
+}
+
+void check_bytelevel_pre(const json& p, const std::string& where, bool expect_regex) {
+  LT_CHECK(!get_bool(p, "add_prefix_space", false, where), "{}.add_prefix_space: only false is supported", where);
+  const bool use_regex = get_bool(p, "use_regex", true, where);
+  LT_CHECK(use_regex == expect_regex, "{}.use_regex: expected {} after a Split pre-tokenizer, got {}", where,
+           expect_regex, use_regex);
+}
+
+}  // namespace
+
+Tokenizer Tokenizer::from_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  LT_CHECK(f.good(), "tokenizer: cannot open '{}'", path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  json j;
+  try {
+    j = json::parse(ss.str());
+  } catch (const json::parse_error& e) {
+    fail("{}: invalid JSON: {}", path, e.what());
+  }
+  return from_json(j, path);
+}
+
+Tokenizer Tokenizer::from_json(const json& j, const std::string& origin) {
+  LT_CHECK(j.is_object(), "{}: expected a JSON object at top level, got {}", origin, j.type_name());
+  Tokenizer t;
+
+  // model
+  const std::string mw = origin + ": model";
+  const json& model = field(j, "model", origin);
+  LT_CHECK(model.is_object(), "{}: expected an object", mw);
+  const std::string mtype = model.contains("type") ? get_str(model, "type", mw) : "BPE";
+  LT_CHECK(mtype == "BPE", "{}.type: unsupported model '{}'; supported: BPE", mw, mtype);
+  LT_CHECK(!get_bool(model, "byte_fallback", false, mw), "{}.byte_fallback: only false is supported", mw);
+  for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+    auto it = model.find(k);
+    LT_CHECK(it == model.end() || it->is_null() || (it->is_string() && it->get<std::string>().empty()),
+             "{}.{}: only null/\"\" is supported for byte-level BPE", mw, k);
+  }
+  auto dit = model.find("dropout");
+  LT_CHECK(dit == model.end() || dit->is_null(), "{}.dropout: BPE dropout is not supported (must be null)", mw);
+  const json& vocab = field(model, "vocab", mw);
+  LT_CHECK(vocab.is_object(), "{}.vocab: expected an object {{token: id}}, got {}", mw, vocab.type_name());
+  std::unordered_map<std::string, int32_t> v;
+  v.reserve(vocab.size());
+  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
+    LT_CHECK(it.value().is_number_integer(), "{}.vocab['{}']: expected an integer id, got {}", mw, it.key(),
+             it.value().type_name());
+    v.emplace(it.key(), it.value().get<int32_t>());
+  }
+  const json& merges = field(model, "merges", mw);
+  LT_CHECK(merges.is_array(), "{}.merges: expected an array, got {}", mw, merges.type_name());
+  std::vector<std::pair<std::string, std::string>> m;
+  m.reserve(merges.size());
+  for (size_t i = 0; i < merges.size(); ++i) {
+    const json& e = merges[i];
+    if (e.is_string()) {  // legacy "a b"
+      const std::string s = e.get<std::string>();
+      const auto sp = s.find(' ');
+      LT_CHECK(sp != std::string::npos && sp > 0 && sp + 1 < s.size() && s.find(' ', sp + 1) == std::string::npos,
+               "{}.merges[{}]: expected \"left right\", got '{}'", mw, i, s);
+      m.emplace_back(s.substr(0, sp), s.substr(sp + 1));
+    } else {
+      LT_CHECK(e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string(),
+               "{}.merges[{}]: expected [\"left\", \"right\"] or \"left right\", got {}", mw, i, e.dump());
+      m.emplace_back(e[0].get<std::string>(), e[1].get<std::string>());
+    }
+  }
+  t.bpe_ = std::make_shared<BpeModel>(std::move(v), m, get_bool(model, "ignore_merges", false, mw), origin);
+  t.vocab_size_ = static_cast<int32_t>(t.bpe_->id_to_token().size());
+
+  // normalizer
+  if (j.contains("normalizer")) parse_normalizer(j["normalizer"], origin + ": normalizer", t.nfc_);
+
+  // pre_tokenizer: Sequence[Split(regex, Isolated), ByteLevel(use_regex=false)]
+  {
+    const std::string pw = origin + ": pre_tokenizer";
+    const json& p = field(j, "pre_tokenizer", origin);
+    LT_CHECK(p.is_object(), "{}: expected an object, got {}", pw, p.type_name());
+    const std::string type = get_str(p, "type", pw);
+    LT_CHECK(type == "Sequence", "{}.type: unsupported pre-tokenizer '{}'; supported: Sequence[Split, ByteLevel] "
+             "(Qwen2/Qwen3, Llama-3)", pw, type);
+    const json& list = field(p, "pretokenizers", pw);
+    LT_CHECK(list.is_array() && list.size() == 2,
+             "{}.pretokenizers: expected [Split, ByteLevel], got {}", pw, list.dump().substr(0, 200));
+    const std::string sw = pw + ".pretokenizers[0]";
+    LT_CHECK(get_str(list[0], "type", sw) == "Split", "{}.type: expected Split, got '{}'", sw,
+             get_str(list[0], "type", sw));
+    const json& pat = field(list[0], "pattern", sw);
+    LT_CHECK(pat.is_object() && pat.contains("Regex") && pat["Regex"].is_string(),
+             "{}.pattern: expected {{\"Regex\": \"...\"}}, got {}", sw, pat.dump().substr(0, 200));
+    t.pattern_ = parse_split_pattern(pat["Regex"].get<std::string>(), sw + ".pattern.Regex");
+    const std::string beh = list[0].contains("behavior") ? get_str(list[0], "behavior", sw) : "Isolated";
+    LT_CHECK(beh == "Isolated", "{}.behavior: expected Isolated, got '{}'", sw, beh);
+    LT_CHECK(!get_bool(list[0], "invert", false, sw), "{}.invert: expected false", sw);
+    const std::string bw = pw + ".pretokenizers[1]";
+    LT_CHECK(get_str(list[1], "type", bw) == "ByteLevel", "{}.type: expected ByteLevel, got '{}'", bw,
+             get_str(list[1], "type", bw));
+    check_bytelevel_pre(list[1], bw, false);
+  }
+
+  // decoder: ByteLevel (or null: tokens joined by spaces, as HF does)
+  if (j.contains("decoder") && !j["decoder"].is_null()) {
+    const std::string type = get_str(j["decoder"], "type", origin + ": decoder");
+    LT_CHECK(type == "ByteLevel", "{}: decoder.type: unsupported decoder '{}'; supported: ByteLevel", origin, type);
+  } else {
+    t.decoder_bytelevel_ = false;
+  }
+
+  // added_tokens
+  if (j.contains("added_tokens") && !j["added_tokens"].is_null()) {
+    const json& at = j["added_tokens"];
+    LT_CHECK(at.is_array(), "{}: added_tokens: expected an array, got {}", origin, at.type_name());
+    for (size_t i = 0; i < at.size(); ++i) {
+      const std::string w = fmt::format("{}: added_tokens[{}]", origin, i);
+      LT_CHECK(at[i].is_object(), "{}: expected an object", w);
+      AddedToken a;
+      const json& id = field(at[i], "id", w);
+      LT_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0, "{}.id: expected an integer >= 0, got {}", w, id.dump());
+      a.id = id.get<int32_t>();
+      a.content = get_str(at[i], "content", w);
+      LT_CHECK(!a.content.empty(), "{}.content: must not be empty", w);
+      a.special = get_bool(at[i], "special", false, w);
+      a.lstrip = get_bool(at[i], "lstrip", false, w);
+      a.rstrip = get_bool(at[i], "rstrip", false, w);
+      a.single_word = get_bool(at[i], "single_word", false, w);
+      a.normalized = get_bool(at[i], "normalized", !a.special, w);
+      auto vid = t.bpe_->vocab().find(a.content);
+      LT_CHECK(vid == t.bpe_->vocab().end() || vid->second == a.id,
+               "{}: token '{}' has id {} but model.vocab gives it id {}", w, a.content, a.id, vid->second);
+      t.added_by_content_[a.content] = a.id;
+      t.added_by_id_[a.id] = t.added_.size();
+      t.vocab_size_ = std::max(t.vocab_size_, a.id + 1);
+      t.added_.push_back(std::move(a));
+    }
+  }
+
+  // post_processor: null, ByteLevel (no-op on ids), TemplateProcessing, or a Sequence of these.
+  std::function<void(const json&, const std::string&)> parse_post = [&](const json& p, const std::string& w) {
+    if (p.is_null()) return;
+    const std::string type = get_str(p, "type", w);
+    if (type == "ByteLevel") return;
+    if (type == "Sequence") {
+      const json& list = field(p, "processors", w);
+      for (size_t i = 0; i < list.size(); ++i) parse_post(list[i], fmt::format("{}.processors[{}]", w, i));
+      return;
+    }
+    LT_CHECK(type == "TemplateProcessing", "{}.type: unsupported post-processor '{}'; supported: ByteLevel, "
+             "TemplateProcessing, Sequence", w, type);
+    const json& single = field(p, "single", w);
+    const json& specials = field(p, "special_tokens", w);
+    bool seen_a = false;
+    for (size_t i = 0; i < single.size(); ++i) {
+      const json& e = single[i];
+      const std::string ew = fmt::format("{}.single[{}]", w, i);
+      if (e.contains("Sequence")) {
+        seen_a = true;
+      } else if (e.contains("SpecialToken")) {
+        const std::string name = get_str(e["SpecialToken"], "id", ew + ".SpecialToken");
+        auto it = specials.find(name);
+        LT_CHECK(it != specials.end(), "{}: special token '{}' is not in {}.special_tokens", ew, name, w);
+        const json& ids = field(*it, "ids", w + ".special_tokens." + name);
+        for (const auto& id : ids) (seen_a ? t.post_suffix_ : t.post_prefix_).push_back(id.get<int32_t>());
+      } else {
+        fail("{}: expected {{\"Sequence\"|\"SpecialToken\": ...}}, got {}", ew, e.dump());
+      }
+    }
+  };
+  if (j.contains("post_processor")) parse_post(j["post_processor"], origin + ": post_processor");
+  return t;
+}
+
+std::vector<Tokenizer::Piece> Tokenizer::split_added(std::string_view text, bool normalized_kind) const {
+  std::vector<Piece> out;
+  size_t plain_begin = 0, i = 0;
+  auto is_word = [](char32_t c) { return is_letter(c) || is_number(c) || c == '_'; };
+  while (i < text.size()) {
+    // Leftmost-longest: at the first position where any token matches, take the longest one.
+    const AddedToken* best = nullptr;
+    for (const auto& a : added_) {
+      if (a.normalized != normalized_kind) continue;
+      if (text.compare(i, a.content.size(), a.content) != 0) continue;
+      if (best && best->content.size() >= a.content.size()) continue;
+      if (a.single_word) {
+        const Utf8Text before = utf8_decode(text.substr(0, i));
+        const Utf8Text after = utf8_decode(text.substr(i + a.content.size(), 4));
+        if ((!before.cps.empty() && is_word(before.cps.back())) || (!after.cps.empty() && is_word(after.cps[0])))
+          continue;
+      }
+      best = &a;
+    }
+    if (!best) {
+      ++i;
+      continue;
+    }
+    size_t b = i, e = i + best->content.size();
+    if (best->lstrip) {
+      while (b > plain_begin && is_whitespace(static_cast<unsigned char>(text[b - 1]))) --b;
+    }
+    if (best->rstrip) {
+      while (e < text.size() && is_whitespace(static_cast<unsigned char>(text[e]))) ++e;
+    }
+    if (b > plain_begin) out.push_back({plain_begin, b, -1});
+    out.push_back({b, e, best->id});
+    plain_begin = i = e;
+  }
+  if (plain_begin < text.size()) out.push_back({plain_begin, text.size(), -1});
+  return out;
+}
+
+void Tokenizer::encode_pretokenized(std::string_view normalized, std::vector<int32_t>& out) const {
+  const Utf8Text t = utf8_decode(normalized);
+  for (auto [b, e] : pretokenize(pattern_, t.cps)) {
+    bpe_->encode_word(normalized.substr(t.offsets[b], t.offsets[e] - t.offsets[b]), out);
+  }
+}
+
+void Tokenizer::encode_plain(std::string_view text, std::vector<int32_t>& out, bool parse_normalized_added) const {
+  const std::string norm = nfc_ ? nfc(text) : std::string(text);
+  if (!parse_normalized_added) {
+    encode_pretokenized(norm, out);
+    return;
+  }
+  for (const Piece& p : split_added(norm, true)) {
+    if (p.added_id >= 0) out.push_back(p.added_id);
+    else encode_pretokenized(std::string_view(norm).substr(p.begin, p.end - p.begin), out);
+  }
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text_in, bool add_special_tokens, bool parse_special) const {
+  const std::string text = utf8_sanitize(text_in);
+  std::vector<int32_t> out;
+  if (add_special_tokens) out = post_prefix_;
+  if (!parse_special) {
+    encode_plain(text, out, false);
+  } else {
+    for (const Piece& p : split_added(text, false)) {
+      if (p.added_id >= 0) out.push_back(p.added_id);
+      else encode_plain(std::string_view(text).substr(p.begin, p.end - p.begin), out, true);
+    }
+  }
+  if (add_special_tokens) out.insert(out.end(), post_suffix_.begin(), post_suffix_.end());
+  return out;
+}
+
+std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const {
+  std::string bytes;
+  bool first = true;
+  for (int32_t id : ids) {
+    std::string tok;
+    auto a = added_by_id_.find(id);
+    if (a != added_by_id_.end()) {
+      if (skip_special_tokens && added_[a->second].special) continue;
+      tok = added_[a->second].content;
+    } else if (id >= 0 && id < static_cast<int32_t>(bpe_->id_to_token().size()) && !bpe_->id_to_token()[id].empty()) {
+      tok = bpe_->id_to_token()[id];
+    } else {
+      continue;  // unknown ids are skipped, as HF does
+    }
+    if (!decoder_bytelevel_) {
+      if (!first) bytes.push_back(' ');
+      bytes += tok;
+      first = false;
+      continue;
+    }
+    // ByteLevel: map each char back to its byte; a token with any char outside the map is kept as is.
+    const Utf8Text u = utf8_decode(tok);
+    std::string mapped;
+    bool ok = true;
+    for (char32_t c : u.cps) {
+      const int b = unicode_to_byte(c);
+      if (b < 0) { ok = false; break; }
+      mapped.push_back(static_cast<char>(b));
+    }
+    bytes += ok ? mapped : tok;
+  }
+  return utf8_sanitize(bytes);
+}
+
+std::optional<int32_t> Tokenizer::token_to_id(const std::string& token) const {
+  if (auto it = added_by_content_.find(token); it != added_by_content_.end()) return it->second;
+  if (auto it = bpe_->vocab().find(token); it != bpe_->vocab().end()) return it->second;
+  return std::nullopt;
+}
+
+std::string Tokenizer::id_to_token(int32_t id) const {
+  if (auto a = added_by_id_.find(id); a != added_by_id_.end()) return added_[a->second].content;
+  if (id >= 0 && id < static_cast<int32_t>(bpe_->id_to_token().size())) return bpe_->id_to_token()[id];
+  return {};
+}
+
+bool Tokenizer::is_special(int32_t id) const {
+  auto a = added_by_id_.find(id);
+  return a != added_by_id_.end() && added_[a->second].special;
+}
+
+}  // namespace lt::data

@@ -1,0 +1,73 @@
+// Tokenizer loaded from an HF tokenizer.json: NFC normaliser (optional), added/special tokens split
+// out first, the Qwen2/Qwen3 or Llama-3 Split pre-tokenizer + ByteLevel, byte-level BPE, ByteLevel
+// decoding, and the TemplateProcessing post-processor (e.g. Llama-3's BOS) for add_special_tokens.
+// Reproduces HF `tokenizers` ids exactly for these families (tests/data/test_tokenizer_fixtures.cpp).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "data/bpe.h"
+#include "data/pretokenizer.h"
+
+namespace lt::data {
+
+struct AddedToken {
+  int32_t id = -1;
+  std::string content;
+  bool special = false;
+  bool lstrip = false, rstrip = false, single_word = false, normalized = false;
+};
+
+class Tokenizer {
+ public:
+  static Tokenizer from_file(const std::string& path);
+  // `origin` names the source in error messages (a file path).
+  static Tokenizer from_json(const nlohmann::json& j, const std::string& origin);
+
+  // add_special_tokens: apply the post-processor (HF's default is true; Qwen2 adds nothing, Llama-3
+  // prepends <|begin_of_text|>). parse_special: recognise added tokens written inside the text (HF
+  // always does; turn off to treat user text as plain text).
+  std::vector<int32_t> encode(std::string_view text, bool add_special_tokens = false,
+                              bool parse_special = true) const;
+  std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens = false) const;
+
+  std::optional<int32_t> token_to_id(const std::string& token) const;  // added tokens first, then vocab
+  // Token string (ByteLevel form for BPE tokens); empty when the id is unknown.
+  std::string id_to_token(int32_t id) const;
+  bool is_special(int32_t id) const;
+  int32_t vocab_size() const { return vocab_size_; }  // max id + 1
+  const std::vector<AddedToken>& added_tokens() const { return added_; }
+  SplitPattern split_pattern() const { return pattern_; }
+  bool normalizes_nfc() const { return nfc_; }
+
+ private:
+  Tokenizer() = default;
+  // Appends the ids of plain text (no added tokens inside), running normalizer and pre-tokenizer.
+  void encode_plain(std::string_view text, std::vector<int32_t>& out, bool parse_normalized_added) const;
+  void encode_pretokenized(std::string_view normalized, std::vector<int32_t>& out) const;
+  // Splits text on added tokens of the given kind (normalized or not), leftmost-longest.
+  struct Piece {
+    size_t begin, end;
+    int32_t added_id;  // -1: plain text
+  };
+  std::vector<Piece> split_added(std::string_view text, bool normalized_kind) const;
+
+  std::shared_ptr<BpeModel> bpe_;
+  SplitPattern pattern_ = SplitPattern::Qwen2;
+  bool nfc_ = false;
+  bool decoder_bytelevel_ = true;
+  std::vector<AddedToken> added_;
+  std::unordered_map<std::string, int32_t> added_by_content_;
+  std::unordered_map<int32_t, size_t> added_by_id_;
+  std::vector<int32_t> post_prefix_, post_suffix_;  // TemplateProcessing "single"
+  int32_t vocab_size_ = 0;
+};
+
+}  // namespace lt::data
