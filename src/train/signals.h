@@ -1,0 +1,19 @@
+// SIGINT/SIGTERM handling for training: the first signal sets a flag that the loop checks after each
+// optimizer step (finish the step, save, exit with a message saying how to resume); a second signal
+// restores the default action so that a user can still force-quit.
+#pragma once
+
+namespace lt::train {
+
+class StopSignals {
+ public:
+  StopSignals();   // installs the handlers
+  ~StopSignals();  // restores the previous handlers
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+  static bool requested();
+  static int signal_number();  // the signal received, 0 if none
+  static void reset();         // tests
+};
+
+}  // namespace lt::train
