@@ -1,0 +1,147 @@
+// AVX-512 kernels (16 floats per vector). Compiled with a target pragma and chosen at run time, so the
+// library still runs on CPUs without AVX-512. All headers are included BEFORE the pragma so that no
+// inline function of a shared header is emitted with AVX-512 code.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "optim/adamw_elem.h"
+
+#pragma GCC push_options
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12 false positive in avx512fintrin.h
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,bmi2")
+
+namespace lt::optim::detail {
+namespace {
+
+struct V {
+  __m512 decay, w1, beta2, w2, eps, bc2, nss, gs;
+  explicit V(const AdamWScalars& s)
+      : decay(_mm512_set1_ps(s.decay)), w1(_mm512_set1_ps(s.w1)), beta2(_mm512_set1_ps(s.beta2)),
+        w2(_mm512_set1_ps(s.w2)), eps(_mm512_set1_ps(s.eps)), bc2(_mm512_set1_ps(s.bc2_sqrt)),
+        nss(_mm512_set1_ps(s.neg_step_size)), gs(_mm512_set1_ps(s.grad_scale)) {}
+};
+
+// Same operation order as adamw_elem.
+inline void step16(const V& c, __m512& p, __m512 gin, __m512& m, __m512& v) {
+  __m512 g = _mm512_mul_ps(gin, c.gs);
+  __m512 pp = _mm512_mul_ps(p, c.decay);
+  m = _mm512_add_ps(m, _mm512_mul_ps(c.w1, _mm512_sub_ps(g, m)));
+  v = _mm512_add_ps(_mm512_mul_ps(v, c.beta2), _mm512_mul_ps(_mm512_mul_ps(c.w2, g), g));
+  __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(v), c.bc2), c.eps);
+  p = _mm512_add_ps(pp, _mm512_div_ps(_mm512_mul_ps(c.nss, m), denom));
+}
+
+// f32 -> bf16, round to nearest even, NaN kept quiet (as lt::f32_to_bf16).
+inline __m256i to_bf16(__m512 x) {
+  __m512i u = _mm512_castps_si512(x);
+  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  __m512i abs = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
+  __mmask16 nan = _mm512_cmpgt_epu32_mask(abs, _mm512_set1_epi32(0x7f800000));
+  __m512i q = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+  r = _mm512_mask_mov_epi32(r, nan, q);
+  return _mm512_cvtepi32_epi16(r);
+}
+
+// Nearest code of 16 values y (see quantize_one).
+inline __m128i quant16(const QuantMap& q, __m512 y) {
+  __m512i bits = _mm512_castps_si512(y);
+  __m512i abits = _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff));
+  __m512i idx = _mm512_sub_epi32(_mm512_srli_epi32(abits, QuantMap::kShift), _mm512_set1_epi32(q.base));
+  idx = _mm512_min_epi32(_mm512_max_epi32(idx, _mm512_setzero_si512()), _mm512_set1_epi32(q.buckets - 1));
+  __m512i lo = _mm512_and_si512(_mm512_i32gather_epi32(idx, q.lut.data(), 1), _mm512_set1_epi32(0xff));
+  __m512 t = _mm512_i32gather_ps(lo, q.thr, 4);
+  __mmask16 gt = _mm512_cmp_ps_mask(_mm512_castsi512_ps(abits), t, _CMP_GT_OQ);
+  lo = _mm512_mask_add_epi32(lo, gt, lo, _mm512_set1_epi32(1));
+  if (q.is_signed) lo = _mm512_or_si512(lo, _mm512_slli_epi32(_mm512_srli_epi32(bits, 31), 7));
+  return _mm512_cvtepi32_epi8(lo);
+}
+
+inline __m512 dequant16(const QuantMap& q, const uint8_t* codes, __m512 scale) {
+  __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)));
+  return _mm512_mul_ps(_mm512_i32gather_ps(c, q.decode, 4), scale);
+}
+
+}  // namespace
+
+void adamw_f32_avx512(const AdamWScalars& s, float* p, const float* g, float* m, float* v, bf16_t* out,
+                      int64_t n) {
+  const V c(s);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512 pv = _mm512_loadu_ps(p + i), mv = _mm512_loadu_ps(m + i), vv = _mm512_loadu_ps(v + i);
+    step16(c, pv, _mm512_loadu_ps(g + i), mv, vv);
+    _mm512_storeu_ps(p + i, pv);
+    _mm512_storeu_ps(m + i, mv);
+    _mm512_storeu_ps(v + i, vv);
+    if (out) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), to_bf16(pv));
+  }
+  for (; i < n; ++i) {
+    adamw_elem(s, p[i], g[i], m[i], v[i]);
+    if (out) out[i] = f32_to_bf16(p[i]);
+  }
+}
+
+void adamw_q8_avx512(const AdamWScalars& s, float* p, const float* g, uint8_t* mq, uint8_t* vq, float* ms,
+                     float* vs, bf16_t* out, int64_t n) {
+  const QuantMap& qm = signed_dynamic_map();
+  const QuantMap& qv = unsigned_dynamic_map();
+  const V c(s);
+  alignas(64) float tm[kQ8Block], tv[kQ8Block];
+  const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  for (int64_t b0 = 0, blk = 0; b0 < n; b0 += kQ8Block, ++blk) {
+    int64_t len = std::min<int64_t>(kQ8Block, n - b0);
+    if (len < kQ8Block) {  // partial last block: scalar (identical arithmetic)
+      adamw_q8_scalar(s, p + b0, g + b0, mq + b0, vq + b0, ms + blk, vs + blk, out ? out + b0 : nullptr, len);
+      break;
+    }
+    const __m512 sm = _mm512_set1_ps(ms[blk]), sv = _mm512_set1_ps(vs[blk]);
+    __m512 am = _mm512_setzero_ps(), av = _mm512_setzero_ps();
+    float* pb = p + b0;
+    const float* gb = g + b0;
+    for (int64_t i = 0; i < kQ8Block; i += 16) {
+      __m512 mv = dequant16(qm, mq + b0 + i, sm);
+      __m512 vv = dequant16(qv, vq + b0 + i, sv);
+      __m512 pv = _mm512_loadu_ps(pb + i);
+      step16(c, pv, _mm512_loadu_ps(gb + i), mv, vv);
+      _mm512_storeu_ps(pb + i, pv);
+      if (out) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + b0 + i), to_bf16(pv));
+      _mm512_store_ps(tm + i, mv);
+      _mm512_store_ps(tv + i, vv);
+      am = _mm512_max_ps(am, _mm512_and_ps(mv, absmask));
+      av = _mm512_max_ps(av, vv);
+    }
+    float amax = _mm512_reduce_max_ps(am), vmax = _mm512_reduce_max_ps(av);
+    ms[blk] = amax;
+    vs[blk] = vmax;
+    const __m512 im = _mm512_set1_ps(block_inv(amax)), iv = _mm512_set1_ps(block_inv(vmax));
+    for (int64_t i = 0; i < kQ8Block; i += 16) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(mq + b0 + i), quant16(qm, _mm512_mul_ps(_mm512_load_ps(tm + i), im)));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(vq + b0 + i), quant16(qv, _mm512_mul_ps(_mm512_load_ps(tv + i), iv)));
+    }
+  }
+}
+
+double sumsq_avx512(const float* g, int64_t n) {
+  __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512 x = _mm512_loadu_ps(g + i);
+    __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(x));
+    __m512d hi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1));
+    a0 = _mm512_fmadd_pd(lo, lo, a0);
+    a1 = _mm512_fmadd_pd(hi, hi, a1);
+  }
+  double acc = _mm512_reduce_add_pd(_mm512_add_pd(a0, a1));
+  for (; i < n; ++i) acc += double(g[i]) * double(g[i]);
+  return acc;
+}
+
+}  // namespace lt::optim::detail
+
+#pragma GCC diagnostic pop
+#pragma GCC pop_options

@@ -1,0 +1,71 @@
+// The fused AdamW update kernels (one pass over memory) and their run-time ISA dispatch.
+//
+// Per element, with PyTorch AdamW semantics (torch.optim.AdamW, single-tensor path) and the clip
+// factor folded in (g = grad * grad_scale):
+//   p = p * (1 - lr*wd)                       decoupled weight decay
+//   m = m + (1-beta1) * (g - m)               exp_avg.lerp_(g, 1-beta1)
+//   v = v * beta2 + ((1-beta2) * g) * g       exp_avg_sq.mul_(beta2).addcmul_(g, g, 1-beta2)
+//   denom = sqrt(v) / sqrt(1-beta2^t) + eps   eps added after the bias-corrected sqrt
+//   p = p + (-(lr / (1-beta1^t)) * m) / denom
+//   out = bf16(p)                             round to nearest even
+// The three paths (scalar, AVX2, AVX-512) perform the same IEEE operations in the same order (no FMA
+// contraction: lt_optim builds with -ffp-contract=off), so their results are bit-identical.
+#pragma once
+#include <cstdint>
+#include <string_view>
+
+#include "core/dtype.h"
+
+namespace lt::optim {
+
+enum class Isa { Auto, Scalar, Avx2, Avx512 };
+const char* isa_name(Isa i);        // "auto", "scalar", "avx2", "avx512"
+Isa parse_isa(const std::string_view s);  // throws lt::Error on an unknown name
+bool isa_supported(Isa i);          // this CPU can run the path
+// Auto -> LT_OPTIM_ISA from the environment if set, else the best supported path. An explicit path
+// the CPU lacks throws lt::Error.
+Isa resolve_isa(Isa requested);
+
+// Step constants, computed once per (step, group) in double and rounded to float, as PyTorch does
+// with its Python-float scalars.
+struct AdamWScalars {
+  float decay = 1;          // 1 - lr*wd
+  float w1 = 0.1f;          // 1 - beta1
+  float beta2 = 0.999f;
+  float w2 = 0.001f;        // 1 - beta2
+  float eps = 1e-8f;
+  float bc2_sqrt = 1;       // sqrt(1 - beta2^t)
+  float neg_step_size = 0;  // -lr / (1 - beta1^t)
+  float grad_scale = 1;     // clip coefficient
+};
+AdamWScalars make_adamw_scalars(double lr, double weight_decay, double beta1, double beta2, double eps,
+                                int64_t step, float grad_scale);
+
+constexpr int64_t kQ8Block = 256;  // elements per 8-bit quantisation block (one absmax scale each)
+
+// fp32 moments. out may be null.
+void adamw_f32(Isa isa, const AdamWScalars& s, float* p, const float* g, float* m, float* v, bf16_t* out,
+               int64_t n);
+// 8-bit moments: codes mq (signed dynamic map) and vq (unsigned dynamic map) with one absmax scale per
+// kQ8Block elements in ms/vs. p, g, mq, vq, out point at a block boundary; ms/vs at that block's
+// scale; the last block may be partial. Each block is dequantised, updated and requantised in one pass.
+void adamw_q8(Isa isa, const AdamWScalars& s, float* p, const float* g, uint8_t* mq, uint8_t* vq, float* ms,
+              float* vs, bf16_t* out, int64_t n);
+
+// Sum of squares with double accumulation.
+double sumsq(Isa isa, const float* g, int64_t n);
+
+namespace detail {
+// Per-ISA entry points (defined in adamw_<isa>.cpp).
+void adamw_f32_scalar(const AdamWScalars&, float*, const float*, float*, float*, bf16_t*, int64_t);
+void adamw_f32_avx2(const AdamWScalars&, float*, const float*, float*, float*, bf16_t*, int64_t);
+void adamw_f32_avx512(const AdamWScalars&, float*, const float*, float*, float*, bf16_t*, int64_t);
+void adamw_q8_scalar(const AdamWScalars&, float*, const float*, uint8_t*, uint8_t*, float*, float*, bf16_t*, int64_t);
+void adamw_q8_avx2(const AdamWScalars&, float*, const float*, uint8_t*, uint8_t*, float*, float*, bf16_t*, int64_t);
+void adamw_q8_avx512(const AdamWScalars&, float*, const float*, uint8_t*, uint8_t*, float*, float*, bf16_t*, int64_t);
+double sumsq_scalar(const float*, int64_t);
+double sumsq_avx2(const float*, int64_t);
+double sumsq_avx512(const float*, int64_t);
+}  // namespace detail
+
+}  // namespace lt::optim

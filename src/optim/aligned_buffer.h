@@ -1,0 +1,52 @@
+// Zero-initialised, 64-byte aligned heap array (optimizer states: large, never resized).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <utility>
+
+namespace lt::optim {
+
+template <typename T>
+class AlignedBuffer {
+ public:
+  AlignedBuffer() = default;
+  explicit AlignedBuffer(size_t n) { reset(n); }
+  AlignedBuffer(AlignedBuffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  AlignedBuffer& operator=(AlignedBuffer&& o) noexcept {
+    if (this != &o) {
+      std::free(p_);
+      p_ = std::exchange(o.p_, nullptr);
+      n_ = std::exchange(o.n_, 0);
+    }
+    return *this;
+  }
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+  ~AlignedBuffer() { std::free(p_); }
+
+  void reset(size_t n) {
+    std::free(p_);
+    p_ = nullptr;
+    n_ = n;
+    if (n == 0) return;
+    size_t bytes = (n * sizeof(T) + 63) / 64 * 64;
+    p_ = static_cast<T*>(std::aligned_alloc(64, bytes));
+    if (!p_) throw std::bad_alloc();
+    std::memset(static_cast<void*>(p_), 0, bytes);
+  }
+  T* data() { return p_; }
+  const T* data() const { return p_; }
+  size_t size() const { return n_; }
+  size_t bytes() const { return n_ * sizeof(T); }
+  T& operator[](size_t i) { return p_[i]; }
+  const T& operator[](size_t i) const { return p_[i]; }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+}  // namespace lt::optim

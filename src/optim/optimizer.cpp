@@ -1,0 +1,291 @@
+#include "optim/optimizer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <thread>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/timer.h"
+#include "optim/quant8.h"
+#include "optim/thread_pool.h"
+
+namespace lt::optim {
+
+const char* state_format_name(StateFormat f) { return f == StateFormat::Q8 ? "8bit" : "fp32"; }
+
+int64_t state_bytes(int64_t numel, StateFormat f) {
+  if (f == StateFormat::F32) return numel * 8;
+  int64_t blocks = (numel + kQ8Block - 1) / kQ8Block;
+  return numel * 2 + blocks * 8;
+}
+
+float clip_coefficient(double total_norm, float max_norm) {
+  if (max_norm <= 0) return 1.0f;
+  // torch computes in fp32: clip_coef = max_norm / (total_norm + 1e-6); clamped to 1.
+  float coef = max_norm / (float(total_norm) + 1e-6f);
+  return coef < 1.0f ? coef : 1.0f;
+}
+
+double grad_sumsq(const float* g, int64_t n, Isa isa) { return sumsq(isa, g, n); }
+
+struct CpuAdamW::WorkItem {
+  int unit;
+  int tensor;
+  int64_t begin, count;  // element range within the tensor (begin is a block multiple)
+  AdamWScalars s;
+};
+
+CpuAdamW::CpuAdamW(std::vector<UnitSpec> units, AdamWConfig cfg)
+    : units_(std::move(units)), cfg_(std::move(cfg)), isa_(resolve_isa(cfg_.isa)) {
+  LT_CHECK(!cfg_.groups.empty(), "optimizer: no parameter groups");
+  LT_CHECK(cfg_.beta1 >= 0 && cfg_.beta1 < 1, "optimizer: beta1 must be in [0,1), got {}", cfg_.beta1);
+  LT_CHECK(cfg_.beta2 >= 0 && cfg_.beta2 < 1, "optimizer: beta2 must be in [0,1), got {}", cfg_.beta2);
+  LT_CHECK(cfg_.eps > 0, "optimizer: eps must be > 0, got {}", cfg_.eps);
+  LT_CHECK(cfg_.chunk_elems >= kQ8Block, "optimizer: chunk_elems must be >= {}, got {}", kQ8Block, cfg_.chunk_elems);
+  cfg_.chunk_elems = cfg_.chunk_elems / kQ8Block * kQ8Block;
+  state_.resize(units_.size());
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const UnitSpec& us = units_[u];
+    state_[u].tensors.resize(us.tensors.size());
+    for (size_t t = 0; t < us.tensors.size(); ++t) {
+      const TensorSpec& ts = us.tensors[t];
+      LT_CHECK(ts.numel > 0 && ts.offset >= 0 && ts.offset + ts.numel <= us.numel,
+               "optimizer: unit {} tensor '{}' range [{}, {}) outside the unit's {} elements", u, ts.name,
+               ts.offset, ts.offset + ts.numel, us.numel);
+      LT_CHECK(ts.group >= 0 && size_t(ts.group) < cfg_.groups.size(),
+               "optimizer: unit {} tensor '{}' group {} out of range (have {} groups)", u, ts.name, ts.group,
+               cfg_.groups.size());
+      TensorState& st = state_[u].tensors[t];
+      if (ts.format == StateFormat::F32) {
+        st.m.reset(size_t(ts.numel));
+        st.v.reset(size_t(ts.numel));
+      } else {
+        size_t blocks = size_t((ts.numel + kQ8Block - 1) / kQ8Block);
+        st.mq.reset(size_t(ts.numel));
+        st.vq.reset(size_t(ts.numel));
+        st.ms.reset(blocks);
+        st.vs.reset(blocks);
+      }
+    }
+  }
+  int threads = cfg_.threads > 0 ? cfg_.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+  pool_ = std::make_unique<ThreadPool>(threads);
+}
+
+CpuAdamW::~CpuAdamW() {
+  try {
+    std::unique_lock<std::mutex> lk(mu_);
+    done_cv_.wait(lk, [&] {
+      for (auto& s : state_)
+        if (s.pending) return false;
+      return true;
+    });
+  } catch (...) {
+  }
+  pool_.reset();
+}
+
+void CpuAdamW::begin_step(float lr) {
+  std::lock_guard<std::mutex> lk(mu_);
+  LT_CHECK(norm_known_, "optimizer: begin_step() before the previous step's gradient norm is known ({} of {} units "
+                        "reported their partial sums)", reported_, units_.size());
+  LT_CHECK(std::isfinite(lr) && lr >= 0, "optimizer: learning rate must be finite and >= 0, got {}", lr);
+  for (auto& s : state_) {
+    s.reported = false;
+    s.submitted = false;
+    s.sumsq = 0;
+  }
+  in_step_ = true;
+  norm_known_ = false;
+  lr_ = lr;
+  reported_ = 0;
+  info_ = StepInfo{step_, 0, 1.0f, false};
+}
+
+void CpuAdamW::add_grad_sumsq(int unit, double sumsq) {
+  std::lock_guard<std::mutex> lk(mu_);
+  LT_CHECK(unit >= 0 && size_t(unit) < units_.size(), "optimizer: unit {} out of range (have {})", unit,
+           units_.size());
+  LT_CHECK(in_step_ && !norm_known_, "optimizer: add_grad_sumsq({}) outside a step (call begin_step first)", unit);
+  UnitState& us = state_[size_t(unit)];
+  LT_CHECK(!us.reported, "optimizer: unit {} reported its gradient partial sum twice in one step", unit);
+  us.reported = true;
+  us.sumsq = sumsq;
+  if (++reported_ == int(units_.size())) finish_norm_locked();
+}
+
+void CpuAdamW::finish_norm_locked() {
+  // Sum in unit order, so the norm does not depend on the order the partial sums arrived in.
+  double total = 0;
+  for (auto& s : state_) total += s.sumsq;
+  double norm = std::sqrt(total);
+  norm_known_ = true;
+  in_step_ = false;
+  info_.grad_norm = norm;
+  if (!std::isfinite(norm)) {
+    info_.skipped = true;
+    info_.clip_coef = 1.0f;
+    info_.step = step_;
+    ++stats_.skipped_steps;
+    if (cfg_.on_nonfinite == NonFinitePolicy::Stop)
+      fail("optimizer: non-finite gradient norm ({}) at step {}; stopping (on_nonfinite = stop)", norm, step_ + 1);
+    log_warn("optimizer: non-finite gradient norm ({}) at step {}; step skipped ({} skipped so far)", norm,
+             step_ + 1, stats_.skipped_steps);
+    return;
+  }
+  info_.clip_coef = clip_coefficient(norm, cfg_.max_grad_norm);
+  ++step_;
+  ++stats_.steps;
+  info_.step = step_;
+  for (size_t u = 0; u < units_.size(); ++u)
+    if (state_[u].submitted) enqueue_unit_locked(int(u));
+}
+
+void CpuAdamW::submit(int unit, const UnitBuffers& bufs) {
+  std::unique_lock<std::mutex> lk(mu_);
+  LT_CHECK(unit >= 0 && size_t(unit) < units_.size(), "optimizer: unit {} out of range (have {})", unit,
+           units_.size());
+  LT_CHECK(in_step_ || norm_known_, "optimizer: submit({}) before begin_step()", unit);
+  LT_CHECK(bufs.master && bufs.grad, "optimizer: submit({}) needs master and grad buffers", unit);
+  UnitState& us = state_[size_t(unit)];
+  LT_CHECK(!us.submitted, "optimizer: unit {} submitted twice in one step", unit);
+  if (us.pending) {  // the previous step's update of this unit is still running
+    double t0 = now_seconds();
+    done_cv_.wait(lk, [&] { return us.pending == 0; });
+    stats_.exposed_wait_s += now_seconds() - t0;
+  }
+  us.submitted = true;
+  us.bufs = bufs;
+  if (norm_known_ && !info_.skipped) enqueue_unit_locked(unit);
+}
+
+void CpuAdamW::enqueue_unit_locked(int unit) {
+  UnitState& us = state_[size_t(unit)];
+  const UnitSpec& spec = units_[size_t(unit)];
+  for (size_t t = 0; t < spec.tensors.size(); ++t) {
+    const TensorSpec& ts = spec.tensors[t];
+    const GroupHyper& gh = cfg_.groups[size_t(ts.group)];
+    double lr = double(lr_) * double(gh.lr_scale);
+    AdamWScalars s = make_adamw_scalars(lr, gh.weight_decay, cfg_.beta1, cfg_.beta2, cfg_.eps, step_, info_.clip_coef);
+    for (int64_t b = 0; b < ts.numel; b += cfg_.chunk_elems) {
+      WorkItem w{unit, int(t), b, std::min(cfg_.chunk_elems, ts.numel - b), s};
+      ++us.pending;
+      pool_->push(unit, [this, w] { run_item(w); });
+    }
+  }
+}
+
+void CpuAdamW::run_item(const WorkItem& w) {
+  auto t0 = std::chrono::steady_clock::now();
+  UnitState& us = state_[size_t(w.unit)];
+  std::exception_ptr err;
+  try {
+    const TensorSpec& ts = units_[size_t(w.unit)].tensors[size_t(w.tensor)];
+    TensorState& st = us.tensors[size_t(w.tensor)];
+    int64_t off = ts.offset + w.begin;
+    float* p = us.bufs.master + off;
+    const float* g = us.bufs.grad + off;
+    bf16_t* out = us.bufs.bf16 ? us.bufs.bf16 + off : nullptr;
+    if (ts.format == StateFormat::F32) {
+      adamw_f32(isa_, w.s, p, g, st.m.data() + w.begin, st.v.data() + w.begin, out, w.count);
+    } else {
+      int64_t blk = w.begin / kQ8Block;
+      adamw_q8(isa_, w.s, p, g, st.mq.data() + w.begin, st.vq.data() + w.begin, st.ms.data() + blk,
+               st.vs.data() + blk, out, w.count);
+    }
+  } catch (...) {
+    err = std::current_exception();
+  }
+  auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+  busy_ns_ += ns;
+  params_done_ += w.count;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (err && !us.error) us.error = err;
+    if (--us.pending == 0) done_cv_.notify_all();
+  }
+}
+
+void CpuAdamW::wait(int unit) {
+  LT_CHECK(unit >= 0 && size_t(unit) < units_.size(), "optimizer: unit {} out of range (have {})", unit,
+           units_.size());
+  std::unique_lock<std::mutex> lk(mu_);
+  UnitState& us = state_[size_t(unit)];
+  if (us.pending) {
+    double t0 = now_seconds();
+    done_cv_.wait(lk, [&] { return us.pending == 0; });
+    stats_.exposed_wait_s += now_seconds() - t0;
+  }
+  if (us.error) {
+    std::exception_ptr e = us.error;
+    us.error = nullptr;
+    std::rethrow_exception(e);
+  }
+}
+
+void CpuAdamW::wait_all() {
+  for (size_t u = 0; u < units_.size(); ++u) wait(int(u));
+}
+
+StepInfo CpuAdamW::step(float lr, const std::vector<UnitBuffers>& bufs) {
+  LT_CHECK(bufs.size() == units_.size(), "optimizer: step() got {} unit buffers, expected {}", bufs.size(),
+           units_.size());
+  begin_step(lr);
+  for (size_t u = 0; u < units_.size(); ++u) {
+    LT_CHECK(bufs[u].grad, "optimizer: step() unit {} has no gradient buffer", u);
+    add_grad_sumsq(int(u), grad_sumsq(bufs[u].grad, units_[u].numel, isa_));
+  }
+  for (size_t u = 0; u < units_.size(); ++u) submit(int(u), bufs[u]);
+  wait_all();
+  return last_step();
+}
+
+bool CpuAdamW::norm_known() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return norm_known_;
+}
+
+StepInfo CpuAdamW::last_step() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return info_;
+}
+
+UpdaterStats CpuAdamW::stats() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  UpdaterStats s = stats_;
+  s.busy_s = double(busy_ns_.load()) * 1e-9;
+  s.params_updated = params_done_.load();
+  return s;
+}
+
+int64_t CpuAdamW::state_bytes() const {
+  int64_t b = 0;
+  for (auto& u : units_)
+    for (auto& t : u.tensors) b += optim::state_bytes(t.numel, t.format);
+  return b;
+}
+
+void CpuAdamW::read_state(int unit, int tensor, std::vector<float>& m, std::vector<float>& v) const {
+  LT_CHECK(unit >= 0 && size_t(unit) < units_.size() && tensor >= 0 &&
+               size_t(tensor) < units_[size_t(unit)].tensors.size(),
+           "optimizer: read_state({}, {}) out of range", unit, tensor);
+  const TensorSpec& ts = units_[size_t(unit)].tensors[size_t(tensor)];
+  const TensorState& st = state_[size_t(unit)].tensors[size_t(tensor)];
+  m.resize(size_t(ts.numel));
+  v.resize(size_t(ts.numel));
+  if (ts.format == StateFormat::F32) {
+    std::copy(st.m.data(), st.m.data() + ts.numel, m.begin());
+    std::copy(st.v.data(), st.v.data() + ts.numel, v.begin());
+    return;
+  }
+  const QuantMap& qm = signed_dynamic_map();
+  const QuantMap& qv = unsigned_dynamic_map();
+  for (int64_t i = 0; i < ts.numel; ++i) {
+    m[size_t(i)] = dequantize_one(qm, st.mq[size_t(i)], st.ms[size_t(i / kQ8Block)]);
+    v[size_t(i)] = dequantize_one(qv, st.vq[size_t(i)], st.vs[size_t(i / kQ8Block)]);
+  }
+}
+
+}  // namespace lt::optim

@@ -1,0 +1,190 @@
+// CPU AdamW for the layer-streaming trainer: fp32 or 8-bit blockwise moments per tensor, exact
+// global-norm gradient clipping fused into the update, and an asynchronous per-unit updater.
+//
+// One optimizer step, as the executor drives it (units = model/param_layout.h units):
+//
+//   opt.begin_step(lr);                         // any time after the previous step's norm is known
+//   ... backward produces unit u's final gradient (any order) ...
+//   opt.add_grad_sumsq(u, sumsq_u);             // partial sum of squares of u's gradient, computed where
+//                                               // the gradient is produced (GPU, or grad_sumsq() on CPU)
+//   opt.submit(u, {master, grad, bf16_copy});   // queued; runs once the global norm is known
+//   ... when the last unit's partial sum arrives, the clip factor is fixed and the queued updates
+//       start on the worker pool, lowest unit index first (the order the next forward needs) ...
+//   opt.wait(u);                                // next forward of unit u: blocks only for u's update
+//
+// The update makes ONE pass over memory per tensor: it reads grad, master, m, v and writes master, m, v
+// and the bf16 streaming copy (round to nearest even). Buffers passed to submit() must stay valid and
+// untouched by the caller until wait(u) returns. A non-finite global norm skips the whole step (state,
+// masters and bf16 copies untouched; counted and logged) or throws, per AdamWConfig::on_nonfinite.
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "optim/adamw_kernels.h"
+#include "optim/aligned_buffer.h"
+
+namespace lt::optim {
+
+class ThreadPool;
+
+// Optimizer-state format of one tensor.
+enum class StateFormat : uint8_t { F32 = 0, Q8 = 1 };
+const char* state_format_name(StateFormat f);  // "fp32", "8bit"
+
+// Bytes of optimizer state (m and v, incl. 8-bit block scales) for a tensor of numel elements.
+int64_t state_bytes(int64_t numel, StateFormat f);
+
+struct TensorSpec {
+  std::string name;             // for messages and the state file
+  int64_t offset = 0;           // element offset in the unit's flat buffer
+  int64_t numel = 0;
+  int group = 0;                // index into AdamWConfig::groups
+  StateFormat format = StateFormat::F32;
+};
+
+struct UnitSpec {
+  std::vector<TensorSpec> tensors;
+  int64_t numel = 0;            // flat buffer size (elements); tensors must lie inside it
+};
+
+// Per-group hyperparameters (PyTorch param groups). The effective lr of a group is lr * lr_scale.
+struct GroupHyper {
+  float lr_scale = 1.0f;
+  float weight_decay = 0.0f;
+};
+
+enum class NonFinitePolicy { Skip, Stop };
+
+struct AdamWConfig {
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  // Default groups: 0 = decayed (matrices, embeddings), 1 = not decayed (norms, biases).
+  std::vector<GroupHyper> groups = {{1.0f, 0.01f}, {1.0f, 0.0f}};
+  float max_grad_norm = 1.0f;   // <= 0: no clipping (the norm is still computed, for the non-finite check)
+  NonFinitePolicy on_nonfinite = NonFinitePolicy::Skip;
+  int threads = 0;              // worker threads; 0 = hardware concurrency
+  int64_t chunk_elems = 1 << 18;  // work item size; large tensors are split across threads
+  Isa isa = Isa::Auto;          // kernel path (Auto = best the CPU supports; LT_OPTIM_ISA env overrides Auto)
+};
+
+// What the step decided once the global norm was known.
+struct StepInfo {
+  int64_t step = 0;             // AdamW step count t after this step (unchanged if skipped)
+  double grad_norm = 0;         // total L2 norm of all gradients (before clipping)
+  float clip_coef = 1.0f;       // factor applied to the gradients (1 when not clipping)
+  bool skipped = false;         // non-finite norm: no update
+};
+
+struct UnitBuffers {
+  float* master = nullptr;      // [numel] fp32 master weights (updated in place)
+  const float* grad = nullptr;  // [numel] fp32 gradient (read once)
+  bf16_t* bf16 = nullptr;       // [numel] streaming copy to write; may be null (no copy wanted)
+};
+
+struct UpdaterStats {
+  double exposed_wait_s = 0;    // time callers spent blocked in wait() (cumulative)
+  double busy_s = 0;            // summed worker time in update kernels (cumulative)
+  int64_t steps = 0;            // steps taken
+  int64_t skipped_steps = 0;    // steps skipped for a non-finite norm
+  int64_t params_updated = 0;   // elements updated (cumulative)
+};
+
+class CpuAdamW {
+ public:
+  CpuAdamW(std::vector<UnitSpec> units, AdamWConfig cfg);
+  ~CpuAdamW();
+  CpuAdamW(const CpuAdamW&) = delete;
+  CpuAdamW& operator=(const CpuAdamW&) = delete;
+
+  // Starts step t+1 with learning rate lr (before group scaling). Requires the previous step's norm
+  // to be known (all units reported). Updates of the previous step may still be running.
+  void begin_step(float lr);
+  // Partial sum of squares of unit u's gradient (exactly once per unit per step). Thread-safe.
+  // The last unit's call fixes the norm, the clip factor and the skip decision and releases the
+  // queued updates. Throws (on_nonfinite = Stop) for a non-finite norm.
+  void add_grad_sumsq(int unit, double sumsq);
+  // Queues unit u's update for this step (once per unit per step). Thread-safe.
+  void submit(int unit, const UnitBuffers& bufs);
+  // Blocks until unit u's latest submitted update (and its bf16 copy) is done. Time spent blocked
+  // is counted as exposed optimizer time. Rethrows a worker's error.
+  void wait(int unit);
+  void wait_all();
+  // Convenience for a synchronous CPU caller: begin_step, CPU partial sums, submit all, wait_all.
+  StepInfo step(float lr, const std::vector<UnitBuffers>& bufs);
+
+  bool norm_known() const;      // the current step's norm is fixed
+  StepInfo last_step() const;   // decision of the current (or last) step; valid once norm_known()
+  UpdaterStats stats() const;
+  int64_t step_count() const { return step_; }
+  const std::vector<UnitSpec>& units() const { return units_; }
+  const AdamWConfig& config() const { return cfg_; }
+  Isa isa() const { return isa_; }
+  int64_t state_bytes() const;  // total optimizer-state bytes held
+
+  // Read access to a tensor's state (tests, checkpoint tools). m/v are dequantised for 8-bit tensors.
+  void read_state(int unit, int tensor, std::vector<float>& m, std::vector<float>& v) const;
+
+  // Exact save/load of moments (fp32 or 8-bit codes + block scales) and the step count. The file
+  // records the unit/tensor layout and formats; load() rejects a file that does not match this
+  // optimizer's layout, or is truncated or corrupted, with a message naming the file and the field.
+  // Both wait for in-flight updates first.
+  void save(const std::filesystem::path& file);
+  void load(const std::filesystem::path& file);
+
+ private:
+  struct TensorState {
+    AlignedBuffer<float> m, v;              // F32
+    AlignedBuffer<uint8_t> mq, vq;          // Q8 codes
+    AlignedBuffer<float> ms, vs;            // Q8 per-block absmax scales
+  };
+  struct UnitState {
+    std::vector<TensorState> tensors;
+    bool reported = false;
+    double sumsq = 0;                       // this step's partial sum of squares
+    bool submitted = false;
+    UnitBuffers bufs;
+    int64_t pending = 0;                    // work items not finished
+    std::exception_ptr error;
+  };
+  struct WorkItem;
+
+  void enqueue_unit_locked(int unit);
+  void run_item(const WorkItem& w);
+  void finish_norm_locked();
+
+  std::vector<UnitSpec> units_;
+  AdamWConfig cfg_;
+  Isa isa_;
+  std::unique_ptr<ThreadPool> pool_;
+  std::vector<UnitState> state_;
+
+  mutable std::mutex mu_;
+  std::condition_variable done_cv_;
+  int64_t step_ = 0;                        // AdamW t (steps actually taken)
+  bool in_step_ = false;                    // begin_step called, norm not yet known
+  bool norm_known_ = true;
+  float lr_ = 0;
+  int reported_ = 0;
+  double sumsq_ = 0;
+  StepInfo info_;
+  AdamWScalars scal_base_;                  // per-step scalars before group scaling
+  UpdaterStats stats_;
+  std::atomic<int64_t> busy_ns_{0};
+  std::atomic<int64_t> params_done_{0};
+};
+
+// CPU partial sum of squares of a gradient (double accumulation, vectorised). Read-only pass; the CPU
+// backend calls it where it finishes a unit's gradient, while the data is still in cache.
+double grad_sumsq(const float* g, int64_t n, Isa isa = Isa::Auto);
+
+// torch.nn.utils.clip_grad_norm_: clip_coef = max_norm / (total_norm + 1e-6), applied only if < 1.
+float clip_coefficient(double total_norm, float max_norm);
+
+}  // namespace lt::optim
