@@ -1,0 +1,538 @@
+// Flash-attention-style causal GQA attention (forward and backward) on tensor cores (mma.sync
+// m16n8k16, bf16 in, fp32 accumulate). Scores live in registers only: no S x S matrix in memory.
+//
+// Forward: one CTA = 64 query rows of one (sample, head); 4 warps x 16 rows. Key/value tiles of 64
+// rows stream through shared memory with cp.async double buffering; online softmax in the log2
+// domain (exp2f), fully masked rows handled (running max -inf -> scale 0).
+// Backward (FlashAttention-2 order): one CTA = 64 key rows of one (sample, kv head); it loops over
+// the query heads of its group and over query tiles, accumulating dK and dV in registers
+// (deterministic, written once), and adds dQ with fp32 atomics into dq_acc.
+#include <cuda_bf16.h>
+
+#include <cmath>
+
+#include "backend/cuda/cuda_util.h"
+#include "backend/cuda/dev_common.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace lt::cuda {
+namespace {
+
+using namespace dev;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+struct AttnParams {
+  const bf16* q;
+  const bf16* k;
+  const bf16* v;
+  const bf16* o;
+  const bf16* dout;
+  const int32_t* seg;
+  bf16* out;
+  float* lse;
+  float* dq_acc;
+  const float* delta;
+  bf16* dk;
+  bf16* dv;
+  int S, heads, kv_heads;
+  float scale, scale_log2;
+};
+
+// ------------------------------------------------------------------------------------------ forward
+template <int HD>
+struct FwdCfg {
+  static constexpr int BR = 64, BC = 64, LD = HD + 8, THREADS = 128;
+  static constexpr int kSmem = (BR * LD + 4 * BC * LD) * 2 + 2 * BC * 4;
+};
+
+template <int HD>
+__global__ void __launch_bounds__(128) attn_fwd_kernel(AttnParams p) {
+  using C = FwdCfg<HD>;
+  constexpr int BR = C::BR, BC = C::BC, LD = C::LD;
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16* sQ = reinterpret_cast<bf16*>(smem);
+  bf16* sK = sQ + BR * LD;       // [2][BC][LD]
+  bf16* sV = sK + 2 * BC * LD;   // [2][BC][LD]
+  int* sSeg = reinterpret_cast<int*>(sV + 2 * BC * LD);  // [2][BC]
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int qb = gridDim.x - 1 - blockIdx.x;  // heaviest (last) query tiles first
+  const int h = blockIdx.y, b = blockIdx.z, S = p.S;
+  const int kvh = h / (p.heads / p.kv_heads);
+  const int64_t q_ld = int64_t(p.heads) * HD, kv_ld = int64_t(p.kv_heads) * HD;
+  const int q0 = qb * BR;
+  const bf16* qbase = p.q + int64_t(b) * S * q_ld + h * HD;
+  const bf16* kbase = p.k + int64_t(b) * S * kv_ld + kvh * HD;
+  const bf16* vbase = p.v + int64_t(b) * S * kv_ld + kvh * HD;
+  const int32_t* seg = p.seg ? p.seg + int64_t(b) * S : nullptr;
+
+  constexpr int CH = HD / 8;  // 16-byte chunks per row
+  for (int idx = tid; idx < BR * CH; idx += C::THREADS) {
+    const int r = idx / CH, c = (idx % CH) * 8;
+    const bool ok = q0 + r < S;
+    cp_async16(sQ + r * LD + c, qbase + int64_t(ok ? q0 + r : 0) * q_ld + c, ok);
+  }
+  auto load_kv = [&](int kb, int stage) {
+    const int k0 = kb * BC;
+    bf16* dk = sK + stage * BC * LD;
+    bf16* dv = sV + stage * BC * LD;
+    for (int idx = tid; idx < BC * CH; idx += C::THREADS) {
+      const int r = idx / CH, c = (idx % CH) * 8;
+      const bool ok = k0 + r < S;
+      const int64_t off = int64_t(ok ? k0 + r : 0) * kv_ld + c;
+      cp_async16(dk + r * LD + c, kbase + off, ok);
+      cp_async16(dv + r * LD + c, vbase + off, ok);
+    }
+    if (seg && tid < BC) sSeg[stage * BC + tid] = (k0 + tid < S) ? seg[k0 + tid] : -1;
+  };
+
+  // Causal: key tiles up to the one holding this tile's last valid query.
+  const int last_q = min(q0 + BR, S) - 1;
+  const int nkb = last_q / BC + 1;
+  load_kv(0, 0);
+  cp_async_commit();
+
+  const int row0 = warp * 16 + g;  // this thread's rows: row0 and row0 + 8 (tile-relative)
+  int qseg[2] = {0, 0};
+  if (seg) {
+    qseg[0] = (q0 + row0 < S) ? seg[q0 + row0] : -2;
+    qseg[1] = (q0 + row0 + 8 < S) ? seg[q0 + row0 + 8] : -2;
+  }
+  uint32_t qf[HD / 16][4];
+  float acc[HD / 8][4];
+#pragma unroll
+  for (int i = 0; i < HD / 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+  const int li = lane / 8, lr = lane % 8;
+
+  for (int kb = 0; kb < nkb; ++kb) {
+    const int stage = kb & 1;
+    if (kb + 1 < nkb) {
+      load_kv(kb + 1, stage ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    if (kb == 0) {
+#pragma unroll
+      for (int kk = 0; kk < HD / 16; ++kk)
+        ldmatrix_x4(qf[kk], sQ + (warp * 16 + (li & 1) * 8 + lr) * LD + kk * 16 + (li >> 1) * 8);
+    }
+    const bf16* tK = sK + stage * BC * LD;
+    const bf16* tV = sV + stage * BC * LD;
+    float s[BC / 8][4];
+#pragma unroll
+    for (int i = 0; i < BC / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+#pragma unroll
+      for (int np = 0; np < BC / 16; ++np) {
+        uint32_t r[4];
+        ldmatrix_x4(r, tK + (np * 16 + (li >> 1) * 8 + lr) * LD + kk * 16 + (li & 1) * 8);
+        mma_bf16(s[2 * np], qf[kk], r[0], r[1]);
+        mma_bf16(s[2 * np + 1], qf[kk], r[2], r[3]);
+      }
+    }
+    const int k0 = kb * BC;
+    const bool need_mask = seg != nullptr || k0 + BC > q0 || k0 + BC > S;
+    float mx[2] = {m_run[0], m_run[1]};
+#pragma unroll
+    for (int nt = 0; nt < BC / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = s[nt][e] * p.scale_log2;
+        if (need_mask) {
+          const int hi = e >> 1;
+          const int kr = nt * 8 + 2 * t + (e & 1);
+          const int kpos = k0 + kr, qpos = q0 + row0 + 8 * hi;
+          bool ok = kpos <= qpos && kpos < S;
+          if (seg) ok = ok && sSeg[stage * BC + kr] == qseg[hi];
+          if (!ok) x = -INFINITY;
+        }
+        s[nt][e] = x;
+        mx[e >> 1] = fmaxf(mx[e >> 1], x);
+      }
+    }
+    float alpha[2], m_use[2];
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xffffffffu, mx[hi], 1));
+      mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xffffffffu, mx[hi], 2));
+      m_use[hi] = mx[hi] == -INFINITY ? 0.f : mx[hi];
+      alpha[hi] = exp2f(m_run[hi] - m_use[hi]);  // m_run = -inf -> 0
+      m_run[hi] = mx[hi];
+      l_run[hi] *= alpha[hi];
+    }
+#pragma unroll
+    for (int nt = 0; nt < BC / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float pv = exp2f(s[nt][e] - m_use[e >> 1]);
+        s[nt][e] = pv;
+        l_run[e >> 1] += pv;
+      }
+    }
+#pragma unroll
+    for (int dt = 0; dt < HD / 8; ++dt) {
+      acc[dt][0] *= alpha[0];
+      acc[dt][1] *= alpha[0];
+      acc[dt][2] *= alpha[1];
+      acc[dt][3] *= alpha[1];
+    }
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk) {
+      uint32_t a[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                       pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int dp = 0; dp < HD / 16; ++dp) {
+        uint32_t r[4];
+        ldmatrix_x4_trans(r, tV + (kk * 16 + (li & 1) * 8 + lr) * LD + dp * 16 + (li >> 1) * 8);
+        mma_bf16(acc[2 * dp], a, r[0], r[1]);
+        mma_bf16(acc[2 * dp + 1], a, r[2], r[3]);
+      }
+    }
+    __syncthreads();  // this stage is overwritten by the next iteration's prefetch
+  }
+
+#pragma unroll
+  for (int hi = 0; hi < 2; ++hi) {
+    float l = l_run[hi];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int qpos = q0 + row0 + 8 * hi;
+    if (qpos >= S) continue;
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    bf16* orow = p.out + (int64_t(b) * S + qpos) * q_ld + h * HD;
+#pragma unroll
+    for (int dt = 0; dt < HD / 8; ++dt)
+      *reinterpret_cast<uint32_t*>(orow + dt * 8 + 2 * t) =
+          pack_bf16(acc[dt][2 * hi] * inv, acc[dt][2 * hi + 1] * inv);
+    if (t == 0) p.lse[(int64_t(b) * S + qpos) * p.heads + h] = (m_run[hi] + log2f(l)) * kLn2;
+  }
+}
+
+// --------------------------------------------------------------------------------- backward: delta
+// delta[row, h] = sum_d dout[row, h, d] * o[row, h, d]; one warp per (row, head).
+template <int HD>
+__global__ void attn_delta_kernel(const bf16* o, const bf16* dout, int64_t rows, int heads, float* delta) {
+  const int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (w >= rows * heads) return;
+  const bf16* a = o + w * HD;
+  const bf16* d = dout + w * HD;
+  float s = 0.f;
+#pragma unroll
+  for (int i = lane * 2; i < HD; i += 64) {
+    const float2 x = unpack_bf16(*reinterpret_cast<const uint32_t*>(a + i));
+    const float2 y = unpack_bf16(*reinterpret_cast<const uint32_t*>(d + i));
+    s += x.x * y.x + x.y * y.y;
+  }
+  s = warp_sum(s);
+  if (lane == 0) delta[w] = s;
+}
+
+// ------------------------------------------------------------------------------ backward: dK, dV, dQ
+template <int HD>
+struct BwdCfg {
+  static constexpr int BC = 64;               // key rows per CTA (4 warps x 16)
+  static constexpr int BQ = HD == 128 ? 32 : 64;  // query rows per inner step
+  static constexpr int LD = HD + 8, LDS = BQ + 8, THREADS = 128;
+  static constexpr int kSmem = (2 * BC * LD + 4 * BQ * LD + BC * LDS) * 2 + (2 * 3 * BQ + BC) * 4;
+};
+
+template <int HD>
+__global__ void __launch_bounds__(128) attn_bwd_kernel(AttnParams p) {
+  using C = BwdCfg<HD>;
+  constexpr int BC = C::BC, BQ = C::BQ, LD = C::LD, LDS = C::LDS;
+  constexpr int NQT = BQ / 8;            // query n-tiles of S^T per warp
+  constexpr int MT = BQ / 16;            // dQ m-tiles
+  constexpr int WPM = 4 / MT;            // warps per dQ m-tile
+  constexpr int DQC = HD / WPM;          // dQ columns per warp
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16* sK = reinterpret_cast<bf16*>(smem);
+  bf16* sV = sK + BC * LD;
+  bf16* sQ = sV + BC * LD;        // [2][BQ][LD]
+  bf16* sdO = sQ + 2 * BQ * LD;   // [2][BQ][LD]
+  bf16* sdS = sdO + 2 * BQ * LD;  // [BC][LDS] (dS^T: key-major)
+  float* sLse = reinterpret_cast<float*>(sdS + BC * LDS);  // [2][BQ], log2 domain
+  float* sDel = sLse + 2 * BQ;                             // [2][BQ]
+  int* sSegQ = reinterpret_cast<int*>(sDel + 2 * BQ);       // [2][BQ]
+  int* sSegK = sSegQ + 2 * BQ;                              // [BC]
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int li = lane / 8, lr = lane % 8;
+  const int kb = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z, S = p.S;
+  const int rep = p.heads / p.kv_heads;
+  const int64_t q_ld = int64_t(p.heads) * HD, kv_ld = int64_t(p.kv_heads) * HD;
+  const int k0 = kb * BC;
+  const int64_t row_base = int64_t(b) * S;
+  const int32_t* seg = p.seg ? p.seg + row_base : nullptr;
+  constexpr int CH = HD / 8;
+
+  for (int idx = tid; idx < BC * CH; idx += C::THREADS) {
+    const int r = idx / CH, c = (idx % CH) * 8;
+    const bool ok = k0 + r < S;
+    const int64_t off = (row_base + (ok ? k0 + r : 0)) * kv_ld + kvh * HD + c;
+    cp_async16(sK + r * LD + c, p.k + off, ok);
+    cp_async16(sV + r * LD + c, p.v + off, ok);
+  }
+  if (tid < BC) sSegK[tid] = (seg && k0 + tid < S) ? seg[k0 + tid] : 0;
+
+  const int qb0 = k0 / BQ, nqb = (S + BQ - 1) / BQ;
+  const int n_it = rep * (nqb - qb0);
+  auto load_q = [&](int it, int stage) {
+    const int h = kvh * rep + it / (nqb - qb0);
+    const int qs = (qb0 + it % (nqb - qb0)) * BQ;
+    bf16* dq = sQ + stage * BQ * LD;
+    bf16* ddo = sdO + stage * BQ * LD;
+    for (int idx = tid; idx < BQ * CH; idx += C::THREADS) {
+      const int r = idx / CH, c = (idx % CH) * 8;
+      const bool ok = qs + r < S;
+      const int64_t off = (row_base + (ok ? qs + r : 0)) * q_ld + h * HD + c;
+      cp_async16(dq + r * LD + c, p.q + off, ok);
+      cp_async16(ddo + r * LD + c, p.dout + off, ok);
+    }
+    if (tid < BQ) {
+      const bool ok = qs + tid < S;
+      const int64_t ri = (row_base + qs + tid) * p.heads + h;
+      sLse[stage * BQ + tid] = ok ? p.lse[ri] * kLog2e : 0.f;
+      sDel[stage * BQ + tid] = ok ? p.delta[ri] : 0.f;
+      sSegQ[stage * BQ + tid] = (seg && ok) ? seg[qs + tid] : 0;
+    }
+  };
+  load_q(0, 0);
+  cp_async_commit();
+
+  float dk[HD / 8][4], dv[HD / 8][4];
+#pragma unroll
+  for (int i = 0; i < HD / 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[i][e] = dv[i][e] = 0.f;
+
+  const int kw = warp * 16;  // this warp's key rows (tile-relative)
+  for (int it = 0; it < n_it; ++it) {
+    const int stage = it & 1;
+    if (it + 1 < n_it) {
+      load_q(it + 1, stage ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int h = kvh * rep + it / (nqb - qb0);
+    const int qs = (qb0 + it % (nqb - qb0)) * BQ;
+    const bf16* tQ = sQ + stage * BQ * LD;
+    const bf16* tdO = sdO + stage * BQ * LD;
+    const float* tL = sLse + stage * BQ;
+    const float* tD = sDel + stage * BQ;
+    const int* tS = sSegQ + stage * BQ;
+
+    // S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys x BQ queries.
+    float st[NQT][4], dpt[NQT][4];
+#pragma unroll
+    for (int i = 0; i < NQT; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) st[i][e] = dpt[i][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      uint32_t ka[4], va[4];
+      ldmatrix_x4(ka, sK + (kw + (li & 1) * 8 + lr) * LD + kk * 16 + (li >> 1) * 8);
+      ldmatrix_x4(va, sV + (kw + (li & 1) * 8 + lr) * LD + kk * 16 + (li >> 1) * 8);
+#pragma unroll
+      for (int np = 0; np < BQ / 16; ++np) {
+        uint32_t r[4], rd[4];
+        ldmatrix_x4(r, tQ + (np * 16 + (li >> 1) * 8 + lr) * LD + kk * 16 + (li & 1) * 8);
+        ldmatrix_x4(rd, tdO + (np * 16 + (li >> 1) * 8 + lr) * LD + kk * 16 + (li & 1) * 8);
+        mma_bf16(st[2 * np], ka, r[0], r[1]);
+        mma_bf16(st[2 * np + 1], ka, r[2], r[3]);
+        mma_bf16(dpt[2 * np], va, rd[0], rd[1]);
+        mma_bf16(dpt[2 * np + 1], va, rd[2], rd[3]);
+      }
+    }
+    // P^T and dS^T = P^T (dP^T - delta) (the softmax scale is applied to dK and dQ at the end).
+#pragma unroll
+    for (int nt = 0; nt < NQT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int kr = kw + g + 8 * (e >> 1);
+        const int qr = nt * 8 + 2 * t + (e & 1);
+        const int kpos = k0 + kr, qpos = qs + qr;
+        const bool ok = kpos <= qpos && qpos < S && kpos < S && (!seg || sSegK[kr] == tS[qr]);
+        const float pv = ok ? exp2f(st[nt][e] * p.scale_log2 - tL[qr]) : 0.f;
+        st[nt][e] = pv;
+        dpt[nt][e] = pv * (dpt[nt][e] - tD[qr]);
+      }
+    }
+    // dV += P^T dO, dK += dS^T Q (k-dim = queries).
+#pragma unroll
+    for (int kq = 0; kq < BQ / 16; ++kq) {
+      uint32_t pa[4] = {pack_bf16(st[2 * kq][0], st[2 * kq][1]), pack_bf16(st[2 * kq][2], st[2 * kq][3]),
+                        pack_bf16(st[2 * kq + 1][0], st[2 * kq + 1][1]),
+                        pack_bf16(st[2 * kq + 1][2], st[2 * kq + 1][3])};
+      uint32_t da[4] = {pack_bf16(dpt[2 * kq][0], dpt[2 * kq][1]), pack_bf16(dpt[2 * kq][2], dpt[2 * kq][3]),
+                        pack_bf16(dpt[2 * kq + 1][0], dpt[2 * kq + 1][1]),
+                        pack_bf16(dpt[2 * kq + 1][2], dpt[2 * kq + 1][3])};
+#pragma unroll
+      for (int dp = 0; dp < HD / 16; ++dp) {
+        uint32_t r[4], rq[4];
+        ldmatrix_x4_trans(r, tdO + (kq * 16 + (li & 1) * 8 + lr) * LD + dp * 16 + (li >> 1) * 8);
+        ldmatrix_x4_trans(rq, tQ + (kq * 16 + (li & 1) * 8 + lr) * LD + dp * 16 + (li >> 1) * 8);
+        mma_bf16(dv[2 * dp], pa, r[0], r[1]);
+        mma_bf16(dv[2 * dp + 1], pa, r[2], r[3]);
+        mma_bf16(dk[2 * dp], da, rq[0], rq[1]);
+        mma_bf16(dk[2 * dp + 1], da, rq[2], rq[3]);
+      }
+    }
+    // dS^T -> shared memory (bf16), then dQ = scale * dS K over all 64 keys of the tile.
+#pragma unroll
+    for (int nt = 0; nt < NQT; ++nt) {
+#pragma unroll
+      for (int hi = 0; hi < 2; ++hi)
+        *reinterpret_cast<uint32_t*>(sdS + (kw + g + 8 * hi) * LDS + nt * 8 + 2 * t) =
+            pack_bf16(dpt[nt][2 * hi], dpt[nt][2 * hi + 1]);
+    }
+    __syncthreads();
+    {
+      const int mt = warp / WPM, c0 = (warp % WPM) * DQC;
+      float dq[DQC / 8][4];
+#pragma unroll
+      for (int i = 0; i < DQC / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < BC / 16; ++kk) {
+        uint32_t a[4];
+        ldmatrix_x4_trans(a, sdS + (kk * 16 + (li >> 1) * 8 + lr) * LDS + mt * 16 + (li & 1) * 8);
+#pragma unroll
+        for (int dp = 0; dp < DQC / 16; ++dp) {
+          uint32_t r[4];
+          ldmatrix_x4_trans(r, sK + (kk * 16 + (li & 1) * 8 + lr) * LD + c0 + dp * 16 + (li >> 1) * 8);
+          mma_bf16(dq[2 * dp], a, r[0], r[1]);
+          mma_bf16(dq[2 * dp + 1], a, r[2], r[3]);
+        }
+      }
+#pragma unroll
+      for (int hi = 0; hi < 2; ++hi) {
+        const int qpos = qs + mt * 16 + g + 8 * hi;
+        if (qpos >= S) continue;
+        float* dst = p.dq_acc + (row_base + qpos) * q_ld + h * HD + c0;
+#pragma unroll
+        for (int nt = 0; nt < DQC / 8; ++nt) {
+          atomicAdd(dst + nt * 8 + 2 * t, dq[nt][2 * hi] * p.scale);
+          atomicAdd(dst + nt * 8 + 2 * t + 1, dq[nt][2 * hi + 1] * p.scale);
+        }
+      }
+    }
+    __syncthreads();  // sQ/sdO stage and sdS are reused by the next iteration
+  }
+
+#pragma unroll
+  for (int hi = 0; hi < 2; ++hi) {
+    const int kpos = k0 + kw + g + 8 * hi;
+    if (kpos >= S) continue;
+    const int64_t off = (row_base + kpos) * kv_ld + kvh * HD;
+#pragma unroll
+    for (int dt = 0; dt < HD / 8; ++dt) {
+      *reinterpret_cast<uint32_t*>(p.dk + off + dt * 8 + 2 * t) =
+          pack_bf16(dk[dt][2 * hi] * p.scale, dk[dt][2 * hi + 1] * p.scale);
+      *reinterpret_cast<uint32_t*>(p.dv + off + dt * 8 + 2 * t) = pack_bf16(dv[dt][2 * hi], dv[dt][2 * hi + 1]);
+    }
+  }
+}
+
+AttnParams make_params(const AttnDims& d) {
+  LT_CUDA_REQUIRE(attention_supported(d.head_dim), "attention: head_dim must be 64 or 128");
+  LT_CUDA_REQUIRE(d.heads > 0 && d.kv_heads > 0 && d.heads % d.kv_heads == 0,
+                  "attention: heads must be a positive multiple of kv_heads");
+  LT_CUDA_REQUIRE(d.seq > 0 && d.seq < (1 << 30) && d.batch > 0 && d.batch < 65536, "attention: bad batch/seq");
+  AttnParams p{};
+  p.S = int(d.seq);
+  p.heads = int(d.heads);
+  p.kv_heads = int(d.kv_heads);
+  p.scale = d.scale;
+  p.scale_log2 = d.scale * kLog2e;
+  return p;
+}
+
+template <int HD>
+void launch_fwd(const AttnParams& p, int64_t batch, cudaStream_t st) {
+  using C = FwdCfg<HD>;
+  static bool attr = false;  // the dynamic shared-memory limit is set once per kernel
+  if (!attr) {
+    LT_CUDA(cudaFuncSetAttribute(attn_fwd_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
+    attr = true;
+  }
+  dim3 grid(unsigned((p.S + C::BR - 1) / C::BR), unsigned(p.heads), unsigned(batch));
+  attn_fwd_kernel<HD><<<grid, C::THREADS, C::kSmem, st>>>(p);
+  LT_CUDA_LAUNCH();
+}
+
+template <int HD>
+void launch_bwd(const AttnParams& p, int64_t batch, cudaStream_t st) {
+  using C = BwdCfg<HD>;
+  static bool attr = false;
+  if (!attr) {
+    LT_CUDA(cudaFuncSetAttribute(attn_bwd_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
+    attr = true;
+  }
+  const int64_t rows = batch * p.S;
+  const int64_t warps = rows * p.heads;
+  attn_delta_kernel<HD><<<unsigned((warps * 32 + 255) / 256), 256, 0, st>>>(p.o, p.dout, rows, p.heads,
+                                                                          const_cast<float*>(p.delta));
+  LT_CUDA_LAUNCH();
+  dim3 grid(unsigned((p.S + C::BC - 1) / C::BC), unsigned(p.kv_heads), unsigned(batch));
+  attn_bwd_kernel<HD><<<grid, C::THREADS, C::kSmem, st>>>(p);
+  LT_CUDA_LAUNCH();
+}
+
+}  // namespace
+
+bool attention_supported(int64_t head_dim) { return head_dim == 64 || head_dim == 128; }
+
+void attention_fwd(const AttnDims& d, const void* q, const void* k, const void* v, const int32_t* segments, void* o,
+                   float* lse, cudaStream_t st) {
+  AttnParams p = make_params(d);
+  p.q = static_cast<const bf16*>(q);
+  p.k = static_cast<const bf16*>(k);
+  p.v = static_cast<const bf16*>(v);
+  p.seg = segments;
+  p.out = static_cast<bf16*>(o);
+  p.lse = lse;
+  if (d.head_dim == 64)
+    launch_fwd<64>(p, d.batch, st);
+  else
+    launch_fwd<128>(p, d.batch, st);
+}
+
+void attention_bwd_f32dq(const AttnDims& d, const void* q, const void* k, const void* v, const int32_t* segments,
+                         const void* o, const float* lse, const void* dout, void* dk, void* dv, float* dq_acc,
+                         float* delta, cudaStream_t st) {
+  AttnParams p = make_params(d);
+  p.q = static_cast<const bf16*>(q);
+  p.k = static_cast<const bf16*>(k);
+  p.v = static_cast<const bf16*>(v);
+  p.o = static_cast<const bf16*>(o);
+  p.dout = static_cast<const bf16*>(dout);
+  p.seg = segments;
+  p.lse = const_cast<float*>(lse);
+  p.dq_acc = dq_acc;
+  p.delta = delta;
+  p.dk = static_cast<bf16*>(dk);
+  p.dv = static_cast<bf16*>(dv);
+  LT_CUDA(cudaMemsetAsync(dq_acc, 0, size_t(d.tokens() * d.heads * d.head_dim) * sizeof(float), st));
+  if (d.head_dim == 64)
+    launch_bwd<64>(p, d.batch, st);
+  else
+    launch_bwd<128>(p, d.batch, st);
+}
+
+void attention_bwd(const AttnDims& d, const void* q, const void* k, const void* v, const int32_t* segments,
+                   const void* o, const float* lse, const void* dout, void* dq, void* dk, void* dv, float* dq_acc,
+                   float* delta, cudaStream_t st) {
+  attention_bwd_f32dq(d, q, k, v, segments, o, lse, dout, dk, dv, dq_acc, delta, st);
+  f32_to_bf16(dq_acc, d.tokens() * d.heads * d.head_dim, dq, st);
+}
+
+}  // namespace lt::cuda

@@ -1,0 +1,90 @@
+// Launchers of the CUDA backend's kernels. C++17-clean: included from .cu files (nvcc, C++17) and
+// from the backend's C++20 sources. bf16 tensors are passed as void* (device __nv_bfloat16).
+// Layouts follow src/backend/cpu/ops.h: row-major, activations [T, features], sample-major rows.
+// Every launcher enqueues on `st` and checks the launch; none synchronizes.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace lt::cuda {
+
+// ---------------------------------------------------------------- attention (flash-style)
+// Causal GQA attention over `batch` samples of `seq` rows. q/o [T, heads*hd], k/v [T, kv_heads*hd]
+// (T = batch*seq, bf16). segments: device int32 [T] or nullptr; row i sees rows j <= i of its sample
+// with segments[j] == segments[i]. lse: fp32 [T, heads], natural log of the sum of exp(scaled scores).
+// head_dim must be 64 or 128. The S x S score matrix never exists in device memory.
+struct AttnDims {
+  int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  float scale = 1.0f;
+  int64_t tokens() const { return batch * seq; }
+};
+bool attention_supported(int64_t head_dim);
+void attention_fwd(const AttnDims& d, const void* q, const void* k, const void* v, const int32_t* segments, void* o,
+                   float* lse, cudaStream_t st);
+// Writes dq, dk, dv (bf16). Workspace: dq_acc fp32 [T, heads*hd] and delta fp32 [T, heads].
+void attention_bwd(const AttnDims& d, const void* q, const void* k, const void* v, const int32_t* segments,
+                   const void* o, const float* lse, const void* dout, void* dq, void* dk, void* dv, float* dq_acc,
+                   float* delta, cudaStream_t st);
+// Same, but leaves dQ in fp32 (dq_acc, unscaled-free: the final dQ) and skips the bf16 conversion.
+void attention_bwd_f32dq(const AttnDims& d, const void* q, const void* k, const void* v, const int32_t* segments,
+                         const void* o, const float* lse, const void* dout, void* dk, void* dv, float* dq_acc,
+                         float* delta, cudaStream_t st);
+
+// ---------------------------------------------------------------- RMSNorm (also QK-norm: rows = T*heads)
+// y = w * x / sqrt(mean(x^2) + eps); x, w, y bf16. rstd (optional, fp32 [rows]) receives 1/sqrt(...).
+void rmsnorm_fwd(const void* x, const void* w, int64_t rows, int64_t dim, float eps, void* y, float* rstd,
+                 cudaStream_t st);
+// dx = (dres ? dres : 0) + d/dx (dx may alias dres); dw (fp32 [dim]) += sum over rows in a fixed order.
+// Workspace: rstd fp32 [rows], partial fp32 [norm_partial_floats(dim)].
+void rmsnorm_bwd(const void* x, const void* w, const void* dy, const void* dres, int64_t rows, int64_t dim, float eps,
+                 void* dx, float* dw, float* rstd, float* partial, cudaStream_t st);
+int64_t norm_partial_floats(int64_t dim);
+// db (fp32 [dim]) += column sums of a (bf16 [rows, dim]), deterministic. Workspace as above.
+void colsum_accum(const void* a, int64_t rows, int64_t dim, float* db, float* partial, cudaStream_t st);
+
+// ---------------------------------------------------------------- RoPE
+// In place on x (bf16 [rows, heads*hd]); position of row r: pos[r] if pos else r % seq.
+// inv_freq: device fp32 [hd/2]. inverse=true applies the transposed rotation (backward).
+// When src_f32 != nullptr, reads fp32 src [rows, heads*hd] instead of x and writes bf16 x.
+void rope_apply(void* x, const float* src_f32, int64_t rows, int64_t heads, int64_t hd, const int32_t* pos,
+                int64_t seq, const float* inv_freq, bool inverse, cudaStream_t st);
+
+// ---------------------------------------------------------------- SwiGLU on the fused gate|up output
+// gu bf16 [rows, 2f] (gate in columns [0,f), up in [f,2f)); act bf16 [rows, f] = silu(gate) * up.
+void swiglu_fwd(const void* gu, int64_t rows, int64_t f, void* act, cudaStream_t st);
+// dgu bf16 [rows, 2f] from dact.
+void swiglu_bwd(const void* gu, const void* dact, int64_t rows, int64_t f, void* dgu, cudaStream_t st);
+
+// ---------------------------------------------------------------- residual add
+void add_bf16(const void* a, const void* b, int64_t n, void* out, cudaStream_t st);  // out may alias a or b
+
+// ---------------------------------------------------------------- embedding
+// x[t] = emb[ids[t]] (bf16). Ids outside [0, vocab) set *err (device int) to 1 and give zero rows.
+void embed_fwd(const void* emb, const int32_t* ids, int64_t n, int64_t hidden, int64_t vocab, void* x, int* err,
+               cudaStream_t st);
+// demb (fp32 [vocab, hidden]) [ids[t]] += dx[t] (bf16), summed per row in token order (deterministic:
+// stable radix sort of (id, t), then one ordered pass per distinct id).
+int64_t embed_bwd_workspace_bytes(int64_t n);
+void embed_bwd(const int32_t* ids, int64_t n, int64_t hidden, int64_t vocab, const void* dx, float* demb,
+               void* workspace, int64_t workspace_bytes, cudaStream_t st);
+
+// ---------------------------------------------------------------- cross-entropy over fp32 logits
+// Per row r < n: row_loss[r] = lse(logits[r]) - logits[r, t] (0 for t == -100). If dlogits (bf16 [n, vocab])
+// is given, it receives (softmax - onehot) * grad_scale (zero rows for ignored targets).
+// Targets outside [0, vocab) other than -100 set *err to 2.
+void cross_entropy(const float* logits, const int32_t* targets, int64_t n, int64_t vocab, float grad_scale,
+                   void* dlogits, float* row_loss, int* err, cudaStream_t st);
+// acc[0] += sum of row_loss[0..n) (fp64, fixed order); acc[1] += number of targets != -100.
+void loss_accumulate(const float* row_loss, const int32_t* targets, int64_t n, double* acc, cudaStream_t st);
+
+// ---------------------------------------------------------------- reductions, conversions
+// *out += sum of squares of g[0..n) (fp32 data, fp64 accumulation, fixed order). partial: kSumsqBlocks doubles.
+constexpr int kSumsqBlocks = 512;
+void sumsq_accum(const float* g, int64_t n, double* out, double* partial, cudaStream_t st);
+void f32_to_bf16(const float* src, int64_t n, void* dst, cudaStream_t st);
+void bf16_to_f32(const void* src, int64_t n, float* dst, cudaStream_t st);
+// dst[i] = src[rows[i]] rows of `dim` bf16 (gathers rows for generation logits).
+void gather_rows(const void* src, const int64_t* rows, int64_t n_rows, int64_t dim, void* dst, cudaStream_t st);
+
+}  // namespace lt::cuda

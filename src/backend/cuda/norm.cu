@@ -1,0 +1,172 @@
+// RMSNorm forward/backward (also per-head QK-norm: rows = tokens * heads, dim = head_dim) and the
+// deterministic column-sum used for norm-weight and bias gradients.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+
+#include "backend/cuda/cuda_util.h"
+#include "backend/cuda/dev_common.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace lt::cuda {
+namespace {
+using namespace dev;
+
+constexpr int kRowsPerBlock = 8;  // one warp per row
+constexpr int64_t kPartialCap = 262144;
+
+__device__ __forceinline__ void load8(const bf16* p, float (&v)[8]) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = unpack_bf16(w[i]);
+    v[2 * i] = f.x;
+    v[2 * i + 1] = f.y;
+  }
+}
+__device__ __forceinline__ void store8(bf16* p, const float (&v)[8]) {
+  uint4 u;
+  u.x = pack_bf16(v[0], v[1]);
+  u.y = pack_bf16(v[2], v[3]);
+  u.z = pack_bf16(v[4], v[5]);
+  u.w = pack_bf16(v[6], v[7]);
+  *reinterpret_cast<uint4*>(p) = u;
+}
+
+__global__ void rmsnorm_fwd_kernel(const bf16* x, const bf16* w, int64_t rows, int dim, float eps, bf16* y,
+                                   float* rstd_out) {
+  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const bf16* xr = x + row * dim;
+  float ss = 0.f;
+  for (int c = lane * 8; c < dim; c += 256) {
+    float v[8];
+    load8(xr + c, v);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) ss += v[i] * v[i];
+  }
+  ss = warp_sum(ss);
+  const float r = rsqrtf(ss / float(dim) + eps);
+  if (rstd_out && lane == 0) rstd_out[row] = r;
+  bf16* yr = y + row * dim;
+  for (int c = lane * 8; c < dim; c += 256) {
+    float v[8], wv[8];
+    load8(xr + c, v);
+    load8(w + c, wv);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = v[i] * r * wv[i];
+    store8(yr + c, v);
+  }
+}
+
+// dx = r * w * dy - x * r^3 * mean(w * dy * x) (+ dres)
+__global__ void rmsnorm_bwd_dx_kernel(const bf16* x, const bf16* w, const bf16* dy, const bf16* dres, int64_t rows,
+                                      int dim, float eps, bf16* dx, float* rstd_out) {
+  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const bf16* xr = x + row * dim;
+  const bf16* dyr = dy + row * dim;
+  float ss = 0.f, dot = 0.f;
+  for (int c = lane * 8; c < dim; c += 256) {
+    float v[8], wv[8], gv[8];
+    load8(xr + c, v);
+    load8(w + c, wv);
+    load8(dyr + c, gv);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      ss += v[i] * v[i];
+      dot += wv[i] * gv[i] * v[i];
+    }
+  }
+  ss = warp_sum(ss);
+  dot = warp_sum(dot);
+  const float r = rsqrtf(ss / float(dim) + eps);
+  const float k = r * r * r * dot / float(dim);
+  if (lane == 0) rstd_out[row] = r;
+  for (int c = lane * 8; c < dim; c += 256) {
+    float v[8], wv[8], gv[8], o[8];
+    load8(xr + c, v);
+    load8(w + c, wv);
+    load8(dyr + c, gv);
+    if (dres) {
+      load8(dres + row * dim + c, o);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) o[i] = 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o[i] += r * wv[i] * gv[i] - v[i] * k;
+    store8(dx + row * dim + c, o);
+  }
+}
+
+// partial[s, c] = sum over rows of split s of a[r, c] * (x ? x[r, c] * rstd[r] : 1)
+__global__ void colsum_partial_kernel(const bf16* a, const bf16* x, const float* rstd, int64_t rows, int dim,
+                                      int64_t rows_per_split, float* partial) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  const int s = blockIdx.y;
+  if (c >= dim) return;
+  const int64_t r0 = s * rows_per_split, r1 = min(rows, r0 + rows_per_split);
+  float acc = 0.f;
+  for (int64_t r = r0; r < r1; ++r) {
+    float v = __bfloat162float(a[r * dim + c]);
+    if (x) v *= __bfloat162float(x[r * dim + c]) * rstd[r];
+    acc += v;
+  }
+  partial[int64_t(s) * dim + c] = acc;
+}
+
+__global__ void colsum_finish_kernel(const float* partial, int nsplit, int dim, float* out) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= dim) return;
+  float acc = 0.f;
+  for (int s = 0; s < nsplit; ++s) acc += partial[int64_t(s) * dim + c];
+  out[c] += acc;
+}
+
+void colsum(const bf16* a, const bf16* x, const float* rstd, int64_t rows, int64_t dim, float* out, float* partial,
+            cudaStream_t st) {
+  const int64_t max_split = std::max<int64_t>(1, kPartialCap / dim);
+  const int64_t nsplit = std::max<int64_t>(1, std::min<int64_t>(max_split, (rows + 31) / 32));
+  const int64_t per = (rows + nsplit - 1) / nsplit;
+  dim3 grid(unsigned((dim + 127) / 128), unsigned(nsplit));
+  colsum_partial_kernel<<<grid, 128, 0, st>>>(a, x, rstd, rows, int(dim), per, partial);
+  LT_CUDA_LAUNCH();
+  colsum_finish_kernel<<<unsigned((dim + 127) / 128), 128, 0, st>>>(partial, int(nsplit), int(dim), out);
+  LT_CUDA_LAUNCH();
+}
+
+}  // namespace
+
+int64_t norm_partial_floats(int64_t dim) { return std::max<int64_t>(kPartialCap, dim); }
+
+void rmsnorm_fwd(const void* x, const void* w, int64_t rows, int64_t dim, float eps, void* y, float* rstd,
+                 cudaStream_t st) {
+  LT_CUDA_REQUIRE(dim % 8 == 0, "rmsnorm: dim must be a multiple of 8");
+  if (rows == 0) return;
+  rmsnorm_fwd_kernel<<<unsigned((rows + kRowsPerBlock - 1) / kRowsPerBlock), 32 * kRowsPerBlock, 0, st>>>(
+      static_cast<const bf16*>(x), static_cast<const bf16*>(w), rows, int(dim), eps, static_cast<bf16*>(y), rstd);
+  LT_CUDA_LAUNCH();
+}
+
+void rmsnorm_bwd(const void* x, const void* w, const void* dy, const void* dres, int64_t rows, int64_t dim, float eps,
+                 void* dx, float* dw, float* rstd, float* partial, cudaStream_t st) {
+  LT_CUDA_REQUIRE(dim % 8 == 0, "rmsnorm: dim must be a multiple of 8");
+  if (rows == 0) return;
+  rmsnorm_bwd_dx_kernel<<<unsigned((rows + kRowsPerBlock - 1) / kRowsPerBlock), 32 * kRowsPerBlock, 0, st>>>(
+      static_cast<const bf16*>(x), static_cast<const bf16*>(w), static_cast<const bf16*>(dy),
+      static_cast<const bf16*>(dres), rows, int(dim), eps, static_cast<bf16*>(dx), rstd);
+  LT_CUDA_LAUNCH();
+  // dw[c] += sum_r dy[r,c] * x[r,c] * rstd[r]  (d(y)/d(w) = x * rstd)
+  colsum(static_cast<const bf16*>(dy), static_cast<const bf16*>(x), rstd, rows, dim, dw, partial, st);
+}
+
+void colsum_accum(const void* a, int64_t rows, int64_t dim, float* db, float* partial, cudaStream_t st) {
+  if (rows == 0) return;
+  colsum(static_cast<const bf16*>(a), nullptr, nullptr, rows, dim, db, partial, st);
+}
+
+}  // namespace lt::cuda
