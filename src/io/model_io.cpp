@@ -1,0 +1,263 @@
+#include "io/model_io.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <mutex>
+#include <thread>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace lt {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kIndexName = "model.safetensors.index.json";
+constexpr const char* kSingleName = "model.safetensors";
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+json read_json_file(const fs::path& p) {
+  std::ifstream in(p);
+  LT_CHECK(in.good(), "{}: cannot open", p.string());
+  try {
+    return json::parse(in);
+  } catch (const json::exception& e) {
+    fail("{}: invalid JSON: {}", p.string(), e.what());
+  }
+}
+
+void write_text(const fs::path& p, const std::string& s) {
+  std::ofstream out(p);
+  LT_CHECK(out.good(), "{}: cannot create", p.string());
+  out << s << "\n";
+  LT_CHECK(out.good(), "{}: write failed", p.string());
+}
+
+int pick_threads(int t) {
+  if (t > 0) return t;
+  return int(std::clamp(std::thread::hardware_concurrency(), 1u, 16u));
+}
+
+bool ignorable(const std::string& name) {
+  // Some older checkpoints carry the RoPE inverse-frequency buffer; it is derived, not a parameter.
+  const std::string s = "rotary_emb.inv_freq";
+  return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+}
+
+}  // namespace
+
+TensorStore::TensorStore(const fs::path& dir_or_file) : source_(dir_or_file) {
+  auto add_file = [&](const fs::path& p) -> SafetensorsFile* {
+    files_.push_back(std::make_unique<SafetensorsFile>(p));
+    return files_.back().get();
+  };
+  if (!fs::is_directory(dir_or_file)) {
+    LT_CHECK(fs::exists(dir_or_file), "{}: no such file or directory", dir_or_file.string());
+    auto* f = add_file(dir_or_file);
+    for (auto& t : f->header().tensors) refs_[t.name] = {f, &t};
+    return;
+  }
+  const fs::path index = dir_or_file / kIndexName;
+  if (!fs::exists(index)) {
+    const fs::path single = dir_or_file / kSingleName;
+    LT_CHECK(fs::exists(single), "{}: no {} or {} (expected a model directory with safetensors weights)",
+             dir_or_file.string(), kSingleName, kIndexName);
+    auto* f = add_file(single);
+    for (auto& t : f->header().tensors) refs_[t.name] = {f, &t};
+    return;
+  }
+  json j = read_json_file(index);
+  LT_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
+           "{}: field 'weight_map' (object of tensor -> shard file) is missing or not an object", index.string());
+  std::map<std::string, SafetensorsFile*> shards;
+  for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+    const json& v = it.value();
+    LT_CHECK(v.is_string(), "{}: weight_map['{}']: expected a shard file name (string), got {}", index.string(),
+             it.key(), v.type_name());
+    const std::string shard = v.get<std::string>();
+    // A shard is a plain file next to the index: no directories, no escaping the model directory.
+    LT_CHECK(!shard.empty() && shard.find('/') == std::string::npos && shard != "." && shard != "..",
+             "{}: weight_map['{}']: '{}' is not a plain file name", index.string(), it.key(), shard);
+    auto s = shards.find(shard);
+    if (s == shards.end()) s = shards.emplace(shard, add_file(dir_or_file / shard)).first;
+    const StTensor* t = s->second->find(it.key());
+    LT_CHECK(t, "{}: tensor '{}' is listed in {} but not present in that shard", (dir_or_file / shard).string(),
+             it.key(), kIndexName);
+    refs_[it.key()] = {s->second, t};
+  }
+  // Tensors a shard holds beyond the index are still reachable (the index is advisory for them).
+  for (auto& [name, f] : shards)
+    for (auto& t : f->header().tensors)
+      if (!refs_.count(t.name)) refs_[t.name] = {f, &t};
+}
+
+const TensorStore::Ref* TensorStore::find(const std::string& name) const {
+  auto it = refs_.find(name);
+  return it == refs_.end() ? nullptr : &it->second;
+}
+
+std::vector<std::string> TensorStore::names() const {
+  std::vector<std::string> n;
+  for (auto& [k, v] : refs_) n.push_back(k);
+  return n;
+}
+
+void TensorStore::read_f32(const std::string& name, float* out) const {
+  auto* r = find(name);
+  LT_CHECK(r, "{}: tensor '{}' not found", source_.string(), name);
+  r->file->read_f32(*r->tensor, out);
+}
+
+void load_weights(const fs::path& dir, const ModelConfig& c, const ModelLayout& layout,
+                  const std::vector<float*>& units, int threads) {
+  LT_CHECK(units.size() == layout.units.size(), "load_weights: {} unit buffers for {} units", units.size(),
+           layout.units.size());
+  TensorStore store(dir);
+  struct Job {
+    const TensorStore::Ref* ref;
+    float* out;
+  };
+  std::vector<Job> jobs;
+  std::vector<std::string> missing;
+  std::map<std::string, bool> used;
+  for (size_t u = 0; u < layout.units.size(); ++u) {
+    std::memset(units[u], 0, size_t(layout.units[u].numel) * sizeof(float));
+    for (auto& p : layout.units[u].params) {
+      auto* r = store.find(p.name);
+      if (!r) {
+        missing.push_back(p.name);
+        continue;
+      }
+      used[p.name] = true;
+      LT_CHECK(r->tensor->shape == p.shape, "{}: tensor '{}': expected shape {} for {}, got {}",
+               r->file->path().string(), p.name, shape_str(p.shape), c.name, shape_str(r->tensor->shape));
+      LT_CHECK(r->tensor->dtype == "F32" || r->tensor->dtype == "BF16" || r->tensor->dtype == "F16",
+               "{}: tensor '{}': dtype {} cannot be loaded as weights (supported: F32, BF16, F16)",
+               r->file->path().string(), p.name, r->tensor->dtype);
+      jobs.push_back({r, units[u] + p.offset});
+    }
+  }
+  if (!missing.empty()) {
+    std::string list;
+    for (size_t i = 0; i < std::min<size_t>(missing.size(), 5); ++i) list += (i ? ", " : "") + missing[i];
+    fail("{}: {} expected tensor(s) missing for {}: {}{}", dir.string(), missing.size(), c.name, list,
+         missing.size() > 5 ? ", ..." : "");
+  }
+  std::vector<std::string> extra;
+  for (auto& n : store.names()) {
+    if (used.count(n) || ignorable(n)) continue;
+    if (n == "lm_head.weight" && c.tied) continue;  // tied: the head reads the embedding
+    extra.push_back(n);
+  }
+  if (!extra.empty()) {
+    std::string list;
+    for (size_t i = 0; i < std::min<size_t>(extra.size(), 5); ++i) list += (i ? ", " : "") + extra[i];
+    fail("{}: {} unexpected tensor(s) not part of {} ({}, {} layers): {}{}", dir.string(), extra.size(), c.name,
+         arch_hf_name(c.arch), c.layers, list, extra.size() > 5 ? ", ..." : "");
+  }
+  // Convert in parallel, one tensor per task (biggest first for balance).
+  std::sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) { return a.ref->tensor->nbytes() > b.ref->tensor->nbytes(); });
+  std::atomic<size_t> next{0};
+  std::exception_ptr err;
+  std::mutex err_mu;
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < jobs.size();) {
+      try {
+        jobs[i].ref->file->read_f32(*jobs[i].ref->tensor, jobs[i].out);
+      } catch (...) {
+        std::lock_guard<std::mutex> g(err_mu);
+        if (!err) err = std::current_exception();
+      }
+    }
+  };
+  const int nt = std::min<int>(pick_threads(threads), int(std::max<size_t>(jobs.size(), 1)));
+  std::vector<std::thread> ts;
+  for (int t = 1; t < nt; ++t) ts.emplace_back(work);
+  work();
+  for (auto& t : ts) t.join();
+  if (err) std::rethrow_exception(err);
+}
+
+ModelWeights load_model(const fs::path& dir, int threads) {
+  ModelConfig c = load_model_config(dir);
+  ModelWeights w = make_weights(c);
+  std::vector<float*> ptrs;
+  for (auto& u : w.units) ptrs.push_back(u.data());
+  load_weights(dir, c, w.layout, ptrs, threads);
+  return w;
+}
+
+void save_model(const fs::path& dir, const ModelConfig& c, const ModelLayout& layout,
+                const std::vector<const float*>& units, const SaveOptions& opt) {
+  LT_CHECK(units.size() == layout.units.size(), "save_model: {} unit buffers for {} units", units.size(),
+           layout.units.size());
+  LT_CHECK(opt.dtype == DType::F32 || opt.dtype == DType::BF16, "save_model: dtype must be F32 or BF16, got {}",
+           dtype_name(opt.dtype));
+  LT_CHECK(opt.max_shard_bytes > 0, "save_model: max_shard_bytes must be positive");
+  fs::create_directories(dir);
+  // Remove earlier weights so a stale index or shard cannot shadow the new ones.
+  for (auto& e : fs::directory_iterator(dir)) {
+    auto n = e.path().filename().string();
+    bool weights = n == kIndexName || (n.rfind("model", 0) == 0 && n.size() > 12 &&
+                                       n.compare(n.size() - 12, 12, ".safetensors") == 0);
+    if (weights && e.is_regular_file()) fs::remove(e.path());
+  }
+
+  // HF order: embedding, layers, final norm, lm_head.
+  std::vector<StWriteTensor> all;
+  for (size_t u = 0; u < layout.units.size(); ++u)
+    for (auto& p : layout.units[u].params) all.push_back({p.name, p.shape, units[u] + p.offset});
+  const int64_t es = int64_t(dtype_size(opt.dtype));
+  std::vector<std::vector<StWriteTensor>> shards(1);
+  int64_t cur = 0, total = 0;
+  for (auto& t : all) {
+    int64_t b = es;
+    for (auto d : t.shape) b *= d;
+    if (!shards.back().empty() && cur + b > opt.max_shard_bytes) {
+      shards.emplace_back();
+      cur = 0;
+    }
+    shards.back().push_back(t);
+    cur += b;
+    total += b;
+  }
+  if (shards.size() == 1) {
+    write_safetensors(dir / kSingleName, shards[0], opt.dtype);
+  } else {
+    json wm = json::object();
+    for (size_t s = 0; s < shards.size(); ++s) {
+      std::string name = fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, shards.size());
+      write_safetensors(dir / name, shards[s], opt.dtype);
+      for (auto& t : shards[s]) wm[t.name] = name;
+    }
+    json idx = {{"metadata", {{"total_size", total}}}, {"weight_map", wm}};
+    write_text(dir / kIndexName, idx.dump(2));
+  }
+  json cfg = model_config_to_json(c);
+  cfg["torch_dtype"] = cfg["dtype"] = opt.dtype == DType::BF16 ? "bfloat16" : "float32";
+  write_text(dir / "config.json", cfg.dump(2));
+  json gen = {{"_from_model_config", true}, {"transformers_version", cfg["transformers_version"]}};
+  if (c.bos_token_id >= 0) gen["bos_token_id"] = c.bos_token_id;
+  if (c.eos_token_id >= 0) gen["eos_token_id"] = c.eos_token_id;
+  if (c.pad_token_id >= 0) gen["pad_token_id"] = c.pad_token_id;
+  write_text(dir / "generation_config.json", gen.dump(2));
+}
+
+void save_model(const fs::path& dir, const ModelWeights& w, const SaveOptions& opt) {
+  std::vector<const float*> ptrs;
+  for (auto& u : w.units) ptrs.push_back(u.data());
+  save_model(dir, w.config, w.layout, ptrs, opt);
+}
+
+}  // namespace lt

@@ -1,0 +1,65 @@
+// Model directories in the HF layout:
+//   config.json, generation_config.json,
+//   model.safetensors                      (one file), or
+//   model-00001-of-0000N.safetensors ... + model.safetensors.index.json
+//     {"metadata": {"total_size": bytes}, "weight_map": {"<tensor>": "<shard file>"}}
+// Loading converts BF16/F16/F32 to fp32 into the per-unit flat buffers of param_layout.h, checking
+// that every tensor is present with the right shape and that there are no unexpected extras.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/units.h"
+#include "io/safetensors.h"
+#include "model/model_config.h"
+#include "model/param_layout.h"
+#include "model/weights.h"
+
+namespace lt {
+
+// All tensors of a directory (single file or sharded through the index), or of one .safetensors file.
+class TensorStore {
+ public:
+  explicit TensorStore(const std::filesystem::path& dir_or_file);
+  struct Ref {
+    const SafetensorsFile* file = nullptr;
+    const StTensor* tensor = nullptr;
+  };
+  const Ref* find(const std::string& name) const;   // nullptr if absent
+  std::vector<std::string> names() const;           // sorted
+  size_t size() const { return refs_.size(); }
+  // Reads a tensor as fp32 (out: numel floats); throws if absent or not a float dtype.
+  void read_f32(const std::string& name, float* out) const;
+  const std::filesystem::path& source() const { return source_; }
+
+ private:
+  std::filesystem::path source_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, Ref> refs_;
+};
+
+// Loads weights of `c` from dir into unit buffers (units[i] has layout.units[i].numel floats; padding
+// is zeroed). Every expected tensor must be present with its exact shape (tied models may omit
+// lm_head.weight; if present it is ignored); any other tensor is an error (rotary inv_freq buffers
+// are ignored). Errors name the file, tensor, expected vs actual shape.
+void load_weights(const std::filesystem::path& dir, const ModelConfig& c, const ModelLayout& layout,
+                  const std::vector<float*>& units, int threads = 0);
+// config.json + weights.
+ModelWeights load_model(const std::filesystem::path& dir, int threads = 0);
+
+struct SaveOptions {
+  DType dtype = DType::BF16;          // F32 or BF16
+  int64_t max_shard_bytes = 5 * GiB;  // a shard closes before it would exceed this (a bigger tensor gets its own)
+};
+// Writes config.json, generation_config.json and the weights (HF names; tied models omit lm_head.weight).
+// Earlier model*.safetensors files and the index in dir are removed first so that no stale shard remains.
+void save_model(const std::filesystem::path& dir, const ModelConfig& c, const ModelLayout& layout,
+                const std::vector<const float*>& units, const SaveOptions& opt = {});
+void save_model(const std::filesystem::path& dir, const ModelWeights& w, const SaveOptions& opt = {});
+
+}  // namespace lt
