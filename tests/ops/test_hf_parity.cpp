@@ -1,0 +1,130 @@
+// One fp32 forward+backward of small random models against HF transformers (fixtures made by
+// tools/make_hf_fixtures.py): loss, logits and every parameter gradient.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <map>
+
+#include "backend/cpu/reference_model.h"
+#include "io/safetensors.h"
+#include "model/model_config.h"
+#include "model/param_layout.h"
+
+using namespace lt;
+using namespace lt::cpu;
+
+namespace {
+
+const std::filesystem::path kFixtures = std::filesystem::path(LT_SOURCE_DIR) / "tests" / "fixtures" / "hf";
+
+std::vector<int32_t> read_ids(const SafetensorsFile& f, const std::string& name) {
+  const StTensor* t = f.find(name);
+  EXPECT_NE(t, nullptr) << name;
+  EXPECT_EQ(t->dtype, "I64") << name;
+  std::vector<int32_t> out(size_t(t->numel()));
+  const uint8_t* p = f.raw(*t);
+  for (size_t i = 0; i < out.size(); ++i) {
+    int64_t v;
+    std::memcpy(&v, p + 8 * i, 8);
+    out[i] = int32_t(v);
+  }
+  return out;
+}
+
+std::vector<float> read_f32(const SafetensorsFile& f, const std::string& name) {
+  const StTensor* t = f.find(name);
+  if (!t) ADD_FAILURE() << "tensor " << name << " missing from " << f.path();
+  if (!t) return {};
+  std::vector<float> out(size_t(t->numel()));
+  f.read_f32(*t, out.data());
+  return out;
+}
+
+struct Cmp {
+  double cosine = 0, rel_norm_err = 0;
+};
+Cmp compare(const float* a, const float* b, int64_t n) {
+  double ab = 0, aa = 0, bb = 0, dd = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    ab += double(a[i]) * b[i];
+    aa += double(a[i]) * a[i];
+    bb += double(b[i]) * b[i];
+    dd += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+  }
+  Cmp c;
+  c.cosine = (aa == 0 && bb == 0) ? 1.0 : ab / std::sqrt(aa * bb);
+  c.rel_norm_err = bb == 0 ? std::sqrt(aa) : std::fabs(std::sqrt(aa) - std::sqrt(bb)) / std::sqrt(bb);
+  return c;
+}
+
+void run_parity(const std::string& name) {
+  const auto dir = kFixtures / name;
+  ASSERT_TRUE(std::filesystem::exists(dir / "fixture.safetensors")) << dir;
+  const ModelConfig c = load_model_config(dir);
+  const ModelLayout layout = model_layout(c);
+  SafetensorsFile model(dir / "model.safetensors"), fx(dir / "fixture.safetensors");
+
+  UnitBuffers w(layout), g(layout);
+  for (size_t u = 0; u < layout.units.size(); ++u)
+    for (auto& p : layout.units[u].params) {
+      const StTensor* t = model.find(p.name);
+      ASSERT_NE(t, nullptr) << p.name << " missing from " << model.path();
+      ASSERT_EQ(t->shape, p.shape) << p.name;
+      model.read_f32(*t, w.units[u].data() + p.offset);
+    }
+
+  const auto ids = read_ids(fx, "input_ids"), labels = read_ids(fx, "labels");
+  const StTensor* idt = fx.find("input_ids");
+  ASSERT_EQ(idt->shape.size(), 2u);
+  SeqGeometry geo;
+  geo.batch = idt->shape[0];
+  geo.seq = idt->shape[1];
+  std::vector<int32_t> targets(ids.size());
+  shift_labels(labels.data(), geo, targets.data());
+
+  ModelStep st = model_forward_backward(c, layout, w.cptrs(), ids.data(), targets.data(), geo, g.ptrs());
+  const double hf_loss = read_f32(fx, "loss").at(0);
+  EXPECT_LE(std::fabs(st.loss - hf_loss) / std::fabs(hf_loss), 1e-5) << name << ": loss " << st.loss << " vs HF " << hf_loss;
+
+  // Logits: max abs error relative to the largest logit magnitude.
+  std::vector<float> logits(size_t(geo.tokens() * c.vocab));
+  model_logits(c, layout, w.cptrs(), ids.data(), geo, logits.data());
+  const auto hf_logits = read_f32(fx, "logits");
+  ASSERT_EQ(hf_logits.size(), logits.size());
+  double max_err = 0, max_abs = 0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    max_err = std::max(max_err, std::fabs(double(logits[i]) - hf_logits[i]));
+    max_abs = std::max(max_abs, std::fabs(double(hf_logits[i])));
+  }
+  EXPECT_LE(max_err, 1e-5 * max_abs + 1e-6) << name << ": logits max abs error " << max_err << " (max |logit| " << max_abs << ")";
+
+  // Every parameter's gradient (tied: HF's embedding grad already includes the head's).
+  int n_checked = 0;
+  double worst_cos = 1, worst_rel = 0;
+  for (size_t u = 0; u < layout.units.size(); ++u)
+    for (auto& p : layout.units[u].params) {
+      const auto hg = read_f32(fx, "grad." + p.name);
+      ASSERT_EQ(int64_t(hg.size()), p.numel) << p.name;
+      const Cmp cm = compare(g.units[u].data() + p.offset, hg.data(), p.numel);
+      EXPECT_GE(cm.cosine, 0.99999) << name << ": " << p.name;
+      EXPECT_LE(cm.rel_norm_err, 1e-4) << name << ": " << p.name;
+      worst_cos = std::min(worst_cos, cm.cosine);
+      worst_rel = std::max(worst_rel, cm.rel_norm_err);
+      ++n_checked;
+    }
+  int n_hf = 0;
+  for (auto& t : fx.header().tensors) n_hf += t.name.rfind("grad.", 0) == 0;
+  EXPECT_EQ(n_checked, n_hf) << name << ": HF has gradients for parameters the layout lacks";
+  std::printf("[parity] %s: loss %.8f (HF %.8f, rel %.2e), logits max err %.2e, %d grads: min cosine %.9f, max rel norm err %.2e\n",
+              name.c_str(), st.loss, hf_loss, std::fabs(st.loss - hf_loss) / hf_loss, max_err, n_checked, worst_cos,
+              worst_rel);
+}
+
+}  // namespace
+
+TEST(HfParity, Qwen2BiasTied) { run_parity("qwen2_bias_tied"); }
+TEST(HfParity, Qwen3QkNormUntied) { run_parity("qwen3_qknorm_untied"); }
+TEST(HfParity, Llama3RopeScalingUntied) { run_parity("llama3_rope_untied"); }
+TEST(HfParity, Llama32MqaTied) { run_parity("llama32_mqa_tied"); }
