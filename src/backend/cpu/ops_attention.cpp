@@ -11,6 +11,8 @@ namespace lt::cpu {
 
 namespace {
 
+constexpr int64_t kParallelWork = 1 << 16;  // below this, thread start-up costs more than it saves
+
 inline float dot(const float* a, const float* b, int64_t n) {
   float s = 0;
 #pragma omp simd reduction(+ : s)
@@ -54,7 +56,7 @@ void attention_fwd(const AttnShape& s, const float* q, const float* k, const flo
   check_shape(s);
   const int64_t S = s.seq, H = s.heads, D = s.head_dim, group = s.heads / s.kv_heads;
   const int64_t q_ld = H * D, kv_ld = s.kv_heads * D;
-#pragma omp parallel
+#pragma omp parallel if (S * S * H * D > kParallelWork)
   {
     std::vector<float> sc(static_cast<size_t>(S + 1));
     std::vector<float> acc(static_cast<size_t>(D));
@@ -92,7 +94,7 @@ void attention_bwd(const AttnShape& s, const float* q, const float* k, const flo
   // Each query head gets private dK/dV [S, D]; the heads of a group are summed afterwards in head order
   // (deterministic, no atomics).
   std::vector<float> dk_h(static_cast<size_t>(H * S * D)), dv_h(static_cast<size_t>(H * S * D));
-#pragma omp parallel
+#pragma omp parallel if (S * S * H * D > kParallelWork)
   {
     std::vector<float> p(static_cast<size_t>(S + 1));
 #pragma omp for schedule(dynamic, 1)

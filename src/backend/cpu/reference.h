@@ -56,6 +56,8 @@ HeadResult head_forward_backward(const ModelConfig& c, const UnitLayout& head_la
 // chunks restart at every sample's first row, so d_lm_w is bit-identical however samples are grouped
 // into calls; with seq == 0 that holds only if every call starts at a multiple of head_chunk_rows().
 int64_t head_chunk_rows(int64_t vocab);
+// Overrides head_chunk_rows() for every vocab (tests, benchmarks); 0 restores the automatic choice.
+void set_head_chunk_rows(int64_t rows);
 // Logits of chosen rows (generation): out [n_rows, vocab].
 void head_logits(const ModelConfig& c, const UnitLayout& head_lay, const float* head_w, const float* lm_w,
                  const float* x, const int64_t* rows, int64_t n_rows, float* out);

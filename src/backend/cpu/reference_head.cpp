@@ -1,5 +1,6 @@
 // Embedding unit, label shifting, and the head (final norm + LM head + cross-entropy) of reference.h.
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <vector>
 
@@ -27,7 +28,14 @@ void embed_backward(const ModelConfig& c, const int32_t* ids, int64_t T, const f
   embedding_bwd(ids, T, c.hidden, dx, demb);
 }
 
+namespace {
+std::atomic<int64_t> g_head_chunk_override{0};
+}  // namespace
+
+void set_head_chunk_rows(int64_t rows) { g_head_chunk_override = std::max<int64_t>(rows, 0); }
+
 int64_t head_chunk_rows(int64_t vocab) {
+  if (int64_t o = g_head_chunk_override.load(); o > 0) return o;
   // ~64 MiB of fp32 logits per chunk; depends on vocab only, so chunking is the same for every caller.
   const int64_t budget = (int64_t(64) << 20) / 4;
   return std::clamp<int64_t>(budget / std::max<int64_t>(vocab, 1), 16, 512);
