@@ -1,0 +1,220 @@
+// ResourceProfile JSON, presets and layer-time estimates. Measurements: profile_measure.cpp.
+#include "plan/profile.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "core/error.h"
+#include "core/units.h"
+#include "model/accounting.h"
+
+namespace lt {
+
+using nlohmann::json;
+
+namespace {
+
+// Bandwidths are written in GB/s (1e9 B/s), rates in TFLOP/s, throughputs in Mparams/s.
+constexpr double kGB = 1e9, kTF = 1e12, kM = 1e6;
+
+int64_t bytes_field(const json& v, const std::string& src, const std::string& k) {
+  if (v.is_number_integer()) return v.get<int64_t>();
+  if (v.is_string()) {
+    try {
+      return parse_bytes(v.get<std::string>());
+    } catch (const Error& e) {
+      fail("{}: field '{}': {}", src, k, e.what());
+    }
+  }
+  fail("{}: field '{}' must be a byte count (integer or string like \"80GiB\"), got {}", src, k, v.dump());
+}
+
+}  // namespace
+
+json profile_to_json(const ResourceProfile& p) {
+  json j;
+  j["name"] = p.name;
+  j["source"] = p.source;
+  j["hbm"] = p.hbm_bytes;
+  j["hbm_reserve"] = p.hbm_reserve;
+  j["dram"] = p.dram_bytes;
+  j["nvme"] = p.nvme_bytes;
+  j["nvme_dir"] = p.nvme_dir;
+  j["h2d_gbps"] = p.h2d_bw / kGB;
+  j["d2h_gbps"] = p.d2h_bw / kGB;
+  j["both_gbps"] = p.both_bw / kGB;
+  j["nvme_read_gbps"] = p.nvme_read_bw / kGB;
+  j["nvme_write_gbps"] = p.nvme_write_bw / kGB;
+  j["host_mem_gbps"] = p.host_mem_bw / kGB;
+  j["gemm_tflops"] = p.gemm_flops / kTF;
+  j["attn_tflops"] = p.attn_flops / kTF;
+  j["peak_tflops"] = p.peak_flops / kTF;
+  j["opt_fp32_mparams_per_s"] = p.opt_fp32_params_per_s / kM;
+  j["opt_8bit_mparams_per_s"] = p.opt_8bit_params_per_s / kM;
+  j["gpu_measured"] = p.gpu_measured;
+  json lt = json::array();
+  for (auto& t : p.layer_timings)
+    lt.push_back({{"hidden", t.hidden}, {"ffn", t.ffn}, {"heads", t.heads}, {"kv_heads", t.kv_heads},
+                  {"head_dim", t.head_dim}, {"batch", t.batch}, {"seq", t.seq}, {"fwd_s", t.fwd_s}, {"bwd_s", t.bwd_s}});
+  j["layer_timings"] = lt;
+  return j;
+}
+
+ResourceProfile profile_from_json(const json& j, const std::string& src) {
+  LT_CHECK(j.is_object(), "{}: a profile must be a JSON object, got {}", src, j.type_name());
+  static const std::set<std::string> known = {
+      "name", "source", "hbm", "hbm_reserve", "dram", "nvme", "nvme_dir", "h2d_gbps", "d2h_gbps", "both_gbps",
+      "nvme_read_gbps", "nvme_write_gbps", "host_mem_gbps", "gemm_tflops", "attn_tflops", "peak_tflops",
+      "opt_fp32_mparams_per_s", "opt_8bit_mparams_per_s", "gpu_measured", "layer_timings", "notes"};
+  for (auto& [k, v] : j.items()) LT_CHECK(known.count(k), "{}: unknown field '{}'", src, k);
+  auto req = [&](const std::string& k) -> const json& {
+    LT_CHECK(j.contains(k), "{}: missing field '{}'", src, k);
+    return j.at(k);
+  };
+  auto num = [&](const std::string& k, double scale) {
+    const json& v = req(k);
+    LT_CHECK(v.is_number(), "{}: field '{}' must be a number, got {}", src, k, v.dump());
+    double x = v.get<double>();
+    LT_CHECK(x > 0, "{}: field '{}' must be positive, got {}", src, k, x);
+    return x * scale;
+  };
+  ResourceProfile p;
+  LT_CHECK(req("name").is_string() && req("source").is_string(), "{}: 'name' and 'source' must be strings", src);
+  p.name = j["name"].get<std::string>();
+  p.source = j["source"].get<std::string>();
+  p.hbm_bytes = bytes_field(req("hbm"), src, "hbm");
+  p.hbm_reserve = j.contains("hbm_reserve") ? bytes_field(j["hbm_reserve"], src, "hbm_reserve") : 0;
+  p.dram_bytes = bytes_field(req("dram"), src, "dram");
+  p.nvme_bytes = bytes_field(req("nvme"), src, "nvme");
+  LT_CHECK(p.hbm_bytes > 0 && p.dram_bytes > 0 && p.nvme_bytes >= 0, "{}: hbm and dram must be positive, nvme >= 0", src);
+  LT_CHECK(p.hbm_reserve >= 0 && p.hbm_reserve < p.hbm_bytes, "{}: hbm_reserve must be in [0, hbm), got {}", src,
+           p.hbm_reserve);
+  if (j.contains("nvme_dir")) {
+    LT_CHECK(j["nvme_dir"].is_string(), "{}: 'nvme_dir' must be a string", src);
+    p.nvme_dir = j["nvme_dir"].get<std::string>();
+  }
+  p.h2d_bw = num("h2d_gbps", kGB);
+  p.d2h_bw = num("d2h_gbps", kGB);
+  p.both_bw = num("both_gbps", kGB);
+  LT_CHECK(p.both_bw >= std::max(p.h2d_bw, p.d2h_bw) - 1e-9 && p.both_bw <= p.h2d_bw + p.d2h_bw + 1e-9,
+           "{}: both_gbps must be between max(h2d, d2h) and h2d + d2h, got {} (h2d {}, d2h {})", src, p.both_bw / kGB,
+           p.h2d_bw / kGB, p.d2h_bw / kGB);
+  p.nvme_read_bw = num("nvme_read_gbps", kGB);
+  p.nvme_write_bw = num("nvme_write_gbps", kGB);
+  p.host_mem_bw = num("host_mem_gbps", kGB);
+  p.gemm_flops = num("gemm_tflops", kTF);
+  p.attn_flops = num("attn_tflops", kTF);
+  p.peak_flops = num("peak_tflops", kTF);
+  p.opt_fp32_params_per_s = num("opt_fp32_mparams_per_s", kM);
+  p.opt_8bit_params_per_s = num("opt_8bit_mparams_per_s", kM);
+  if (j.contains("gpu_measured")) {
+    LT_CHECK(j["gpu_measured"].is_boolean(), "{}: 'gpu_measured' must be a boolean", src);
+    p.gpu_measured = j["gpu_measured"].get<bool>();
+  }
+  if (j.contains("layer_timings")) {
+    const json& a = j["layer_timings"];
+    LT_CHECK(a.is_array(), "{}: 'layer_timings' must be an array", src);
+    for (size_t i = 0; i < a.size(); ++i) {
+      const json& e = a[i];
+      auto where = fmt::format("{}: layer_timings[{}]", src, i);
+      LT_CHECK(e.is_object(), "{}: expected an object", where);
+      LayerTiming t;
+      auto gi = [&](const char* k) {
+        LT_CHECK(e.contains(k) && e[k].is_number_integer(), "{}: missing or non-integer '{}'", where, k);
+        return e[k].get<int64_t>();
+      };
+      auto gd = [&](const char* k) {
+        LT_CHECK(e.contains(k) && e[k].is_number() && e[k].get<double>() > 0, "{}: missing or non-positive '{}'", where, k);
+        return e[k].get<double>();
+      };
+      t.hidden = gi("hidden");
+      t.ffn = gi("ffn");
+      t.heads = gi("heads");
+      t.kv_heads = gi("kv_heads");
+      t.head_dim = gi("head_dim");
+      t.batch = gi("batch");
+      t.seq = gi("seq");
+      t.fwd_s = gd("fwd_s");
+      t.bwd_s = gd("bwd_s");
+      p.layer_timings.push_back(t);
+    }
+  }
+  return p;
+}
+
+ResourceProfile load_profile_file(const std::filesystem::path& path) {
+  std::ifstream f(path);
+  LT_CHECK(f.good(), "cannot open profile {}", path.string());
+  json j;
+  try {
+    j = json::parse(f);
+  } catch (const json::parse_error& e) {
+    fail("{}: not valid JSON: {}", path.string(), e.what());
+  }
+  return profile_from_json(j, path.string());
+}
+
+void save_profile(const ResourceProfile& p, const std::filesystem::path& path) {
+  std::ofstream f(path);
+  LT_CHECK(f.good(), "cannot write profile {}", path.string());
+  f << profile_to_json(p).dump(2) << "\n";
+}
+
+namespace {
+std::vector<std::filesystem::path> profile_dirs() {
+  std::vector<std::filesystem::path> d;
+  if (const char* e = std::getenv("LT_PROFILE_DIR")) d.emplace_back(e);
+  d.emplace_back("configs/profiles");
+  // Beside the binary's source tree: <repo>/build-*/bin/lazytrain -> <repo>/configs/profiles.
+  std::error_code ec;
+  auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    for (auto q = exe.parent_path(); !q.empty() && q != q.root_path(); q = q.parent_path())
+      if (std::filesystem::exists(q / "configs/profiles")) {
+        d.push_back(q / "configs/profiles");
+        break;
+      }
+  }
+  return d;
+}
+}  // namespace
+
+std::vector<std::string> profile_preset_names() { return {"h800-80g", "rtx3090-24g", "h200"}; }
+
+ResourceProfile resolve_profile(const std::string& s) {
+  std::filesystem::path p(s);
+  if (p.extension() == ".json" || s.find('/') != std::string::npos) return load_profile_file(p);
+  for (auto& d : profile_dirs()) {
+    auto f = d / (s + ".json");
+    if (std::filesystem::exists(f)) return load_profile_file(f);
+  }
+  fail("unknown profile '{}': not a file and no preset configs/profiles/{}.json found (presets: h800-80g, rtx3090-24g, h200; "
+       "set LT_PROFILE_DIR to the folder holding them)", s, s);
+}
+
+LayerTimes layer_times(const ResourceProfile& p, const ModelConfig& c, int64_t batch, int64_t seq) {
+  LayerTimes r;
+  const int64_t tokens = batch * seq;
+  r.head_s = 3.0 * head_flops_fwd(c, tokens) / p.gemm_flops;
+  for (auto& t : p.layer_timings) {
+    if (t.hidden == c.hidden && t.ffn == c.ffn && t.heads == c.heads && t.kv_heads == c.kv_heads &&
+        t.head_dim == c.head_dim && t.seq == seq && t.batch > 0) {
+      // Same layer shape and sequence: time scales with the batch (tokens) at these sizes.
+      double k = double(batch) / double(t.batch);
+      r.fwd_s = t.fwd_s * k;
+      r.bwd_s = t.bwd_s * k;
+      r.measured = true;
+      return r;
+    }
+  }
+  auto lc = layer_cost(c, batch, seq);
+  const double attn = 2.0 * double(batch) * double(seq) * double(seq) * double(c.q_dim());  // causal QK^T + PV
+  const double mm = lc.flops_fwd - attn;
+  r.fwd_s = mm / p.gemm_flops + attn / p.attn_flops;
+  r.bwd_s = 2.0 * r.fwd_s;
+  return r;
+}
+
+}  // namespace lt

@@ -1,0 +1,87 @@
+// ResourceProfile: what the planner knows about the machine (capacities, bandwidths, compute rates,
+// CPU optimizer throughput). Saved as JSON; presets in configs/profiles/<name>.json; measured by
+// `lazytrain profile` (DRAM, NVMe and optimizer on any machine; GPU fields via a registered hook).
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <vector>
+
+#include "model/model_config.h"
+
+namespace lt {
+
+// Per-layer times measured at one shape (the GPU profiler fills these).
+struct LayerTiming {
+  int64_t hidden = 0, ffn = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  int64_t batch = 0, seq = 0;
+  double fwd_s = 0;  // one layer forward
+  double bwd_s = 0;  // one layer backward, excluding the re-run of its forward internals
+};
+
+struct ResourceProfile {
+  std::string name;
+  std::string source;  // where the numbers come from (spec sheet, measurement, command line)
+  // Capacities, bytes.
+  int64_t hbm_bytes = 0;       // GPU memory the executor may use (the cap)
+  int64_t hbm_reserve = 0;     // part of it taken by context, allocator slack, kernels' scratch
+  int64_t dram_bytes = 0;      // host memory lazytrain may use (model state + checkpoints + staging)
+  int64_t nvme_bytes = 0;      // free space for NVMe-tier checkpoints
+  std::string nvme_dir;        // where NVMe checkpoints go
+  // Bandwidths, bytes/s.
+  double h2d_bw = 0, d2h_bw = 0;  // pinned, one direction at a time
+  double both_bw = 0;             // sum of both directions when they run at once
+  double nvme_read_bw = 0, nvme_write_bw = 0;
+  double host_mem_bw = 0;         // host memory copy bandwidth (all threads)
+  // Compute rates, FLOP/s (achieved, not peak).
+  double gemm_flops = 0;  // bf16 dense GEMM
+  double attn_flops = 0;  // attention (flash-style) counted as in model accounting
+  double peak_flops = 0;  // dense bf16 peak, for MFU
+  // CPU optimizer throughput, parameters/s (AdamW step incl. bf16 copy write).
+  double opt_fp32_params_per_s = 0;
+  double opt_8bit_params_per_s = 0;
+  std::vector<LayerTiming> layer_timings;  // optional measured per-layer times
+  bool gpu_measured = false;               // GPU fields came from a measurement on this machine
+};
+
+nlohmann::json profile_to_json(const ResourceProfile& p);
+// Strict: unknown fields, missing fields and non-positive rates are errors naming the field.
+ResourceProfile profile_from_json(const nlohmann::json& j, const std::string& source);
+ResourceProfile load_profile_file(const std::filesystem::path& path);
+void save_profile(const ResourceProfile& p, const std::filesystem::path& path);
+// A preset name (configs/profiles/<name>.json, searched in LT_PROFILE_DIR, ./configs/profiles and
+// the source tree) or a path to a JSON file.
+ResourceProfile resolve_profile(const std::string& name_or_path);
+std::vector<std::string> profile_preset_names();
+
+// Layer forward/backward time at a shape: a matching measured LayerTiming, else estimated from
+// gemm_flops and attn_flops with the model accounting's FLOP counts.
+struct LayerTimes {
+  double fwd_s = 0, bwd_s = 0, head_s = 0;  // head: final norm + LM head + CE, forward and backward
+  bool measured = false;
+};
+LayerTimes layer_times(const ResourceProfile& p, const ModelConfig& c, int64_t batch, int64_t seq);
+
+// ---- measurement
+// GPU hook: the CUDA backend registers a function that fills hbm_bytes, h2d/d2h/both bandwidths,
+// gemm/attn rates and layer_timings for the given shape.
+using GpuProfiler = void (*)(ResourceProfile&, const ModelConfig&, int64_t batch, int64_t seq);
+void register_gpu_profiler(GpuProfiler f);
+GpuProfiler gpu_profiler();  // nullptr when none is registered
+
+using ProgressFn = std::function<void(const std::string&)>;
+// Host memory bandwidth (multi-threaded memcpy), bytes/s.
+double measure_host_bandwidth(int threads, int64_t bytes, const ProgressFn& progress = {});
+// NVMe write then read bandwidth with O_DIRECT on a temporary file in dir (removed afterwards).
+struct NvmeBandwidth {
+  double write_bw = 0, read_bw = 0;
+  int64_t free_bytes = 0;
+  bool direct = true;  // false when the filesystem refused O_DIRECT (buffered I/O was measured)
+};
+NvmeBandwidth measure_nvme(const std::filesystem::path& dir, int64_t bytes, const ProgressFn& progress = {});
+// CPU AdamW throughput (params/s) over `params` parameters with fp32 or 8-bit blockwise moments.
+double measure_optimizer(bool eight_bit, int threads, int64_t params, const ProgressFn& progress = {});
+
+}  // namespace lt
