@@ -1,6 +1,7 @@
 // HF config.json <-> ModelConfig, and the built-in presets.
 #include "model/model_config.h"
 
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -74,7 +75,7 @@ struct Fields {
     // 4096.0 written by some tools is still an integer value
     if (v.is_number_float()) {
       double d = v.get<double>();
-      if (d == static_cast<double>(static_cast<int64_t>(d))) return static_cast<int64_t>(d);
+      if (std::fabs(d) < 9.0e18 && d == std::trunc(d)) return static_cast<int64_t>(d);
     }
     bad(k, "integer", v);
   }
@@ -202,6 +203,8 @@ void parse_rope(const Fields& f, ModelConfig& c) {
   r.low_freq_factor = num("low_freq_factor", 1.0);
   r.high_freq_factor = num("high_freq_factor", 4.0);
   double omp = num("original_max_position_embeddings", static_cast<double>(c.max_position));
+  LT_CHECK(omp == std::trunc(omp) && omp > 0 && omp < 9.0e18, "{}: field '{}': expected a positive integer, got {}",
+           f.src, sub("original_max_position_embeddings"), omp);
   r.original_max_position_embeddings = static_cast<int64_t>(omp);
   LT_CHECK(r.factor >= 1.0, "{}: field '{}': expected >= 1, got {}", f.src, sub("factor"), r.factor);
   LT_CHECK(r.high_freq_factor > r.low_freq_factor, "{}: field '{}' ({}) must exceed '{}' ({})", f.src,
