@@ -149,7 +149,8 @@ void ChatTemplate::append_id(Encoded& e, int32_t id, bool loss) const {
   e.loss.push_back(loss ? 1 : 0);
 }
 
-void ChatTemplate::append_piece(Encoded& e, const std::string& header, const std::string& body, bool body_loss) const {
+void ChatTemplate::append_piece(Encoded& e, const std::string& header, const std::string& body, bool body_loss,
+                                bool head_loss) const {
   const auto all = tok_.encode(header + body);
   size_t n_head = 0;
   if (!header.empty()) {
@@ -158,7 +159,7 @@ void ChatTemplate::append_piece(Encoded& e, const std::string& header, const std
     const auto head = tok_.encode(header);
     while (n_head < head.size() && n_head < all.size() && head[n_head] == all[n_head]) ++n_head;
   }
-  for (size_t i = 0; i < all.size(); ++i) append_id(e, all[i], i >= n_head && body_loss);
+  for (size_t i = 0; i < all.size(); ++i) append_id(e, all[i], i >= n_head ? body_loss : head_loss);
 }
 
 namespace {
@@ -178,7 +179,7 @@ void ChatTemplate::append_turn(Encoded& e, const Message& m, bool train_on_input
   switch (kind_) {
     case TemplateKind::ChatML:
       append_id(e, im_start_, train_on_inputs);
-      append_piece(e, m.role + "\n", m.content, loss);
+      append_piece(e, m.role + "\n", m.content, loss, train_on_inputs);
       append_id(e, im_end_, loss);
       append_piece(e, "", "\n", train_on_inputs);
       break;
@@ -186,7 +187,7 @@ void ChatTemplate::append_turn(Encoded& e, const Message& m, bool train_on_input
       append_id(e, start_hdr_, train_on_inputs);
       append_piece(e, "", m.role, train_on_inputs);
       append_id(e, end_hdr_, train_on_inputs);
-      append_piece(e, "\n\n", trim(m.content), loss);
+      append_piece(e, "\n\n", trim(m.content), loss, train_on_inputs);
       append_id(e, eot_, loss);
       break;
     case TemplateKind::None:

@@ -72,8 +72,9 @@ class ChatTemplate {
 
  private:
   // Appends the tokens of header+body encoded as one text piece (as HF renders and tokenizes it);
-  // tokens of the header carry no loss, tokens of the body carry `body_loss`.
-  void append_piece(Encoded& e, const std::string& header, const std::string& body, bool body_loss) const;
+  // tokens of the header carry `head_loss`, tokens of the body carry `body_loss`.
+  void append_piece(Encoded& e, const std::string& header, const std::string& body, bool body_loss,
+                    bool head_loss = false) const;
   void append_id(Encoded& e, int32_t id, bool loss) const;
   void append_turn(Encoded& e, const Message& m, bool train_on_inputs) const;
 

@@ -1,0 +1,123 @@
+// Tokenizer behaviour beyond the HF fixtures: error messages for malformed tokenizer.json, invalid
+// UTF-8, decode round trips, BPE merge order.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "core/error.h"
+#include "data/tokenizer.h"
+
+using namespace lt::data;
+using json = nlohmann::json;
+
+namespace {
+const std::string kFile = std::string(LT_SOURCE_DIR) + "/tests/fixtures/tokenizer/qwen2_tokenizer.json";
+
+json base() {
+  std::ifstream f(kFile);
+  return json::parse(f);
+}
+
+std::string error_of(const json& j) {
+  try {
+    Tokenizer::from_json(j, "t.json");
+  } catch (const lt::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(TokenizerErrors, NameTheField) {
+  json j = base();
+  j.erase("model");
+  EXPECT_NE(error_of(j).find("missing field 'model'"), std::string::npos) << error_of(j);
+  j = base();
+  j["model"]["vocab"]["Ġthe"] = "x";
+  EXPECT_NE(error_of(j).find("model.vocab['Ġthe']"), std::string::npos) << error_of(j);
+  j = base();
+  j["model"]["merges"][3] = json::array({"zz_not_there", "a"});
+  EXPECT_NE(error_of(j).find("model.merges[3]"), std::string::npos) << error_of(j);
+  j = base();
+  j["model"]["merges"][5] = 17;
+  EXPECT_NE(error_of(j).find("model.merges[5]"), std::string::npos) << error_of(j);
+  j = base();
+  j["model"]["type"] = "WordPiece";
+  EXPECT_NE(error_of(j).find("unsupported model 'WordPiece'"), std::string::npos) << error_of(j);
+  j = base();
+  j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\w+";
+  EXPECT_NE(error_of(j).find("pretokenizers[0].pattern.Regex"), std::string::npos) << error_of(j);
+  j = base();
+  j["normalizer"] = {{"type", "NFKC"}};
+  EXPECT_NE(error_of(j).find("normalizer.type: unsupported normalizer 'NFKC'"), std::string::npos) << error_of(j);
+  j = base();
+  j["added_tokens"][0].erase("content");
+  EXPECT_NE(error_of(j).find("added_tokens[0]: missing field 'content'"), std::string::npos) << error_of(j);
+  EXPECT_THROW(Tokenizer::from_file("/nonexistent/tokenizer.json"), lt::Error);
+  EXPECT_NE(error_of(json::array()).find("top level"), std::string::npos);
+}
+
+TEST(Tokenizer, LegacyStringMergesAreAccepted) {
+  json j = base();
+  json legacy = json::array();
+  for (const auto& m : j["model"]["merges"]) legacy.push_back(m[0].get<std::string>() + " " + m[1].get<std::string>());
+  j["model"]["merges"] = legacy;
+  const Tokenizer a = Tokenizer::from_json(j, "legacy");
+  const Tokenizer b = Tokenizer::from_file(kFile);
+  const std::string text = "What is 147 + 38? The answer is: 185. It's naïve.";
+  EXPECT_EQ(a.encode(text), b.encode(text));
+}
+
+TEST(Tokenizer, InvalidUtf8BecomesReplacementChar) {
+  const Tokenizer tok = Tokenizer::from_file(kFile);
+  const std::string bad = std::string("ab\xff") + "c\xe2\x82";
+  const auto ids = tok.encode(bad);
+  EXPECT_EQ(tok.decode(ids), "ab\xEF\xBF\xBD" "c\xEF\xBF\xBD");
+  EXPECT_TRUE(utf8_valid(tok.decode({ids.begin(), ids.begin() + 1})));
+}
+
+// Random strings over a mixed alphabet round-trip through encode/decode (NFC-stable alphabet).
+TEST(Tokenizer, RandomRoundTrip) {
+  const Tokenizer tok = Tokenizer::from_file(kFile);
+  const std::vector<std::string> alphabet = {"a", "Z", " ", "  ", "\n", "\t", "1", "42", "'s", "'LL", "é", "ß",
+                                             "大", "型", "😀", "👍🏽", "!", "?.", "\r\n", "<|im_end|>", "<think>",
+                                             "\u00a0", "\u3000", "ー", "\u0301"};
+  std::mt19937 rng(5);
+  for (int it = 0; it < 300; ++it) {
+    std::string s;
+    const int n = rng() % 30;
+    for (int k = 0; k < n; ++k) {
+      const std::string& piece = alphabet[rng() % alphabet.size()];
+      if (piece == "\u0301" && (s.empty() || s.back() == 'a' || s.back() == ' ')) continue;  // keep NFC-stable
+      s += piece;
+    }
+    s = nfc(s);
+    EXPECT_EQ(tok.decode(tok.encode(s)), s) << s;
+  }
+}
+
+TEST(Tokenizer, SpecialTokensSplitAndSkip) {
+  const Tokenizer tok = Tokenizer::from_file(kFile);
+  const int32_t im_end = *tok.token_to_id("<|im_end|>");
+  EXPECT_TRUE(tok.is_special(im_end));
+  EXPECT_FALSE(tok.is_special(*tok.token_to_id("<think>")));
+  const auto ids = tok.encode("x<|im_end|>y");
+  ASSERT_EQ(ids.size(), 3u);
+  EXPECT_EQ(ids[1], im_end);
+  EXPECT_EQ(tok.decode(ids, true), "xy");
+  // parse_special=false treats the marker as text.
+  const auto plain = tok.encode("x<|im_end|>y", false, /*parse_special=*/false);
+  EXPECT_EQ(std::count(plain.begin(), plain.end(), im_end), 0);
+  EXPECT_EQ(tok.decode(plain), "x<|im_end|>y");
+}
+
+TEST(Pretokenizer, Qwen2SplitsDigitsLlama3GroupsThree) {
+  EXPECT_EQ(pretokenize_utf8(SplitPattern::Qwen2, "12345"), (std::vector<std::string>{"1", "2", "3", "4", "5"}));
+  EXPECT_EQ(pretokenize_utf8(SplitPattern::Llama3, "12345"), (std::vector<std::string>{"123", "45"}));
+  EXPECT_EQ(pretokenize_utf8(SplitPattern::Qwen2, "a  b\n\n c   "),
+            (std::vector<std::string>{"a", " ", " b", "\n\n", " c", "   "}));
+  EXPECT_EQ(pretokenize_utf8(SplitPattern::Qwen2, "I'M here"), (std::vector<std::string>{"I", "'M", " here"}));
+}
+
+}  // namespace
