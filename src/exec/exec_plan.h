@@ -46,13 +46,24 @@ struct ExecPlan {
   int32_t ring = 2;           // weight buffers on the device (>= 2); prefetch depth ring-1
   int64_t chunk_samples = 0;  // samples per chunk inside each layer pass; 0 = the whole micro-batch
   int32_t nvme_staging = 2;   // pinned staging buffers for each NVMe direction
-  // Transfer windows per boundary (size L+1 or empty = defaults), -1 = default:
-  //  d2h_window[i]        CPU/NVMe tier: offload D2H issued at this window, in [i, L]. Default i.
-  //  nvme_write_window[i] NVMe: file write issued at this window, in [d2h_window[i], L]. Default d2h.
-  //  nvme_read_window[i]  NVMe: file read issued at this window, in [L, h2d_window[i]]. Default h2d-1.
-  //  h2d_window[i]        CPU/NVMe: reload H2D issued at this window, in [L, first window of the block
-  //                       starting at i]. Default: one window before the block starts (prefetch).
-  std::vector<int32_t> d2h_window, nvme_write_window, nvme_read_window, h2d_window;
+  bool embedding_resident = true;  // false: embedding lookup/backward on the host, only boundary 0 crosses
+  bool head_resident = true;       // false: head weights uploaded in window F_{L-1} instead of at step start
+  // Checkpoint traffic of each cpu/nvme boundary: per transfer, shares {window, fraction} covering
+  // consecutive byte ranges in list order (fractions sum to 1). Empty lists = defaults:
+  //   d2h        in [i, L]                       default {i, 1}
+  //   nvme_write in [first d2h window, L]        default: same windows/fractions as d2h
+  //   nvme_read  in [L, last h2d window]         default {first h2d window - 1 (>= L), 1}
+  //   h2d        in [L, block_first_window(i)]   default {block_first_window(i) - 1, 1}
+  // Ranges are rounded to kIoAlign (4096) bytes. A range is written after its D2H completed and
+  // uploaded after its read completed (the executor waits if the plan says otherwise).
+  struct Share {
+    int32_t window = 0;
+    double fraction = 1.0;
+  };
+  struct Traffic {
+    std::vector<Share> d2h, nvme_write, nvme_read, h2d;
+  };
+  std::vector<Traffic> traffic;  // size L+1 (entries of gpu/none boundaries ignored) or empty
   std::vector<WindowFigures> predicted;  // optional, per window (size = window count)
   double predicted_step_s = 0;           // optional
 
@@ -60,8 +71,12 @@ struct ExecPlan {
   static ExecPlan keep_all(int64_t layers, int64_t batch, int64_t seq);
 };
 
-// The compute-window sequence of a plan (docs above), and the window where each block starts.
+// The compute-window sequence of a plan (docs above).
 std::vector<WindowRef> plan_windows(const ExecPlan& p);
+// First window of the block starting at materialised boundary s (its R_s, or B_s when e = s+1).
+int32_t block_first_window(const ExecPlan& p, int64_t s);
+// Traffic of boundary i with defaults filled in (for cpu/nvme boundaries).
+ExecPlan::Traffic effective_traffic(const ExecPlan& p, int64_t i);
 // Materialised boundaries, ascending (always starts with 0, ends with L).
 std::vector<int64_t> plan_checkpoints(const ExecPlan& p);
 // Throws lt::Error naming the field, the boundary and expected vs actual for an invalid plan.

@@ -31,23 +31,22 @@ struct MicroBatch {
   const int32_t* segments = nullptr;   // nullptr: one segment per sample
 };
 
-// Per-unit optimizer, called by the executor (the optim module implements it). The executor guarantees:
-// submit(u, ...) is called after unit u's gradient for the whole step is final in HostState::grad(u);
-// before the next step streams unit u's weights it calls wait(u). The hook must update master(u) and
-// write the streaming copy stream(u) (in the backend's weight dtype), and must not touch other units.
+// Per-unit optimizer hook (src/exec/optim_hook.h adapts optim::CpuAdamW). The executor guarantees:
+// grad_ready(u, sumsq) is called once per step, after unit u's gradient for the whole step is final in
+// HostState::grad(u) (sumsq = its sum of squares, for exact global-norm clipping); the hook may then
+// update master(u) and the streaming copy stream(u) asynchronously. Before the next step reads unit u's
+// weights it calls wait(u). Nothing is called for a step that failed.
 class UpdateHook {
  public:
   virtual ~UpdateHook() = default;
-  // grad_scale: multiply gradients by this (global-norm clipping; 1 when not clipping).
-  virtual void submit(int64_t unit, float grad_scale) = 0;
+  virtual void grad_ready(int64_t unit, double sumsq) = 0;
   virtual void wait(int64_t unit) = 0;  // blocks until unit's update (if any was submitted) finished
 };
 
 struct ExecOptions {
   std::filesystem::path nvme_dir;          // required when the plan has NVMe-tier boundaries
   std::shared_ptr<IoLayer> io;             // file I/O for the NVMe tier; nullptr = default (O_DIRECT, io_uring)
-  double max_grad_norm = 0;                // > 0: clip to this global norm (torch clip_grad_norm_ semantics)
-  bool skip_nonfinite = true;              // non-finite grad norm: skip the update (else throw)
+  int64_t nvme_budget = -1;                // bytes the NVMe tier may use; < 0 = unlimited
   bool timing = true;                      // collect spans and per-window figures
 };
 
@@ -63,9 +62,7 @@ struct StepResult {
   double loss = 0;          // sum of token losses / n_tokens, over all micro-batches
   int64_t n_tokens = 0;     // non-ignored targets of the step
   int64_t rows = 0;         // all tokens (batch * seq * micro-batches), padding included
-  double grad_norm = 0;     // global L2 norm of the step's gradient (before clipping)
-  float clip_scale = 1.0f;  // factor applied by the optimizer
-  bool skipped = false;     // non-finite gradient: no update submitted
+  double grad_norm = 0;     // global L2 norm of the step's gradient (before clipping; from the sumsq partials)
   double step_s = 0;        // wall time of train_step
   double forward_s = 0, backward_s = 0;  // wall time of the (last micro-batch's) forward incl. head / backward
   double update_wait_s = 0;  // time forward waited for the previous step's optimizer updates
@@ -85,9 +82,10 @@ class Executor {
   void set_update_hook(UpdateHook* hook) { hook_ = hook; }
 
   // Forward + loss + backward of every micro-batch (gradient accumulation; the loss is normalised by
-  // the non-ignored tokens of the whole step), then the global norm and the per-unit update submissions.
-  // On any error (I/O, memory, backend) throws lt::Error after cleaning up: host gradients are zeroed,
-  // master weights and optimizer state untouched, this step's NVMe files removed; the executor stays usable.
+  // the non-ignored tokens of the whole step), then the global norm and UpdateHook::grad_ready per unit.
+  // On any error (I/O, memory, backend) throws lt::Error after cleaning up: the hook is not called, so
+  // master weights and optimizer state are untouched (host gradients are undefined), this step's NVMe
+  // files are removed, and the executor stays usable.
   StepResult train_step(const std::vector<MicroBatch>& micro_batches);
   // Mean loss over non-ignored targets of one micro-batch (forward only, no gradients, no update).
   double eval_loss(const MicroBatch& mb, int64_t* n_tokens = nullptr);

@@ -13,9 +13,15 @@ HostState::HostState(Backend& be) : stream_dtype_(be.dtypes().weight) {
   for (size_t u = 0; u < units.size(); ++u) {
     const int64_t n = units[u].numel;
     numel_.push_back(n);
-    master_.emplace_back(size_t(n), 0.0f);
-    stream_.emplace_back(be, MemKind::Pinned, std::max<int64_t>(1, n * int64_t(dtype_size(stream_dtype_))),
-                         "host.stream_copy");
+    if (aliased()) {
+      master_pinned_.emplace_back(be, MemKind::Pinned, std::max<int64_t>(1, n * 4), "host.master");
+      master_ptr_.push_back(master_pinned_.back().as<float>());
+      std::memset(master_ptr_.back(), 0, size_t(n) * 4);
+    } else {
+      master_.emplace_back(size_t(n), 0.0f);
+      master_ptr_.push_back(master_.back().data());
+      stream_.emplace_back(be, MemKind::Pinned, std::max<int64_t>(1, n * 2), "host.stream_copy");
+    }
     grad_.emplace_back(be, MemKind::Pinned, std::max<int64_t>(1, n * 4), "host.grad");
     sumsq_.push_back(0.0);
   }
@@ -24,14 +30,11 @@ HostState::HostState(Backend& be) : stream_dtype_(be.dtypes().weight) {
 }
 
 void HostState::refresh_stream(int64_t u) {
+  if (aliased()) return;
   const float* m = master(u);
   const int64_t n = numel(u);
-  if (stream_dtype_ == DType::F32) {
-    std::memcpy(stream(u), m, size_t(n) * 4);
-  } else {
-    auto* s = static_cast<bf16_t*>(stream(u));
-    for (int64_t i = 0; i < n; ++i) s[i] = f32_to_bf16(m[i]);
-  }
+  auto* s = static_cast<bf16_t*>(stream(u));
+  for (int64_t i = 0; i < n; ++i) s[i] = f32_to_bf16(m[i]);
 }
 
 void HostState::refresh_all_streams() {

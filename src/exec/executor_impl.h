@@ -1,0 +1,77 @@
+// Executor internals, shared by executor.cpp (the schedule) and executor_report.cpp (stats, trace).
+#pragma once
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "exec/act_pool.h"
+#include "exec/executor.h"
+#include "exec/host_worker.h"
+#include "exec/nvme_store.h"
+#include "exec/weight_ring.h"
+
+namespace lt {
+
+// Tracks beyond the backend's lanes, for traces.
+enum ExtraTrack : int { kTrackNvmeRead = kNumLanes, kTrackNvmeWrite, kTrackHost, kNumTracks };
+
+struct TraceSpan {
+  int track = 0;
+  OpLabel label;
+  int64_t bytes = 0;
+  double t0 = 0, t1 = 0;
+  int32_t micro_batch = 0;
+};
+
+// Device buffers needed for boundary activations under a plan: max over windows of live buffers
+// (docs/executor.md, "memory").
+int64_t count_act_buffers(const ExecPlan& p);
+
+struct Executor::Impl {
+  Impl(Executor& ex);
+  ~Impl();
+
+  Executor& ex;
+  Backend& be;
+  const ExecPlan& P;
+  HostState& st;
+  ModelConfig c;
+  int64_t L = 0, T = 0, A = 0, Apad = 0, chunk = 0;
+  size_t act_sz = 4, w_sz = 4, g_sz = 4;
+  std::vector<WindowRef> wins;
+  std::vector<int64_t> ck;
+  std::vector<int32_t> win_bwd, win_rec;  // window of B_j / R_j (-1 if none)
+  std::vector<ExecPlan::Traffic> traffic;  // effective, per boundary
+  std::vector<int64_t> block_end;          // for a checkpoint s: the e of its block
+  RingSchedule ring_sched, eval_sched;
+  bool emb_on_device = true;
+
+  // device
+  std::vector<Buffer> ring;
+  Buffer emb_w, head_w, emb_g, head_g;
+  Buffer gslot[2];
+  Buffer d_ids, d_tgt, d_pos, d_seg, d_scal;  // d_scal: loss_sum, n_tokens, sumsq[units]
+  std::unique_ptr<ActPool> pool;
+  // pinned
+  Buffer p_ids, p_tgt, p_pos, p_seg, p_scal, p_x0, p_dx0;
+  std::vector<Buffer> cpu_ckpt;  // per boundary (cpu tier only)
+  std::vector<Buffer> wstage, rstage;
+  std::vector<Buffer> gslab;  // grad staging for accumulation / dtype conversion (lazy)
+  std::unique_ptr<NvmeStore> store;
+  std::unique_ptr<HostWorker> nvme_worker, sink_worker;
+
+  // trace of the last step
+  std::mutex trace_mu;
+  std::vector<TraceSpan> trace;
+  double trace_t0 = 0;
+
+  void allocate();
+  void add_span(int track, OpLabel l, int64_t bytes, double t0, double t1, int32_t mb);
+  void collect_backend_spans(int32_t mb);
+  // Measured per-window figures of micro-batch mb from the collected spans.
+  std::vector<WindowStats> window_stats(int32_t mb, double t_mb0) const;
+};
+
+}  // namespace lt
