@@ -2,6 +2,8 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <fstream>
 #include <sstream>
@@ -25,6 +27,7 @@ const std::vector<Field>& fields() {
   using C = TrainConfig;
   static const std::vector<Field> f = {
       {"model_name_or_path", &C::model_name_or_path},
+      {"model_overrides", &C::model_overrides},
       {"tokenizer", &C::tokenizer},
       {"dataset", &C::dataset},
       {"eval_dataset", &C::eval_dataset},
@@ -34,6 +37,9 @@ const std::vector<Field>& fields() {
       {"train_on_inputs", &C::train_on_inputs},
       {"val_size", &C::val_size},
       {"max_samples", &C::max_samples},
+      {"dataset_format", &C::dataset_format},
+      {"on_malformed", &C::on_malformed},
+      {"overlong", &C::overlong},
       {"per_device_train_batch_size", &C::per_device_train_batch_size},
       {"per_device_eval_batch_size", &C::per_device_eval_batch_size},
       {"gradient_accumulation_steps", &C::gradient_accumulation_steps},
@@ -98,8 +104,50 @@ std::string node_text(const YAML::Node& n) {
 
 // Sets one field from a YAML node, with type checking. YAML scalars are untyped text, so
 // the expected type decides how to read them; a mismatch names key, expected and actual.
+nlohmann::json yaml_scalar_to_json(const YAML::Node& n) {
+  if (n.IsNull()) return nullptr;
+  const std::string& s = n.Scalar();
+  if (n.Tag() == "!") return s;  // quoted in the file: keep as a string
+  bool b;
+  long long i;
+  double d;
+  size_t pos = 0;
+  try {
+    i = std::stoll(s, &pos);
+    if (pos == s.size()) return i;
+  } catch (...) {
+  }
+  if (YAML::convert<double>::decode(n, d)) return d;
+  if (YAML::convert<bool>::decode(n, b)) return b;
+  return s;
+}
+
+nlohmann::json yaml_to_json(const YAML::Node& n) {
+  if (n.IsMap()) {
+    nlohmann::json j = nlohmann::json::object();
+    for (const auto& kv : n) j[kv.first.as<std::string>()] = yaml_to_json(kv.second);
+    return j;
+  }
+  if (n.IsSequence()) {
+    nlohmann::json j = nlohmann::json::array();
+    for (const auto& e : n) j.push_back(yaml_to_json(e));
+    return j;
+  }
+  return yaml_scalar_to_json(n);
+}
+
 void set_field(TrainConfig& c, const Field& f, const YAML::Node& n, const std::string& source) {
   const std::string key = f.key;
+  if (key == "model_overrides") {  // a mapping of HF config.json fields, kept as JSON text
+    if (n.IsNull()) {
+      c.model_overrides.clear();
+      return;
+    }
+    LT_CHECK(n.IsMap(), "{}: key 'model_overrides' expects a mapping of config.json fields, got '{}'", source,
+             n.IsScalar() ? n.Scalar() : std::string("a list"));
+    c.model_overrides = yaml_to_json(n).dump();
+    return;
+  }
   auto bad = [&](const char* expected) {
     fail("{}: key '{}' expects {}, got '{}'", source, key, expected, node_text(n));
   };
@@ -257,6 +305,8 @@ void validate_config(const TrainConfig& c) {
            "config: save_steps, save_total_limit and eval_steps must be >= 0");
   LT_CHECK(c.val_size >= 0, "config: val_size must be >= 0, got {}", c.val_size);
   LT_CHECK(!c.output_dir.empty(), "config: output_dir must not be empty");
+  one_of("on_malformed", c.on_malformed, {"skip", "fatal"});
+  one_of("overlong", c.overlong, {"truncate", "skip"});
   one_of("lr_scheduler_type", c.lr_scheduler_type, {"constant", "linear", "cosine"});
   one_of("optimizer", c.optimizer, {"adamw", "adamw8bit", "hybrid"});
   one_of("backend", c.backend, {"auto", "cpu", "cuda"});
@@ -279,7 +329,10 @@ std::string config_to_yaml(const TrainConfig& c) {
     out << YAML::Key << f.key << YAML::Value;
     std::visit([&](auto m) {
       using T = std::remove_reference_t<decltype(c.*m)>;
-      if constexpr (std::is_same_v<T, std::string>) out << YAML::DoubleQuoted << (c.*m);
+      if constexpr (std::is_same_v<T, std::string>) {
+        if (std::string(f.key) == "model_overrides" && !(c.*m).empty()) out << YAML::Load(c.*m);  // JSON is YAML
+        else out << YAML::DoubleQuoted << (c.*m);
+      }
       else if constexpr (std::is_same_v<T, double>) out << fmt::format("{}", c.*m);
       else out << (c.*m);
     }, f.member);

@@ -16,6 +16,8 @@ namespace lt::train {
 struct TrainConfig {
   // model and data
   std::string model_name_or_path;      // model dir (config.json [+ safetensors]) or a preset name
+  std::string model_overrides;         // JSON object of HF config.json fields applied on top (YAML mapping
+                                       // in the file), e.g. {hidden_size: 192, num_hidden_layers: 3}
   std::string tokenizer;               // tokenizer dir/file; default: model dir, else configs/demo
   std::string dataset;                 // JSONL path or builtin:math
   std::string eval_dataset;            // optional JSONL for periodic eval-loss; default: val split
@@ -25,6 +27,9 @@ struct TrainConfig {
   bool train_on_inputs = false;
   double val_size = 0.0;               // fraction (<1) or count (>=1) of samples held out
   int64_t max_samples = 0;             // 0 = all; for builtin datasets: how many to generate
+  std::string dataset_format = "auto"; // auto | query_response | alpaca | messages | text
+  std::string on_malformed = "skip";   // skip | fatal
+  std::string overlong = "truncate";   // truncate | skip (samples longer than cutoff_len)
   // batch and schedule
   int64_t per_device_train_batch_size = 8;
   int64_t per_device_eval_batch_size = 0;  // 0 = same as train

@@ -1,0 +1,35 @@
+// The model a run starts from: its config (a model directory, a preset, plus model_overrides), its
+// tokenizer, and the initial fp32 weights (loaded from safetensors, or seeded random init when the
+// model has no weights; a resumed run takes both from the checkpoint).
+#pragma once
+#include <filesystem>
+#include <optional>
+#include <vector>
+
+#include "data/chat_template.h"
+#include "model/model_config.h"
+#include "model/param_layout.h"
+#include "model/weights.h"
+#include "train/config.h"
+
+namespace lt::train {
+
+struct ModelSetup {
+  data::LoadedTokenizer tokenizer;
+  std::filesystem::path tokenizer_dir;  // copied into checkpoints
+  ModelConfig model;
+  ModelLayout layout;
+  ModelWeights initial;                 // empty units when resuming (the checkpoint provides them)
+  bool pretrained = false;              // weights came from safetensors
+};
+
+// Where the tokenizer is: `tokenizer` if set, else the checkpoint being resumed, else the model
+// directory. Throws lt::Error saying what to set when none has a tokenizer.json.
+std::filesystem::path find_tokenizer(const TrainConfig& cfg, const std::optional<std::filesystem::path>& resume);
+// model_name_or_path (+ model_overrides, a JSON object of config.json fields).
+ModelConfig configured_model(const TrainConfig& cfg);
+bool has_weights(const std::filesystem::path& dir);
+
+ModelSetup setup_model(const TrainConfig& cfg, const std::optional<std::filesystem::path>& resume);
+
+}  // namespace lt::train

@@ -1,0 +1,33 @@
+// Before the first step: the plan (where each activation checkpoint lives, what is recomputed, which
+// tensors get 8-bit optimizer state), made by the planner from the resource profile and the budgets
+// of the config, converted to the executor's ExecPlan, and summarised for the console.
+#pragma once
+#include <cstdint>
+#include <set>
+#include <string>
+
+#include "backend/backend.h"
+#include "exec/exec_plan.h"
+#include "model/model_config.h"
+#include "train/config.h"
+
+namespace lt::train {
+
+struct TrainingPlan {
+  ExecPlan exec;
+  std::set<std::string> tensors_8bit;  // hybrid: the tensors the plan switched to 8-bit state
+  std::string summary;                 // multi-line: what goes where, predicted TFLOPS, memory per tier
+  std::string planner;                 // who made it
+  double predicted_step_s = 0, predicted_tflops = 0;
+  double predicted_exposed_transfer_s = -1, predicted_exposed_optimizer_s = -1;
+  int64_t device_budget = -1, host_budget = -1;  // bytes, -1 = unlimited
+  // Layer forwards per micro-batch beyond the L of the forward pass (HFU): block recompute plus each
+  // layer backward's recompute of its own internals.
+  double extra_layer_forwards = 0;
+};
+
+// Throws lt::Error with the planner's "does not fit: <resource> short by <bytes>" when no plan fits.
+TrainingPlan make_training_plan(const TrainConfig& cfg, const ModelConfig& model, int64_t batch, int64_t seq,
+                                const std::string& device_name, bool on_gpu);
+
+}  // namespace lt::train

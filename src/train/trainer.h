@@ -1,0 +1,49 @@
+// The training loop of `lazytrain train`: data, plan, executor, optimizer, LR schedule, metrics,
+// periodic evaluation, atomic checkpoints with exact resume, clean stop on SIGINT/SIGTERM, and an
+// optional exact-match evaluation at the end.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "train/config.h"
+#include "train/metrics.h"
+
+namespace lt::train {
+
+struct BackendChoice {
+  std::unique_ptr<Backend> backend;
+  std::string device_name;  // for the MFU peak ("NVIDIA H200", "cpu")
+  bool gpu = false;
+};
+// Makes the backend for a model given the config (backend: auto|cpu|cuda) and the plan's budgets.
+using BackendFactory =
+    std::function<BackendChoice(const ModelConfig&, const TrainConfig&, int64_t device_budget, int64_t host_budget)>;
+// The CPU backend (always available).
+BackendChoice make_cpu_backend(const ModelConfig& m, const TrainConfig& c, int64_t device_budget, int64_t host_budget);
+
+struct TrainHooks {
+  BackendFactory make_backend;            // null: CPU backend; `cuda` in the config then fails
+  int64_t stop_after_steps = -1;          // tests: behave as if SIGTERM arrived after this many steps of this run
+  std::function<void(const StepMetrics&)> on_step;
+  bool install_signal_handlers = true;
+};
+
+struct TrainResult {
+  int64_t global_step = 0;                // steps done (including those before a resume)
+  int64_t total_steps = 0;
+  std::vector<double> losses;             // every step's loss since the start of training (resumed runs too)
+  bool interrupted = false;
+  std::filesystem::path last_checkpoint;
+  double train_seconds = 0;
+  double exact_match = -1;                // do_eval_dataset result, -1 if not run
+  int64_t eval_samples = 0;
+};
+
+TrainResult run_training(const TrainConfig& cfg, const TrainHooks& hooks = {});
+
+}  // namespace lt::train
