@@ -29,14 +29,18 @@ QuantMap build_dynamic_map(bool is_signed) {
              q.mag[i - 1]);
   for (int i = 0; i + 1 < q.levels; ++i) q.thr[i] = 0.5f * (q.mag[i] + q.mag[i + 1]);
   q.thr[q.levels - 1] = std::numeric_limits<float>::infinity();
+  // Second moment: a positive v never rounds to 0 (it rounds up to the smallest level instead). A v
+  // stored as 0 next to a non-zero m makes the next steps' m / sqrt(v) explode for that element: the
+  // "zero-point problem" of quantised second moments (Li et al. 2023, 4-bit optimizer states).
+  if (!is_signed) q.thr[0] = 0.0f;
   for (int c = 0; c < 256; ++c) {
     if (is_signed)
       q.decode[c] = (c & 0x80) ? -q.mag[c & 0x7f] : q.mag[c & 0x7f];
     else
       q.decode[c] = q.mag[c];
   }
-  // Bucket table. Bucket 0 ends at or below the first threshold, so it holds none.
-  q.base = int32_t(f32_bits(q.thr[0]) >> QuantMap::kShift) - 1;
+  // Bucket table. Bucket 0 ends at or below the first positive threshold, so it holds at most thr[0] = 0.
+  q.base = int32_t(f32_bits(q.thr[is_signed ? 0 : 1]) >> QuantMap::kShift) - 1;
   int32_t top_bucket = int32_t(f32_bits(2.0f) >> QuantMap::kShift) - q.base;  // covers [1, 2)
   q.buckets = top_bucket + 1;
   q.lut.assign(size_t(q.buckets) + 3, 0);
