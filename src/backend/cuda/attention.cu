@@ -443,7 +443,6 @@ __global__ void __launch_bounds__(128) attn_bwd_kernel(AttnParams p) {
 }
 
 AttnParams make_params(const AttnDims& d) {
-  LT_CUDA_REQUIRE(attention_supported(d.head_dim), "attention: head_dim must be 64 or 128");
   LT_CUDA_REQUIRE(d.heads > 0 && d.kv_heads > 0 && d.heads % d.kv_heads == 0,
                   "attention: heads must be a positive multiple of kv_heads");
   LT_CUDA_REQUIRE(d.seq > 0 && d.seq < (1 << 30) && d.batch > 0 && d.batch < 65536, "attention: bad batch/seq");
@@ -493,6 +492,7 @@ bool attention_supported(int64_t head_dim) { return head_dim == 64 || head_dim =
 
 void attention_fwd(const AttnDims& d, const void* q, const void* k, const void* v, const int32_t* segments, void* o,
                    float* lse, cudaStream_t st) {
+  if (!attention_supported(d.head_dim)) return attention_fwd_generic(d, q, k, v, segments, o, lse, st);
   AttnParams p = make_params(d);
   p.q = static_cast<const bf16*>(q);
   p.k = static_cast<const bf16*>(k);
@@ -508,7 +508,11 @@ void attention_fwd(const AttnDims& d, const void* q, const void* k, const void* 
 
 void attention_bwd_f32dq(const AttnDims& d, const void* q, const void* k, const void* v, const int32_t* segments,
                          const void* o, const float* lse, const void* dout, void* dk, void* dv, float* dq_acc,
-                         float* delta, cudaStream_t st) {
+                         float* delta, float* dkv_acc, cudaStream_t st) {
+  if (!attention_supported(d.head_dim)) {
+    LT_CUDA_REQUIRE(dkv_acc != nullptr, "attention backward (generic): dkv_acc workspace missing");
+    return attention_bwd_generic(d, q, k, v, segments, o, lse, dout, dk, dv, dq_acc, dkv_acc, st);
+  }
   AttnParams p = make_params(d);
   p.q = static_cast<const bf16*>(q);
   p.k = static_cast<const bf16*>(k);
@@ -530,8 +534,8 @@ void attention_bwd_f32dq(const AttnDims& d, const void* q, const void* k, const 
 
 void attention_bwd(const AttnDims& d, const void* q, const void* k, const void* v, const int32_t* segments,
                    const void* o, const float* lse, const void* dout, void* dq, void* dk, void* dv, float* dq_acc,
-                   float* delta, cudaStream_t st) {
-  attention_bwd_f32dq(d, q, k, v, segments, o, lse, dout, dk, dv, dq_acc, delta, st);
+                   float* delta, float* dkv_acc, cudaStream_t st) {
+  attention_bwd_f32dq(d, q, k, v, segments, o, lse, dout, dk, dv, dq_acc, delta, dkv_acc, st);
   f32_to_bf16(dq_acc, d.tokens() * d.heads * d.head_dim, dq, st);
 }
 

@@ -13,23 +13,31 @@ namespace lt::cuda {
 // Causal GQA attention over `batch` samples of `seq` rows. q/o [T, heads*hd], k/v [T, kv_heads*hd]
 // (T = batch*seq, bf16). segments: device int32 [T] or nullptr; row i sees rows j <= i of its sample
 // with segments[j] == segments[i]. lse: fp32 [T, heads], natural log of the sum of exp(scaled scores).
-// head_dim must be 64 or 128. The S x S score matrix never exists in device memory.
+// The S x S score matrix never exists in device memory.
 struct AttnDims {
   int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
   float scale = 1.0f;
   int64_t tokens() const { return batch * seq; }
 };
+// True when the tensor-core kernels cover head_dim (64, 128); other even head dims <= 256 take the
+// generic kernels (attention_generic.cu), which attention_fwd/attention_bwd* dispatch to.
 bool attention_supported(int64_t head_dim);
 void attention_fwd(const AttnDims& d, const void* q, const void* k, const void* v, const int32_t* segments, void* o,
                    float* lse, cudaStream_t st);
 // Writes dq, dk, dv (bf16). Workspace: dq_acc fp32 [T, heads*hd] and delta fp32 [T, heads].
 void attention_bwd(const AttnDims& d, const void* q, const void* k, const void* v, const int32_t* segments,
                    const void* o, const float* lse, const void* dout, void* dq, void* dk, void* dv, float* dq_acc,
-                   float* delta, cudaStream_t st);
-// Same, but leaves dQ in fp32 (dq_acc, unscaled-free: the final dQ) and skips the bf16 conversion.
+                   float* delta, float* dkv_acc, cudaStream_t st);
+// Same, but leaves the final dQ in fp32 in dq_acc and skips its bf16 conversion.
+// dkv_acc: fp32 [2, T, kv_heads*hd] workspace, used only by the generic path (may be null otherwise).
 void attention_bwd_f32dq(const AttnDims& d, const void* q, const void* k, const void* v, const int32_t* segments,
                          const void* o, const float* lse, const void* dout, void* dk, void* dv, float* dq_acc,
-                         float* delta, cudaStream_t st);
+                         float* delta, float* dkv_acc, cudaStream_t st);
+void attention_fwd_generic(const AttnDims& d, const void* q, const void* k, const void* v, const int32_t* segments,
+                           void* o, float* lse, cudaStream_t st);
+void attention_bwd_generic(const AttnDims& d, const void* q, const void* k, const void* v, const int32_t* segments,
+                           const void* o, const float* lse, const void* dout, void* dk, void* dv, float* dq_f32,
+                           float* dkv_f32, cudaStream_t st);
 
 // ---------------------------------------------------------------- RMSNorm (also QK-norm: rows = T*heads)
 // y = w * x / sqrt(mean(x^2) + eps); x, w, y bf16. rstd (optional, fp32 [rows]) receives 1/sqrt(...).

@@ -1,0 +1,379 @@
+#include "backend/cuda/cuda_backend.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cpu/ops.h"
+#include "backend/cuda/cuda_util.h"
+#include "backend/cuda/device_arena.h"
+#include "backend/cuda/gemm.h"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/layer.h"
+#include "core/error.h"
+#include "core/timer.h"
+#include "core/units.h"
+
+namespace lt {
+
+namespace {
+struct CudaEvent final : EventImpl {
+  cudaEvent_t e = nullptr;
+  CudaEvent() { LT_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming)); }
+  ~CudaEvent() override {
+    if (e) cudaEventDestroy(e);
+  }
+};
+struct PendingSpan {
+  Lane lane;
+  OpLabel label;
+  int64_t bytes;
+  cudaEvent_t e0, e1;
+};
+cuda::Geo geo(const DevGeometry& g) { return {g.batch, g.seq, g.positions, g.segments}; }
+}  // namespace
+
+struct CudaBackend::Impl {
+  CudaBackendOptions opt;
+  cudaDeviceProp prop{};
+  std::unique_ptr<cuda::DeviceArena> arena;
+  cudaStream_t streams[kNumLanes] = {};
+  void* gemm_ws = nullptr;
+  std::unique_ptr<cuda::Gemm> gemm;
+  float* inv_freq = nullptr;
+  double* sumsq_partial = nullptr;
+  std::unique_ptr<cuda::LayerEngine> eng;
+  void* ws = nullptr;
+  int64_t ws_bytes = 0;
+  int* err_host = nullptr;  // mapped pinned flag written by kernels (bad ids / targets)
+  int* err_dev = nullptr;
+  int64_t pinned_total = 0;
+  bool timing = false;
+  cudaEvent_t base_ev = nullptr;
+  double base_t = 0;
+  std::vector<PendingSpan> spans;
+  std::string error;  // first error of enqueued work, reported by check()
+};
+
+CudaBackend::CudaBackend(const ModelConfig& c, CudaBackendOptions o) : Backend(c), impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.opt = o;
+  int n_dev = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n_dev);
+  if (e != cudaSuccess || n_dev == 0)
+    fail("CUDA backend: no usable GPU ({})", e == cudaSuccess ? "no devices" : cudaGetErrorString(e));
+  LT_CHECK(o.device >= 0 && o.device < n_dev, "CUDA backend: device {} requested, {} present", o.device, n_dev);
+  LT_CUDA(cudaSetDevice(o.device));
+  LT_CUDA(cudaGetDeviceProperties(&m.prop, o.device));
+  LT_CUDA(cudaFree(nullptr));  // create the context before measuring free memory
+  size_t free_b = 0, total_b = 0;
+  LT_CUDA(cudaMemGetInfo(&free_b, &total_b));
+  int64_t arena = 0;
+  if (o.gpu_mem_cap > 0) {
+    LT_CHECK(o.gpu_mem_cap > o.margin + (int64_t(64) << 20),
+             "--gpu-mem {} is too small: the backend keeps {} outside its arena", format_bytes(double(o.gpu_mem_cap)),
+             format_bytes(double(o.margin)));
+    arena = o.gpu_mem_cap - o.margin;
+    LT_CHECK(arena <= int64_t(free_b),
+             "--gpu-mem {}: the GPU has only {} free (of {}); lower --gpu-mem", format_bytes(double(o.gpu_mem_cap)),
+             format_bytes(double(free_b)), format_bytes(double(total_b)));
+  } else {
+    arena = int64_t(free_b) - o.margin;
+  }
+  m.arena = std::make_unique<cuda::DeviceArena>(arena);
+  mem_.set_budget(MemKind::Device, m.arena->size());
+  mem_.set_budget(MemKind::Pinned, o.pinned_budget);
+  for (auto& s : m.streams) LT_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+
+  // Backend-internal device memory, counted against the device budget like everything else.
+  auto internal = [&](int64_t bytes, const char* tag) {
+    mem_.reserve(MemKind::Device, bytes, tag);
+    return m.arena->allocate(bytes, tag);
+  };
+  m.gemm_ws = internal(int64_t(cuda::Gemm::kWorkspaceBytes), "cublas.workspace");
+  m.gemm = std::make_unique<cuda::Gemm>(m.gemm_ws, cuda::Gemm::kWorkspaceBytes);
+  const std::vector<float> inv = cpu::rope_inv_freq(c);
+  m.inv_freq = static_cast<float*>(internal(int64_t(inv.size()) * 4, "rope.inv_freq"));
+  LT_CUDA(cudaMemcpy(m.inv_freq, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));
+  m.sumsq_partial = static_cast<double*>(internal(cuda::kSumsqBlocks * 8, "reductions"));
+  LT_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&m.err_host), sizeof(int), cudaHostAllocMapped));
+  *m.err_host = 0;
+  LT_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&m.err_dev), m.err_host, 0));
+  m.eng = std::make_unique<cuda::LayerEngine>(c, *m.gemm, m.inv_freq);
+}
+
+CudaBackend::~CudaBackend() {
+  Impl& m = *impl_;
+  for (auto& s : m.streams)
+    if (s) cudaStreamSynchronize(s);
+  for (auto& p : m.spans) {
+    cudaEventDestroy(p.e0);
+    cudaEventDestroy(p.e1);
+  }
+  if (m.base_ev) cudaEventDestroy(m.base_ev);
+  m.eng.reset();
+  m.gemm.reset();
+  for (auto& s : m.streams)
+    if (s) cudaStreamDestroy(s);
+  if (m.err_host) cudaFreeHost(m.err_host);
+  m.arena.reset();  // frees every device allocation at once
+}
+
+std::string CudaBackend::name() const {
+  return "cuda:" + std::to_string(impl_->opt.device) + " (" + impl_->prop.name + ")";
+}
+
+int64_t CudaBackend::arena_bytes() const { return impl_->arena->size(); }
+int64_t CudaBackend::arena_peak() const { return impl_->arena->peak(); }
+void* CudaBackend::stream(Lane lane) const { return impl_->streams[int(lane)]; }
+int64_t CudaBackend::head_chunk_rows() const { return impl_->eng->head_chunk_rows(); }
+void CudaBackend::set_head_chunk_rows(int64_t rows) { impl_->eng->set_head_chunk_rows(std::max<int64_t>(rows, 1)); }
+
+// ------------------------------------------------------------------------------------------- memory
+Allocation CudaBackend::alloc(MemKind k, int64_t bytes, const std::string& tag) {
+  LT_CHECK(bytes > 0, "cuda backend: allocation of {} bytes for '{}' (expected > 0)", bytes, tag);
+  mem_.reserve(k, bytes, tag);
+  Allocation a;
+  a.bytes = bytes;
+  a.kind = k;
+  a.tag = tag;
+  try {
+    if (k == MemKind::Device) {
+      a.ptr = impl_->arena->allocate(bytes, tag.c_str());
+    } else {
+      a.ptr = cuda::pinned_alloc(bytes, impl_->pinned_total);
+      impl_->pinned_total += bytes;
+    }
+  } catch (...) {
+    mem_.release(k, bytes, tag);
+    throw;
+  }
+  return a;
+}
+
+void CudaBackend::free(Allocation& a) {
+  if (!a.ptr) return;
+  if (a.kind == MemKind::Device) {
+    impl_->arena->release(a.ptr);
+  } else {
+    cuda::pinned_free(a.ptr, a.bytes);
+    impl_->pinned_total -= a.bytes;
+  }
+  mem_.release(a.kind, a.bytes, a.tag);
+  a = {};
+}
+
+int64_t CudaBackend::layer_workspace_bytes(int64_t tokens) const {
+  const auto& e = *impl_->eng;
+  return std::max({e.layer_workspace_bytes(tokens), e.head_workspace_bytes(tokens), e.embed_workspace_bytes(tokens)});
+}
+
+namespace {
+void ensure_ws(CudaBackend::Impl& m, MemoryTracker& mem, int64_t bytes) {
+  if (bytes <= m.ws_bytes) return;
+  // Work already enqueued may still read the old workspace.
+  LT_CUDA(cudaStreamSynchronize(m.streams[int(Lane::Compute)]));
+  if (m.ws) {
+    m.arena->release(m.ws);
+    mem.release(MemKind::Device, m.ws_bytes, "workspace");
+    m.ws = nullptr;
+    m.ws_bytes = 0;
+  }
+  mem.reserve(MemKind::Device, bytes, "workspace");
+  try {
+    m.ws = m.arena->allocate(bytes, "workspace");
+  } catch (...) {
+    mem.release(MemKind::Device, bytes, "workspace");
+    throw;
+  }
+  m.ws_bytes = bytes;
+}
+}  // namespace
+
+void CudaBackend::reserve_workspace(int64_t tokens) { ensure_ws(*impl_, mem_, layer_workspace_bytes(tokens)); }
+
+// ------------------------------------------------------------------------------------ lanes, events
+Event CudaBackend::record(Lane lane) {
+  auto ev = std::make_shared<CudaEvent>();
+  LT_CUDA(cudaEventRecord(ev->e, impl_->streams[int(lane)]));
+  return ev;
+}
+
+void CudaBackend::wait(Lane lane, const Event& ev) {
+  if (!ev) return;
+  auto* ce = dynamic_cast<CudaEvent*>(ev.get());
+  LT_CHECK(ce, "cuda backend: wait on an event of another backend");
+  LT_CUDA(cudaStreamWaitEvent(impl_->streams[int(lane)], ce->e, 0));
+}
+
+void CudaBackend::host_wait(const Event& ev) {
+  if (ev) {
+    auto* ce = dynamic_cast<CudaEvent*>(ev.get());
+    LT_CHECK(ce, "cuda backend: host_wait on an event of another backend");
+    LT_CUDA(cudaEventSynchronize(ce->e));
+  }
+  check();
+}
+
+bool CudaBackend::done(const Event& ev) {
+  if (!ev) return true;
+  auto* ce = dynamic_cast<CudaEvent*>(ev.get());
+  LT_CHECK(ce, "cuda backend: done() on an event of another backend");
+  const cudaError_t e = cudaEventQuery(ce->e);
+  if (e == cudaErrorNotReady) return false;
+  LT_CUDA(e);
+  return true;
+}
+
+void CudaBackend::synchronize() {
+  for (auto& s : impl_->streams) LT_CUDA(cudaStreamSynchronize(s));
+  check();
+}
+
+void CudaBackend::check() {
+  Impl& m = *impl_;
+  const cudaError_t e = cudaPeekAtLastError();
+  if (e != cudaSuccess && m.error.empty())
+    m.error = fmt::format("CUDA error in enqueued work: {}: {}", cudaGetErrorName(e), cudaGetErrorString(e));
+  if (m.error.empty() && *reinterpret_cast<volatile int*>(m.err_host) != 0) {
+    const int code = *reinterpret_cast<volatile int*>(m.err_host);
+    m.error = code == 1 ? fmt::format("embedding: a token id is outside [0, {}) (vocab_size)", cfg_.vocab)
+                        : fmt::format("cross-entropy: a target is outside [0, {}) and is not -100", cfg_.vocab);
+  }
+  if (!m.error.empty()) throw Error(m.error);
+}
+
+void CudaBackend::clear_error() {
+  impl_->error.clear();
+  *impl_->err_host = 0;
+  cudaGetLastError();
+}
+
+// ------------------------------------------------------------------------------------------- timing
+void CudaBackend::set_timing(bool on) {
+  Impl& m = *impl_;
+  if (on && !m.timing) {
+    if (!m.base_ev) LT_CUDA(cudaEventCreate(&m.base_ev));
+    LT_CUDA(cudaEventRecord(m.base_ev, m.streams[0]));
+    LT_CUDA(cudaEventSynchronize(m.base_ev));
+    m.base_t = now_seconds();
+  }
+  m.timing = on;
+}
+
+std::vector<Span> CudaBackend::take_spans() {
+  Impl& m = *impl_;
+  std::vector<Span> out;
+  out.reserve(m.spans.size());
+  for (auto& p : m.spans) {
+    float a = 0, b = 0;
+    LT_CUDA(cudaEventSynchronize(p.e1));
+    LT_CUDA(cudaEventElapsedTime(&a, m.base_ev, p.e0));
+    LT_CUDA(cudaEventElapsedTime(&b, m.base_ev, p.e1));
+    out.push_back(Span{p.lane, p.label, p.bytes, m.base_t + a * 1e-3, m.base_t + b * 1e-3});
+    cudaEventDestroy(p.e0);
+    cudaEventDestroy(p.e1);
+  }
+  m.spans.clear();
+  return out;
+}
+
+namespace {
+// Runs f (which enqueues on `lane`), bracketed by timing events when timing is on. Errors are kept
+// and reported by the next check(), as the interface asks; after an error, ops are skipped.
+template <typename F>
+void enqueue(CudaBackend::Impl& m, Lane lane, OpLabel l, int64_t bytes, F&& f) {
+  if (!m.error.empty()) return;
+  cudaStream_t s = m.streams[int(lane)];
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  if (m.timing) {
+    LT_CUDA(cudaEventCreate(&e0));
+    LT_CUDA(cudaEventCreate(&e1));
+    LT_CUDA(cudaEventRecord(e0, s));
+  }
+  try {
+    f(s);
+  } catch (const std::exception& ex) {
+    m.error = ex.what();
+  }
+  if (m.timing) {
+    LT_CUDA(cudaEventRecord(e1, s));
+    m.spans.push_back(PendingSpan{lane, l, bytes, e0, e1});
+  }
+}
+}  // namespace
+
+void CudaBackend::copy(Lane lane, void* dst, const void* src, int64_t bytes, OpLabel l) {
+  enqueue(*impl_, lane, l, bytes, [&](cudaStream_t s) {
+    LT_CUDA(cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyDefault, s));
+  });
+}
+
+void CudaBackend::fill_zero(Lane lane, void* dst, int64_t bytes, OpLabel l) {
+  enqueue(*impl_, lane, l, 0, [&](cudaStream_t s) {
+    LT_CUDA(cudaMemsetAsync(dst, 0, size_t(bytes), s));
+  });
+}
+
+// ---------------------------------------------------------------------------------------------- ops
+void CudaBackend::embed_forward(const void* emb, const int32_t* ids, int64_t T, void* x, OpLabel l) {
+  Impl& m = *impl_;
+  enqueue(m, Lane::Compute, l, 0, [&](cudaStream_t s) { m.eng->embed_forward(emb, ids, T, x, m.err_dev, s); });
+}
+
+void CudaBackend::embed_backward(const int32_t* ids, int64_t T, const void* dx, void* demb, OpLabel l) {
+  Impl& m = *impl_;
+  enqueue(m, Lane::Compute, l, 0, [&](cudaStream_t s) {
+    ensure_ws(m, mem_, m.eng->embed_workspace_bytes(T));
+    m.eng->embed_backward(ids, T, dx, static_cast<float*>(demb), m.ws, m.ws_bytes, s);
+  });
+}
+
+void CudaBackend::layer_forward(int64_t layer, const void* w, const DevGeometry& g, const void* x, void* y,
+                                OpLabel l) {
+  Impl& m = *impl_;
+  enqueue(m, Lane::Compute, l, 0, [&](cudaStream_t s) {
+    LT_CHECK(layer >= 0 && layer < cfg_.layers, "layer_forward: layer {} outside [0, {})", layer, cfg_.layers);
+    ensure_ws(m, mem_, m.eng->layer_workspace_bytes(g.tokens()));
+    m.eng->layer_forward(layout_.layer(layer), w, geo(g), x, y, m.ws, s);
+  });
+}
+
+void CudaBackend::layer_backward(int64_t layer, const void* w, const DevGeometry& g, const void* x, const void* dy,
+                                 void* dx, void* dw, OpLabel l) {
+  Impl& m = *impl_;
+  enqueue(m, Lane::Compute, l, 0, [&](cudaStream_t s) {
+    LT_CHECK(layer >= 0 && layer < cfg_.layers, "layer_backward: layer {} outside [0, {})", layer, cfg_.layers);
+    ensure_ws(m, mem_, m.eng->layer_workspace_bytes(g.tokens()));
+    m.eng->layer_backward(layout_.layer(layer), w, geo(g), x, dy, dx, static_cast<float*>(dw), m.ws, s);
+  });
+}
+
+void CudaBackend::head_loss(const void* head_w, const void* lm_w, const int32_t* targets, const DevGeometry& g,
+                            const void* x, float loss_scale, void* dx, void* d_head_w, void* d_lm_w, double* acc,
+                            OpLabel l) {
+  Impl& m = *impl_;
+  enqueue(m, Lane::Compute, l, 0, [&](cudaStream_t s) {
+    ensure_ws(m, mem_, m.eng->head_workspace_bytes(g.tokens()));
+    m.eng->head_loss(layout_.head(), head_w, lm_w, targets, g.tokens(), x, loss_scale, dx,
+                     static_cast<float*>(d_head_w), static_cast<float*>(d_lm_w), acc, m.err_dev, m.ws, s);
+  });
+}
+
+void CudaBackend::head_logits(const void* head_w, const void* lm_w, const void* x, const int64_t* rows,
+                              int64_t n_rows, float* out, OpLabel l) {
+  Impl& m = *impl_;
+  enqueue(m, Lane::Compute, l, 0, [&](cudaStream_t s) {
+    ensure_ws(m, mem_, 2 * ((n_rows * cfg_.hidden * 2 + 255) / 256 * 256));
+    m.eng->head_logits(layout_.head(), head_w, lm_w, x, rows, n_rows, out, m.ws, s);
+  });
+}
+
+void CudaBackend::grad_sumsq(const void* grad, int64_t n, double* out, OpLabel l) {
+  Impl& m = *impl_;
+  enqueue(m, Lane::Compute, l, 0,
+          [&](cudaStream_t s) { cuda::sumsq_accum(static_cast<const float*>(grad), n, out, m.sumsq_partial, s); });
+}
+
+}  // namespace lt

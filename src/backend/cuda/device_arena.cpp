@@ -1,0 +1,134 @@
+#include "backend/cuda/device_arena.h"
+
+#include <cuda_runtime.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+
+#include <fstream>
+#include <string>
+
+#include "backend/cuda/cuda_util.h"
+#include "core/error.h"
+#include "core/units.h"
+
+namespace lt::cuda {
+
+DeviceArena::DeviceArena(int64_t bytes) {
+  LT_CHECK(bytes > 0, "device arena: size must be positive, got {}", bytes);
+  size_ = bytes / kAlign * kAlign;
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, size_t(size_));
+  if (e != cudaSuccess) {
+    size_t free_b = 0, total_b = 0;
+    cudaGetLastError();
+    cudaMemGetInfo(&free_b, &total_b);
+    fail("CUDA backend: cannot allocate the device arena of {} ({}); the GPU has {} free of {}. Lower --gpu-mem.",
+         format_bytes(double(size_)), cudaGetErrorString(e), format_bytes(double(free_b)),
+         format_bytes(double(total_b)));
+  }
+  base_ = static_cast<char*>(p);
+  free_[0] = size_;
+}
+
+DeviceArena::~DeviceArena() {
+  if (base_) cudaFree(base_);
+}
+
+void* DeviceArena::allocate(int64_t bytes, const char* tag) {
+  const int64_t want = (bytes + kAlign - 1) / kAlign * kAlign;
+  std::lock_guard<std::mutex> g(mu_);
+  for (auto it = free_.begin(); it != free_.end(); ++it) {
+    if (it->second < want) continue;
+    const int64_t off = it->first, rest = it->second - want;
+    free_.erase(it);
+    if (rest > 0) free_[off + want] = rest;
+    live_[off] = want;
+    used_ += want;
+    peak_ = std::max(peak_, used_);
+    return base_ + off;
+  }
+  int64_t largest = 0;
+  for (auto& [o, s] : free_) largest = std::max(largest, s);
+  fail("device arena exhausted: '{}' asks {}, free {} (largest block {}) of an arena of {}", tag,
+       format_bytes(double(want)), format_bytes(double(size_ - used_)), format_bytes(double(largest)),
+       format_bytes(double(size_)));
+}
+
+void DeviceArena::release(void* p) {
+  if (!p) return;
+  std::lock_guard<std::mutex> g(mu_);
+  const int64_t off = static_cast<char*>(p) - base_;
+  auto it = live_.find(off);
+  LT_CHECK(it != live_.end(), "device arena: release of a pointer it did not allocate (offset {})", off);
+  int64_t start = off, len = it->second;
+  used_ -= len;
+  live_.erase(it);
+  auto next = free_.lower_bound(start);
+  if (next != free_.end() && next->first == start + len) {
+    len += next->second;
+    next = free_.erase(next);
+  }
+  if (next != free_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == start) {
+      start = prev->first;
+      len += prev->second;
+      free_.erase(prev);
+    }
+  }
+  free_[start] = len;
+}
+
+int64_t DeviceArena::in_use() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return used_;
+}
+
+int64_t DeviceArena::largest_free() const {
+  std::lock_guard<std::mutex> g(mu_);
+  int64_t largest = 0;
+  for (auto& [o, s] : free_) largest = std::max(largest, s);
+  return largest;
+}
+
+namespace {
+std::string read_first_line(const char* path) {
+  std::ifstream f(path);
+  std::string s;
+  if (f) std::getline(f, s);
+  return s.empty() ? "n/a" : s;
+}
+std::string limit_str(rlim_t v) { return v == RLIM_INFINITY ? "unlimited" : format_bytes(double(v)); }
+}  // namespace
+
+void* pinned_alloc(int64_t bytes, int64_t already_pinned) {
+  const size_t len = size_t((bytes + 4095) / 4096 * 4096);
+  void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED)
+    fail("pinned memory: cannot map {} of host memory (already pinned by lazytrain: {})", format_bytes(double(len)),
+         format_bytes(double(already_pinned)));
+  const cudaError_t e = cudaHostRegister(p, len, cudaHostRegisterPortable);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    munmap(p, len);
+    rlimit rl{};
+    getrlimit(RLIMIT_MEMLOCK, &rl);
+    fail("pinned memory: cudaHostRegister of {} failed ({}). Already pinned by lazytrain: {}. Limits in force: "
+         "memlock (ulimit -l) soft {} hard {}; cgroup memory.max {}. Raise the memlock limit (ulimit -l unlimited, "
+         "or memlock in /etc/security/limits.conf, or LimitMEMLOCK= for a systemd unit; containers: --ulimit "
+         "memlock=-1), raise the cgroup limit, or lower host memory use (--cpu-mem / a plan with fewer CPU-tier "
+         "checkpoints).",
+         format_bytes(double(len)), cudaGetErrorString(e), format_bytes(double(already_pinned)),
+         limit_str(rl.rlim_cur), limit_str(rl.rlim_max), read_first_line("/sys/fs/cgroup/memory.max"));
+  }
+  return p;
+}
+
+void pinned_free(void* p, int64_t bytes) {
+  if (!p) return;
+  const size_t len = size_t((bytes + 4095) / 4096 * 4096);
+  cudaHostUnregister(p);
+  munmap(p, len);
+}
+
+}  // namespace lt::cuda
