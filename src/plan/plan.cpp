@@ -156,12 +156,15 @@ void validate_plan(const Plan& p) {
     const bool nv = tr == Tier::Nvme;
     check_shares(t.d2h, "d2h", b, b, L, true);
     check_shares(t.h2d, "h2d", b, L, first - 1, true);
-    check_shares(t.nvme_write, "nvme_write", b, t.d2h.front().window, L, nv);
-    check_shares(t.nvme_read, "nvme_read", b, L, t.h2d.back().window, nv);
+    check_shares(t.nvme_write, "nvme_write", b, t.d2h.front().window + 1, L, nv);
+    if (nv) check_shares(t.nvme_read, "nvme_read", b, t.nvme_write.front().window + 1, t.h2d.back().window, nv);
+    else check_shares(t.nvme_read, "nvme_read", b, 0, 0, false);
     if (nv) {
       check_order(t.d2h, t.nvme_write, b, "d2h", "nvme_write");
       check_order(t.nvme_write, t.nvme_read, b, "nvme_write", "nvme_read");
       check_order(t.nvme_read, t.h2d, b, "nvme_read", "h2d");
+    } else {
+      check_order(t.d2h, t.h2d, b, "d2h", "h2d");
     }
     (void)nw;
   }

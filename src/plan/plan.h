@@ -32,9 +32,10 @@
 // is "slot" based (docs/planner.md): the recompute windows R_s..R_{e-2} and B_{e-1} of a block form
 // one slot, and traffic given to that slot is assigned to its first window. Rules (validated):
 //   d2h        windows in [i, L]        (after boundary i exists; i is produced by F_{i-1})
-//   nvme_write windows in [first d2h window, L]; cumulative written <= cumulative offloaded by the
-//              end of the previous window (a byte range is written after its D2H completed)
-//   nvme_read  windows in [L, last h2d window]; cumulative read of each range precedes its H2D
+//   nvme_write windows in (first d2h window, L]; cumulative written by window w <= cumulative
+//              offloaded in windows before w (a byte range is written after its D2H completed)
+//   nvme_read  windows in (first nvme_write window, last h2d window], same rule against nvme_write
+//   h2d of a byte range after its nvme_read (nvme) or its d2h (cpu) completed, same rule
 //   h2d        windows in [L, first window of the block starting at i) (it must be complete
 //              before that block starts)
 // GPU memory of an offloaded boundary: a byte range is freed when its D2H completes and allocated

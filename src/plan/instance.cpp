@@ -1,0 +1,115 @@
+// Building an Instance from a model, a shape and a resource profile.
+#include "plan/instance.h"
+
+#include <algorithm>
+#include <set>
+
+#include "core/error.h"
+#include "model/accounting.h"
+#include "model/param_layout.h"
+
+namespace lt {
+
+double Instance::pcie(double h, double d) const { return std::max({h / bh, d / bd, (h + d) / bb}); }
+
+double Instance::slot_time(double C, double h, double d, double r, double w) const {
+  return std::max({C, pcie(h, d), r / bnr, w / bnw});
+}
+
+std::vector<double> Instance::opt_done() const {
+  std::vector<double> o(opt.size());
+  double t = 0;
+  for (size_t u = 0; u < opt.size(); ++u) o[u] = (t += opt[u]);
+  return o;
+}
+
+double Instance::R(int s, int e) const {
+  double r = 0;
+  for (int j = s; j <= e - 2; ++j) r += rho[size_t(j)];
+  return r;
+}
+
+namespace {
+// Moments of one tensor: fp32 m and v, or 8-bit m and v with one fp32 absmax per 256 elements each.
+double moment_bytes(int64_t n, bool q8) { return q8 ? 2.0 * double(n) + 2.0 * 4.0 * double((n + 255) / 256) : 8.0 * double(n); }
+
+double unit_opt_time(const UnitLayout& u, const std::set<std::string>& q8, double r32, double r8) {
+  double t = 0;
+  for (auto& p : u.params) t += double(p.numel) / (q8.count(p.name) ? r8 : r32);
+  return t;
+}
+}  // namespace
+
+double model_state_dram(const ModelConfig& c, const std::vector<std::string>& eight_bit) {
+  std::set<std::string> q8(eight_bit.begin(), eight_bit.end());
+  auto lay = model_layout(c);
+  double bytes = 0, largest_layer = 0;
+  for (auto& u : lay.units) {
+    double ub = 0;
+    for (auto& p : u.params) {
+      // fp32 master + bf16 streaming copy + fp32 gradient accumulation + moments.
+      ub += 4.0 * double(p.numel) + 2.0 * double(p.numel) + 4.0 * double(p.numel) + moment_bytes(p.numel, q8.count(p.name));
+    }
+    bytes += ub;
+    if (u.kind == UnitKind::Layer) largest_layer = std::max(largest_layer, double(unit_param_count(u)));
+  }
+  // Pinned bf16 gradient slabs receiving D2H: two layers' worth (double buffering).
+  return bytes + 2.0 * 2.0 * largest_layer;
+}
+
+Instance make_instance(const ModelConfig& c, int64_t batch, int64_t seq, const ResourceProfile& prof,
+                       const InstanceOptions& o) {
+  LT_CHECK(batch >= 1 && seq >= 1, "plan: batch and seq must be >= 1, got {} and {}", batch, seq);
+  LT_CHECK(o.ring >= 2, "plan: ring must be >= 2, got {}", o.ring);
+  const int64_t chunk = o.chunk > 0 ? std::min(o.chunk, batch) : batch;
+  Instance in;
+  in.L = int(c.layers);
+  auto lt = layer_times(prof, c, batch, seq);
+  in.rho.assign(size_t(in.L), lt.fwd_s);
+  in.beta.assign(size_t(in.L), lt.fwd_s + lt.bwd_s);
+  in.head_s = lt.head_s;
+
+  auto full = layer_cost(c, batch, seq), part = layer_cost(c, chunk, seq);
+  auto lay = model_layout(c);
+  const double layer_params = double(unit_param_count(lay.layer(0)));
+  const double head_params = double(c.vocab * c.hidden + c.hidden);  // LM head matrix (tied: the embedding) + final norm
+  in.A = double(full.boundary_bytes);
+  in.P = 2.0 * layer_params;
+  in.G = 2.0 * layer_params;
+  in.P_head = 2.0 * head_params;
+  in.G_head = 2.0 * head_params;
+  in.pro_h2d = in.A;
+  in.epi_d2h = in.A;
+  in.bh = prof.h2d_bw;
+  in.bd = prof.d2h_bw;
+  in.bb = prof.both_bw;
+  in.bnr = prof.nvme_read_bw;
+  in.bnw = prof.nvme_write_bw;
+
+  std::set<std::string> q8(o.optimizer_8bit.begin(), o.optimizer_8bit.end());
+  const double r32 = prof.opt_fp32_params_per_s, r8 = prof.opt_8bit_params_per_s;
+  for (int j = 0; j < in.L; ++j) in.opt.push_back(unit_opt_time(lay.layer(j), q8, r32, r8));
+  if (c.tied) {
+    // The head's matrix is the embedding: one update of it (plus the final norm) before the head slot.
+    in.opt.push_back(unit_opt_time(lay.head(), q8, r32, r8) + unit_opt_time(lay.embedding(), q8, r32, r8));
+    in.opt.push_back(0);
+  } else {
+    in.opt.push_back(unit_opt_time(lay.head(), q8, r32, r8));
+    in.opt.push_back(unit_opt_time(lay.embedding(), q8, r32, r8));
+  }
+
+  in.hbm_cap = double(prof.hbm_bytes - prof.hbm_reserve);
+  in.ring = double(o.ring) * in.P;
+  in.ws_fwd = double(part.workspace_bytes);
+  in.ws_bwd = double(part.internal_bytes + part.workspace_bytes) + 2.0 * in.A + 2.0 * in.G;
+  const int64_t head_chunk = std::min<int64_t>(o.head_chunk_tokens, batch * seq);
+  in.ws_head = in.P_head + in.G_head + double(head_chunk_workspace_bytes(c, head_chunk)) + in.A;
+  in.ws_pro = in.A;
+  in.dram_cap = double(prof.dram_bytes);
+  in.dram_fixed = model_state_dram(c, o.optimizer_8bit);
+  in.nvme_cap = double(prof.nvme_bytes);
+  in.allow_nvme = o.allow_nvme && prof.nvme_bytes > 0;
+  return in;
+}
+
+}  // namespace lt

@@ -1,0 +1,79 @@
+// Instance: the numbers of one planning problem (model x batch x seq x machine), in the planner's
+// "slot" cost model (docs/planner.md). The simulator, the DP and the MILP all read this.
+//
+// Slots (fixed count 2L+1, independent of the plan):
+//   slot j        = F_j (forward of layer j), j = 0..L-1
+//   slot L        = H   (head forward + backward)
+//   slot 2L - j   = B_j (backward of layer j; when j = e-1 of a block (s,e) with e-s >= 2 the slot also
+//                   runs the block's recompute R_s..R_{e-2} first)
+// Barrier rule: a slot's transfers start with the slot; the next slot starts when the slot's compute
+// and all its transfers are done (and, for F_{j-1}, when the CPU optimizer has finished layer j).
+// Slot time T = max(C, pcie(h, d), r / nvme_read_bw, w / nvme_write_bw),
+//   pcie(h, d) = max(h / h2d_bw, d / d2h_bw, (h + d) / both_bw).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/model_config.h"
+#include "plan/profile.h"
+
+namespace lt {
+
+struct Instance {
+  int L = 0;
+  std::vector<double> rho;   // forward time of layer j
+  std::vector<double> beta;  // backward slot base time of layer j: its backward + re-run of its internals
+  double head_s = 0;         // head slot compute
+  // Bytes.
+  double A = 0;       // one boundary
+  double P = 0;       // one layer's bf16 weights (H2D per use)
+  double G = 0;       // one layer's gradient (D2H per backward)
+  double P_head = 0;  // head weights streamed in F_{L-1}
+  double G_head = 0;  // head gradient, D2H in B_{L-1}
+  double pro_h2d = 0; // prologue H2D besides layer 0's weights (boundary 0 from the CPU embedding)
+  double epi_d2h = 0; // epilogue D2H besides layer 0's gradient (boundary-0 gradient for the CPU embedding backward)
+  // Bandwidths, bytes/s.
+  double bh = 1, bd = 1, bb = 1, bnr = 1, bnw = 1;
+  // CPU optimizer time per unit in update order: layers 0..L-1, then head, then embedding (size L+2).
+  std::vector<double> opt;
+  // GPU memory, bytes. Usable = hbm cap - reserve.
+  double hbm_cap = 0;
+  double ring = 0;     // weight ring (k * P)
+  double ws_fwd = 0;   // forward slot transient (layer workspace), besides input and output boundaries
+  double ws_bwd = 0;   // backward slot: internals + workspace + dY/dX + gradient buffers
+  double ws_head = 0;  // head slot: head weights + grads + logits chunk + dX
+  double ws_pro = 0;   // prologue / epilogue
+  // Host memory and NVMe, bytes.
+  double dram_cap = 0, dram_fixed = 0;
+  double nvme_cap = 0;
+  int staging = 2;     // pinned NVMe staging buffers per direction (DRAM 2*staging*A when any NVMe)
+  bool allow_nvme = true;
+
+  int slots() const { return 2 * L + 1; }
+  int slot_F(int j) const { return j; }
+  int slot_H() const { return L; }
+  int slot_B(int j) const { return 2 * L - j; }
+  double pcie(double h, double d) const;
+  double slot_time(double C, double h, double d, double r, double w) const;
+  // Cumulative optimizer finish times: O(u) = sum of opt[0..u].
+  std::vector<double> opt_done() const;
+  double R(int s, int e) const;  // block recompute time
+};
+
+struct InstanceOptions {
+  int ring = 2;
+  int64_t chunk = 0;  // 0: whole batch
+  std::vector<std::string> optimizer_8bit;  // tensors with 8-bit moments
+  bool allow_nvme = true;
+  int64_t head_chunk_tokens = 1024;
+};
+
+// DRAM of the model state (fp32 master, bf16 copy, fp32 grad accumulation, moments per format,
+// pinned gradient slabs), bytes. Exposed for the hybrid 8-bit selection.
+double model_state_dram(const ModelConfig& c, const std::vector<std::string>& eight_bit);
+
+Instance make_instance(const ModelConfig& c, int64_t batch, int64_t seq, const ResourceProfile& prof,
+                       const InstanceOptions& o);
+
+}  // namespace lt

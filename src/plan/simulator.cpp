@@ -1,0 +1,263 @@
+#include "plan/simulator.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "core/units.h"
+
+namespace lt {
+
+const char* lane_name(Lane l) {
+  switch (l) {
+    case Lane::Compute: return "GPU compute";
+    case Lane::H2D: return "H2D";
+    case Lane::D2H: return "D2H";
+    case Lane::NvmeRead: return "NVMe read";
+    case Lane::NvmeWrite: return "NVMe write";
+    case Lane::Optimizer: return "CPU optimizer";
+    default: return "?";
+  }
+}
+
+namespace {
+// Block (s,e) containing layer j.
+struct BlockOf {
+  std::vector<int> start, end;
+};
+BlockOf block_of_layers(const Plan& p) {
+  BlockOf b;
+  const int L = int(p.layers);
+  b.start.resize(size_t(L));
+  b.end.resize(size_t(L));
+  for (auto& bl : blocks_from_tiers(p.tier))
+    for (int j = bl.start; j < bl.end; ++j) {
+      b.start[size_t(j)] = bl.start;
+      b.end[size_t(j)] = bl.end;
+    }
+  return b;
+}
+}  // namespace
+
+std::vector<int> window_slots(const Instance& in, const Plan& p) {
+  auto bo = block_of_layers(p);
+  std::vector<int> r;
+  for (auto& w : plan_windows(p)) {
+    switch (w.kind) {
+      case PlanWindowKind::Forward: r.push_back(in.slot_F(w.layer)); break;
+      case PlanWindowKind::Head: r.push_back(in.slot_H()); break;
+      case PlanWindowKind::Recompute: r.push_back(in.slot_B(bo.end[size_t(w.layer)] - 1)); break;
+      case PlanWindowKind::Backward: r.push_back(in.slot_B(w.layer)); break;
+    }
+  }
+  return r;
+}
+
+std::vector<SlotTraffic> plan_slot_traffic(const Instance& in, const Plan& p) {
+  const int L = in.L;
+  LT_CHECK(p.layers == L, "simulate: plan has {} layers, the instance {}", p.layers, L);
+  std::vector<SlotTraffic> s(size_t(in.slots()));
+  for (int j = 0; j < L; ++j) {
+    auto& f = s[size_t(in.slot_F(j))];
+    f.C = in.rho[size_t(j)];
+    f.h = j < L - 1 ? in.P : in.P_head;
+  }
+  auto& hd = s[size_t(in.slot_H())];
+  hd.C = in.head_s;
+  hd.h = in.P;
+  for (auto& b : blocks_from_tiers(p.tier)) {
+    for (int j = b.start; j < b.end; ++j) {
+      auto& x = s[size_t(in.slot_B(j))];
+      x.C = in.beta[size_t(j)];
+      x.h = j > 0 ? in.P : 0;
+      x.d = j == L - 1 ? in.G_head : in.G;
+    }
+    auto& first = s[size_t(in.slot_B(b.end - 1))];
+    first.recompute = in.R(b.start, b.end);
+    first.C += first.recompute;
+    first.h += double(b.end - 1 - b.start) * in.P;
+  }
+  auto ws = window_slots(in, p);
+  auto add = [&](const std::vector<Share>& v, double SlotTraffic::*lane) {
+    for (auto& x : v) s[size_t(ws[size_t(x.window)])].*lane += x.fraction * in.A;
+  };
+  for (auto& t : p.traffic) {
+    add(t.d2h, &SlotTraffic::d);
+    add(t.h2d, &SlotTraffic::h);
+    add(t.nvme_read, &SlotTraffic::r);
+    add(t.nvme_write, &SlotTraffic::w);
+  }
+  return s;
+}
+
+SimResult simulate(const Instance& in, const Plan& p, bool record_ops) {
+  validate_plan(p);
+  SimResult R;
+  const int L = in.L, S = in.slots();
+  R.slots = plan_slot_traffic(in, p);
+  const auto ws = window_slots(in, p);
+
+  // ---- time
+  const auto O = in.opt_done();  // O[j] layer j, O[L] head, O[L+1] embedding
+  auto& pr = R.pred;
+  auto op = [&](Lane l, double a, double b, std::string lab, bool ex = false) {
+    if (record_ops && b > a) R.ops.push_back({l, a, b, std::move(lab), ex});
+  };
+  if (record_ops) {
+    double t = 0;
+    for (int u = 0; u < L + 2; ++u) {
+      std::string lab = u < L ? fmt::format("opt {}", u) : (u == L ? "opt head" : "opt emb");
+      op(Lane::Optimizer, t, O[size_t(u)], lab);
+      t = O[size_t(u)];
+    }
+  }
+  double t = O[0];
+  const double pro = in.pcie(in.P + in.pro_h2d, 0);
+  op(Lane::H2D, t, t + pro, "layer 0 + boundary 0");
+  op(Lane::Compute, 0, t + pro, "wait (optimizer, prologue)", true);
+  pr.exposed_optimizer_s += O[0];
+  pr.exposed_h2d_s += pro;
+  t += pro;
+  double t_no_opt = pro;
+  R.slot_start.resize(size_t(S));
+  R.slot_time.resize(size_t(S));
+  for (int w = 0; w < S; ++w) {
+    const auto& x = R.slots[size_t(w)];
+    double wait = 0;
+    if (w < L) wait = O[size_t(w + 1 <= L - 1 ? w + 1 : L)];
+    double start = std::max(t, wait);
+    if (start > t) {
+      op(Lane::Compute, t, start, "wait optimizer", true);
+      pr.exposed_optimizer_s += start - t;
+    }
+    const double tp = in.pcie(x.h, x.d), tr = x.r / in.bnr, tw = x.w / in.bnw;
+    const double T = in.slot_time(x.C, x.h, x.d, x.r, x.w);
+    R.slot_start[size_t(w)] = start;
+    R.slot_time[size_t(w)] = T;
+    const double ex = T - x.C;
+    if (ex > 0) {
+      if (tp >= tr && tp >= tw) {
+        (x.h / in.bh >= x.d / in.bd ? pr.exposed_h2d_s : pr.exposed_d2h_s) += ex;
+      } else {
+        pr.exposed_nvme_s += ex;
+      }
+    }
+    pr.compute_s += x.C - x.recompute;
+    pr.recompute_s += x.recompute;
+    if (record_ops) {
+      std::string name = w < L ? fmt::format("F{}", w) : (w == L ? "H" : fmt::format("B{}", 2 * L - w));
+      if (x.recompute > 0) name += "+R";
+      op(Lane::Compute, start, start + x.C, name);
+      op(Lane::Compute, start + x.C, start + T, name + " stall", true);
+      op(Lane::H2D, start, start + (x.h > 0 ? tp : 0), name);
+      op(Lane::D2H, start, start + (x.d > 0 ? tp : 0), name);
+      op(Lane::NvmeRead, start, start + tr, name);
+      op(Lane::NvmeWrite, start, start + tw, name);
+    }
+    t = start + T;
+    t_no_opt += T;
+  }
+  const double epi = in.pcie(0, in.G + in.epi_d2h);
+  op(Lane::D2H, t, t + epi, "layer 0 grad + boundary-0 grad");
+  op(Lane::Compute, t, t + epi, "epilogue", true);
+  pr.exposed_d2h_s += epi;
+  t += epi;
+  t_no_opt += epi;
+  if (O[size_t(L + 1)] > t) {
+    pr.exposed_optimizer_s += O[size_t(L + 1)] - t;
+    t = O[size_t(L + 1)];
+  }
+  pr.step_s = t;
+  R.step_no_opt_s = t_no_opt;
+
+  // Per plan window figures: transfers at the slot's first window, exposure too.
+  {
+    std::vector<int> first_of_slot(size_t(S), -1);
+    for (size_t k = 0; k < ws.size(); ++k)
+      if (first_of_slot[size_t(ws[k])] < 0) first_of_slot[size_t(ws[k])] = int(k);
+    auto wins = plan_windows(p);
+    pr.windows.assign(wins.size(), {});
+    for (size_t k = 0; k < wins.size(); ++k) {
+      auto& wp = pr.windows[k];
+      const int sl = ws[k];
+      const auto& x = R.slots[size_t(sl)];
+      const auto& wi = wins[k];
+      wp.compute = wi.kind == PlanWindowKind::Forward || wi.kind == PlanWindowKind::Recompute ? in.rho[size_t(wi.layer)]
+                   : wi.kind == PlanWindowKind::Head                                          ? in.head_s
+                                                                                              : in.beta[size_t(wi.layer)];
+      if (first_of_slot[size_t(sl)] == int(k)) {
+        const double tp = in.pcie(x.h, x.d);
+        wp.h2d = x.h > 0 ? tp : 0;
+        wp.d2h = x.d > 0 ? tp : 0;
+        wp.nvme_read = x.r / in.bnr;
+        wp.nvme_write = x.w / in.bnw;
+        const double prev_end = sl == 0 ? O[0] + pro : R.slot_start[size_t(sl - 1)] + R.slot_time[size_t(sl - 1)];
+        wp.exposed = (R.slot_start[size_t(sl)] - prev_end) + (R.slot_time[size_t(sl)] - x.C);
+      }
+    }
+  }
+
+  // ---- memory
+  const int nb = L + 1;
+  std::vector<std::vector<double>> dcum(static_cast<size_t>(nb)), hcum(static_cast<size_t>(nb));  // cumulative fraction by slot (inclusive)
+  for (auto& tr : p.traffic) {
+    auto& dc = dcum[size_t(tr.boundary)];
+    auto& hc = hcum[size_t(tr.boundary)];
+    dc.assign(size_t(S), 0);
+    hc.assign(size_t(S), 0);
+    for (auto& x : tr.d2h) dc[size_t(ws[size_t(x.window)])] += x.fraction;
+    for (auto& x : tr.h2d) hc[size_t(ws[size_t(x.window)])] += x.fraction;
+    for (int w = 1; w < S; ++w) {
+      dc[size_t(w)] += dc[size_t(w - 1)];
+      hc[size_t(w)] += hc[size_t(w - 1)];
+    }
+  }
+  auto present = [&](int i, int w) {  // fraction of materialised boundary i on the GPU during slot w
+    Tier t = p.tier[size_t(i)];
+    if (t == Tier::Gpu) return 1.0;
+    if (t == Tier::None) return 0.0;
+    const double done_before = w > 0 ? dcum[size_t(i)][size_t(w - 1)] : 0.0;
+    return (1.0 - done_before) + hcum[size_t(i)][size_t(w)];
+  };
+  auto bo = block_of_layers(p);
+  R.slot_hbm.assign(size_t(S), 0);
+  double peak = in.ring + in.ws_pro;
+  for (int w = 0; w < S; ++w) {
+    double m = in.ring;
+    if (w < L) {
+      const int j = w;
+      for (int i = 0; i < j; ++i) m += in.A * present(i, w);
+      m += 2 * in.A + in.ws_fwd;
+    } else if (w == L) {
+      for (int i = 0; i < L; ++i) m += in.A * present(i, w);
+      m += in.A + in.ws_head;
+    } else {
+      const int j = 2 * L - w, s = bo.start[size_t(j)];
+      for (int i = 0; i <= s; ++i) m += in.A * present(i, w);
+      m += in.A * double(j - s) + in.ws_bwd;
+    }
+    R.slot_hbm[size_t(w)] = m;
+    peak = std::max(peak, m);
+  }
+  int ncpu = 0, nnvme = 0;
+  for (int i = 0; i <= L; ++i) {
+    ncpu += p.tier[size_t(i)] == Tier::Cpu;
+    nnvme += p.tier[size_t(i)] == Tier::Nvme;
+  }
+  R.dram = in.dram_fixed + in.A * ncpu + (nnvme > 0 ? 2.0 * in.staging * in.A : 0.0);
+  R.nvme = in.A * nnvme;
+  pr.peak_hbm = int64_t(std::ceil(peak));
+  pr.peak_dram = int64_t(std::ceil(R.dram));
+  pr.nvme_bytes = int64_t(std::ceil(R.nvme));
+  auto short_by = [&](const char* tier, double need, double have) {
+    R.fits = false;
+    R.violation = fmt::format("does not fit: {} short by {} (needs {}, has {})", tier, format_bytes(need - have),
+                              format_bytes(need), format_bytes(have));
+  };
+  if (peak > in.hbm_cap + 0.5) short_by("gpu", peak, in.hbm_cap);
+  else if (R.dram > in.dram_cap + 0.5) short_by("dram", R.dram, in.dram_cap);
+  else if (R.nvme > in.nvme_cap + 0.5) short_by("nvme", R.nvme, in.nvme_cap);
+  return R;
+}
+
+}  // namespace lt
