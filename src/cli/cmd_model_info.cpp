@@ -1,10 +1,154 @@
-// Placeholder registration; replaced by the module that owns 'model-info'.
+// `lazytrain model-info --model <dir|preset> [--batch B --seq S]`: parameter count, bytes per unit
+// (fp32 master, bf16 streaming copy, fp32 gradient, AdamW state fp32 or 8-bit), activation bytes and
+// FLOPs per layer at B x S. With --write-random DIR: also writes a seeded random-init model
+// directory in HF format (config.json, generation_config.json, safetensors).
+#include <fmt/format.h>
+
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/units.h"
+#include "io/model_io.h"
+#include "model/accounting.h"
+#include "model/init.h"
+#include "model/model_config.h"
+#include "model/param_layout.h"
+#include "optim/optimizer.h"
 
 namespace lt::cli {
-void add_model_info(CLI::App& app) {
-  auto* sub = app.add_subcommand("model-info", "(model-info: not built yet)");
-  sub->callback([] { lt::fail("'model-info' is not implemented yet"); });
+
+namespace {
+
+std::string grouped(int64_t v) {  // 494032768 -> "494,032,768"
+  std::string s = std::to_string(v < 0 ? -v : v), r;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i && (s.size() - i) % 3 == 0) r += ',';
+    r += s[i];
+  }
+  return v < 0 ? "-" + r : r;
 }
+
+std::string flops(double f) {
+  const char* u[] = {"", "K", "M", "G", "T", "P", "E"};
+  int i = 0;
+  while (f >= 1000.0 && i < 6) {
+    f /= 1000.0;
+    ++i;
+  }
+  return fmt::format("{:.3f} {}FLOP", f, u[i]);
+}
+
+struct UnitBytes {
+  int64_t params = 0, opt8 = 0;
+};
+
+// 8-bit state for 2-D weights (embeddings and LM head included here, as an upper bound of what a
+// plan may select), fp32 for norms and biases.
+UnitBytes unit_bytes(const UnitLayout& u) {
+  UnitBytes b;
+  for (auto& p : u.params) {
+    b.params += p.numel;
+    b.opt8 += optim::state_bytes(p.numel, p.is_matrix ? optim::StateFormat::Q8 : optim::StateFormat::F32);
+  }
+  return b;
+}
+
+struct Options {
+  std::string model;
+  int64_t batch = 1, seq = 1024, head_chunk = 1024;
+  std::string write_dir, save_dtype = "bf16", max_shard = "5GiB";
+  uint64_t seed = 1;
+};
+
+void run(const Options& o) {
+  ModelConfig c = resolve_model(o.model);
+  ModelLayout lay = model_layout(c);
+  LT_CHECK(o.batch > 0 && o.seq > 0, "--batch and --seq must be positive, got {} and {}", o.batch, o.seq);
+  const int64_t T = o.batch * o.seq;
+  LayerCost lc = layer_cost(c, o.batch, o.seq, 2);
+  const int64_t N = parameter_count(c);
+
+  fmt::print("model       {} ({})\n", c.name, arch_hf_name(c.arch));
+  fmt::print("shape       hidden {}, layers {}, heads {}/{} (head_dim {}), ffn {}, vocab {}\n", c.hidden, c.layers,
+             c.heads, c.kv_heads, c.head_dim, c.ffn, c.vocab);
+  fmt::print("features    {} embeddings, {}q/k/v bias, {}QK-norm, rms_eps {:g}, rope theta {}{}\n",
+             c.tied ? "tied" : "untied", c.attn_bias ? "" : "no ", c.qk_norm ? "" : "no ", c.rms_eps, c.rope_theta,
+             c.rope_scaling.type == "llama3"
+                 ? fmt::format(" (llama3 scaling x{:g}, orig {})", c.rope_scaling.factor,
+                               c.rope_scaling.original_max_position_embeddings)
+                 : std::string());
+  fmt::print("parameters  {} total ({}), {} per layer\n\n", grouped(N), format_bytes(double(N) * 4) + " fp32",
+             grouped(lc.params));
+
+  fmt::print("{:<18} {:>15} {:>12} {:>12} {:>12} {:>14} {:>14}\n", "bytes per unit", "params", "fp32 master",
+             "bf16 copy", "fp32 grad", "AdamW fp32", "AdamW 8-bit");
+  auto row = [&](const std::string& name, const UnitBytes& b, int64_t mult) {
+    const int64_t p = b.params * mult;
+    fmt::print("{:<18} {:>15} {:>12} {:>12} {:>12} {:>14} {:>14}\n", name, grouped(p), format_bytes(double(p) * 4),
+               format_bytes(double(p) * 2), format_bytes(double(p) * 4), format_bytes(double(p) * 8),
+               format_bytes(double(b.opt8 * mult)));
+  };
+  UnitBytes emb = unit_bytes(lay.embedding()), layer = unit_bytes(lay.layer(0)), head = unit_bytes(lay.head());
+  row("embedding", emb, 1);
+  row("layer (each)", layer, 1);
+  row(fmt::format("layers (x{})", c.layers), layer, c.layers);
+  row(c.tied ? "head (norm; tied)" : "head (norm+lm_head)", head, 1);
+  UnitBytes tot{emb.params + layer.params * c.layers + head.params, emb.opt8 + layer.opt8 * c.layers + head.opt8};
+  row("total", tot, 1);
+  fmt::print("(8-bit: blockwise m and v for 2-D weights, fp32 for norms and biases; grad: host fp32 accumulator)\n\n");
+
+  fmt::print("activations at batch {} x seq {} = {} tokens, bf16\n", o.batch, o.seq, grouped(T));
+  fmt::print("  {:<52} {:>12}\n", "one boundary (tokens x hidden)", format_bytes(double(lc.boundary_bytes)));
+  fmt::print("  {:<52} {:>12}\n", fmt::format("all {} boundaries", c.layers + 1),
+             format_bytes(double(lc.boundary_bytes) * double(c.layers + 1)));
+  fmt::print("  {:<52} {:>12}\n", "layer internals saved for a recompute-free backward",
+             format_bytes(double(lc.internal_bytes)));
+  fmt::print("  {:<52} {:>12}\n", "layer transient workspace (peak beyond internals)",
+             format_bytes(double(lc.workspace_bytes)));
+  const int64_t chunk = std::min(o.head_chunk, T);
+  fmt::print("  {:<52} {:>12}\n", fmt::format("LM head + loss workspace ({}-token chunk, fp32)", chunk),
+             format_bytes(double(head_chunk_workspace_bytes(c, chunk))));
+  fmt::print("\nFLOPs at batch {} x seq {} (matmul 2*T*params; causal attention 2*B*S^2*q_dim; backward 2x)\n",
+             o.batch, o.seq);
+  fmt::print("  {:<52} {:>16}\n", "layer forward", flops(lc.flops_fwd));
+  fmt::print("  {:<52} {:>16}\n", "layer backward", flops(lc.flops_bwd));
+  fmt::print("  {:<52} {:>16}\n", fmt::format("all {} layers forward + backward", c.layers),
+             flops((lc.flops_fwd + lc.flops_bwd) * double(c.layers)));
+  fmt::print("  {:<52} {:>16}\n", "LM head forward + backward", flops(3.0 * head_flops_fwd(c, T)));
+  fmt::print("  {:<52} {:>16}\n", "6 * N * tokens (TFLOPS numerator per step)", flops(model_flops_per_step(c, T)));
+
+  if (!o.write_dir.empty()) {
+    SaveOptions so;
+    LT_CHECK(o.save_dtype == "bf16" || o.save_dtype == "fp32", "--save-dtype: expected bf16 or fp32, got '{}'",
+             o.save_dtype);
+    so.dtype = o.save_dtype == "bf16" ? DType::BF16 : DType::F32;
+    so.max_shard_bytes = parse_bytes(o.max_shard);
+    ModelWeights w = random_model(c, o.seed);
+    save_model(o.write_dir, w, so);
+    fmt::print("\nwrote random-init model (seed {}, {}) to {}\n", o.seed, o.save_dtype, o.write_dir);
+  }
+}
+
+}  // namespace
+
+void add_model_info(CLI::App& app) {
+  auto opt = std::make_shared<Options>();
+  auto* sub = app.add_subcommand("model-info", "Parameters, bytes and FLOPs of a model (directory or preset)");
+  sub->add_option("--model", opt->model, "model directory, config.json, or preset (" +
+                                             [] {
+                                               std::string s;
+                                               for (auto& n : preset_names()) s += (s.empty() ? "" : ", ") + n;
+                                               return s;
+                                             }() +
+                                             ")")
+      ->required();
+  sub->add_option("--batch", opt->batch, "micro-batch size for activation bytes and FLOPs")->capture_default_str();
+  sub->add_option("--seq", opt->seq, "sequence length")->capture_default_str();
+  sub->add_option("--head-chunk", opt->head_chunk, "tokens per LM-head chunk")->capture_default_str();
+  sub->add_option("--write-random", opt->write_dir, "also write a seeded random-init model directory (HF format)");
+  sub->add_option("--seed", opt->seed, "seed for --write-random")->capture_default_str();
+  sub->add_option("--save-dtype", opt->save_dtype, "bf16 or fp32 for --write-random")->capture_default_str();
+  sub->add_option("--max-shard", opt->max_shard, "shard size limit for --write-random")->capture_default_str();
+  sub->callback([opt] { run(*opt); });
+}
+
 }  // namespace lt::cli
