@@ -132,7 +132,13 @@ void load_weights(const fs::path& dir, const ModelConfig& c, const ModelLayout& 
   std::vector<std::string> missing;
   std::map<std::string, bool> used;
   for (size_t u = 0; u < layout.units.size(); ++u) {
-    std::memset(units[u], 0, size_t(layout.units[u].numel) * sizeof(float));
+    // Zero only the alignment padding; every tensor is overwritten below.
+    int64_t pos = 0;
+    for (auto& p : layout.units[u].params) {
+      std::fill(units[u] + pos, units[u] + p.offset, 0.0f);
+      pos = p.offset + p.numel;
+    }
+    std::fill(units[u] + pos, units[u] + layout.units[u].numel, 0.0f);
     for (auto& p : layout.units[u].params) {
       auto* r = store.find(p.name);
       if (!r) {

@@ -26,17 +26,21 @@ uint64_t hash_name(const std::string& s) {  // FNV-1a
 // Counter-based normal: element pair k of a tensor comes from two uniforms hashed from (key, k),
 // Box-Muller gives both elements. So values depend only on (seed, name, index).
 void fill_normal(float* out, int64_t n, uint64_t key, double std, int64_t begin, int64_t end) {
-  constexpr double two_pi = 6.283185307179586476925286766559;
+  // Float math is plenty for fp32 weights (tails reach 5.8 sigma) and several times faster than double.
+  constexpr float two_pi = 6.28318530717958647692f;
+  const float sd = float(std);
   begin &= ~int64_t(1);
   for (int64_t i = begin; i < end; i += 2) {
     uint64_t k = uint64_t(i / 2);
-    uint64_t a = splitmix64(key ^ splitmix64(2 * k));
-    uint64_t b = splitmix64(key ^ splitmix64(2 * k + 1));
-    double u1 = (double(a >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
-    double u2 = double(b >> 11) * 0x1.0p-53;          // [0, 1)
-    double r = std * std::sqrt(-2.0 * std::log(u1));
-    out[i] = float(r * std::cos(two_pi * u2));
-    if (i + 1 < n) out[i + 1] = float(r * std::sin(two_pi * u2));
+    // One 64-bit hash gives both uniforms (24 bits each).
+    uint64_t a = splitmix64(key + k * 0x9e3779b97f4a7c15ull);
+    float u1 = (float(uint32_t(a >> 40)) + 1.0f) * 0x1.0p-24f;        // (0, 1]
+    float u2 = float(uint32_t(a >> 16) & 0xffffffu) * 0x1.0p-24f;      // [0, 1)
+    float r = sd * std::sqrt(-2.0f * std::log(u1));
+    float sn, cs;
+    ::sincosf(two_pi * u2, &sn, &cs);
+    out[i] = r * cs;
+    if (i + 1 < n) out[i + 1] = r * sn;
   }
 }
 

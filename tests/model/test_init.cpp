@@ -66,3 +66,30 @@ TEST(Weights, FindByName) {
   EXPECT_EQ(w.find("model.layers.0.self_attn.q_proj.bias").second, nullptr);  // llama: no bias
   EXPECT_THROW(w.tensor("nope"), lt::Error);
 }
+
+TEST(Init, ShapeOfTheDistributionIsNormal) {
+  auto c = preset_config("tiny-llama3");
+  c.vocab = 20000;  // 1.28M samples
+  c.initializer_range = 0.5;
+  auto u = embedding_unit_layout(c);
+  std::vector<float> buf(size_t(u.numel));
+  init_unit(c, u, buf.data(), 42, 2);
+  const int64_t N = c.vocab * c.hidden;
+  double m2 = 0, m4 = 0, within1 = 0, within2 = 0, mean = 0;
+  for (int64_t i = 0; i < N; ++i) {
+    double x = buf[size_t(i)] / 0.5;
+    mean += x;
+    m2 += x * x;
+    m4 += x * x * x * x;
+    within1 += std::fabs(x) < 1.0;
+    within2 += std::fabs(x) < 2.0;
+  }
+  mean /= N;
+  m2 /= N;
+  m4 /= N;
+  EXPECT_NEAR(mean, 0.0, 0.004);
+  EXPECT_NEAR(m2, 1.0, 0.006);
+  EXPECT_NEAR(m4 / (m2 * m2), 3.0, 0.05);     // kurtosis of a normal
+  EXPECT_NEAR(within1 / N, 0.682689, 0.003);  // P(|x| < 1 sigma)
+  EXPECT_NEAR(within2 / N, 0.954500, 0.002);  // P(|x| < 2 sigma)
+}
