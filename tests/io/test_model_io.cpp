@@ -180,3 +180,18 @@ TEST(ModelIO, BadIndexGivesClearErrors) {
   EXPECT_NO_THROW(load_model(d));  // still present in its shard, reachable
   fs::remove_all(d);
 }
+
+TEST(ModelIO, LoadWeightsIntoCallerBuffersOverwritesEverything) {
+  auto d = tmpdir("bufs");
+  auto w = random_model(preset_config("tiny-qwen2"), 5);
+  save_model(d, w, {DType::F32, 5 * GiB});
+  std::vector<std::vector<float>> bufs;
+  std::vector<float*> ptrs;
+  for (auto& u : w.layout.units) bufs.emplace_back(size_t(u.numel), std::nanf(""));
+  for (auto& b : bufs) ptrs.push_back(b.data());
+  load_weights(d, w.config, w.layout, ptrs, 3);
+  for (size_t u = 0; u < bufs.size(); ++u) EXPECT_EQ(bufs[u], w.units[u]) << "unit " << u;  // padding zeroed too
+  ptrs.pop_back();
+  EXPECT_THROW(load_weights(d, w.config, w.layout, ptrs), lt::Error);
+  fs::remove_all(d);
+}
