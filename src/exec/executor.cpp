@@ -143,6 +143,7 @@ void Executor::Impl::allocate() {
   if (!P.embedding_resident) {
     p_x0 = Buffer(be, MemKind::Pinned, A, "embedding.host_io");
     p_dx0 = Buffer(be, MemKind::Pinned, A, "embedding.host_io");
+    if (c.tied) p_embg = Buffer(be, MemKind::Pinned, lay.embedding().numel * int64_t(g_sz), "embedding.host_io");
   }
   cpu_ckpt.resize(size_t(L + 1));
   for (int64_t i = 0; i < L; ++i)
@@ -178,6 +179,29 @@ void Executor::Impl::add_span(int track, OpLabel l, int64_t bytes, double t0, do
 
 void Executor::Impl::collect_backend_spans(int32_t mb) {
   for (auto& s : be.take_spans()) add_span(int(s.lane), s.label, s.bytes, s.t0, s.t1, mb);
+}
+
+// The embedding's gradient of one micro-batch when the lookup runs on the host, formed in the same
+// order as on the device (tied: LM-head gradient first, then the lookup's scatter-add), then
+// assigned to (first micro-batch) or added into the host gradient.
+void Executor::Impl::host_embedding_backward(const int32_t* ids, bool assign) {
+  const int64_t n = st.numel(0);
+  std::vector<float> e(size_t(n), 0.0f);
+  if (c.tied) {
+    if (g_sz == 4) std::memcpy(e.data(), p_embg.data(), size_t(n) * 4);
+    else for (int64_t i = 0; i < n; ++i) e[size_t(i)] = bf16_to_f32(p_embg.as<bf16_t>()[i]);
+  }
+  std::vector<float> dx;
+  const float* dxp = p_dx0.as<float>();
+  if (act_sz == 2) {
+    dx.resize(size_t(T * c.hidden));
+    for (size_t i = 0; i < dx.size(); ++i) dx[i] = bf16_to_f32(p_dx0.as<bf16_t>()[i]);
+    dxp = dx.data();
+  }
+  cpu::embed_backward(c, ids, T, dxp, e.data());
+  float* g = st.grad(0);
+  if (assign) std::memcpy(g, e.data(), size_t(n) * 4);
+  else for (int64_t i = 0; i < n; ++i) g[i] += e[size_t(i)];
 }
 
 // ---------------------------------------------------------------------------------------- one micro-batch
@@ -515,9 +539,14 @@ class MicroBatchRun {
   Event last_grad_d2h_;
 
  public:
+  // After synchronize(): every host-side job of this micro-batch finished; rethrows their errors.
   void finish() {
     for (auto& f : slab_busy_)
       if (f.valid()) f.get();
+    for (auto& t : trip_) {
+      for (auto& f : t.wr_f) f.get();
+      for (auto& f : t.rd_f) f.get();
+    }
   }
 };
 
@@ -709,10 +738,12 @@ void MicroBatchRun::run() {
   }
   // Embedding gradient: on the device (resident or tied head), plus the host lookup's backward.
   cur_w_ = w - 1;
-  if (I.emb_on_device) offload_grad(0, I.emb_g.data(), lay.embedding().numel);
-  if (!P.embedding_resident) {
+  if (P.embedding_resident) {
+    offload_grad(0, I.emb_g.data(), lay.embedding().numel);
+  } else {  // finished on the host (Executor::train_step): dx0, and the tied head's LM gradient
     be.wait(Lane::D2H, be.record(Lane::Compute));
     be.copy(Lane::D2H, I.p_dx0.data(), X(dy_), I.A, lab("dx0.d2h", 0));
+    if (I.c.tied) be.copy(Lane::D2H, I.p_embg.data(), I.emb_g.data(), I.emb_g.bytes(), lab("grad.d2h", 0));
   }
   const Event last = be.record(Lane::Compute);
   I.pool->release(dy_, {last});
@@ -775,11 +806,7 @@ StepResult Executor::train_step(const std::vector<MicroBatch>& mbs) {
       be_.synchronize();
       run.finish();
       I.sink_worker->drain();
-      if (!plan_.embedding_resident) {  // host embedding backward (after the head's LM gradient landed)
-        float* g0 = state_.grad(0);
-        if (m == 0 && !cfg_.tied) std::memset(g0, 0, size_t(state_.numel(0)) * 4);
-        cpu::embed_backward(cfg_, mbs[size_t(m)].ids, T, I.p_dx0.as<float>(), g0);
-      }
+      if (!plan_.embedding_resident) I.host_embedding_backward(mbs[size_t(m)].ids, m == 0);
       const double t_end = now_seconds();
       I.collect_backend_spans(m);
       res.forward_s = run.t_forward_end - t_mb;
@@ -787,8 +814,11 @@ StepResult Executor::train_step(const std::vector<MicroBatch>& mbs) {
       auto ws = I.window_stats(m, t_mb);
       for (auto& w : ws) res.exposed_s += w.measured.exposed;
       if (m + 1 == nmb) res.windows = std::move(ws);
-      LT_CHECK(I.pool->grown() == 0, "executor: activation buffers exceeded the planned count {} (grew by {})",
-               I.pool->size() - I.pool->grown(), I.pool->grown());
+      if (I.pool->grown() > 0) {
+        log_warn("executor: {} activation buffers beyond the planned {} (NVMe staging forced an early reload)",
+                 I.pool->grown(), I.pool->size() - I.pool->grown());
+        res.act_buffers_over_plan = std::max(res.act_buffers_over_plan, I.pool->grown());
+      }
       I.pool->reset();
     }
     // Loss and per-unit sums of squares.

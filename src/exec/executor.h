@@ -70,6 +70,9 @@ struct StepResult {
   double predicted_exposed_s = 0;
   std::vector<WindowStats> windows;
   int64_t peak_device = 0, peak_pinned = 0;
+  // Activation buffers allocated beyond the planned count (count_act_buffers): non-zero only when the
+  // NVMe staging buffers forced a reload earlier than its window. The planner's HBM figure was exceeded.
+  int64_t act_buffers_over_plan = 0;
 };
 
 class Executor {

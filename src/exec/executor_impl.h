@@ -55,7 +55,7 @@ struct Executor::Impl {
   Buffer d_ids, d_tgt, d_pos, d_seg, d_scal;  // d_scal: loss_sum, n_tokens, sumsq[units]
   std::unique_ptr<ActPool> pool;
   // pinned
-  Buffer p_ids, p_tgt, p_pos, p_seg, p_scal, p_x0, p_dx0;
+  Buffer p_ids, p_tgt, p_pos, p_seg, p_scal, p_x0, p_dx0, p_embg;
   std::vector<Buffer> cpu_ckpt;  // per boundary (cpu tier only)
   std::vector<Buffer> wstage, rstage;
   std::vector<Buffer> gslab;  // grad staging for accumulation / dtype conversion (lazy)
@@ -68,6 +68,7 @@ struct Executor::Impl {
   double trace_t0 = 0;
 
   void allocate();
+  void host_embedding_backward(const int32_t* ids, bool assign);
   void add_span(int track, OpLabel l, int64_t bytes, double t0, double t1, int32_t mb);
   void collect_backend_spans(int32_t mb);
   // Measured per-window figures of micro-batch mb from the collected spans.
