@@ -73,6 +73,30 @@ BpeModel::BpeModel(std::unordered_map<std::string, int32_t> vocab,
 
 void BpeModel::encode_word(std::string_view bytes, std::vector<int32_t>& out) const {
   if (bytes.empty()) return;
+  constexpr size_t kMaxCachedWord = 48, kCacheEntries = 1 << 16;
+  if (bytes.size() > kMaxCachedWord) {
+    encode_word_uncached(bytes, out);
+    return;
+  }
+  const std::string key(bytes);
+  {
+    std::lock_guard<std::mutex> lk(cache_mu_);
+    auto it = cache_.find(key);
+    if (it != cache_.end()) {
+      out.insert(out.end(), it->second.begin(), it->second.end());
+      return;
+    }
+  }
+  const size_t start = out.size();
+  const uint64_t dropped_before = dropped_;
+  encode_word_uncached(bytes, out);
+  if (dropped_ != dropped_before) return;  // keep the drop count exact: do not cache such words
+  std::lock_guard<std::mutex> lk(cache_mu_);
+  if (cache_.size() >= kCacheEntries) cache_.clear();
+  cache_.emplace(key, std::vector<int32_t>(out.begin() + static_cast<std::ptrdiff_t>(start), out.end()));
+}
+
+void BpeModel::encode_word_uncached(std::string_view bytes, std::vector<int32_t>& out) const {
   if (ignore_merges_) {
     auto it = vocab_.find(bytes_to_bytelevel(bytes));
     if (it != vocab_.end()) {

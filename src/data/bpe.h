@@ -2,6 +2,7 @@
 // as HF tokenizers does: a priority queue ordered by (merge rank, position), one merge at a time.
 #pragma once
 #include <array>
+#include <mutex>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -20,6 +21,7 @@ std::string bytes_to_bytelevel(std::string_view bytes);
 class BpeModel {
  public:
   // vocab: token (ByteLevel form, UTF-8) -> id. merges: pairs in rank order.
+  BpeModel(const BpeModel&) = delete;
   BpeModel(std::unordered_map<std::string, int32_t> vocab,
            const std::vector<std::pair<std::string, std::string>>& merges, bool ignore_merges,
            const std::string& origin);
@@ -46,6 +48,10 @@ class BpeModel {
   std::array<int32_t, 256> byte_id_{};
   bool ignore_merges_ = false;
   mutable uint64_t dropped_ = 0;
+  // Word -> ids cache for short words (most words of real text repeat); cleared when full.
+  mutable std::mutex cache_mu_;
+  mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
+  void encode_word_uncached(std::string_view bytes, std::vector<int32_t>& out) const;
 };
 
 }  // namespace lt::data

@@ -56,6 +56,19 @@ void check_bytelevel_pre(const json& p, const std::string& where, bool expect_re
            expect_regex, use_regex);
 }
 
+// ByteLevel decoding of one token: each char back to its byte; a token with any char outside the
+// map is kept as its raw UTF-8 (HF's rule).
+std::string bytelevel_token_bytes(const std::string& tok) {
+  const Utf8Text u = utf8_decode(tok);
+  std::string mapped;
+  for (char32_t c : u.cps) {
+    const int b = unicode_to_byte(c);
+    if (b < 0) return tok;
+    mapped.push_back(static_cast<char>(b));
+  }
+  return mapped;
+}
+
 }  // namespace
 
 Tokenizer Tokenizer::from_file(const std::string& path) {
@@ -218,6 +231,23 @@ Tokenizer Tokenizer::from_json(const json& j, const std::string& origin) {
     }
   };
   if (j.contains("post_processor")) parse_post(j["post_processor"], origin + ": post_processor");
+
+  // Lookup tables for the hot paths.
+  for (size_t i = 0; i < t.added_.size(); ++i)
+    t.added_first_[t.added_[i].normalized ? 1 : 0][static_cast<unsigned char>(t.added_[i].content[0])].push_back(
+        static_cast<uint32_t>(i));
+  t.id_bytes_.assign(static_cast<size_t>(t.vocab_size_), std::string());
+  t.id_known_.assign(static_cast<size_t>(t.vocab_size_), 0);
+  const auto& itt = t.bpe_->id_to_token();
+  for (size_t id = 0; id < itt.size(); ++id) {
+    if (itt[id].empty()) continue;
+    t.id_known_[id] = 1;
+    t.id_bytes_[id] = t.decoder_bytelevel_ ? bytelevel_token_bytes(itt[id]) : itt[id];
+  }
+  for (const auto& a : t.added_) {
+    t.id_known_[a.id] = 1;
+    t.id_bytes_[a.id] = t.decoder_bytelevel_ ? bytelevel_token_bytes(a.content) : a.content;
+  }
   return t;
 }
 
@@ -228,8 +258,8 @@ std::vector<Tokenizer::Piece> Tokenizer::split_added(std::string_view text, bool
   while (i < text.size()) {
     // Leftmost-longest: at the first position where any token matches, take the longest one.
     const AddedToken* best = nullptr;
-    for (const auto& a : added_) {
-      if (a.normalized != normalized_kind) continue;
+    for (uint32_t k : added_first_[normalized_kind ? 1 : 0][static_cast<unsigned char>(text[i])]) {
+      const AddedToken& a = added_[k];
       if (text.compare(i, a.content.size(), a.content) != 0) continue;
       if (best && best->content.size() >= a.content.size()) continue;
       if (a.single_word) {
@@ -298,32 +328,11 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special
   std::string bytes;
   bool first = true;
   for (int32_t id : ids) {
-    std::string tok;
-    auto a = added_by_id_.find(id);
-    if (a != added_by_id_.end()) {
-      if (skip_special_tokens && added_[a->second].special) continue;
-      tok = added_[a->second].content;
-    } else if (id >= 0 && id < static_cast<int32_t>(bpe_->id_to_token().size()) && !bpe_->id_to_token()[id].empty()) {
-      tok = bpe_->id_to_token()[id];
-    } else {
-      continue;  // unknown ids are skipped, as HF does
-    }
-    if (!decoder_bytelevel_) {
-      if (!first) bytes.push_back(' ');
-      bytes += tok;
-      first = false;
-      continue;
-    }
-    // ByteLevel: map each char back to its byte; a token with any char outside the map is kept as is.
-    const Utf8Text u = utf8_decode(tok);
-    std::string mapped;
-    bool ok = true;
-    for (char32_t c : u.cps) {
-      const int b = unicode_to_byte(c);
-      if (b < 0) { ok = false; break; }
-      mapped.push_back(static_cast<char>(b));
-    }
-    bytes += ok ? mapped : tok;
+    if (id < 0 || id >= vocab_size_ || !id_known_[id]) continue;  // unknown ids are skipped, as HF does
+    if (skip_special_tokens && is_special(id)) continue;
+    if (!decoder_bytelevel_ && !first) bytes.push_back(' ');  // no decoder: HF joins tokens with spaces
+    bytes += id_bytes_[id];
+    first = false;
   }
   return utf8_sanitize(bytes);
 }

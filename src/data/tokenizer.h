@@ -4,6 +4,7 @@
 // Reproduces HF `tokenizers` ids exactly for these families (tests/data/test_tokenizer_fixtures.cpp).
 #pragma once
 #include <cstdint>
+#include <array>
 #include <memory>
 #include <optional>
 #include <string>
@@ -67,6 +68,11 @@ class Tokenizer {
   std::unordered_map<std::string, int32_t> added_by_content_;
   std::unordered_map<int32_t, size_t> added_by_id_;
   std::vector<int32_t> post_prefix_, post_suffix_;  // TemplateProcessing "single"
+  // Added tokens by first byte, for [normalized kind]: indices into added_.
+  std::array<std::vector<uint32_t>, 256> added_first_[2];
+  // Decoded bytes of every id (ByteLevel decoder applied per token), "" for unknown ids.
+  std::vector<std::string> id_bytes_;
+  std::vector<uint8_t> id_known_;
   int32_t vocab_size_ = 0;
 };
 
