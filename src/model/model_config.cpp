@@ -430,7 +430,7 @@ ModelConfig llama3_shape(const char* name, int64_t hidden, int64_t layers, int64
   c.rms_eps = 1e-5;
   c.rope_theta = 500000.0;
   c.max_position = 131072;
-  c.rope_scaling = RopeScaling{"llama3", 32.0, 1.0, 4.0, 8192};
+  c.rope_scaling = RopeScaling{"llama3", 8.0, 1.0, 4.0, 8192};  // Llama 3.1; 3.2 uses factor 32
   c.bos_token_id = 128000;
   c.eos_token_id = 128001;
   return c;
@@ -453,7 +453,12 @@ const std::vector<Preset>& presets() {
       {"qwen3-0.6b", [] { return qwen3_shape("qwen3-0.6b", 1024, 28, 16, 8, 128, 3072, 151936, true); }},
       {"qwen3-8b", [] { return qwen3_shape("qwen3-8b", 4096, 36, 32, 8, 128, 12288, 151936, false); }},
       {"llama3.1-8b", [] { return llama3_shape("llama3.1-8b", 4096, 32, 32, 8, 14336, 128256, false); }},
-      {"llama3.2-1b", [] { return llama3_shape("llama3.2-1b", 2048, 16, 32, 8, 8192, 128256, true); }},
+      {"llama3.2-1b",
+       [] {
+         auto c = llama3_shape("llama3.2-1b", 2048, 16, 32, 8, 8192, 128256, true);
+         c.rope_scaling.factor = 32.0;
+         return c;
+       }},
       // Tiny shapes for tests, fixtures and the demo (small vocab so they run in milliseconds).
       {"tiny-qwen2",
        [] {
