@@ -1,0 +1,206 @@
+// Decoder layer, head and embedding through the CudaBackend against the fp32 CPU reference
+// (src/backend/cpu/reference.h) on the same bf16-rounded weights and inputs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "backend/cpu/reference.h"
+#include "backend/cuda/cuda_backend.h"
+#include "core/error.h"
+#include "gpu_test_util.h"
+
+using namespace lt;
+using namespace lt::gputest;
+
+namespace {
+
+ModelConfig small_config(const std::string& kind) {
+  ModelConfig c;
+  c.name = kind;
+  c.hidden = 256;
+  c.layers = 2;
+  c.ffn = 512;
+  c.vocab = 1000;
+  c.rms_eps = 1e-6;
+  if (kind == "qwen2") {
+    c.arch = Arch::Qwen2;
+    c.heads = 4, c.kv_heads = 2, c.head_dim = 64, c.attn_bias = true, c.rope_theta = 1e6;
+  } else if (kind == "qwen3") {
+    c.arch = Arch::Qwen3;
+    c.heads = 2, c.kv_heads = 1, c.head_dim = 128, c.qk_norm = true, c.rope_theta = 1e6;
+  } else {  // llama with llama3 rope scaling, GQA ratio 4
+    c.arch = Arch::Llama;
+    c.heads = 4, c.kv_heads = 1, c.head_dim = 64, c.rope_theta = 5e5;
+    c.rope_scaling.type = "llama3";
+    c.rope_scaling.factor = 8;
+    c.rope_scaling.original_max_position_embeddings = 64;
+  }
+  return c;
+}
+
+// Random unit weights: norms near 1, matrices ~ N(0, 0.05), rounded to bf16.
+std::vector<float> unit_weights(const UnitLayout& lay, std::mt19937& rng) {
+  std::vector<float> w(sz(lay.numel), 0.f);
+  for (auto& p : lay.params) {
+    const bool norm = p.suffix.find("norm") != std::string::npos;
+    auto v = randn(sz(p.numel), rng, norm ? 0.1f : 0.05f, norm ? 1.f : 0.f);
+    std::copy(v.begin(), v.end(), w.begin() + p.offset);
+  }
+  return round_bf16(w);
+}
+
+struct Dev {
+  CudaBackend& be;
+  std::vector<Allocation> allocs;
+  void* put_bf16(const std::vector<float>& v) {
+    std::vector<uint16_t> h(v.size());
+    for (size_t i = 0; i < v.size(); ++i) h[i] = f32_to_bf16(v[i]);
+    return put_raw(h.data(), int64_t(h.size() * 2));
+  }
+  template <typename T>
+  void* put(const std::vector<T>& v) {
+    return put_raw(v.data(), int64_t(v.size() * sizeof(T)));
+  }
+  void* put_raw(const void* p, int64_t bytes) {
+    allocs.push_back(be.alloc(MemKind::Device, std::max<int64_t>(bytes, 1), "test"));
+    cudaMemcpy(allocs.back().ptr, p, size_t(bytes), cudaMemcpyHostToDevice);
+    return allocs.back().ptr;
+  }
+  void* zeros(int64_t bytes) {
+    allocs.push_back(be.alloc(MemKind::Device, std::max<int64_t>(bytes, 1), "test"));
+    cudaMemset(allocs.back().ptr, 0, size_t(bytes));
+    return allocs.back().ptr;
+  }
+  ~Dev() {
+    be.synchronize();
+    for (auto& a : allocs) be.free(a);
+  }
+};
+
+struct LayerCase {
+  std::string kind;
+  int64_t batch, seq;
+  bool packed;  // segments + explicit positions
+};
+class LayerTest : public ::testing::TestWithParam<LayerCase> {};
+
+TEST_P(LayerTest, ForwardBackwardMatchCpuReference) {
+  REQUIRE_GPU();
+  const LayerCase lc = GetParam();
+  const ModelConfig c = small_config(lc.kind);
+  const ModelLayout layout = model_layout(c);
+  const UnitLayout& lay = layout.layer(1);
+  const int64_t T = lc.batch * lc.seq, H = c.hidden;
+  std::mt19937 rng(21);
+  auto w = unit_weights(lay, rng);
+  auto x = round_bf16(randn(sz(T * H), rng)), dy = round_bf16(randn(sz(T * H), rng, 0.1f));
+  std::vector<int32_t> seg(sz(T)), pos(sz(T));
+  for (int64_t b = 0; b < lc.batch; ++b)
+    for (int64_t s = 0; s < lc.seq; ++s) {
+      const int32_t sg = int32_t(s < lc.seq / 3 ? 0 : (s < lc.seq * 3 / 4 ? 1 : 2));
+      seg[sz(b * lc.seq + s)] = sg;
+      const int64_t start = sg == 0 ? 0 : (sg == 1 ? lc.seq / 3 : lc.seq * 3 / 4);
+      pos[sz(b * lc.seq + s)] = int32_t(s - start);
+    }
+  cpu::SeqGeometry g{lc.batch, lc.seq, lc.packed ? pos.data() : nullptr, lc.packed ? seg.data() : nullptr};
+  std::vector<float> y_ref(sz(T * H)), dx_ref(sz(T * H)), dw_ref(sz(lay.numel), 0.f);
+  cpu::layer_forward(c, lay, w.data(), g, x.data(), y_ref.data());
+  cpu::layer_backward(c, lay, w.data(), g, x.data(), dy.data(), dx_ref.data(), dw_ref.data());
+
+  CudaBackendOptions o;
+  o.gpu_mem_cap = int64_t(4) << 30;
+  CudaBackend be(c, o);
+  {
+    Dev d{be};
+    void* dw_ = d.put_bf16(w);
+    void* dx_ = d.put_bf16(x);
+    void* ddy = d.put_bf16(dy);
+    void* y = d.zeros(T * H * 2);
+    void* gx = d.zeros(T * H * 2);
+    void* gw = d.zeros(lay.numel * 4);
+    DevGeometry dg{lc.batch, lc.seq, lc.packed ? static_cast<const int32_t*>(d.put(pos)) : nullptr,
+                   lc.packed ? static_cast<const int32_t*>(d.put(seg)) : nullptr};
+    be.layer_forward(1, dw_, dg, dx_, y, {});
+    be.layer_backward(1, dw_, dg, dx_, ddy, gx, gw, {});
+    be.synchronize();
+    EXPECT_LE(rel_err(down_bf16(y, sz(T * H)), y_ref), 1e-2);
+    EXPECT_LE(rel_err(down_bf16(gx, sz(T * H)), dx_ref), 3e-2);
+    auto gwh = down<float>(gw, sz(lay.numel));
+    for (auto& p : lay.params) {
+      const double cs = cosine(gwh.data() + p.offset, dw_ref.data() + p.offset, sz(p.numel));
+      std::vector<float> a(gwh.begin() + p.offset, gwh.begin() + p.offset + p.numel);
+      std::vector<float> r(dw_ref.begin() + p.offset, dw_ref.begin() + p.offset + p.numel);
+      EXPECT_GE(cs, 0.995) << p.suffix;
+      EXPECT_LE(rel_err(a, r), 5e-2) << p.suffix;
+    }
+    // Accumulation: a second backward doubles dw.
+    be.layer_backward(1, dw_, dg, dx_, ddy, gx, gw, {});
+    be.synchronize();
+    auto gw2 = down<float>(gw, sz(lay.numel));
+    std::vector<float> twice(gwh.size());
+    for (size_t i = 0; i < twice.size(); ++i) twice[i] = 2 * gwh[i];
+    EXPECT_LE(rel_err(gw2, twice), 1e-3);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, LayerTest,
+                         ::testing::Values(LayerCase{"qwen2", 2, 100, false}, LayerCase{"qwen3", 2, 70, false},
+                                           LayerCase{"llama", 1, 130, true}, LayerCase{"qwen2", 3, 64, true},
+                                           LayerCase{"qwen3", 1, 1, false}),
+                         [](const auto& info) {
+                           return info.param.kind + "_B" + std::to_string(info.param.batch) + "_S" +
+                                  std::to_string(info.param.seq) + (info.param.packed ? "_packed" : "");
+                         });
+
+TEST(Head, LossAndGradientsMatchCpuReference) {
+  REQUIRE_GPU();
+  for (int mode = 0; mode < 2; ++mode) {  // 0: some targets ignored; 1: all ignored
+    ModelConfig c = small_config("qwen2");
+    c.tied = false;
+    const ModelLayout layout = model_layout(c);
+    const UnitLayout& hl = layout.head();
+    const int64_t T = 300, H = c.hidden, V = c.vocab;
+    std::mt19937 rng(31);
+    auto hw = unit_weights(hl, rng);
+    const float* lm = hw.data() + hl.find("lm_head.weight").offset;
+    std::vector<float> lmv(lm, lm + V * H);
+    auto x = round_bf16(randn(sz(T * H), rng));
+    std::vector<int32_t> tg(sz(T));
+    for (int64_t t = 0; t < T; ++t) tg[sz(t)] = (mode == 1 || t % 7 == 0) ? -100 : int32_t(rng() % V);
+    std::vector<float> dx_ref(sz(T * H)), dhw_ref(sz(hl.numel), 0.f), dlm_ref(sz(V * H), 0.f);
+    const float scale = 1.f / 200;
+    auto r = cpu::head_forward_backward(c, hl, hw.data(), lmv.data(), tg.data(), T, x.data(), scale, dx_ref.data(),
+                                        dhw_ref.data(), dlm_ref.data());
+    CudaBackendOptions o;
+    o.gpu_mem_cap = int64_t(3) << 30;
+    CudaBackend be(c, o);
+    be.set_head_chunk_rows(128);  // several chunks
+    Dev d{be};
+    void* dhw = d.put_bf16(hw);
+    const void* dlm = static_cast<const uint16_t*>(dhw) + hl.find("lm_head.weight").offset;
+    void* dxx = d.put_bf16(x);
+    void* dtg = d.put(tg);
+    void* gx = d.zeros(T * H * 2);
+    void* ghw = d.zeros(hl.numel * 4);
+    void* glm = d.zeros(V * H * 4);
+    void* acc = d.zeros(16);
+    be.head_loss(dhw, dlm, static_cast<const int32_t*>(dtg), DevGeometry{3, 100, nullptr, nullptr}, dxx, scale, gx, ghw,
+                 glm, static_cast<double*>(acc), {});
+    be.synchronize();
+    auto a = down<double>(acc, 2);
+    EXPECT_EQ(int64_t(a[1]), r.n_tokens);
+    EXPECT_NEAR(a[0], r.loss_sum, 1e-2 * std::max(1.0, std::fabs(r.loss_sum)));
+    if (mode == 0) {
+      EXPECT_LE(rel_err(down_bf16(gx, sz(T * H)), dx_ref), 3e-2);
+      EXPECT_LE(rel_err(down<float>(glm, sz(V * H)), dlm_ref), 3e-2);
+      auto g = down<float>(ghw, sz(hl.numel));
+      const int64_t off = hl.find("model.norm.weight").offset;
+      EXPECT_GE(cosine(g.data() + off, dhw_ref.data() + off, sz(H)), 0.99);
+    } else {
+      auto g = down_bf16(gx, sz(T * H));
+      EXPECT_TRUE(std::all_of(g.begin(), g.end(), [](float v) { return v == 0.f; }));
+    }
+  }
+}
+
+}  // namespace
