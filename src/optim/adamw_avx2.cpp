@@ -51,23 +51,58 @@ inline __m128i pack8(__m256i a, __m256i b) {
   return _mm_packus_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
 }
 
-inline __m256i quant8(const QuantMap& q, __m256 y) {
+// The map's decade tables in registers (indexed by decade with a lane permute, no gathers).
+template <bool Signed>
+struct QV {
+  static constexpr int kBits = Signed ? 7 : 8;
+  __m256 top, step, inv, jmax, zero_below;
+  __m256i topc;
+  __m256 bound[8];
+  explicit QV(const QuantMap& q) {
+    top = _mm256_loadu_ps(q.top);
+    step = _mm256_loadu_ps(q.step);
+    inv = _mm256_loadu_ps(q.inv_step);
+    jmax = _mm256_loadu_ps(q.jmax);
+    topc = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q.top_code));
+    zero_below = _mm256_set1_ps(q.zero_below);
+    for (int t = 0; t < 8; ++t) bound[t] = _mm256_set1_ps(q.bound[t]);
+  }
+};
+
+// Nearest code of 8 values (int32 lanes): the same operations as quantize_one.
+template <bool Signed>
+inline __m256i quant8(const QV<Signed>& q, __m256 y) {
   __m256i bits = _mm256_castps_si256(y);
-  __m256i abits = _mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff));
-  __m256i idx = _mm256_sub_epi32(_mm256_srli_epi32(abits, QuantMap::kShift), _mm256_set1_epi32(q.base));
-  idx = _mm256_min_epi32(_mm256_max_epi32(idx, _mm256_setzero_si256()), _mm256_set1_epi32(q.buckets - 1));
-  __m256i lo = _mm256_and_si256(_mm256_i32gather_epi32(reinterpret_cast<const int*>(q.lut.data()), idx, 1),
-                                _mm256_set1_epi32(0xff));
-  __m256 t = _mm256_i32gather_ps(q.thr, lo, 4);
-  __m256i gt = _mm256_castps_si256(_mm256_cmp_ps(_mm256_castsi256_ps(abits), t, _CMP_GT_OQ));
-  lo = _mm256_sub_epi32(lo, gt);  // gt lanes are -1
-  if (q.is_signed) lo = _mm256_or_si256(lo, _mm256_slli_epi32(_mm256_srli_epi32(bits, 31), 7));
-  return lo;
+  __m256 a = _mm256_castsi256_ps(_mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff)));
+  __m256i e = _mm256_setzero_si256();
+  for (int t = 1; t < QV<Signed>::kBits; ++t)  // true lanes are -1
+    e = _mm256_sub_epi32(e, _mm256_castps_si256(_mm256_cmp_ps(a, q.bound[t], _CMP_LT_OQ)));
+  __m256 jf = _mm256_mul_ps(_mm256_sub_ps(_mm256_permutevar8x32_ps(q.top, e), a), _mm256_permutevar8x32_ps(q.inv, e));
+  jf = _mm256_max_ps(jf, _mm256_setzero_ps());
+  jf = _mm256_min_ps(jf, _mm256_permutevar8x32_ps(q.jmax, e));
+  __m256i code = _mm256_sub_epi32(_mm256_permutevar8x32_epi32(q.topc, e), _mm256_cvtps_epi32(jf));
+  __m256i zero = _mm256_castps_si256(_mm256_cmp_ps(a, q.zero_below, _CMP_LT_OQ));
+  code = _mm256_andnot_si256(zero, code);
+  if (Signed) code = _mm256_or_si256(code, _mm256_slli_epi32(_mm256_srli_epi32(bits, 31), 7));
+  return code;
 }
 
-inline __m256 dequant8(const QuantMap& q, const uint8_t* codes, __m256 scale) {
+// 8 codes -> values * scale: the same operations that built QuantMap::decode.
+template <bool Signed>
+inline __m256 dequant8(const QV<Signed>& q, const uint8_t* codes, __m256 scale) {
   __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes)));
-  return _mm256_mul_ps(_mm256_i32gather_ps(q.decode, c, 4), scale);
+  __m256i mc = Signed ? _mm256_and_si256(c, _mm256_set1_epi32(0x7f)) : c;
+  __m256i e = _mm256_setzero_si256();
+  for (int t = 1; t < QV<Signed>::kBits; ++t)
+    e = _mm256_sub_epi32(e, _mm256_cmpgt_epi32(_mm256_set1_epi32(1 << (QV<Signed>::kBits - t)), mc));
+  __m256i j = _mm256_sub_epi32(_mm256_permutevar8x32_epi32(q.topc, e), mc);
+  __m256 val = _mm256_sub_ps(_mm256_permutevar8x32_ps(q.top, e),
+                             _mm256_mul_ps(_mm256_permutevar8x32_ps(q.step, e), _mm256_cvtepi32_ps(j)));
+  __m256i is_zero = _mm256_cmpeq_epi32(mc, _mm256_setzero_si256());
+  val = _mm256_andnot_ps(_mm256_castsi256_ps(is_zero), val);
+  if (Signed)
+    val = _mm256_castsi256_ps(_mm256_or_si256(_mm256_castps_si256(val), _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x80)), 24)));
+  return _mm256_mul_ps(val, scale);
 }
 
 inline float hmax(__m256 x) {
@@ -104,8 +139,8 @@ void adamw_f32_avx2(const AdamWScalars& s, float* p, const float* g, float* m, f
 
 void adamw_q8_avx2(const AdamWScalars& s, float* p, const float* g, uint8_t* mq, uint8_t* vq, float* ms,
                    float* vs, bf16_t* out, int64_t n) {
-  const QuantMap& qm = signed_dynamic_map();
-  const QuantMap& qv = unsigned_dynamic_map();
+  const QV<true> qm(signed_dynamic_map());
+  const QV<false> qv(unsigned_dynamic_map());
   const V c(s);
   alignas(64) float tm[kQ8Block], tv[kQ8Block];
   const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));

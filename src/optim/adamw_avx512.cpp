@@ -12,7 +12,7 @@
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12 false positive in avx512fintrin.h
 #pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,bmi2")
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512cd,avx2,fma,bmi2")
 
 namespace lt::optim::detail {
 namespace {
@@ -47,23 +47,73 @@ inline __m256i to_bf16(__m512 x) {
   return _mm512_cvtepi32_epi16(r);
 }
 
-// Nearest code of 16 values y (see quantize_one).
-inline __m128i quant16(const QuantMap& q, __m512 y) {
+// The map's decade tables in registers (indexed with lane permutes: no gathers).
+template <bool Signed>
+struct QV {
+  static constexpr int kBits = Signed ? 7 : 8;
+  static constexpr int kBinBase = 127 - 31;  // binade index 0 = [2^-31, 2^-30), 31 = [1, 2)
+  __m512 top, step, inv, jmax, zero_below, bnd;
+  __m512i topc, ecand_lo, ecand_hi;
+  explicit QV(const QuantMap& q) {
+    top = _mm512_zextps256_ps512(_mm256_loadu_ps(q.top));
+    step = _mm512_zextps256_ps512(_mm256_loadu_ps(q.step));
+    inv = _mm512_zextps256_ps512(_mm256_loadu_ps(q.inv_step));
+    jmax = _mm512_zextps256_ps512(_mm256_loadu_ps(q.jmax));
+    topc = _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q.top_code)));
+    zero_below = _mm512_set1_ps(q.zero_below);
+    // bnd[e] = the decade boundary just above decade e's values (bound[0] = +inf: none above decade 0).
+    alignas(64) float b[16] = {};
+    b[0] = INFINITY;
+    for (int t = 1; t < kBits; ++t) b[t] = q.bound[t];
+    bnd = _mm512_load_ps(b);
+    // Decade of each binade's lower end 2^k (at most one decade boundary lies inside a binade, since
+    // boundaries are a factor ~10 apart): ecand[k] = #{t : 2^k < bound[t]}.
+    alignas(64) int32_t ec[32];
+    for (int k = 0; k < 32; ++k) {
+      float lo = std::ldexp(1.0f, k + kBinBase - 127);
+      int e = 0;
+      for (int t = 1; t < kBits; ++t) e += lo < q.bound[t] ? 1 : 0;
+      ec[k] = e;
+    }
+    ecand_lo = _mm512_load_si512(ec);
+    ecand_hi = _mm512_load_si512(ec + 16);
+  }
+};
+
+// Nearest code of 16 values y: the same result as quantize_one (its decade count #{t : a < bound[t]}
+// is found here from the binade's decade and one comparison).
+template <bool Signed>
+inline __m128i quant16(const QV<Signed>& q, __m512 y) {
   __m512i bits = _mm512_castps_si512(y);
   __m512i abits = _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff));
-  __m512i idx = _mm512_sub_epi32(_mm512_srli_epi32(abits, QuantMap::kShift), _mm512_set1_epi32(q.base));
-  idx = _mm512_min_epi32(_mm512_max_epi32(idx, _mm512_setzero_si512()), _mm512_set1_epi32(q.buckets - 1));
-  __m512i lo = _mm512_and_si512(_mm512_i32gather_epi32(idx, q.lut.data(), 1), _mm512_set1_epi32(0xff));
-  __m512 t = _mm512_i32gather_ps(lo, q.thr, 4);
-  __mmask16 gt = _mm512_cmp_ps_mask(_mm512_castsi512_ps(abits), t, _CMP_GT_OQ);
-  lo = _mm512_mask_add_epi32(lo, gt, lo, _mm512_set1_epi32(1));
-  if (q.is_signed) lo = _mm512_or_si512(lo, _mm512_slli_epi32(_mm512_srli_epi32(bits, 31), 7));
-  return _mm512_cvtepi32_epi8(lo);
+  __m512 a = _mm512_castsi512_ps(abits);
+  __m512i bin = _mm512_sub_epi32(_mm512_srli_epi32(abits, 23), _mm512_set1_epi32(QV<Signed>::kBinBase));
+  bin = _mm512_min_epi32(_mm512_max_epi32(bin, _mm512_setzero_si512()), _mm512_set1_epi32(31));
+  __m512i e = _mm512_permutex2var_epi32(q.ecand_lo, bin, q.ecand_hi);
+  __mmask16 up = _mm512_cmp_ps_mask(a, _mm512_permutexvar_ps(e, q.bnd), _CMP_GE_OQ);
+  e = _mm512_mask_sub_epi32(e, up, e, _mm512_set1_epi32(1));
+  __m512 jf = _mm512_mul_ps(_mm512_sub_ps(_mm512_permutexvar_ps(e, q.top), a), _mm512_permutexvar_ps(e, q.inv));
+  jf = _mm512_max_ps(jf, _mm512_setzero_ps());
+  jf = _mm512_min_ps(jf, _mm512_permutexvar_ps(e, q.jmax));
+  __m512i code = _mm512_sub_epi32(_mm512_permutexvar_epi32(e, q.topc), _mm512_cvtps_epi32(jf));
+  code = _mm512_mask_mov_epi32(code, _mm512_cmp_ps_mask(a, q.zero_below, _CMP_LT_OQ), _mm512_setzero_si512());
+  if (Signed) code = _mm512_or_si512(code, _mm512_slli_epi32(_mm512_srli_epi32(bits, 31), 7));
+  return _mm512_cvtepi32_epi8(code);
 }
 
-inline __m512 dequant16(const QuantMap& q, const uint8_t* codes, __m512 scale) {
+// 16 codes -> values * scale: the same operations that built QuantMap::decode (decade = leading zeros).
+template <bool Signed>
+inline __m512 dequant16(const QV<Signed>& q, const uint8_t* codes, __m512 scale) {
   __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)));
-  return _mm512_mul_ps(_mm512_i32gather_ps(c, q.decode, 4), scale);
+  __m512i mc = Signed ? _mm512_and_si512(c, _mm512_set1_epi32(0x7f)) : c;
+  // e = leading zeros within kBits (code 0 gives kBits: an index past the tables, masked to 0 below).
+  __m512i e = _mm512_sub_epi32(_mm512_lzcnt_epi32(mc), _mm512_set1_epi32(32 - QV<Signed>::kBits));
+  __m512i j = _mm512_sub_epi32(_mm512_permutexvar_epi32(e, q.topc), mc);
+  __m512 val = _mm512_sub_ps(_mm512_permutexvar_ps(e, q.top), _mm512_mul_ps(_mm512_permutexvar_ps(e, q.step), _mm512_cvtepi32_ps(j)));
+  val = _mm512_maskz_mov_ps(_mm512_test_epi32_mask(mc, mc), val);
+  if (Signed)
+    val = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(val), _mm512_slli_epi32(_mm512_and_si512(c, _mm512_set1_epi32(0x80)), 24)));
+  return _mm512_mul_ps(val, scale);
 }
 
 }  // namespace
@@ -88,8 +138,8 @@ void adamw_f32_avx512(const AdamWScalars& s, float* p, const float* g, float* m,
 
 void adamw_q8_avx512(const AdamWScalars& s, float* p, const float* g, uint8_t* mq, uint8_t* vq, float* ms,
                      float* vs, bf16_t* out, int64_t n) {
-  const QuantMap& qm = signed_dynamic_map();
-  const QuantMap& qv = unsigned_dynamic_map();
+  const QV<true> qm(signed_dynamic_map());
+  const QV<false> qv(unsigned_dynamic_map());
   const V c(s);
   alignas(64) float tm[kQ8Block], tv[kQ8Block];
   const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));

@@ -34,6 +34,7 @@ bool isa_supported(Isa i) {
     case Isa::Avx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+             __builtin_cpu_supports("avx512cd") &&
              isa_supported(Isa::Avx2);
   }
   return false;

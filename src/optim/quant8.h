@@ -10,57 +10,69 @@
 //
 // A block of kQ8Block values x is stored as absmax = max|x| (fp32) and, per value, the code whose level
 // is NEAREST to x / absmax. Error bound per value: |x - dequant| <= absmax * gap / 2, gap the distance
-// between the two levels around |x| / absmax (and 0 for x = +-absmax).
+// between the two levels around |x| / absmax (and 0 for x = +-absmax); for the unsigned map, values
+// below the smallest level L round up to it: error < absmax * L.
 //
-// Codes are ordered by magnitude, so quantising is a count of the midpoints ("thresholds") below |y|.
-// It is found with a table indexed by the float's exponent and top 8 mantissa bits, each bucket holding
-// at most one threshold (checked when the table is built), then one comparison: no search.
+// Quantising is arithmetic, not a search or a table gather (gathers are slow on many x86 CPUs): the
+// decade is the count of decade boundaries above |y| (a few compares), and within a decade the levels
+// are evenly spaced, so the level index is a rounded (top - |y|) / spacing. Levels are DEFINED by the
+// float expression top[e] - step[e] * j, so the table (scalar path) and the vector paths agree bit for
+// bit. Nearest up to float rounding when |y| is within ~1e-6 of a spacing of a midpoint.
+//
+// Second moment: a positive v never rounds to 0, only to the smallest level. A v stored as 0 next to a
+// non-zero m makes m / sqrt(v) explode for that element in later steps (the "zero-point problem" of
+// quantised second moments, Li et al. 2023).
 #pragma once
 #include <cstdint>
+#include <cmath>
 #include <cstring>
-#include <vector>
 
 namespace lt::optim {
 
 struct QuantMap {
   bool is_signed = false;
   int mag_bits = 0;                 // 7 (signed) or 8 (unsigned)
-  int levels = 0;                   // 2^mag_bits magnitudes, ascending, levels[0] = 0
-  float mag[256] = {};              // magnitude of each magnitude index
-  float thr[256] = {};              // thr[i] = midpoint of mag[i], mag[i+1]; thr[levels-1] = +inf
-  float decode[256] = {};           // code -> value (sign applied for the signed map)
-  // Bucket table: index = (bits(|y|) >> kShift) - base, clamped to [0, buckets-1]; lut[index] = the
-  // magnitude index of the largest level whose upper threshold is below the bucket start. Stored one
-  // byte per bucket with 3 bytes of padding so vector code can gather it with 32-bit loads.
-  static constexpr int kShift = 15;  // keep 8 mantissa bits
-  int32_t base = 0;
-  int32_t buckets = 0;
-  std::vector<uint8_t> lut;
+  int levels = 0;                   // 2^mag_bits magnitudes, ascending, mag[0] = 0
+  float mag[256] = {};              // magnitude of each magnitude code
+  float decode[256] = {};           // code -> value (sign applied for the signed map; 0x80 is -0)
+  // Decade e (0 .. mag_bits-1) holds codes [n_e, 2 n_e), n_e = 2^(mag_bits-1-e); code c is
+  // j = 2 n_e - 1 - c steps below the decade's top: mag = top[e] - step[e] * j.
+  float top[8] = {};                // 10^-e
+  float step[8] = {};               // 0.9 * 10^-e / n_e
+  float inv_step[8] = {};           // 1 / step[e] (rounded)
+  float jmax[8] = {};               // n_e - 1
+  int32_t top_code[8] = {};         // 2 n_e - 1
+  float bound[8] = {};              // bound[t], t >= 1: midpoint between decade t's top and decade t-1's
+                                    // lowest level; decade of a = #{t : a < bound[t]}
+  float zero_below = 0;             // |y| < zero_below -> code 0 (signed: half the smallest level;
+                                    // unsigned: only 0 itself)
 };
 
 const QuantMap& signed_dynamic_map();    // for m
 const QuantMap& unsigned_dynamic_map();  // for v
-// Builds a map (exposed for tests); throws lt::Error if a bucket would hold two thresholds.
+// Builds a map (exposed for tests); throws lt::Error if the levels are not strictly increasing.
 QuantMap build_dynamic_map(bool is_signed);
 
-inline uint32_t f32_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-
 // Nearest code for y (expected in [-1, 1]; beyond that it saturates to the top level).
+// The vector kernels perform exactly these operations.
 inline uint8_t quantize_one(const QuantMap& q, float y) {
-  uint32_t bits = f32_bits(y);
+  uint32_t bits;
+  std::memcpy(&bits, &y, 4);
   uint32_t abits = bits & 0x7fffffffu;
   float a;
   std::memcpy(&a, &abits, 4);
-  int32_t idx = int32_t(abits >> QuantMap::kShift) - q.base;
-  idx = idx < 0 ? 0 : (idx > q.buckets - 1 ? q.buckets - 1 : idx);
-  int32_t lo = q.lut[size_t(idx)];
-  int32_t mag = lo + (a > q.thr[lo] ? 1 : 0);
-  if (q.is_signed) mag |= int32_t((bits >> 31) << 7);
-  return uint8_t(mag);
+  int e = 0;
+  for (int t = 1; t < q.mag_bits; ++t) e += a < q.bound[t] ? 1 : 0;
+  float jf = (q.top[e] - a) * q.inv_step[e];
+  jf = jf > 0.0f ? jf : 0.0f;
+  jf = jf < q.jmax[e] ? jf : q.jmax[e];
+  // Round to nearest even without a libm call: adding 1.5 * 2^23 leaves the rounded integer in the
+  // low mantissa bits (exact for 0 <= jf < 2^22), as cvtps2dq does in the vector paths.
+  constexpr float kRound = 12582912.0f;
+  int32_t code = q.top_code[e] - int32_t((jf + kRound) - kRound);
+  if (a < q.zero_below) code = 0;
+  if (q.is_signed) code |= int32_t((bits >> 31) << 7);
+  return uint8_t(code);
 }
 inline float dequantize_one(const QuantMap& q, uint8_t code, float absmax) { return q.decode[code] * absmax; }
 
