@@ -433,7 +433,9 @@ class MicroBatchRun {
     NvmeStore* store = I.store.get();
     Executor::Impl* im = &I;
     const int32_t mbi = mbi_;
+    const std::vector<std::shared_future<void>> writes = t.wr_f;
     t.rd_f.push_back(I.nvme_worker->submit([=] {
+      for (auto& f : writes) f.get();  // a failed write is the error to report, not the missing file
       const double t0 = now_seconds();
       store->read(i, r.off, dst, r.len);
       if (last) store->remove(i);
@@ -822,6 +824,7 @@ StepResult Executor::train_step(const std::vector<MicroBatch>& mbs) {
       I.pool->reset();
     }
     // Loss and per-unit sums of squares.
+    be_.wait(Lane::D2H, be_.record(Lane::Compute));
     be_.copy(Lane::D2H, I.p_scal.data(), I.d_scal.data(), I.d_scal.bytes(), OpLabel{"scalars.d2h", -1, -1});
     be_.synchronize();
   } catch (const std::exception& e) {
@@ -868,6 +871,7 @@ double Executor::eval_loss(const MicroBatch& mb, int64_t* n_tokens) {
   try {
     MicroBatchRun run(I, mb, 0, 1, 1.0f, false, hook_, waited, uw);
     run.run();
+    be_.wait(Lane::D2H, be_.record(Lane::Compute));
     be_.copy(Lane::D2H, I.p_scal.data(), I.d_scal.data(), 16, OpLabel{"scalars.d2h", -1, -1});
     be_.synchronize();
     I.pool->reset();

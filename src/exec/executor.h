@@ -75,6 +75,11 @@ struct StepResult {
   int64_t act_buffers_over_plan = 0;
 };
 
+// Device buffers of one boundary activation (batch*seq*hidden in the act dtype) that the executor
+// allocates for a plan: the maximum over windows of live boundaries, their gradients and reloads
+// (docs/executor.md, "Device memory"). The planner's HBM model should count the same.
+int64_t count_act_buffers(const ExecPlan& p);
+
 class Executor {
  public:
   Executor(const ModelConfig& c, Backend& be, const ExecPlan& plan, HostState& state, ExecOptions opts = {});

@@ -25,10 +25,6 @@ struct TraceSpan {
   int32_t micro_batch = 0;
 };
 
-// Device buffers needed for boundary activations under a plan: max over windows of live buffers
-// (docs/executor.md, "memory").
-int64_t count_act_buffers(const ExecPlan& p);
-
 struct Executor::Impl {
   Impl(Executor& ex);
   ~Impl();

@@ -1,0 +1,174 @@
+// Budgets, instrumentation (per-window figures, trace), eval, the weight ring and the optimizer hook.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "backend/cpu/cpu_backend.h"
+#include "exec/executor.h"
+#include "exec/optim_hook.h"
+#include "exec/weight_ring.h"
+#include "exec_test_util.h"
+#include "optim/layout_spec.h"
+
+namespace lt {
+namespace {
+
+TEST(ExecMemory, RefusesPlanOverDeviceBudget) {
+  auto c = test::tiny_config(Arch::Qwen2, 6, false);
+  CpuBackendOptions bo;
+  bo.device_budget = 200 * 1024;  // weights ring + boundaries of keep-all do not fit
+  CpuBackend be(c, bo);
+  HostState st(be);
+  try {
+    Executor ex(c, be, ExecPlan::keep_all(c.layers, 8, 16), st);
+    ADD_FAILURE() << "plan over the device budget was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("does not fit: device short by"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(be.memory().current(MemKind::Device), 0) << "allocations leaked after a refused plan";
+}
+
+TEST(ExecMemory, CheckpointingNeedsFewerDeviceBuffersAndPeaksAreTracked) {
+  auto c = test::tiny_config(Arch::Qwen2, 8, false);
+  ExecPlan all = ExecPlan::keep_all(c.layers, 2, 8);
+  ExecPlan sparse = all;
+  for (int64_t i = 1; i < c.layers; ++i) sparse.tier[size_t(i)] = i % 4 == 0 ? CkptTier::Gpu : CkptTier::None;
+  ExecPlan cpu = all;
+  for (int64_t i = 0; i < c.layers; ++i) cpu.tier[size_t(i)] = CkptTier::Cpu;
+  EXPECT_EQ(count_act_buffers(all), c.layers + 2);  // x_0..x_L and dy_L at the head
+  EXPECT_LT(count_act_buffers(sparse), count_act_buffers(all));
+  EXPECT_LT(count_act_buffers(cpu), count_act_buffers(all));
+  CpuBackend be(c);
+  HostState st(be);
+  test::random_weights(be.layout(), st, 2);
+  auto b = test::random_batch(c, 2, 8, 2);
+  Executor ex(c, be, cpu, st);
+  auto r = ex.train_step({{b.ids.data(), b.targets.data(), nullptr, nullptr}});
+  EXPECT_GT(r.peak_device, 0);
+  EXPECT_EQ(r.act_buffers_over_plan, 0);
+  const std::string table = ex.memory_table();
+  for (const char* tag : {"weights.ring", "act.boundaries", "ckpt.cpu", "host.grad", "TOTAL"})
+    EXPECT_NE(table.find(tag), std::string::npos) << tag << " missing in\n" << table;
+}
+
+TEST(ExecRing, BeladyReusesResidentLayersAndPrefetches) {
+  // forward 0..3, then block (0,4): recompute 0..2, backward 3..0
+  std::vector<int64_t> layers = {0, 1, 2, 3, 0, 1, 2, 3, 2, 1, 0};
+  std::vector<int32_t> wins(layers.size());
+  for (size_t i = 0; i < wins.size(); ++i) wins[i] = int32_t(i);
+  auto r2 = build_ring_schedule(layers, wins, 2);
+  auto r4 = build_ring_schedule(layers, wins, 4);
+  EXPECT_EQ(r4.loads(), 4);  // everything stays resident
+  EXPECT_LT(r4.loads(), r2.loads());
+  EXPECT_EQ(r2.load[7], 0);   // layer 3 is still resident after the recompute of 2? (slot of 3 kept)
+  for (size_t u = 0; u < layers.size(); ++u) {
+    EXPECT_EQ(r2.layer[size_t(r2.loader[u])], layers[u]);
+    if (r2.load[u]) EXPECT_LT(r2.evict_after[u], int64_t(u));
+  }
+}
+
+TEST(ExecInstrumentation, WindowsTraceAndExposedTime) {
+  auto c = test::tiny_config(Arch::Qwen2, 4, false);
+  CpuBackendOptions bo;
+  bo.h2d_bytes_per_s = 20e6;  // slow "PCIe": weight uploads (~40 KB/layer) are exposed
+  CpuBackend be(c, bo);
+  HostState st(be);
+  test::random_weights(be.layout(), st, 8);
+  ExecPlan p = ExecPlan::keep_all(c.layers, 2, 8);
+  p.tier = {CkptTier::Gpu, CkptTier::None, CkptTier::Cpu, CkptTier::None, CkptTier::Gpu};
+  p.predicted.resize(plan_windows(p).size());
+  for (auto& w : p.predicted) w.exposed = 1e-3;
+  Executor ex(c, be, p, st);
+  auto b = test::random_batch(c, 2, 8, 8);
+  auto r = ex.train_step({{b.ids.data(), b.targets.data(), nullptr, nullptr}});
+  ASSERT_EQ(r.windows.size(), plan_windows(p).size());
+  double h2d = 0;
+  for (auto& w : r.windows) {
+    EXPECT_GT(w.measured.compute, 0) << "window " << w.index;
+    EXPECT_GE(w.t_end, w.t_begin);
+    EXPECT_DOUBLE_EQ(w.predicted.exposed, 1e-3);
+    h2d += w.measured.h2d;
+  }
+  EXPECT_GT(h2d, 0.005);
+  EXPECT_GT(r.exposed_s, 0.001) << "slow uploads must show as exposed time";
+  EXPECT_NEAR(r.predicted_exposed_s, 1e-3 * double(r.windows.size()), 1e-9);
+  const std::string table = ex.window_table(r);
+  EXPECT_NE(table.find("recompute"), std::string::npos) << table;
+  auto path = test::temp_dir("trace") / "step.json";
+  ex.write_trace(path);
+  std::ifstream f(path);
+  auto j = nlohmann::json::parse(f);
+  std::set<int> tids;
+  int n_fwd = 0;
+  for (auto& e : j["traceEvents"]) {
+    if (e["ph"] == "X") tids.insert(e["tid"].get<int>());
+    if (e["ph"] == "X" && e["name"].get<std::string>().rfind("fwd", 0) == 0) ++n_fwd;
+  }
+  EXPECT_TRUE(tids.count(0) && tids.count(1) && tids.count(2)) << "compute, h2d and d2h tracks expected";
+  EXPECT_EQ(n_fwd, c.layers);
+  std::filesystem::remove_all(path.parent_path());
+}
+
+TEST(ExecEval, EvalLossEqualsTrainLossAndLeavesGradsAlone) {
+  auto c = test::tiny_config(Arch::Llama, 3, true);
+  CpuBackend be(c);
+  HostState st(be);
+  test::random_weights(be.layout(), st, 12);
+  ExecPlan p = ExecPlan::keep_all(c.layers, 2, 8);
+  p.tier[1] = CkptTier::None;
+  Executor ex(c, be, p, st);
+  auto b = test::random_batch(c, 2, 8, 13);
+  int64_t n = 0;
+  const double e = ex.eval_loss({b.ids.data(), b.targets.data(), nullptr, nullptr}, &n);
+  auto r = ex.train_step({{b.ids.data(), b.targets.data(), nullptr, nullptr}});
+  EXPECT_EQ(n, r.n_tokens);
+  EXPECT_EQ(e, r.loss);
+}
+
+TEST(ExecOptimizer, AdamWHookUpdatesLikeTheSynchronousOptimizer) {
+  auto c = test::tiny_config(Arch::Qwen2, 3, false);
+  auto b = test::random_batch(c, 2, 8, 17);
+  MicroBatch mb{b.ids.data(), b.targets.data(), nullptr, nullptr};
+  auto specs = [&](const ModelLayout& lay) {
+    std::vector<optim::UnitSpec> v;
+    for (auto& u : lay.units) v.push_back(optim::unit_spec_from_layout(u, optim::OptimizerKind::AdamW));
+    return v;
+  };
+  optim::AdamWConfig oc;
+  oc.max_grad_norm = 0.05f;  // clipping active
+  oc.threads = 1;
+  // Executor + hook, two steps (the second step's forward waits for the first step's updates).
+  CpuBackend be(c);
+  HostState st(be);
+  test::random_weights(be.layout(), st, 4);
+  optim::CpuAdamW opt(specs(be.layout()), oc);
+  AdamWHook hook(opt, st);
+  ExecPlan p = ExecPlan::keep_all(c.layers, 2, 8);
+  p.tier[1] = CkptTier::Cpu;
+  p.tier[2] = CkptTier::None;
+  Executor ex(c, be, p, st);
+  ex.set_update_hook(&hook);
+  // Reference: same executor math without the hook, then the synchronous optimizer.
+  CpuBackend be2(c);
+  HostState st2(be2);
+  test::random_weights(be2.layout(), st2, 4);
+  optim::CpuAdamW opt2(specs(be2.layout()), oc);
+  Executor ex2(c, be2, ExecPlan::keep_all(c.layers, 2, 8), st2);
+  for (int step = 0; step < 2; ++step) {
+    opt.begin_step(1e-2f);
+    auto r = ex.train_step({mb});
+    auto r2 = ex2.train_step({mb});
+    EXPECT_EQ(r.loss, r2.loss) << "step " << step;
+    std::vector<optim::UnitBuffers> bufs;
+    for (int64_t u = 0; u < st2.units(); ++u) bufs.push_back({st2.master(u), st2.grad(u), nullptr});
+    auto info = opt2.step(1e-2f, bufs);
+    EXPECT_LT(info.clip_coef, 1.0f);
+  }
+  for (int64_t u = 0; u < st.units(); ++u) opt.wait(int(u));
+  for (int64_t u = 0; u < st.units(); ++u)
+    EXPECT_EQ(std::memcmp(st.master(u), st2.master(u), size_t(st.numel(u)) * 4), 0) << "unit " << u;
+}
+
+}  // namespace
+}  // namespace lt
