@@ -1,10 +1,51 @@
-// Placeholder registration; replaced by the module that owns 'eval'.
+// `lazytrain eval --model DIR --dataset JSONL|builtin:math-test`: exact match with greedy decoding.
+#include <cstdio>
+
 #include "cli/commands.h"
+#include "train/inference_model.h"
 #include "core/error.h"
+#include "data/dataset.h"
+#include "train/evaluate.h"
 
 namespace lt::cli {
+
 void add_eval(CLI::App& app) {
-  auto* sub = app.add_subcommand("eval", "(eval: not built yet)");
-  sub->callback([] { lt::fail("'eval' is not implemented yet"); });
+  auto* sub = app.add_subcommand("eval", "Exact-match evaluation of a model directory or checkpoint on a JSONL test set");
+  struct Opts {
+    std::string model, tokenizer, dataset, template_name = "auto", output;
+    int64_t max_samples = 0, batch_size = 64, max_new_tokens = 64, threads = 0;
+    uint64_t seed = 42;
+  };
+  auto o = std::make_shared<Opts>();
+  sub->add_option("--model", o->model, "model directory or checkpoint-<step> directory")->required();
+  sub->add_option("--dataset", o->dataset, "JSONL test set ({query,response}, alpaca, messages) or builtin:math-test")
+      ->required();
+  sub->add_option("--tokenizer", o->tokenizer, "tokenizer.json or its directory (default: the model directory)");
+  sub->add_option("--template", o->template_name, "chat template: auto | chatml | llama3 | none");
+  sub->add_option("--max-samples", o->max_samples, "evaluate at most N records (0 = all)");
+  sub->add_option("--batch-size", o->batch_size, "sequences decoded together");
+  sub->add_option("--max-new-tokens", o->max_new_tokens, "generation limit per sample");
+  sub->add_option("--output", o->output, "per-sample results JSONL (default: <model>/eval_results.jsonl)");
+  sub->add_option("--seed", o->seed, "seed for builtin data sets");
+  sub->add_option("--threads", o->threads, "CPU threads (0 = all)");
+  sub->callback([o] {
+    train::LoadedModel m = train::load_model_for_inference(o->model, o->tokenizer, o->template_name, o->threads);
+    data::ReadOptions ro;
+    ro.max_samples = o->max_samples;
+    ro.seed = o->seed;
+    auto records = data::load_records(o->dataset, ro);
+    if (o->max_samples > 0 && int64_t(records.size()) > o->max_samples) records.resize(size_t(o->max_samples));
+    train::EvalOptions eo;
+    eo.batch_size = o->batch_size;
+    eo.max_new_tokens = o->max_new_tokens;
+    eo.output_jsonl = o->output.empty() ? (std::filesystem::path(o->model) / "eval_results.jsonl").string() : o->output;
+    eo.progress = true;
+    auto r = train::evaluate_exact_match(m.view(), m.tmpl, records, eo);
+    std::printf("exact match: %.2f%% (%lld/%lld), %lld without an answer; %.1f s, %.0f generated tokens/s\n"
+                "per-sample results: %s\n",
+                100.0 * r.exact_match, (long long)r.correct, (long long)r.samples, (long long)r.no_answer, r.seconds,
+                r.seconds > 0 ? double(r.generated_tokens) / r.seconds : 0.0, eo.output_jsonl.c_str());
+  });
 }
+
 }  // namespace lt::cli

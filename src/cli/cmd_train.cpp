@@ -1,10 +1,61 @@
-// Placeholder registration; replaced by the module that owns 'train'.
+// `lazytrain train config.yaml [key=value ...]`: see src/train/config.h for the keys and docs/training.md.
+#include <cstdio>
+
 #include "cli/commands.h"
 #include "core/error.h"
+#include "train/config.h"
+#include "train/trainer.h"
+
+#ifdef LT_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "backend/cuda/cuda_backend.h"
+#include "core/units.h"
+#endif
 
 namespace lt::cli {
-void add_train(CLI::App& app) {
-  auto* sub = app.add_subcommand("train", "(train: not built yet)");
-  sub->callback([] { lt::fail("'train' is not implemented yet"); });
+namespace {
+
+train::BackendChoice make_backend(const ModelConfig& m, const train::TrainConfig& c, int64_t device_budget,
+                                  int64_t host_budget) {
+#ifdef LT_HAVE_CUDA
+  int n = 0;
+  bool have_gpu = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  if (c.backend == "cuda") LT_CHECK(have_gpu, "backend: 'cuda' requested but no CUDA device is visible");
+  if (have_gpu && c.backend != "cpu") {
+    CudaBackendOptions o;
+    o.gpu_mem_cap = device_budget > 0 ? device_budget : 0;
+    train::BackendChoice b;
+    b.backend = std::make_unique<CudaBackend>(m, o);
+    b.device_name = b.backend->name();
+    b.gpu = true;
+    return b;
+  }
+#endif
+  return train::make_cpu_backend(m, c, device_budget, host_budget);
 }
+
+}  // namespace
+
+void add_train(CLI::App& app) {
+  auto* sub = app.add_subcommand("train", "Train a model: lazytrain train config.yaml [key=value ...]");
+  auto config = std::make_shared<std::string>();
+  auto overrides = std::make_shared<std::vector<std::string>>();
+  auto print_only = std::make_shared<bool>(false);
+  sub->add_option("config", *config, "YAML config (keys: docs/training.md)")->required();
+  sub->add_option("overrides", *overrides, "key=value overrides applied after the file");
+  sub->add_flag("--print-config", *print_only, "print the effective config and exit");
+  sub->callback([=] {
+    train::TrainConfig c = train::load_config(*config, *overrides);
+    if (*print_only) {
+      std::printf("%s\n", train::config_to_yaml(c).c_str());
+      return;
+    }
+    train::TrainHooks hooks;
+    hooks.make_backend = make_backend;
+    train::TrainResult r = train::run_training(c, hooks);
+    if (r.interrupted) throw CLI::RuntimeError(130);
+  });
+}
+
 }  // namespace lt::cli

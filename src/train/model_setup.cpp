@@ -57,7 +57,6 @@ ModelConfig configured_model(const TrainConfig& cfg) {
 ModelSetup setup_model(const TrainConfig& cfg, const std::optional<fs::path>& resume) {
   fs::path tok_path = find_tokenizer(cfg, resume);
   ModelSetup ms{data::load_tokenizer(tok_path.string()), tok_path, {}, {}, {}, false};
-  if (fs::is_regular_file(ms.tokenizer_dir)) ms.tokenizer_dir = ms.tokenizer_dir.parent_path();
   const auto& tok = ms.tokenizer.tokenizer;
   if (resume) {
     ms.model = load_model_config(*resume);

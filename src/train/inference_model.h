@@ -1,0 +1,25 @@
+// Shared by `eval` and `generate`: a model directory (or checkpoint) loaded to fp32 for CPU decoding,
+// with its tokenizer and chat template.
+#pragma once
+#include <string>
+
+#include "data/chat_template.h"
+#include "model/weights.h"
+#include "train/generate.h"
+
+namespace lt::train {
+
+struct LoadedModel {
+  ModelWeights weights;
+  data::ChatTemplate tmpl;
+  ModelWeightsView view() const {
+    ModelWeightsView v{&weights.config, &weights.layout, {}};
+    for (const auto& u : weights.units) v.units.push_back(u.data());
+    return v;
+  }
+};
+
+LoadedModel load_model_for_inference(const std::string& model_dir, const std::string& tokenizer,
+                                     const std::string& template_name, int64_t threads);
+
+}  // namespace lt::train

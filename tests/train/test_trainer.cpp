@@ -1,0 +1,162 @@
+// End-to-end trainer tests on a tiny model (CPU backend): exact resume, signal handling, checkpoint
+// contents, save_total_limit, and a crash during a save keeping the previous checkpoint valid.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <csignal>
+#include <fstream>
+
+#include "train/signals.h"
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "io/model_io.h"
+#include "train/checkpoint.h"
+#include "train/checkpoint_dir.h"
+#include "train/config.h"
+#include "train/trainer.h"
+
+using namespace lt;
+using namespace lt::train;
+
+namespace {
+
+struct TmpDir {
+  fs::path p;
+  explicit TmpDir(const std::string& tag = "") {
+    p = fs::temp_directory_path() / ("lt_trainer_test_" + std::to_string(::getpid()) + "_" +
+                                     ::testing::UnitTest::GetInstance()->current_test_info()->name() + tag);
+    fs::remove_all(p);
+    fs::create_directories(p);
+  }
+  ~TmpDir() { fs::remove_all(p); }
+};
+
+TrainConfig tiny_config(const fs::path& out, std::vector<std::string> extra = {}) {
+  std::string yaml = fmt::format(
+      "model_name_or_path: tiny-qwen2\n"
+      "tokenizer: {}/tests/fixtures/tokenizer/qwen2_tokenizer.json\n"
+      "template: chatml\n"
+      "dataset: builtin:math\n"
+      "max_samples: 64\n"
+      "cutoff_len: 96\n"
+      "per_device_train_batch_size: 4\n"
+      "gradient_accumulation_steps: 2\n"
+      "learning_rate: 2.0e-3\n"
+      "lr_scheduler_type: cosine\n"
+      "warmup_steps: 1\n"
+      "weight_decay: 0.01\n"
+      "max_steps: 5\n"
+      "logging_steps: 100\n"
+      "save_steps: 0\n"
+      "progress_bar: false\n"
+      "threads: 1\n"
+      "output_dir: {}\n",
+      LT_SOURCE_DIR, out.string());
+  return parse_config(yaml, "test.yaml", extra);
+}
+
+TrainHooks quiet_hooks() {
+  TrainHooks h;
+  h.install_signal_handlers = false;
+  return h;
+}
+
+}  // namespace
+
+TEST(Trainer, ExactResumeIsBitIdentical) {
+  TmpDir full_dir("_full"), split_dir("_split");
+  TrainResult full = run_training(tiny_config(full_dir.p), quiet_hooks());
+  ASSERT_EQ(full.losses.size(), 5u);
+  EXPECT_LT(full.losses.back(), full.losses.front());
+
+  // Stop after 2 steps (as a signal would), then resume from the latest checkpoint.
+  TrainHooks stop = quiet_hooks();
+  stop.stop_after_steps = 2;
+  TrainResult first = run_training(tiny_config(split_dir.p), stop);
+  EXPECT_TRUE(first.interrupted);
+  EXPECT_EQ(first.global_step, 2);
+  ASSERT_TRUE(is_complete_checkpoint(checkpoint_path(split_dir.p, 2)));
+  TrainResult resumed = run_training(tiny_config(split_dir.p, {"resume_from_checkpoint=auto"}), quiet_hooks());
+  ASSERT_EQ(resumed.losses.size(), 5u);
+  for (size_t i = 0; i < 5; ++i) EXPECT_EQ(resumed.losses[i], full.losses[i]) << "step " << i + 1;
+
+  // Same final weights, bit for bit.
+  ModelWeights a = load_model(checkpoint_path(full_dir.p, 5) / "trainer_state" / "master");
+  ModelWeights b = load_model(checkpoint_path(split_dir.p, 5) / "trainer_state" / "master");
+  ASSERT_EQ(a.units.size(), b.units.size());
+  for (size_t u = 0; u < a.units.size(); ++u) EXPECT_EQ(a.units[u], b.units[u]) << "unit " << u;
+}
+
+TEST(Trainer, CheckpointIsHfModelDirPlusTrainerState) {
+  TmpDir t;
+  TrainResult r = run_training(tiny_config(t.p, {"max_steps=4", "save_steps=1", "save_total_limit=2"}), quiet_hooks());
+  auto cks = list_checkpoints(t.p);
+  ASSERT_EQ(cks.size(), 2u);  // save_total_limit
+  EXPECT_EQ(cks[0].step, 3);
+  EXPECT_EQ(cks[1].step, 4);
+  fs::path c = cks[1].path;
+  for (const char* f : {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                        "trainer_config.yaml", "COMPLETE", "trainer_state/trainer_state.json",
+                        "trainer_state/optimizer.bin", "trainer_state/master/model.safetensors"})
+    EXPECT_TRUE(fs::exists(c / f)) << f;
+  // The HF model loads and has bf16 weights close to the fp32 masters.
+  ModelWeights hf = load_model(c);
+  ModelWeights master = load_model(c / "trainer_state" / "master");
+  for (size_t u = 0; u < hf.units.size(); ++u)
+    for (size_t i = 0; i < hf.units[u].size(); ++i)
+      ASSERT_NEAR(hf.units[u][i], master.units[u][i], 1e-2f * (std::abs(master.units[u][i]) + 1e-3f));
+  TrainerState s = read_trainer_state(c);
+  EXPECT_EQ(s.global_step, 4);
+  EXPECT_EQ(s.losses, r.losses);
+  // metrics file: one train record per step
+  std::ifstream m(t.p / "metrics.jsonl");
+  int train_lines = 0;
+  for (std::string line; std::getline(m, line);)
+    if (nlohmann::json::parse(line)["type"] == "train") ++train_lines;
+  EXPECT_EQ(train_lines, 4);
+}
+
+TEST(Trainer, CrashDuringSaveKeepsPreviousCheckpoint) {
+  TmpDir t;
+  CheckpointWriter::fault_hook = [](const std::string& stage) {
+    static int renames = 0;
+    if (stage == "rename" && ++renames == 2) throw Error("injected crash during save");
+  };
+  EXPECT_THROW(run_training(tiny_config(t.p, {"max_steps=4", "save_steps=2"}), quiet_hooks()), Error);
+  CheckpointWriter::fault_hook = nullptr;
+  auto last = latest_checkpoint(t.p);
+  ASSERT_TRUE(last);
+  EXPECT_EQ(last->step, 2);
+  // auto-resume continues from it and finishes.
+  TrainResult r = run_training(tiny_config(t.p, {"max_steps=4", "save_steps=2", "resume_from_checkpoint=auto"}),
+                               quiet_hooks());
+  EXPECT_EQ(r.global_step, 4);
+  EXPECT_EQ(latest_checkpoint(t.p)->step, 4);
+}
+
+TEST(Trainer, SigtermFinishesStepSavesAndStops) {
+  TmpDir t;
+  TrainHooks h;
+  h.install_signal_handlers = true;
+  h.on_step = [](const StepMetrics& m) {
+    if (m.step == 2) std::raise(SIGTERM);
+  };
+  TrainResult r = run_training(tiny_config(t.p), h);
+  StopSignals::reset();
+  EXPECT_TRUE(r.interrupted);
+  EXPECT_EQ(r.global_step, 2);
+  EXPECT_TRUE(is_complete_checkpoint(checkpoint_path(t.p, 2)));
+}
+
+TEST(Trainer, RefusesToOverwriteCheckpointsWithoutResume) {
+  TmpDir t;
+  run_training(tiny_config(t.p, {"max_steps=1"}), quiet_hooks());
+  try {
+    run_training(tiny_config(t.p, {"max_steps=1"}), quiet_hooks());
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("resume_from_checkpoint=auto"), std::string::npos) << e.what();
+  }
+}
