@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "backend/cpu/ops.h"
+#include "backend/cpu/vec_math.h"
 #include "core/error.h"
 
 namespace lt::cpu {
@@ -65,17 +66,13 @@ void cross_entropy(float* logits, const int32_t* targets, int64_t n, int64_t voc
       if (want_grad) std::fill(z, z + vocab, 0.0f);
       continue;
     }
-    float m = -std::numeric_limits<float>::infinity();
-    for (int64_t i = 0; i < vocab; ++i) m = std::max(m, z[i]);
-    double sum = 0;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t i = 0; i < vocab; ++i) sum += double(std::exp(z[i] - m));
+    const float m = vec::row_max(z, vocab);
+    const double sum = vec::sum_exp(z, vocab, m);
     const float lse = m + float(std::log(sum));
     row_loss[size_t(r)] = lse - z[t];
     if (want_grad) {
       // d loss / d z_i = softmax_i - [i == t]
-#pragma omp simd
-      for (int64_t i = 0; i < vocab; ++i) z[i] = std::exp(z[i] - lse) * grad_scale;
+      vec::exp_scale_inplace(z, vocab, lse, grad_scale);
       z[t] -= grad_scale;
     }
   }
