@@ -1,10 +1,99 @@
-// Placeholder registration; replaced by the module that owns 'plan'.
+// `lazytrain plan`: solve the activation schedule for a model x batch x machine and report it.
+#include <cstdio>
+#include <fstream>
+
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/units.h"
+#include "model/model_config.h"
+#include "plan/planner.h"
+#include "plan/report.h"
 
 namespace lt::cli {
+
 void add_plan(CLI::App& app) {
-  auto* sub = app.add_subcommand("plan", "(plan: not built yet)");
-  sub->callback([] { lt::fail("'plan' is not implemented yet"); });
+  struct Opts {
+    std::string model, batch = "1", profile = "h800-80g", planner = "milp", optimizer = "hybrid";
+    std::string gpu_mem, host_mem, nvme_mem, out, svg;
+    int64_t seq = 1024, chunk = 0;
+    int ring = 2;
+    double time_limit = 30, gap = 0.005;
+    bool no_compare = false, verbose = false;
+  };
+  auto o = std::make_shared<Opts>();
+  auto* sub = app.add_subcommand("plan", "Solve the activation checkpoint / offload / recompute schedule (MILP, DP, heuristics)");
+  sub->add_option("--model", o->model, "model preset (e.g. qwen2.5-7b) or directory with config.json")->required();
+  sub->add_option("--batch", o->batch, "samples per step, or 'max' for the largest feasible batch")->capture_default_str();
+  sub->add_option("--seq", o->seq, "sequence length")->capture_default_str();
+  sub->add_option("--profile", o->profile, "resource profile: preset (h800-80g, rtx3090-24g, h200) or JSON file")->capture_default_str();
+  sub->add_option("--planner", o->planner, "milp | dp | megatrain:K | all-gpu | sqrt | cpu-all")->capture_default_str();
+  sub->add_option("--gpu-mem", o->gpu_mem, "override the profile's GPU memory cap (e.g. 24GiB)");
+  sub->add_option("--host-mem", o->host_mem, "override the profile's DRAM budget");
+  sub->add_option("--nvme-mem", o->nvme_mem, "override the profile's NVMe capacity");
+  sub->add_option("--optimizer", o->optimizer, "adamw | adamw8bit | hybrid")->capture_default_str();
+  sub->add_option("--ring", o->ring, "weight ring buffers on the GPU")->capture_default_str();
+  sub->add_option("--chunk", o->chunk, "samples per chunk inside a layer pass (0: largest that fits)")->capture_default_str();
+  sub->add_option("--time-limit", o->time_limit, "MILP time limit, seconds")->capture_default_str();
+  sub->add_option("--gap", o->gap, "MILP relative gap to stop at")->capture_default_str();
+  sub->add_option("-o,--output", o->out, "write the plan JSON here");
+  sub->add_option("--svg", o->svg, "write the simulated timeline SVG here");
+  sub->add_flag("--no-compare", o->no_compare, "do not score the heuristics side by side");
+  sub->add_flag("--verbose", o->verbose, "CBC log");
+  sub->callback([o] {
+    PlanRequest r;
+    r.model = resolve_model(o->model);
+    r.seq = o->seq;
+    r.profile = resolve_profile(o->profile);
+    if (!o->gpu_mem.empty()) {
+      r.profile.hbm_bytes = parse_bytes(o->gpu_mem);
+      r.profile.hbm_reserve = std::min(r.profile.hbm_reserve, r.profile.hbm_bytes / 8);
+      r.profile.name += " gpu-mem " + o->gpu_mem;
+    }
+    if (!o->host_mem.empty()) r.profile.dram_bytes = parse_bytes(o->host_mem);
+    if (!o->nvme_mem.empty()) r.profile.nvme_bytes = parse_bytes(o->nvme_mem);
+    r.planner = o->planner;
+    r.optimizer = o->optimizer;
+    r.ring = o->ring;
+    r.chunk = o->chunk;
+    r.compare = !o->no_compare;
+    r.milp.time_limit_s = o->time_limit;
+    r.milp.rel_gap = o->gap;
+    r.milp.verbose = o->verbose;
+    if (o->batch == "max") {
+      std::fprintf(stderr, "searching the largest feasible batch...\n");
+      const int64_t b = max_feasible_batch(r, r.planner);
+      LT_CHECK(b > 0, "plan: even batch 1 does not fit: {}", [&] {
+        PlanRequest q = r;
+        q.batch = 1;
+        q.compare = true;
+        return make_plan(q).why;
+      }());
+      std::printf("max feasible batch: %lld (%s)\n", (long long)b, r.planner.c_str());
+      if (r.planner != "megatrain:4")
+        std::printf("max feasible batch: %lld (megatrain:4)\n", (long long)max_feasible_batch(r, "megatrain:4"));
+      r.batch = b;
+    } else {
+      try {
+        r.batch = std::stoll(o->batch);
+      } catch (...) {
+        fail("--batch must be a positive integer or 'max', got '{}'", o->batch);
+      }
+    }
+    auto out = make_plan(r);
+    std::fputs(plan_report(r, out).c_str(), stdout);
+    if (!out.feasible) fail("{}", out.why);
+    if (!o->out.empty()) {
+      save_plan(out.plan, o->out);
+      std::printf("wrote %s\n", o->out.c_str());
+    }
+    if (!o->svg.empty()) {
+      std::ofstream f(o->svg);
+      LT_CHECK(f.good(), "cannot write {}", o->svg);
+      f << timeline_svg(out.sim, fmt::format("{} batch {} seq {} on {}: {} plan, step {:.1f} ms", r.model.name, r.batch,
+                                             r.seq, r.profile.name, out.plan.planner, out.sim.pred.step_s * 1e3));
+      std::printf("wrote %s\n", o->svg.c_str());
+    }
+  });
 }
+
 }  // namespace lt::cli

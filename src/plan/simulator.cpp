@@ -8,14 +8,14 @@
 
 namespace lt {
 
-const char* lane_name(Lane l) {
+const char* sim_lane_name(SimLane l) {
   switch (l) {
-    case Lane::Compute: return "GPU compute";
-    case Lane::H2D: return "H2D";
-    case Lane::D2H: return "D2H";
-    case Lane::NvmeRead: return "NVMe read";
-    case Lane::NvmeWrite: return "NVMe write";
-    case Lane::Optimizer: return "CPU optimizer";
+    case SimLane::Compute: return "GPU compute";
+    case SimLane::H2D: return "H2D";
+    case SimLane::D2H: return "D2H";
+    case SimLane::NvmeRead: return "NVMe read";
+    case SimLane::NvmeWrite: return "NVMe write";
+    case SimLane::Optimizer: return "CPU optimizer";
     default: return "?";
   }
 }
@@ -100,21 +100,21 @@ SimResult simulate(const Instance& in, const Plan& p, bool record_ops) {
   // ---- time
   const auto O = in.opt_done();  // O[j] layer j, O[L] head, O[L+1] embedding
   auto& pr = R.pred;
-  auto op = [&](Lane l, double a, double b, std::string lab, bool ex = false) {
+  auto op = [&](SimLane l, double a, double b, std::string lab, bool ex = false) {
     if (record_ops && b > a) R.ops.push_back({l, a, b, std::move(lab), ex});
   };
   if (record_ops) {
     double t = 0;
     for (int u = 0; u < L + 2; ++u) {
       std::string lab = u < L ? fmt::format("opt {}", u) : (u == L ? "opt head" : "opt emb");
-      op(Lane::Optimizer, t, O[size_t(u)], lab);
+      op(SimLane::Optimizer, t, O[size_t(u)], lab);
       t = O[size_t(u)];
     }
   }
   double t = O[0];
   const double pro = in.pcie(in.P + in.pro_h2d, 0);
-  op(Lane::H2D, t, t + pro, "layer 0 + boundary 0");
-  op(Lane::Compute, 0, t + pro, "wait (optimizer, prologue)", true);
+  op(SimLane::H2D, t, t + pro, "layer 0 + boundary 0");
+  op(SimLane::Compute, 0, t + pro, "wait (optimizer, prologue)", true);
   pr.exposed_optimizer_s += O[0];
   pr.exposed_h2d_s += pro;
   t += pro;
@@ -127,7 +127,7 @@ SimResult simulate(const Instance& in, const Plan& p, bool record_ops) {
     if (w < L) wait = O[size_t(w + 1 <= L - 1 ? w + 1 : L)];
     double start = std::max(t, wait);
     if (start > t) {
-      op(Lane::Compute, t, start, "wait optimizer", true);
+      op(SimLane::Compute, t, start, "wait optimizer", true);
       pr.exposed_optimizer_s += start - t;
     }
     const double tp = in.pcie(x.h, x.d), tr = x.r / in.bnr, tw = x.w / in.bnw;
@@ -147,19 +147,19 @@ SimResult simulate(const Instance& in, const Plan& p, bool record_ops) {
     if (record_ops) {
       std::string name = w < L ? fmt::format("F{}", w) : (w == L ? "H" : fmt::format("B{}", 2 * L - w));
       if (x.recompute > 0) name += "+R";
-      op(Lane::Compute, start, start + x.C, name);
-      op(Lane::Compute, start + x.C, start + T, name + " stall", true);
-      op(Lane::H2D, start, start + (x.h > 0 ? tp : 0), name);
-      op(Lane::D2H, start, start + (x.d > 0 ? tp : 0), name);
-      op(Lane::NvmeRead, start, start + tr, name);
-      op(Lane::NvmeWrite, start, start + tw, name);
+      op(SimLane::Compute, start, start + x.C, name);
+      op(SimLane::Compute, start + x.C, start + T, name + " stall", true);
+      op(SimLane::H2D, start, start + (x.h > 0 ? tp : 0), name);
+      op(SimLane::D2H, start, start + (x.d > 0 ? tp : 0), name);
+      op(SimLane::NvmeRead, start, start + tr, name);
+      op(SimLane::NvmeWrite, start, start + tw, name);
     }
     t = start + T;
     t_no_opt += T;
   }
   const double epi = in.pcie(0, in.G + in.epi_d2h);
-  op(Lane::D2H, t, t + epi, "layer 0 grad + boundary-0 grad");
-  op(Lane::Compute, t, t + epi, "epilogue", true);
+  op(SimLane::D2H, t, t + epi, "layer 0 grad + boundary-0 grad");
+  op(SimLane::Compute, t, t + epi, "epilogue", true);
   pr.exposed_d2h_s += epi;
   t += epi;
   t_no_opt += epi;

@@ -13,11 +13,11 @@
 
 namespace lt {
 
-enum class Lane : int { Compute = 0, H2D, D2H, NvmeRead, NvmeWrite, Optimizer, Count };
-const char* lane_name(Lane l);
+enum class SimLane : int { Compute = 0, H2D, D2H, NvmeRead, NvmeWrite, Optimizer, Count };
+const char* sim_lane_name(SimLane l);
 
-struct LaneOp {
-  Lane lane;
+struct SimOp {
+  SimLane lane;
   double t0 = 0, t1 = 0;
   std::string label;
   bool exposed = false;  // compute lane: time the GPU waited
@@ -35,7 +35,7 @@ struct SimResult {
   double dram = 0, nvme = 0;
   bool fits = true;
   std::string violation;            // "does not fit: <tier> short by <bytes> (needs ..., has ...)" when !fits
-  std::vector<LaneOp> ops;          // for the SVG timeline
+  std::vector<SimOp> ops;          // for the SVG timeline
 };
 
 // Per-slot traffic of a plan (compute, mandatory and checkpoint bytes).

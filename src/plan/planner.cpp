@@ -1,0 +1,220 @@
+#include "plan/planner.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/units.h"
+#include "model/accounting.h"
+#include "model/param_layout.h"
+#include "plan/heuristics.h"
+
+namespace lt {
+
+std::vector<std::string> choose_8bit(const ModelConfig& c, const std::string& mode, double dram_budget) {
+  LT_CHECK(mode == "adamw" || mode == "adamw8bit" || mode == "hybrid",
+           "unknown optimizer '{}': expected adamw, adamw8bit or hybrid", mode);
+  std::vector<std::string> out;
+  if (mode == "adamw") return out;
+  struct T {
+    std::string name;
+    int64_t numel;
+    int64_t layer;
+  };
+  std::vector<T> elig;
+  auto lay = model_layout(c);
+  for (int64_t j = 0; j < c.layers; ++j)
+    for (auto& p : lay.layer(j).params)
+      if (p.is_matrix && !p.is_embedding) elig.push_back({p.name, p.numel, j});
+  if (mode == "adamw8bit") {
+    for (auto& t : elig) out.push_back(t.name);
+    return out;
+  }
+  // Hybrid: largest first (ties: lower layer first), until the model state fits.
+  std::stable_sort(elig.begin(), elig.end(), [](const T& a, const T& b) { return a.numel > b.numel; });
+  double need = model_state_dram(c, {});
+  for (auto& t : elig) {
+    if (need <= dram_budget) break;
+    out.push_back(t.name);
+    need -= 8.0 * double(t.numel) - (2.0 * double(t.numel) + 8.0 * double((t.numel + 255) / 256));
+  }
+  return out;
+}
+
+namespace {
+
+Plan plan_meta(const PlanRequest& r, int64_t chunk, const std::vector<std::string>& q8) {
+  Plan p;
+  p.model = r.model.name;
+  p.layers = r.model.layers;
+  p.hidden = r.model.hidden;
+  p.vocab = r.model.vocab;
+  p.batch = r.batch;
+  p.seq = r.seq;
+  p.chunk = chunk;
+  p.ring = r.ring;
+  p.optimizer_8bit = q8;
+  p.hbm_cap = r.profile.hbm_bytes;
+  p.dram_cap = r.profile.dram_bytes;
+  p.nvme_cap = r.profile.nvme_bytes;
+  return p;
+}
+
+Candidate score(const Instance& in, Plan p, const std::string& name) {
+  Candidate c;
+  c.name = name;
+  p.planner = name;
+  try {
+    c.sim = simulate(in, p, true);
+    c.feasible = c.sim.fits;
+    c.why = c.sim.violation;
+  } catch (const Error& e) {
+    c.feasible = false;
+    c.why = e.what();
+  }
+  if (c.feasible) {
+    p.predicted = c.sim.pred;
+  }
+  c.plan = std::move(p);
+  return c;
+}
+
+}  // namespace
+
+PlanOutcome make_plan(const PlanRequest& r) {
+  LT_CHECK(r.batch >= 1, "plan: batch must be >= 1, got {}", r.batch);
+  PlanOutcome out;
+  const auto& c = r.model;
+  out.flops_per_step = model_flops_per_step(c, r.batch * r.seq);
+  const auto q8 = choose_8bit(c, r.optimizer, double(r.profile.dram_bytes));
+  auto lay = model_layout(c);
+  for (auto& n : q8) {
+    ++out.eight_bit_tensors;
+    for (auto& u : lay.units)
+      for (auto& p : u.params)
+        if (p.name == n) out.eight_bit_params += p.numel;
+  }
+  InstanceOptions io;
+  io.ring = r.ring;
+  io.optimizer_8bit = q8;
+
+  // Chunk: the whole batch if the DP finds a plan with it, else halve.
+  int64_t chunk = r.chunk > 0 ? std::min(r.chunk, r.batch) : r.batch;
+  DpResult dp;
+  for (;;) {
+    io.chunk = chunk;
+    out.inst = make_instance(c, r.batch, r.seq, r.profile, io);
+    dp = solve_dp(out.inst);
+    if (dp.feasible || r.chunk > 0 || chunk == 1) break;
+    chunk = (chunk + 1) / 2;
+  }
+  const Instance& in = out.inst;
+  out.dp = dp;
+  const Plan meta = plan_meta(r, chunk, q8);
+
+  auto with_tiers = [&](std::vector<Tier> t) {
+    Plan p = meta;
+    p.tier = std::move(t);
+    assign_tied_traffic(in, p);
+    return p;
+  };
+  const bool want_heur = r.compare || is_heuristic(r.planner);
+  if (dp.feasible) out.candidates.push_back(score(in, with_tiers(dp.tier), "dp"));
+  else out.candidates.push_back({"dp", false, "no feasible plan in the DP's space", meta, {}});
+  if (want_heur) {
+    std::vector<std::string> names = heuristic_names();
+    if (is_heuristic(r.planner) && std::find(names.begin(), names.end(), r.planner) == names.end()) names.push_back(r.planner);
+    for (auto& h : names) {
+      if (!r.compare && h != r.planner) continue;
+      out.candidates.push_back(score(in, with_tiers(heuristic_tiers(h, in.L)), h));
+    }
+  }
+  if (r.planner == "milp") {
+    const Plan* warm = dp.feasible ? &out.candidates.front().plan : nullptr;
+    // Warm start from the best feasible candidate so far.
+    for (auto& cd : out.candidates)
+      if (cd.feasible && (!warm || cd.sim.pred.step_s < simulate(in, *warm).pred.step_s)) warm = &cd.plan;
+    auto ms = solve_milp(in, r.milp, warm);
+    out.milp = ms;
+    if (ms.feasible) {
+      Plan p = meta;
+      p.tier = ms.tier;
+      apply_milp_solution(in, ms, p);
+      out.candidates.push_back(score(in, p, "milp"));
+    } else {
+      out.candidates.push_back({"milp", false, "CBC found no solution within the time limit", meta, {}});
+    }
+  } else {
+    LT_CHECK(r.planner == "dp" || is_heuristic(r.planner), "unknown planner '{}': expected milp, dp, megatrain:K, all-gpu, "
+             "sqrt or cpu-all", r.planner);
+  }
+
+  // Choose: the requested planner's plan, except that milp takes the best of everything it was
+  // compared with (it may only improve on the DP and the heuristics).
+  const Candidate* best = nullptr;
+  for (auto& cd : out.candidates) {
+    if (!cd.feasible) continue;
+    const bool eligible = r.planner == "milp" ? true : cd.name == r.planner;
+    if (!eligible) continue;
+    if (!best || cd.sim.pred.step_s < best->sim.pred.step_s - 1e-12 ||
+        (cd.name == "milp" && cd.sim.pred.step_s <= best->sim.pred.step_s + 1e-12))
+      best = &cd;
+  }
+  if (best) {
+    out.feasible = true;
+    out.plan = best->plan;
+    out.plan.planner = r.planner == "milp" && best->name != "milp" ? "milp(" + best->name + ")" : best->name;
+    out.sim = best->sim;
+    out.chosen = best->name;
+    out.sim.pred.tflops = out.flops_per_step / out.sim.pred.step_s / 1e12;
+    out.plan.predicted = out.sim.pred;
+    for (auto& cd : out.candidates)
+      if (cd.feasible) cd.sim.pred.tflops = out.flops_per_step / cd.sim.pred.step_s / 1e12;
+    return out;
+  }
+  // Nothing fits: name the tightest resource.
+  if (in.dram_fixed > in.dram_cap) {
+    out.why = fmt::format("does not fit: dram short by {} (needs {} for the model state with {} 8-bit tensors, has {})",
+                          format_bytes(in.dram_fixed - in.dram_cap), format_bytes(in.dram_fixed), q8.size(),
+                          format_bytes(in.dram_cap));
+    return out;
+  }
+  // The smallest HBM footprint in the plan space: every boundary offloaded (blocks of one layer).
+  double least = 1e300;
+  for (auto& cd : out.candidates)
+    if (!cd.why.empty() && cd.why.rfind("does not fit", 0) == 0 && cd.sim.pred.peak_hbm > 0 &&
+        double(cd.sim.pred.peak_hbm) < least) {
+      least = double(cd.sim.pred.peak_hbm);
+      out.why = cd.why;
+    }
+  const double floor_hbm = in.ring + in.ws_bwd + 3 * in.A;
+  if (out.why.empty() || floor_hbm > in.hbm_cap)
+    out.why = fmt::format("does not fit: gpu short by {} (needs {} for the weight ring, one layer's backward and 3 "
+                          "boundaries at chunk {}, has {})", format_bytes(floor_hbm - in.hbm_cap), format_bytes(floor_hbm),
+                          chunk, format_bytes(in.hbm_cap));
+  return out;
+}
+
+int64_t max_feasible_batch(PlanRequest r, const std::string& planner, int64_t hi) {
+  r.compare = false;
+  r.planner = planner == "milp" ? "dp" : planner;
+  auto ok = [&](int64_t b) {
+    r.batch = b;
+    return make_plan(r).feasible;
+  };
+  if (!ok(1)) return 0;
+  int64_t lo = 1, up = 2;
+  while (up <= hi && ok(up)) {
+    lo = up;
+    up *= 2;
+  }
+  up = std::min(up, hi + 1);
+  while (up - lo > 1) {
+    int64_t mid = (lo + up) / 2;
+    (ok(mid) ? lo : up) = mid;
+  }
+  return lo;
+}
+
+}  // namespace lt

@@ -1,0 +1,64 @@
+// The planner entry point: picks the chunk and the optimizer-state formats (hybrid 8-bit), builds
+// the Instance, runs the DP, the heuristics and the MILP, scores every candidate with the simulator
+// and returns the best feasible plan (never worse than the DP's or any heuristic's).
+#pragma once
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/model_config.h"
+#include "plan/dp.h"
+#include "plan/instance.h"
+#include "plan/milp.h"
+#include "plan/plan.h"
+#include "plan/profile.h"
+#include "plan/simulator.h"
+
+namespace lt {
+
+struct PlanRequest {
+  ModelConfig model;
+  int64_t batch = 1, seq = 1024;
+  ResourceProfile profile;
+  std::string planner = "milp";     // milp | dp | megatrain:K | all-gpu | sqrt | cpu-all
+  std::string optimizer = "hybrid"; // adamw | adamw8bit | hybrid
+  int ring = 2;
+  int64_t chunk = 0;                // 0: the largest that fits
+  bool compare = true;              // also score every heuristic (side-by-side table)
+  MilpOptions milp;
+};
+
+struct Candidate {
+  std::string name;
+  bool feasible = false;
+  std::string why;  // when infeasible
+  Plan plan;
+  SimResult sim;
+};
+
+struct PlanOutcome {
+  bool feasible = false;
+  std::string why;  // "does not fit: <tier> short by <bytes> (needs ..., has ...)"
+  Plan plan;
+  SimResult sim;
+  Instance inst;
+  std::vector<Candidate> candidates;  // dp, heuristics, milp (those that ran)
+  std::optional<MilpSolution> milp;
+  std::optional<DpResult> dp;
+  std::string chosen;  // which candidate became the plan
+  int64_t eight_bit_tensors = 0, eight_bit_params = 0;
+  double flops_per_step = 0;  // 6 * N * batch * seq
+};
+
+// Tensors switched to 8-bit moments for the request's optimizer mode: none (adamw), every eligible
+// layer matrix (adamw8bit), or the fewest largest layer matrices until the model state fits the
+// DRAM budget (hybrid). Embeddings, norms, biases and the LM head keep fp32 moments.
+std::vector<std::string> choose_8bit(const ModelConfig& c, const std::string& mode, double dram_budget);
+
+PlanOutcome make_plan(const PlanRequest& r);
+
+// Largest batch in [1, hi] for which `planner` (a heuristic name, or "dp"/"milp" meaning the DP's
+// space) finds a feasible plan; 0 if none. Feasibility is monotone in the batch (memory grows with it).
+int64_t max_feasible_batch(PlanRequest r, const std::string& planner, int64_t hi = 4096);
+
+}  // namespace lt

@@ -1,0 +1,141 @@
+#include "plan/report.h"
+
+#include <algorithm>
+#include <fmt/format.h>
+
+#include "core/units.h"
+#include "model/accounting.h"
+
+namespace lt {
+
+namespace {
+
+std::string ms(double s) { return fmt::format("{:.1f}", s * 1e3); }
+
+std::string tier_list(const Plan& p, Tier t) {
+  std::string s;
+  int n = 0;
+  for (size_t i = 0; i < p.tier.size(); ++i)
+    if (p.tier[i] == t) {
+      s += (n++ ? "," : "") + std::to_string(i);
+    }
+  return fmt::format("{} [{}]", n, s);
+}
+
+std::string xml_escape(const std::string& s) {
+  std::string o;
+  for (char ch : s) {
+    if (ch == '<') o += "&lt;";
+    else if (ch == '>') o += "&gt;";
+    else if (ch == '&') o += "&amp;";
+    else o += ch;
+  }
+  return o;
+}
+
+}  // namespace
+
+std::string plan_report(const PlanRequest& r, const PlanOutcome& o) {
+  std::string s;
+  const auto& in = o.inst;
+  s += fmt::format("model {} ({} layers, hidden {}), batch {} x seq {} = {} tokens, profile {}\n", r.model.name,
+                   r.model.layers, r.model.hidden, r.batch, r.seq, r.batch * r.seq, r.profile.name);
+  s += fmt::format("caps: gpu {} (usable {}), dram {}, nvme {}; boundary {}, layer weights {} (bf16)\n",
+                   format_bytes(double(r.profile.hbm_bytes)), format_bytes(in.hbm_cap), format_bytes(in.dram_cap),
+                   format_bytes(in.nvme_cap), format_bytes(in.A), format_bytes(in.P));
+  s += fmt::format("optimizer {}: {} tensors ({:.2f}B params) with 8-bit moments; model state in DRAM {}\n", r.optimizer,
+                   o.eight_bit_tensors, double(o.eight_bit_params) / 1e9, format_bytes(in.dram_fixed));
+  if (o.dp) s += fmt::format("dp: {} in {:.3f} s ({} states)\n", o.dp->feasible ? "feasible" : "infeasible", o.dp->solve_s, o.dp->states);
+  if (o.milp) {
+    const auto& m = *o.milp;
+    s += fmt::format("milp (CBC): {} cols ({} integer, {} edges kept), {} rows; ", m.columns, m.integers, m.edges, m.rows);
+    if (m.feasible)
+      s += fmt::format("objective {} ms, bound {} ms, gap {:.3f}%{}, solve {:.2f} s\n", ms(m.objective), ms(m.bound),
+                       100 * m.gap, m.optimal ? " (optimal within tolerance)" : "", m.solve_s);
+    else
+      s += fmt::format("no solution, {:.2f} s\n", m.solve_s);
+  }
+  if (!o.feasible) {
+    s += o.why + "\n";
+    return s;
+  }
+  const auto& p = o.plan;
+  const auto& q = o.sim.pred;
+  s += fmt::format("\nplan [{}] chunk {} samples, weight ring {}\n", p.planner, p.chunk, p.ring);
+  s += fmt::format("  gpu  checkpoints: {}\n", tier_list(p, Tier::Gpu));
+  s += fmt::format("  cpu  checkpoints: {}\n", tier_list(p, Tier::Cpu));
+  s += fmt::format("  nvme checkpoints: {}\n", tier_list(p, Tier::Nvme));
+  std::string bl;
+  for (auto& b : p.blocks)
+    if (b.end - b.start > 1) bl += fmt::format(" ({},{})", b.start, b.end);
+  s += fmt::format("  recompute blocks:{}\n", bl.empty() ? " none" : bl);
+  s += fmt::format("  predicted step {} ms, {:.1f} TFLOPS (6*N*tokens/step, N={:.2f}B), {:.0f} tokens/s\n", ms(q.step_s),
+                   q.tflops, double(parameter_count(r.model)) / 1e9, double(r.batch * r.seq) / q.step_s);
+  s += fmt::format("  breakdown: compute {} + recompute {} + exposed h2d {} + d2h {} + nvme {} + optimizer {} ms\n",
+                   ms(q.compute_s), ms(q.recompute_s), ms(q.exposed_h2d_s), ms(q.exposed_d2h_s), ms(q.exposed_nvme_s),
+                   ms(q.exposed_optimizer_s));
+  s += fmt::format("  peaks: gpu {} of {}, dram {} of {}, nvme {} of {}\n", format_bytes(double(q.peak_hbm)),
+                   format_bytes(in.hbm_cap), format_bytes(double(q.peak_dram)), format_bytes(in.dram_cap),
+                   format_bytes(double(q.nvme_bytes)), format_bytes(in.nvme_cap));
+  s += "\ncandidates (same simulator):\n";
+  s += fmt::format("  {:<14} {:>10} {:>8} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11}  {}\n", "planner", "step ms", "TFLOPS",
+                   "recompute", "exp h2d", "exp d2h", "exp nvme", "exp opt", "peak gpu", "checkpoints g/c/n");
+  for (auto& c : o.candidates) {
+    if (!c.feasible) {
+      s += fmt::format("  {:<14} {}\n", c.name, c.why);
+      continue;
+    }
+    const auto& x = c.sim.pred;
+    int g = 0, cc = 0, n = 0;
+    for (auto t : c.plan.tier) {
+      g += t == Tier::Gpu;
+      cc += t == Tier::Cpu;
+      n += t == Tier::Nvme;
+    }
+    s += fmt::format("  {:<14} {:>10} {:>8.1f} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11}  {}/{}/{}\n", c.name, ms(x.step_s),
+                     x.tflops, ms(x.recompute_s), ms(x.exposed_h2d_s), ms(x.exposed_d2h_s), ms(x.exposed_nvme_s),
+                     ms(x.exposed_optimizer_s), format_bytes(double(x.peak_hbm)), g, cc, n);
+  }
+  return s;
+}
+
+std::string timeline_svg(const SimResult& sim, const std::string& title) {
+  const double W = 1600, lane_h = 34, left = 120, top = 40;
+  const int nl = int(SimLane::Count);
+  double tmax = sim.pred.step_s;
+  for (auto& o : sim.ops) tmax = std::max(tmax, o.t1);
+  if (tmax <= 0) tmax = 1;
+  const double k = (W - left - 20) / tmax;
+  std::string s = fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" font-size=\"11\">\n",
+      W, top + nl * lane_h + 50);
+  s += fmt::format("<text x=\"10\" y=\"20\" font-size=\"14\">{}</text>\n", xml_escape(title));
+  const char* colors[] = {"#4c78a8", "#f58518", "#54a24b", "#b279a2", "#9d755d", "#72b7b2"};
+  for (int l = 0; l < nl; ++l) {
+    const double y = top + l * lane_h;
+    s += fmt::format("<text x=\"10\" y=\"{}\">{}</text>\n", y + lane_h * 0.6, sim_lane_name(SimLane(l)));
+    s += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#ddd\"/>\n", left, y + lane_h, W - 20, y + lane_h);
+  }
+  for (auto& o : sim.ops) {
+    const double y = top + int(o.lane) * lane_h + 4;
+    const double x = left + o.t0 * k, w = std::max(0.5, (o.t1 - o.t0) * k);
+    const std::string fill = o.exposed ? "#e45756" : colors[int(o.lane)];
+    s += fmt::format("<rect x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{:.1f}\" fill=\"{}\" stroke=\"white\" "
+                     "stroke-width=\"0.3\"><title>{} {:.2f}-{:.2f} ms</title></rect>\n",
+                     x, y, w, lane_h - 8, fill, xml_escape(o.label), o.t0 * 1e3, o.t1 * 1e3);
+    if (w > 24)
+      s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" fill=\"white\" font-size=\"9\">{}</text>\n", x + 2, y + lane_h * 0.5,
+                       xml_escape(o.label));
+  }
+  const double yb = top + nl * lane_h + 20;
+  for (int t = 0; t <= 10; ++t) {
+    const double x = left + tmax * t / 10 * k;
+    s += fmt::format("<text x=\"{:.1f}\" y=\"{}\">{:.0f} ms</text>\n", x - 10, yb, tmax * t / 10 * 1e3);
+  }
+  s += fmt::format("<text x=\"{}\" y=\"{}\" fill=\"#e45756\">red: GPU idle (exposed transfer or optimizer wait)</text>\n",
+                   left, yb + 20);
+  s += "</svg>\n";
+  return s;
+}
+
+}  // namespace lt

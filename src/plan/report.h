@@ -1,0 +1,15 @@
+// Human-readable plan report (text tables) and the SVG timeline of a simulated step.
+#pragma once
+#include <string>
+
+#include "plan/planner.h"
+
+namespace lt {
+
+// Checkpoints per tier, blocks, predicted step/TFLOPS with breakdown, peaks per tier, every
+// candidate side by side, and the MILP's objective/bound/gap/solve time.
+std::string plan_report(const PlanRequest& r, const PlanOutcome& o);
+// Lanes over time: one row per lane, one rect per op, exposed GPU time in red.
+std::string timeline_svg(const SimResult& s, const std::string& title);
+
+}  // namespace lt
