@@ -129,7 +129,7 @@ void validate_plan(const ExecPlan& p, int64_t layers) {
     check_shares(tr.h2d, "h2d", i, L, first);
     if (t == CkptTier::Nvme) {
       check_shares(tr.nvme_write, "nvme_write", i, tr.d2h.front().window, L);
-      check_shares(tr.nvme_read, "nvme_read", i, L, tr.h2d.back().window);
+      check_shares(tr.nvme_read, "nvme_read", i, tr.nvme_write.front().window, tr.h2d.back().window);
     }
   }
   const size_t nw = plan_windows(p).size();

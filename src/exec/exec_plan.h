@@ -52,10 +52,11 @@ struct ExecPlan {
   // consecutive byte ranges in list order (fractions sum to 1). Empty lists = defaults:
   //   d2h        in [i, L]                       default {i, 1}
   //   nvme_write in [first d2h window, L]        default: same windows/fractions as d2h
-  //   nvme_read  in [L, last h2d window]         default {first h2d window - 1 (>= L), 1}
+  //   nvme_read  in [first write window, last h2d window]   default {first h2d window - 1 (>= L), 1}
   //   h2d        in [L, block_first_window(i)]   default {block_first_window(i) - 1, 1}
   // Ranges are rounded to kIoAlign (4096) bytes. A range is written after its D2H completed and
-  // uploaded after its read completed (the executor waits if the plan says otherwise).
+  // uploaded after its read completed; a file is read only after all of it was written (the executor
+  // issues the missing earlier transfers itself, and waits, if the plan says otherwise).
   struct Share {
     int32_t window = 0;
     double fraction = 1.0;

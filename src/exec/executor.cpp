@@ -478,12 +478,11 @@ class MicroBatchRun {
     if (!train_) return;
     for (int64_t i = 0; i < I.L; ++i) {
       if (!offloaded(i)) continue;
+      if (!produced_[size_t(i)]) continue;  // boundary 0 in window 0: after the embedding
       auto& t = trip_[size_t(i)];
       const auto& tr = I.traffic[size_t(i)];
-      if (produced_[size_t(i)])
-        while (t.d2h_next < tr.d2h.size() && tr.d2h[t.d2h_next].window <= w) issue_d2h(i);
-      if (produced_[size_t(i)])
-        while (t.wr_next < tr.nvme_write.size() && tr.nvme_write[t.wr_next].window <= w) issue_write(i);
+      while (t.d2h_next < tr.d2h.size() && tr.d2h[t.d2h_next].window <= w) issue_d2h(i);
+      while (t.wr_next < tr.nvme_write.size() && tr.nvme_write[t.wr_next].window <= w) issue_write(i);
       while (t.rd_next < tr.nvme_read.size() && tr.nvme_read[t.rd_next].window <= w) issue_read(i);
       while (t.h2d_next < tr.h2d.size() && tr.h2d[t.h2d_next].window <= w) issue_h2d(i);
     }

@@ -126,7 +126,7 @@ inline ExecPlan random_plan(int64_t L, int64_t batch, int64_t seq, std::mt19937_
     tr.h2d = shares(L, first);
     if (t == CkptTier::Nvme) {
       tr.nvme_write = shares(tr.d2h.front().window, L);
-      tr.nvme_read = shares(L, tr.h2d.back().window);
+      tr.nvme_read = shares(tr.nvme_write.front().window, tr.h2d.back().window);
     }
   }
   return p;
