@@ -43,7 +43,7 @@ BpeModel::BpeModel(std::unordered_map<std::string, int32_t> vocab,
     : vocab_(std::move(vocab)), ignore_merges_(ignore_merges) {
   int32_t max_id = -1;
   for (const auto& [tok, id] : vocab_) {
-    LT_CHECK(id >= 0, "{}: model.vocab['{}']: id must be >= 0, got {}", origin, tok, id);
+    LT_CHECK(id >= 0 && id < kMaxVocab, "{}: model.vocab['{}']: id must be in 0..{}, got {}", origin, tok, kMaxVocab - 1, id);
     max_id = std::max(max_id, id);
   }
   id_to_token_.assign(static_cast<size_t>(max_id + 1), std::string());

@@ -18,6 +18,9 @@ int unicode_to_byte(char32_t cp);
 // The ByteLevel form (UTF-8) of raw bytes.
 std::string bytes_to_bytelevel(std::string_view bytes);
 
+// Largest supported vocabulary (ids must be below it); real ones are <= 256k.
+constexpr int32_t kMaxVocab = 1 << 24;
+
 class BpeModel {
  public:
   // vocab: token (ByteLevel form, UTF-8) -> id. merges: pairs in rank order.

@@ -86,6 +86,14 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
 }
 
 Tokenizer Tokenizer::from_json(const json& j, const std::string& origin) {
+  try {
+    return from_json_checked(j, origin);
+  } catch (const json::exception& e) {  // a value of an unexpected type somewhere we did not check
+    fail("{}: malformed tokenizer.json: {}", origin, e.what());
+  }
+}
+
+Tokenizer Tokenizer::from_json_checked(const json& j, const std::string& origin) {
   LT_CHECK(j.is_object(), "{}: expected a JSON object at top level, got {}", origin, j.type_name());
   Tokenizer t;
 
@@ -180,7 +188,8 @@ Tokenizer Tokenizer::from_json(const json& j, const std::string& origin) {
       LT_CHECK(at[i].is_object(), "{}: expected an object", w);
       AddedToken a;
       const json& id = field(at[i], "id", w);
-      LT_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0, "{}.id: expected an integer >= 0, got {}", w, id.dump());
+      LT_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < kMaxVocab,
+               "{}.id: expected an integer in 0..{}, got {}", w, kMaxVocab - 1, id.dump());
       a.id = id.get<int32_t>();
       a.content = get_str(at[i], "content", w);
       LT_CHECK(!a.content.empty(), "{}.content: must not be empty", w);
@@ -224,7 +233,11 @@ Tokenizer Tokenizer::from_json(const json& j, const std::string& origin) {
         auto it = specials.find(name);
         LT_CHECK(it != specials.end(), "{}: special token '{}' is not in {}.special_tokens", ew, name, w);
         const json& ids = field(*it, "ids", w + ".special_tokens." + name);
-        for (const auto& id : ids) (seen_a ? t.post_suffix_ : t.post_prefix_).push_back(id.get<int32_t>());
+        for (const auto& id : ids) {
+          LT_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < t.vocab_size_,
+                   "{}.special_tokens.{}.ids: expected ids in 0..{}, got {}", w, name, t.vocab_size_ - 1, id.dump());
+          (seen_a ? t.post_suffix_ : t.post_prefix_).push_back(id.get<int32_t>());
+        }
       } else {
         fail("{}: expected {{\"Sequence\"|\"SpecialToken\": ...}}, got {}", ew, e.dump());
       }

@@ -50,6 +50,7 @@ class Tokenizer {
 
  private:
   Tokenizer() = default;
+  static Tokenizer from_json_checked(const nlohmann::json& j, const std::string& origin);
   // Appends the ids of plain text (no added tokens inside), running normalizer and pre-tokenizer.
   void encode_plain(std::string_view text, std::vector<int32_t>& out, bool parse_normalized_added) const;
   void encode_pretokenized(std::string_view normalized, std::vector<int32_t>& out) const;

@@ -52,6 +52,9 @@ TEST(TokenizerErrors, NameTheField) {
   j["normalizer"] = {{"type", "NFKC"}};
   EXPECT_NE(error_of(j).find("normalizer.type: unsupported normalizer 'NFKC'"), std::string::npos) << error_of(j);
   j = base();
+  j["added_tokens"][1]["id"] = 2147483647;
+  EXPECT_NE(error_of(j).find("added_tokens[1].id"), std::string::npos) << error_of(j);
+  j = base();
   j["added_tokens"][0].erase("content");
   EXPECT_NE(error_of(j).find("added_tokens[0]: missing field 'content'"), std::string::npos) << error_of(j);
   EXPECT_THROW(Tokenizer::from_file("/nonexistent/tokenizer.json"), lt::Error);
@@ -84,7 +87,7 @@ TEST(Tokenizer, RandomRoundTrip) {
                                              "大", "型", "😀", "👍🏽", "!", "?.", "\r\n", "<|im_end|>", "<think>",
                                              "\u00a0", "\u3000", "ー", "\u0301"};
   std::mt19937 rng(5);
-  for (int it = 0; it < 300; ++it) {
+  for (int it = 0; it < 200; ++it) {
     std::string s;
     const int n = rng() % 30;
     for (int k = 0; k < n; ++k) {
@@ -118,6 +121,68 @@ TEST(Pretokenizer, Qwen2SplitsDigitsLlama3GroupsThree) {
   EXPECT_EQ(pretokenize_utf8(SplitPattern::Qwen2, "a  b\n\n c   "),
             (std::vector<std::string>{"a", " ", " b", "\n\n", " c", "   "}));
   EXPECT_EQ(pretokenize_utf8(SplitPattern::Qwen2, "I'M here"), (std::vector<std::string>{"I", "'M", " here"}));
+}
+
+}  // namespace
+
+namespace {
+
+// ignore_merges (Llama-3): a pre-token that is itself in the vocabulary is one token, whatever the
+// merges would give. Expected ids from HF tokenizers 0.23 on the same JSON.
+TEST(Tokenizer, IgnoreMergesMatchesHf) {
+  json j = base();
+  j["added_tokens"] = json::array();
+  j["normalizer"] = nullptr;
+  j["post_processor"] = nullptr;
+  j["model"]["vocab"] = {{"a", 0}, {"b", 1}, {"c", 2}, {"ab", 3}, {"bc", 4}, {"abc", 5}, {"Ġ", 6}, {"Ġa", 7}};
+  j["model"]["merges"] = json::array({json::array({"b", "c"}), json::array({"a", "b"}), json::array({"Ġ", "a"})});
+  for (bool ignore : {false, true}) {
+    j["model"]["ignore_merges"] = ignore;
+    const Tokenizer t = Tokenizer::from_json(j, "tiny");
+    EXPECT_EQ(t.encode("abc abc ab"), ignore ? std::vector<int32_t>({5, 7, 4, 6, 3}) : std::vector<int32_t>({0, 4, 7, 4, 6, 3}));
+    EXPECT_EQ(t.encode("abcabc"), std::vector<int32_t>({0, 4, 0, 4}));
+    EXPECT_EQ(t.decode(t.encode("abc abc ab")), "abc abc ab");
+  }
+}
+
+// Random structural corruption of a real tokenizer.json: loading either works or throws lt::Error
+// (never another exception type, never a crash).
+TEST(TokenizerErrors, RandomCorruptionGivesCleanErrors) {
+  const json good = base();
+  std::mt19937 rng(11);
+  const std::vector<json> junk = {nullptr, 17, -3, "x", json::array(), json::object(), true, 1e30,
+                                  json::array({1, 2}), json{{"type", "BPE"}}};
+  // Paths of interest (JSON pointers).
+  std::vector<std::string> paths = {"/model", "/model/vocab", "/model/merges", "/model/merges/0", "/model/merges/0/1",
+                                    "/model/type", "/model/ignore_merges", "/model/dropout", "/model/byte_fallback",
+                                    "/added_tokens", "/added_tokens/0", "/added_tokens/0/id", "/added_tokens/1/content",
+                                    "/added_tokens/2/special", "/normalizer", "/normalizer/type", "/pre_tokenizer",
+                                    "/pre_tokenizer/type", "/pre_tokenizer/pretokenizers",
+                                    "/pre_tokenizer/pretokenizers/0", "/pre_tokenizer/pretokenizers/0/pattern",
+                                    "/pre_tokenizer/pretokenizers/1/use_regex", "/decoder", "/decoder/type",
+                                    "/post_processor", "/post_processor/type", "/model/vocab/a"};
+  int errors = 0;
+  for (int it = 0; it < 200; ++it) {
+    json j = good;
+    const int n_mut = 1 + rng() % 3;
+    for (int m = 0; m < n_mut; ++m) {
+      const json::json_pointer p(paths[rng() % paths.size()]);
+      if (!j.contains(p)) continue;
+      if (rng() % 4 == 0 && p != json::json_pointer("")) {
+        j[p.parent_pointer()].is_object() ? (void)j[p.parent_pointer()].erase(p.back()) : (void)0;
+      } else {
+        j[p] = junk[rng() % junk.size()];
+      }
+    }
+    try {
+      const Tokenizer t = Tokenizer::from_json(j, "mutated.json");
+      (void)t.decode(t.encode("Hello <|im_end|> 123 café"));
+    } catch (const lt::Error& e) {
+      ++errors;
+      EXPECT_NE(std::string(e.what()).find("mutated.json"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_GT(errors, 60);
 }
 
 }  // namespace
