@@ -1,0 +1,136 @@
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/units.h"
+#include "plan/heuristics.h"
+#include "plan/planner.h"
+#include "plan/profile.h"
+
+namespace lt {
+namespace {
+
+ResourceProfile test_profile() {
+  return load_profile_file(std::string(LT_SOURCE_DIR) + "/configs/profiles/h200.json");
+}
+
+PlanRequest request(const std::string& model, int64_t batch, int64_t hbm_gib) {
+  PlanRequest r;
+  r.model = preset_config(model);
+  r.batch = batch;
+  r.seq = 1024;
+  r.profile = test_profile();
+  r.profile.hbm_bytes = hbm_gib * GiB;
+  r.profile.hbm_reserve = GiB;
+  r.milp.time_limit_s = 10;
+  return r;
+}
+
+TEST(Planner, PresetsLoad) {
+  for (auto& n : profile_preset_names()) {
+    auto p = load_profile_file(std::string(LT_SOURCE_DIR) + "/configs/profiles/" + n + ".json");
+    EXPECT_EQ(p.name, n);
+    EXPECT_FALSE(p.source.empty());
+    auto j = profile_to_json(p);
+    auto q = profile_from_json(j, "rt");
+    EXPECT_EQ(profile_to_json(q).dump(), j.dump());
+  }
+}
+
+TEST(Planner, ProfileErrors) {
+  auto j = profile_to_json(test_profile());
+  j["h2d_gbps"] = -1;
+  EXPECT_THROW(profile_from_json(j, "x"), Error);
+  j = profile_to_json(test_profile());
+  j["extra"] = 1;
+  EXPECT_THROW(profile_from_json(j, "x"), Error);
+  j = profile_to_json(test_profile());
+  j.erase("gemm_tflops");
+  try {
+    profile_from_json(j, "x.json");
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("missing field 'gemm_tflops'"), std::string::npos);
+  }
+}
+
+// Every heuristic gives a valid plan; the final plan is never worse than any candidate.
+TEST(Planner, HeuristicsValidAndMilpNeverWorse) {
+  auto r = request("qwen2.5-0.5b", 8, 24);
+  auto o = make_plan(r);
+  ASSERT_TRUE(o.feasible) << o.why;
+  int feasible = 0;
+  for (auto& c : o.candidates) {
+    if (!c.feasible) continue;
+    ++feasible;
+    EXPECT_NO_THROW(validate_plan(c.plan)) << c.name;
+    EXPECT_LE(o.sim.pred.step_s, c.sim.pred.step_s * (1 + 1e-12)) << c.name;
+  }
+  EXPECT_GE(feasible, 5);
+  // Round trip of the chosen plan through JSON keeps it valid and identical.
+  auto q = plan_from_json(plan_to_json(o.plan));
+  EXPECT_EQ(plan_to_json(q).dump(), plan_to_json(o.plan).dump());
+  for (auto h : heuristic_names()) {
+    auto t = heuristic_tiers(h, 24);
+    EXPECT_EQ(t.front(), Tier::Gpu);
+    EXPECT_EQ(t.back(), Tier::Gpu);
+  }
+  EXPECT_THROW(heuristic_tiers("megatrain:x", 8), Error);
+  EXPECT_THROW(heuristic_tiers("nonsense", 8), Error);
+}
+
+TEST(Planner, DoesNotFitMessages) {
+  {
+    auto r = request("qwen2.5-7b", 64, 2);  // 2 GiB GPU
+    auto o = make_plan(r);
+    ASSERT_FALSE(o.feasible);
+    EXPECT_EQ(o.why.rfind("does not fit: gpu short by ", 0), 0u) << o.why;
+    EXPECT_NE(o.why.find("needs "), std::string::npos);
+    EXPECT_NE(o.why.find("has "), std::string::npos);
+  }
+  {
+    auto r = request("qwen2.5-7b", 4, 80);
+    r.profile.dram_bytes = 40 * GiB;
+    r.optimizer = "adamw";
+    auto o = make_plan(r);
+    ASSERT_FALSE(o.feasible);
+    EXPECT_EQ(o.why.rfind("does not fit: dram short by ", 0), 0u) << o.why;
+  }
+}
+
+TEST(Planner, Hybrid8bitSwitchesLargestFirstUntilItFits) {
+  auto c = preset_config("qwen2.5-7b");
+  const double fp32 = model_state_dram(c, {});
+  EXPECT_TRUE(choose_8bit(c, "hybrid", fp32 + 1).empty());
+  auto some = choose_8bit(c, "hybrid", fp32 - 10.0 * GiB);
+  ASSERT_FALSE(some.empty());
+  EXPECT_LE(model_state_dram(c, some), fp32 - 10.0 * GiB);
+  auto fewer = std::vector<std::string>(some.begin(), some.end() - 1);
+  EXPECT_GT(model_state_dram(c, fewer), fp32 - 10.0 * GiB);  // minimal
+  for (auto& n : some) EXPECT_NE(n.find("mlp"), std::string::npos) << n;  // the FFN matrices are the largest
+  auto all = choose_8bit(c, "adamw8bit", 0);
+  EXPECT_EQ(all.size(), size_t(c.layers * 7));
+  EXPECT_THROW(choose_8bit(c, "sgd", 0), Error);
+}
+
+// --batch max: feasible at the answer, infeasible one above, and feasibility is monotone below.
+TEST(Planner, MaxBatchMonotonic) {
+  auto r = request("qwen2.5-0.5b", 1, 6);
+  const int64_t b = max_feasible_batch(r, "dp", 512);
+  ASSERT_GT(b, 1);
+  ASSERT_LT(b, 512);
+  r.compare = false;
+  r.planner = "dp";
+  for (int64_t x : {int64_t(1), b / 2, b - 1, b}) {
+    r.batch = x;
+    EXPECT_TRUE(make_plan(r).feasible) << x;
+  }
+  r.batch = b + 1;
+  EXPECT_FALSE(make_plan(r).feasible);
+  const int64_t m = max_feasible_batch(request("qwen2.5-0.5b", 1, 6), "megatrain:4", 512);
+  EXPECT_LE(m, b);  // the DP's space contains megatrain:4
+}
+
+}  // namespace
+}  // namespace lt
