@@ -127,6 +127,7 @@ void load_weights(const fs::path& dir, const ModelConfig& c, const ModelLayout& 
   struct Job {
     const TensorStore::Ref* ref;
     float* out;
+    int64_t begin = 0, count = 0;  // element range of the tensor (big tensors are split for balance)
   };
   std::vector<Job> jobs;
   std::vector<std::string> missing;
@@ -151,7 +152,9 @@ void load_weights(const fs::path& dir, const ModelConfig& c, const ModelLayout& 
       LT_CHECK(r->tensor->dtype == "F32" || r->tensor->dtype == "BF16" || r->tensor->dtype == "F16",
                "{}: tensor '{}': dtype {} cannot be loaded as weights (supported: F32, BF16, F16)",
                r->file->path().string(), p.name, r->tensor->dtype);
-      jobs.push_back({r, units[u] + p.offset});
+      constexpr int64_t kPiece = 8 << 20;
+      for (int64_t b = 0; b < p.numel || b == 0; b += kPiece)
+        jobs.push_back({r, units[u] + p.offset, b, std::min(kPiece, p.numel - b)});
     }
   }
   if (!missing.empty()) {
@@ -172,15 +175,18 @@ void load_weights(const fs::path& dir, const ModelConfig& c, const ModelLayout& 
     fail("{}: {} unexpected tensor(s) not part of {} ({}, {} layers): {}{}", dir.string(), extra.size(), c.name,
          arch_hf_name(c.arch), c.layers, list, extra.size() > 5 ? ", ..." : "");
   }
-  // Convert in parallel, one tensor per task (biggest first for balance).
-  std::sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) { return a.ref->tensor->nbytes() > b.ref->tensor->nbytes(); });
+  // Convert in parallel, pieces of at most 8M elements, biggest first.
+  std::stable_sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) { return a.count > b.count; });
   std::atomic<size_t> next{0};
   std::exception_ptr err;
   std::mutex err_mu;
   auto work = [&] {
     for (size_t i; (i = next.fetch_add(1)) < jobs.size();) {
       try {
-        jobs[i].ref->file->read_f32(*jobs[i].ref->tensor, jobs[i].out);
+        const Job& j = jobs[i];
+        const StTensor& t = *j.ref->tensor;
+        convert_to_f32(t.dtype, j.ref->file->raw(t) + uint64_t(j.begin) * t.elem_size, j.count, j.out + j.begin,
+                       j.ref->file->path().string() + ": tensor '" + t.name + "'");
       } catch (...) {
         std::lock_guard<std::mutex> g(err_mu);
         if (!err) err = std::current_exception();

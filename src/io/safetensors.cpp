@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <future>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -229,7 +230,15 @@ void write_safetensors(const std::filesystem::path& path, const std::vector<StWr
   for (int i = 0; i < 8; ++i) len[i] = uint8_t(uint64_t(hs.size()) >> (8 * i));
   put(len, 8);
   put(hs.data(), hs.size());
-  std::vector<bf16_t> buf;
+  // BF16: convert the next chunk (on a helper thread) while this one is written.
+  constexpr int64_t chunk = 4 << 20;
+  std::vector<bf16_t> bufs[2];
+  std::future<void> pending;
+  struct Piece {
+    const float* src;
+    int64_t n;
+  };
+  std::vector<Piece> pieces;
   for (auto& t : tensors) {
     int64_t n = 1;
     for (auto d : t.shape) n *= d;
@@ -237,13 +246,24 @@ void write_safetensors(const std::filesystem::path& path, const std::vector<StWr
       put(t.data, size_t(n) * 4);
       continue;
     }
-    constexpr int64_t chunk = 1 << 20;
-    buf.resize(size_t(std::min(n, chunk)));
-    for (int64_t i = 0; i < n; i += chunk) {
-      int64_t m = std::min(chunk, n - i);
-      for (int64_t k = 0; k < m; ++k) buf[size_t(k)] = f32_to_bf16(t.data[i + k]);
-      put(buf.data(), size_t(m) * 2);
-    }
+    for (int64_t i = 0; i < n; i += chunk) pieces.push_back({t.data + i, std::min(chunk, n - i)});
+  }
+  auto convert = [](Piece pc, std::vector<bf16_t>* out) {
+    out->resize(size_t(pc.n));
+    for (int64_t k = 0; k < pc.n; ++k) (*out)[size_t(k)] = f32_to_bf16(pc.src[k]);
+  };
+  if (!pieces.empty()) pending = std::async(std::launch::async, convert, pieces[0], &bufs[0]);
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    pending.get();
+    if (i + 1 < pieces.size()) pending = std::async(std::launch::async, convert, pieces[i + 1], &bufs[(i + 1) % 2]);
+    put(bufs[i % 2].data(), size_t(pieces[i].n) * 2);  // on failure `put` throws; ~future joins the helper
+  }
+  // Durable before it gets the final name (checkpoints must survive a crash right after saving).
+  if (std::fflush(f) != 0 || ::fsync(::fileno(f)) != 0) {
+    int e = errno;
+    std::fclose(f);
+    std::filesystem::remove(tmp);
+    fail("{}: flush failed: {}", tmp.string(), std::strerror(e));
   }
   if (std::fclose(f) != 0) {
     std::filesystem::remove(tmp);
