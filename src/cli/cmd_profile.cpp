@@ -1,10 +1,142 @@
-// Placeholder registration; replaced by the module that owns 'profile'.
+// `lazytrain profile -o profile.json`: measure this machine for the planner. Host memory bandwidth,
+// NVMe O_DIRECT write/read on --nvme-dir, CPU AdamW throughput (the optimizer's own kernels, fp32 and
+// 8-bit moments); GPU fields through the CUDA backend's registered profiler, else from --preset.
+#include <cstdio>
+#include <fstream>
+#include <thread>
+#include <vector>
+
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/timer.h"
+#include "core/units.h"
+#include "model/model_config.h"
+#include "optim/adamw_kernels.h"
+#include "plan/profile.h"
 
 namespace lt::cli {
-void add_profile(CLI::App& app) {
-  auto* sub = app.add_subcommand("profile", "(profile: not built yet)");
-  sub->callback([] { lt::fail("'profile' is not implemented yet"); });
+
+namespace {
+using namespace lt::optim;
+
+int64_t mem_available() {
+  std::ifstream f("/proc/meminfo");
+  std::string k;
+  int64_t v;
+  std::string unit;
+  while (f >> k >> v >> unit)
+    if (k == "MemAvailable:") return v * 1024;
+  return 0;
 }
+
+// The optimizer's kernels over n parameters split across threads; best of 3, parameters/s.
+double optimizer_rate(bool q8, int threads, int64_t n) {
+  n = n / kQ8Block * kQ8Block;
+  std::vector<float> p(size_t(n), 0.01f), g(size_t(n), 1e-3f), m, v, ms, vs;
+  std::vector<uint8_t> mq, vq;
+  std::vector<bf16_t> out(static_cast<size_t>(n));
+  if (q8) {
+    mq.assign(size_t(n), 0);
+    vq.assign(size_t(n), 0);
+    ms.assign(size_t(n / kQ8Block), 0.f);
+    vs.assign(size_t(n / kQ8Block), 0.f);
+  } else {
+    m.assign(size_t(n), 0.f);
+    v.assign(size_t(n), 0.f);
+  }
+  const Isa isa = resolve_isa(Isa::Auto);
+  const auto sc = make_adamw_scalars(1e-5, 0.01, 0.9, 0.999, 1e-8, 1, 1.0f);
+  double best = 1e30;
+  for (int rep = 0; rep < 3; ++rep) {
+    const double t0 = now_seconds();
+    std::vector<std::thread> ts;
+    const int64_t blocks = n / kQ8Block;
+    for (int t = 0; t < threads; ++t) {
+      const int64_t a = blocks * t / threads * kQ8Block, b = blocks * (t + 1) / threads * kQ8Block;
+      ts.emplace_back([&, a, b] {
+        if (q8)
+          adamw_q8(isa, sc, p.data() + a, g.data() + a, mq.data() + a, vq.data() + a, ms.data() + a / kQ8Block,
+                   vs.data() + a / kQ8Block, out.data() + a, b - a);
+        else
+          adamw_f32(isa, sc, p.data() + a, g.data() + a, m.data() + a, v.data() + a, out.data() + a, b - a);
+      });
+    }
+    for (auto& t : ts) t.join();
+    best = std::min(best, now_seconds() - t0);
+  }
+  return double(n) / best;
+}
+
+}  // namespace
+
+void add_profile(CLI::App& app) {
+  struct Opts {
+    std::string out = "profile.json", preset = "h200", nvme_dir = "/tmp/lazytrain-nvme", name, model = "qwen2.5-7b";
+    std::string nvme_bytes = "512MiB", host_mem;
+    int threads = 0;
+    int64_t batch = 8, seq = 1024;
+    bool skip_nvme = false;
+  };
+  auto o = std::make_shared<Opts>();
+  auto* sub = app.add_subcommand("profile", "Measure this machine (host memory, NVMe, CPU optimizer; GPU via the CUDA backend)");
+  sub->add_option("-o,--output", o->out, "profile JSON to write")->capture_default_str();
+  sub->add_option("--preset", o->preset, "profile whose fields are kept where nothing is measured")->capture_default_str();
+  sub->add_option("--nvme-dir", o->nvme_dir, "directory for NVMe checkpoints (measured with O_DIRECT)")->capture_default_str();
+  sub->add_option("--nvme-bytes", o->nvme_bytes, "bytes written and read back for the NVMe measurement")->capture_default_str();
+  sub->add_option("--host-mem", o->host_mem, "DRAM budget to record (default: 90% of MemAvailable)");
+  sub->add_option("--threads", o->threads, "CPU threads (default: all)");
+  sub->add_option("--model", o->model, "model whose layer times the GPU profiler measures")->capture_default_str();
+  sub->add_option("--batch", o->batch, "batch for the GPU layer timing")->capture_default_str();
+  sub->add_option("--seq", o->seq, "sequence length for the GPU layer timing")->capture_default_str();
+  sub->add_option("--name", o->name, "profile name (default: measured-<preset>)");
+  sub->add_flag("--skip-nvme", o->skip_nvme, "keep the preset's NVMe figures");
+  sub->callback([o] {
+    const double t0 = now_seconds();
+    auto say = [&](const std::string& m) { std::fprintf(stderr, "[%5.1fs] %s\n", now_seconds() - t0, m.c_str()); };
+    ResourceProfile p = resolve_profile(o->preset);
+    const int threads = o->threads > 0 ? o->threads : int(std::max(1u, std::thread::hardware_concurrency()));
+    p.name = o->name.empty() ? "measured-" + p.name : o->name;
+    std::string src = fmt::format("measured by `lazytrain profile` with {} threads: host memory, NVMe ({}), CPU AdamW", threads,
+                                  o->nvme_dir);
+
+    p.host_mem_bw = measure_host_bandwidth(threads, 256 * MiB, say);
+    say(fmt::format("  host memory {:.1f} GB/s (read+write)", p.host_mem_bw / 1e9));
+    p.dram_bytes = !o->host_mem.empty() ? parse_bytes(o->host_mem) : int64_t(0.9 * double(mem_available()));
+    say(fmt::format("  DRAM budget {}", format_bytes(double(p.dram_bytes))));
+
+    if (!o->skip_nvme) {
+      auto nv = measure_nvme(o->nvme_dir, parse_bytes(o->nvme_bytes), say);
+      p.nvme_write_bw = nv.write_bw;
+      p.nvme_read_bw = nv.read_bw;
+      p.nvme_bytes = int64_t(0.9 * double(nv.free_bytes));
+      p.nvme_dir = o->nvme_dir;
+      say(fmt::format("  NVMe write {:.2f} GB/s, read {:.2f} GB/s{}, {} free", nv.write_bw / 1e9, nv.read_bw / 1e9,
+                      nv.direct ? "" : " (buffered: O_DIRECT refused)", format_bytes(double(nv.free_bytes))));
+      if (!nv.direct) src += " [NVMe buffered, O_DIRECT refused]";
+    }
+
+    for (bool q8 : {false, true}) {
+      say(fmt::format("CPU optimizer: AdamW {} over 64M params", q8 ? "8-bit" : "fp32"));
+      const double r = optimizer_rate(q8, threads, 64 << 20);
+      (q8 ? p.opt_8bit_params_per_s : p.opt_fp32_params_per_s) = r;
+      say(fmt::format("  {:.0f} Mparams/s", r / 1e6));
+    }
+
+    if (auto gp = gpu_profiler()) {
+      say(fmt::format("GPU: measuring through the CUDA backend ({} batch {} seq {})", o->model, o->batch, o->seq));
+      gp(p, resolve_model(o->model), o->batch, o->seq);
+      p.gpu_measured = true;
+      src += "; GPU measured through the CUDA backend";
+    } else {
+      say(fmt::format("GPU: not measured (no CUDA backend in this build); HBM, PCIe and GEMM figures taken from preset '{}'",
+                      o->preset));
+      p.gpu_measured = false;
+      src += fmt::format("; GPU fields NOT measured, taken from preset {} ({})", o->preset, p.source);
+    }
+    p.source = src;
+    save_profile(p, o->out);
+    say(fmt::format("wrote {}", o->out));
+  });
+}
+
 }  // namespace lt::cli
