@@ -1,26 +1,197 @@
 #include "train/planning.h"
 
-#include <cmath>
+#include <sys/statvfs.h>
 
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "backend/cpu/ops.h"
 #include "core/error.h"
+#include "core/log.h"
+#include "core/timer.h"
 #include "core/units.h"
 #include "model/accounting.h"
+#include "plan/planner.h"
+#include "plan/report.h"
 
 namespace lt::train {
+namespace {
+
+int64_t mem_available_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return 8 * GiB;
+}
+
+int64_t free_disk_bytes(const std::string& dir) {
+  struct statvfs s {};
+  if (dir.empty() || ::statvfs(dir.c_str(), &s) != 0) return 0;
+  return int64_t(s.f_bavail) * int64_t(s.f_frsize);
+}
+
+// Achieved fp32 GEMM rate of this CPU at a layer-like shape (a few tens of ms).
+double measure_cpu_gemm_flops(const ModelConfig& m) {
+  const int64_t n = 256, k = std::max<int64_t>(64, m.hidden), o = std::max<int64_t>(64, m.ffn);
+  std::vector<float> a(size_t(n * k), 0.5f), b(size_t(o * k), 0.25f), c(size_t(n * o));
+  cpu::sgemm(false, true, n, o, k, 1.0f, a.data(), k, b.data(), k, 0.0f, c.data(), o);  // warm-up
+  double t0 = now_seconds();
+  int reps = 0;
+  while (now_seconds() - t0 < 0.03 || reps < 2) {
+    cpu::sgemm(false, true, n, o, k, 1.0f, a.data(), k, b.data(), k, 0.0f, c.data(), o);
+    ++reps;
+  }
+  double dt = now_seconds() - t0;
+  return 2.0 * double(n * k * o) * reps / dt;
+}
+
+// The resource profile used when the config names none: the CPU backend's "device" is host memory,
+// its PCIe is memcpy; figures are measured quickly here rather than assumed.
+ResourceProfile default_profile(const TrainConfig& cfg, const ModelConfig& m, int64_t batch, int64_t seq,
+                                bool on_gpu) {
+  ResourceProfile p;
+  const int64_t avail = mem_available_bytes();
+  p.dram_bytes = cfg.host_mem.empty() ? avail : parse_bytes(cfg.host_mem);
+  p.nvme_dir = cfg.nvme_dir;
+  p.nvme_bytes = cfg.nvme_dir.empty() ? 0 : (cfg.nvme_mem.empty() ? free_disk_bytes(cfg.nvme_dir) : parse_bytes(cfg.nvme_mem));
+  p.nvme_read_bw = p.nvme_write_bw = 1e9;
+  if (on_gpu && gpu_profiler()) {
+    p.name = "measured-gpu";
+    p.source = "measured at start by lazytrain train (GPU profiler)";
+    gpu_profiler()(p, m, batch, seq);
+    if (!cfg.gpu_mem.empty()) p.hbm_bytes = std::min(p.hbm_bytes, parse_bytes(cfg.gpu_mem));
+  } else {
+    p.name = "cpu-backend";
+    p.source = "estimated at start by lazytrain train: CPU backend, device = host memory, copies = memcpy";
+    // The CPU backend keeps activations and weights in fp32, twice the planner's bf16 byte counts,
+    // so the planner sees half of the device budget.
+    int64_t dev = cfg.gpu_mem.empty() ? avail / 2 : parse_bytes(cfg.gpu_mem);
+    p.hbm_bytes = dev / 2;
+    p.hbm_reserve = 0;
+    p.host_mem_bw = measure_host_bandwidth(1, 8 * MiB);
+    p.h2d_bw = p.d2h_bw = p.host_mem_bw;
+    p.both_bw = p.host_mem_bw;
+    p.gemm_flops = measure_cpu_gemm_flops(m);
+    p.attn_flops = p.gemm_flops / 4;  // scalar attention loops: slower than BLAS
+    p.peak_flops = p.gemm_flops;
+    // AdamW moves ~30 bytes per parameter (fp32 p, g, m, v read; p, m, v written), 8-bit ~18.
+    p.opt_fp32_params_per_s = p.host_mem_bw / 30.0;
+    p.opt_8bit_params_per_s = p.host_mem_bw / 18.0;
+  }
+  return p;
+}
+
+CkptTier to_exec_tier(Tier t) {
+  switch (t) {
+    case Tier::None: return CkptTier::None;
+    case Tier::Gpu: return CkptTier::Gpu;
+    case Tier::Cpu: return CkptTier::Cpu;
+    case Tier::Nvme: return CkptTier::Nvme;
+  }
+  return CkptTier::None;
+}
+
+std::vector<ExecPlan::Share> to_exec_shares(const std::vector<Share>& s) {
+  std::vector<ExecPlan::Share> out;
+  for (const auto& x : s) out.push_back({x.window, x.fraction});
+  return out;
+}
+
+}  // namespace
+
+ExecPlan to_exec_plan(const Plan& p, const PlanPrediction* pred) {
+  ExecPlan e;
+  e.batch = p.batch;
+  e.seq = p.seq;
+  for (Tier t : p.tier) e.tier.push_back(to_exec_tier(t));
+  e.ring = p.ring;
+  e.chunk_samples = p.chunk >= p.batch ? 0 : p.chunk;
+  e.nvme_staging = p.nvme_staging;
+  e.embedding_resident = p.embedding_resident;
+  e.head_resident = p.head_resident;
+  if (!p.traffic.empty()) {
+    e.traffic.resize(p.tier.size());
+    for (const auto& ct : p.traffic) {
+      auto& t = e.traffic[size_t(ct.boundary)];
+      t.d2h = to_exec_shares(ct.d2h);
+      t.nvme_write = to_exec_shares(ct.nvme_write);
+      t.nvme_read = to_exec_shares(ct.nvme_read);
+      t.h2d = to_exec_shares(ct.h2d);
+    }
+  }
+  if (pred) {
+    for (const auto& w : pred->windows)
+      e.predicted.push_back({w.compute, w.h2d, w.d2h, w.nvme_read, w.nvme_write, w.exposed});
+    e.predicted_step_s = pred->step_s;
+  }
+  return e;
+}
 
 TrainingPlan make_training_plan(const TrainConfig& cfg, const ModelConfig& model, int64_t batch, int64_t seq,
                                 const std::string& device_name, bool on_gpu) {
   TrainingPlan tp;
-  tp.exec = ExecPlan::keep_all(model.layers, batch, seq);
-  tp.planner = "all-gpu";
+  PlanRequest r;
+  r.model = model;
+  r.batch = batch;
+  r.seq = seq;
+  r.profile = cfg.profile.empty() ? default_profile(cfg, model, batch, seq, on_gpu) : resolve_profile(cfg.profile);
+  if (!cfg.profile.empty()) {
+    if (!cfg.gpu_mem.empty()) r.profile.hbm_bytes = parse_bytes(cfg.gpu_mem);
+    if (!cfg.host_mem.empty()) r.profile.dram_bytes = parse_bytes(cfg.host_mem);
+    if (!cfg.nvme_mem.empty()) r.profile.nvme_bytes = parse_bytes(cfg.nvme_mem);
+    if (!cfg.nvme_dir.empty()) r.profile.nvme_dir = cfg.nvme_dir;
+  }
+  // Planner names: the config's "all-cpu" is the planner's "cpu-all"; "megatrain" means K = 4.
+  r.planner = cfg.planner == "all-cpu" ? "cpu-all" : cfg.planner == "megatrain" ? "megatrain:4" : cfg.planner;
+  r.optimizer = cfg.optimizer;
+  r.compare = false;
+  const double t0 = now_seconds();
+  PlanOutcome o = make_plan(r);
+  const double plan_s = now_seconds() - t0;
+  if (!o.feasible) fail("{} (planner {}, batch {}, seq {}; profile {})", o.why, r.planner, batch, seq, r.profile.name);
+
+  tp.exec = to_exec_plan(o.plan, &o.sim.pred);
+  tp.tensors_8bit.insert(o.plan.optimizer_8bit.begin(), o.plan.optimizer_8bit.end());
+  tp.planner = o.chosen.empty() ? r.planner : o.chosen;
+  tp.predicted_step_s = o.sim.pred.step_s;
+  tp.predicted_tflops = o.sim.pred.tflops;
+  tp.predicted_exposed_transfer_s = o.sim.pred.exposed_h2d_s + o.sim.pred.exposed_d2h_s + o.sim.pred.exposed_nvme_s;
+  tp.predicted_exposed_optimizer_s = o.sim.pred.exposed_optimizer_s;
+  // The device budget the executor enforces: the profile's (the CPU backend's is twice the planner's view).
   tp.device_budget = cfg.gpu_mem.empty() ? -1 : parse_bytes(cfg.gpu_mem);
   tp.host_budget = cfg.host_mem.empty() ? -1 : parse_bytes(cfg.host_mem);
-  tp.extra_layer_forwards = double(model.layers);
-  if (cfg.optimizer == "adamw8bit") {
+  double block_recompute = 0;
+  for (const auto& b : o.plan.blocks) block_recompute += double(b.end - b.start - 1);
+  tp.extra_layer_forwards = double(model.layers) + block_recompute;
+
+  int n_gpu = 0, n_cpu = 0, n_nvme = 0, n_none = 0;
+  for (Tier t : o.plan.tier) (t == Tier::Gpu ? n_gpu : t == Tier::Cpu ? n_cpu : t == Tier::Nvme ? n_nvme : n_none)++;
+  tp.summary = fmt::format(
+      "plan: {} planner chose '{}' in {:.2f} s (profile '{}', device {})\n"
+      "  boundaries: {} gpu, {} cpu, {} nvme, {} recomputed | {} recompute blocks | chunk {} of {} samples | ring {}\n"
+      "  tiers: {}\n"
+      "  optimizer: {} ({} tensors / {} params with 8-bit moments)\n"
+      "  predicted: {:.3f} s/step, {:.3f} TFLOPS, exposed transfer {:.1f} ms, exposed optimizer {:.1f} ms\n"
+      "  memory: device peak {} of {}, host {} of {}, nvme {} of {}\n",
+      r.planner, tp.planner, plan_s, r.profile.name, device_name, n_gpu, n_cpu, n_nvme, n_none,
+      o.plan.blocks.size(), o.plan.chunk, o.plan.batch, o.plan.ring, describe_tiers(o.plan), cfg.optimizer,
+      o.eight_bit_tensors, o.eight_bit_params, tp.predicted_step_s, tp.predicted_tflops,
+      1e3 * tp.predicted_exposed_transfer_s, 1e3 * tp.predicted_exposed_optimizer_s,
+      format_bytes(double(o.sim.pred.peak_hbm)), format_bytes(double(r.profile.hbm_bytes - r.profile.hbm_reserve)),
+      format_bytes(double(o.sim.pred.peak_dram)), format_bytes(double(r.profile.dram_bytes)),
+      format_bytes(double(o.sim.pred.nvme_bytes)), format_bytes(double(r.profile.nvme_bytes)));
+  if (!cfg.output_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(cfg.output_dir, ec);
+    save_plan(o.plan, std::filesystem::path(cfg.output_dir) / "plan.json");
+    std::ofstream rep(std::filesystem::path(cfg.output_dir) / "plan_report.txt");
+    rep << plan_report(r, o);
   }
-  tp.summary = fmt::format("plan ({}): {}\n", tp.planner, describe_plan(tp.exec));
-  (void)device_name;
-  (void)on_gpu;
   return tp;
 }
 

@@ -9,6 +9,7 @@
 #include "backend/backend.h"
 #include "exec/exec_plan.h"
 #include "model/model_config.h"
+#include "plan/plan.h"
 #include "train/config.h"
 
 namespace lt::train {
@@ -25,6 +26,10 @@ struct TrainingPlan {
   // layer backward's recompute of its own internals.
   double extra_layer_forwards = 0;
 };
+
+// The executor's form of a planner Plan (same window numbering), with the simulator's per-window
+// predictions when given.
+ExecPlan to_exec_plan(const Plan& p, const PlanPrediction* pred = nullptr);
 
 // Throws lt::Error with the planner's "does not fit: <resource> short by <bytes>" when no plan fits.
 TrainingPlan make_training_plan(const TrainConfig& cfg, const ModelConfig& model, int64_t batch, int64_t seq,

@@ -139,15 +139,11 @@ TrainResult run_training(const TrainConfig& cfg, const TrainHooks& hooks) {
                    cfg.min_lr_ratio};
 
   // ---- plan, backend, state ----
-  std::string device_name = "cpu";
-  bool want_gpu = false;
   BackendFactory factory = hooks.make_backend ? hooks.make_backend : BackendFactory(make_cpu_backend);
-  TrainingPlan tp = make_training_plan(cfg, ms.model, batch, seq, device_name, want_gpu);
-  BackendChoice bc = factory(ms.model, cfg, tp.device_budget, tp.host_budget);
-  if (bc.gpu) {  // re-plan with the device's real figures
-    tp = make_training_plan(cfg, ms.model, batch, seq, bc.device_name, true);
-    if (tp.device_budget >= 0) bc.backend->memory().set_budget(MemKind::Device, tp.device_budget);
-  }
+  const int64_t dev_budget = cfg.gpu_mem.empty() ? -1 : parse_bytes(cfg.gpu_mem);
+  const int64_t host_budget = cfg.host_mem.empty() ? -1 : parse_bytes(cfg.host_mem);
+  BackendChoice bc = factory(ms.model, cfg, dev_budget, host_budget);
+  TrainingPlan tp = make_training_plan(cfg, ms.model, batch, seq, bc.device_name, bc.gpu);
   Backend& be = *bc.backend;
   std::printf("%s", tp.summary.c_str());
   std::printf("training: %s on %s | %lld samples, seq %lld, batch %lld x %lld accumulation | %lld steps "
