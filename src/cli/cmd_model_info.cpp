@@ -4,6 +4,8 @@
 // directory in HF format (config.json, generation_config.json, safetensors).
 #include <fmt/format.h>
 
+#include <nlohmann/json.hpp>
+
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/units.h"
@@ -57,15 +59,42 @@ struct Options {
   int64_t batch = 1, seq = 1024, head_chunk = 1024;
   std::string write_dir, save_dtype = "bf16", max_shard = "5GiB";
   uint64_t seed = 1;
+  bool json = false;
 };
 
-void run(const Options& o) {
-  ModelConfig c = resolve_model(o.model);
-  ModelLayout lay = model_layout(c);
-  LT_CHECK(o.batch > 0 && o.seq > 0, "--batch and --seq must be positive, got {} and {}", o.batch, o.seq);
+// Same figures as the table, machine-readable (bytes and FLOPs as plain numbers).
+void print_json(const ModelConfig& c, const ModelLayout& lay, const Options& o, const LayerCost& lc) {
+  auto unit = [](const UnitLayout& u) {
+    UnitBytes b = unit_bytes(u);
+    return nlohmann::json{{"params", b.params},          {"fp32_master_bytes", b.params * 4},
+                          {"bf16_copy_bytes", b.params * 2}, {"fp32_grad_bytes", b.params * 4},
+                          {"adamw_fp32_bytes", b.params * 8}, {"adamw_8bit_bytes", b.opt8}};
+  };
   const int64_t T = o.batch * o.seq;
-  LayerCost lc = layer_cost(c, o.batch, o.seq, 2);
-  const int64_t N = parameter_count(c);
+  nlohmann::json j = {
+      {"model", c.name},
+      {"config", model_config_to_json(c)},
+      {"parameters", parameter_count(c)},
+      {"units", {{"embedding", unit(lay.embedding())}, {"layer", unit(lay.layer(0))}, {"head", unit(lay.head())}}},
+      {"batch", o.batch},
+      {"seq", o.seq},
+      {"tokens", T},
+      {"layer",
+       {{"params", lc.params},
+        {"flops_fwd", lc.flops_fwd},
+        {"flops_bwd", lc.flops_bwd},
+        {"boundary_bytes", lc.boundary_bytes},
+        {"internal_bytes", lc.internal_bytes},
+        {"workspace_bytes", lc.workspace_bytes}}},
+      {"head_flops_fwd", head_flops_fwd(c, T)},
+      {"head_chunk_tokens", std::min(o.head_chunk, T)},
+      {"head_chunk_workspace_bytes", head_chunk_workspace_bytes(c, std::min(o.head_chunk, T))},
+      {"model_flops_per_step", model_flops_per_step(c, T)}};
+  fmt::print("{}\n", j.dump(2));
+}
+
+void print_table(const ModelConfig& c, const ModelLayout& lay, const Options& o, const LayerCost& lc, int64_t N) {
+  const int64_t T = o.batch * o.seq;
 
   fmt::print("model       {} ({})\n", c.name, arch_hf_name(c.arch));
   fmt::print("shape       hidden {}, layers {}, heads {}/{} (head_dim {}), ffn {}, vocab {}\n", c.hidden, c.layers,
@@ -115,17 +144,32 @@ void run(const Options& o) {
              flops((lc.flops_fwd + lc.flops_bwd) * double(c.layers)));
   fmt::print("  {:<52} {:>16}\n", "LM head forward + backward", flops(3.0 * head_flops_fwd(c, T)));
   fmt::print("  {:<52} {:>16}\n", "6 * N * tokens (TFLOPS numerator per step)", flops(model_flops_per_step(c, T)));
+}
 
-  if (!o.write_dir.empty()) {
-    SaveOptions so;
-    LT_CHECK(o.save_dtype == "bf16" || o.save_dtype == "fp32", "--save-dtype: expected bf16 or fp32, got '{}'",
-             o.save_dtype);
-    so.dtype = o.save_dtype == "bf16" ? DType::BF16 : DType::F32;
-    so.max_shard_bytes = parse_bytes(o.max_shard);
-    ModelWeights w = random_model(c, o.seed);
-    save_model(o.write_dir, w, so);
-    fmt::print("\nwrote random-init model (seed {}, {}) to {}\n", o.seed, o.save_dtype, o.write_dir);
+void write_random(const ModelConfig& c, const Options& o) {
+  SaveOptions so;
+  LT_CHECK(o.save_dtype == "bf16" || o.save_dtype == "fp32", "--save-dtype: expected bf16 or fp32, got '{}'",
+           o.save_dtype);
+  so.dtype = o.save_dtype == "bf16" ? DType::BF16 : DType::F32;
+  so.max_shard_bytes = parse_bytes(o.max_shard);
+  ModelWeights w = random_model(c, o.seed);
+  save_model(o.write_dir, w, so);
+  fmt::print(stderr, "wrote random-init model (seed {}, {}) to {}\n", o.seed, o.save_dtype, o.write_dir);
+}
+
+void run(const Options& o) {
+  ModelConfig c = resolve_model(o.model);
+  ModelLayout lay = model_layout(c);
+  LT_CHECK(o.batch > 0 && o.seq > 0, "--batch and --seq must be positive, got {} and {}", o.batch, o.seq);
+  LT_CHECK(o.head_chunk > 0, "--head-chunk must be positive, got {}", o.head_chunk);
+  LayerCost lc = layer_cost(c, o.batch, o.seq, 2);
+  const int64_t N = parameter_count(c);
+  if (o.json) {
+    print_json(c, lay, o, lc);
+  } else {
+    print_table(c, lay, o, lc, N);
   }
+  if (!o.write_dir.empty()) write_random(c, o);
 }
 
 }  // namespace
@@ -148,6 +192,7 @@ void add_model_info(CLI::App& app) {
   sub->add_option("--seed", opt->seed, "seed for --write-random")->capture_default_str();
   sub->add_option("--save-dtype", opt->save_dtype, "bf16 or fp32 for --write-random")->capture_default_str();
   sub->add_option("--max-shard", opt->max_shard, "shard size limit for --write-random")->capture_default_str();
+  sub->add_flag("--json", opt->json, "print the figures as JSON instead of a table");
   sub->callback([opt] { run(*opt); });
 }
 
