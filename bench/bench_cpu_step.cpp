@@ -66,9 +66,11 @@ int main(int argc, char** argv) {
     embed_forward(c, wp.front(), ids.data(), T, xs[0].data());
     for (int64_t i = 0; i < L; ++i) layer_forward(c, w.layout.layer(i), wp[size_t(i + 1)], g, xs[size_t(i)].data(), xs[size_t(i + 1)].data());
     const double t1 = now_seconds();
+    const double g1 = gemm_stats().seconds;
     HeadResult hr = head_forward_backward(c, w.layout.head(), wp.back(), lm, targets.data(), T, xs[size_t(L)].data(),
                                           1.0f / float(T - batch), dx.data(), gp.back(), dlm, seq);
     const double t2 = now_seconds();
+    const double g2 = gemm_stats().seconds;
     for (int64_t i = L - 1; i >= 0; --i) {
       layer_backward(c, w.layout.layer(i), wp[size_t(i + 1)], g, xs[size_t(i)].data(), dx.data(), dprev.data(), gp[size_t(i + 1)]);
       std::swap(dx, dprev);
@@ -76,8 +78,8 @@ int main(int argc, char** argv) {
     embed_backward(c, ids.data(), T, dx.data(), gp.front());
     const double t3 = now_seconds();
     const GemmStats gs = gemm_stats();
-    std::printf("  iter %d: %.3f s (forward %.3f, head fwd+bwd %.3f, backward incl. recompute %.3f), gemm %.3f s, loss %.4f\n",
-                it, t3 - t0, t1 - t0, t2 - t1, t3 - t2, gs.seconds, hr.loss_sum / double(hr.n_tokens));
+    std::printf("  iter %d: %.3f s (forward %.3f [gemm %.3f], head fwd+bwd %.3f [gemm %.3f], backward incl. recompute %.3f [gemm %.3f]), loss %.4f\n",
+                it, t3 - t0, t1 - t0, g1, t2 - t1, g2 - g1, t3 - t2, gs.seconds - g2, hr.loss_sum / double(hr.n_tokens));
     if (it > 0 && t3 - t0 < best) {  // iteration 0 is warm-up
       best = t3 - t0;
       t_fwd = t1 - t0;

@@ -202,11 +202,11 @@ std::vector<float> naive_attention(const AttnShape& s, const std::vector<float>&
   return out;
 }
 
-void attention_case(const int32_t* seg, uint64_t seed) {
+void attention_case(const int32_t* seg, uint64_t seed, int64_t seq = 7, int64_t heads = 4, int64_t kv_heads = 2) {
   AttnShape s;
-  s.seq = 7;
-  s.heads = 4;
-  s.kv_heads = 2;
+  s.seq = seq;
+  s.heads = heads;
+  s.kv_heads = kv_heads;
   s.head_dim = 8;
   s.scale = 1.0f / std::sqrt(8.0f);
   const int64_t qn = s.seq * s.heads * s.head_dim, kn = s.seq * s.kv_heads * s.head_dim;
@@ -233,6 +233,14 @@ TEST(Ops, AttentionCausalGqa) { attention_case(nullptr, 40); }
 TEST(Ops, AttentionSegmentMask) {
   const int32_t seg[7] = {0, 0, 0, 1, 1, 2, 2};
   attention_case(seg, 50);
+}
+
+TEST(Ops, AttentionSeveralQueryBlocks) {
+  // 300 rows span two query blocks (256 + 44); segments cut across the block boundary.
+  std::vector<int32_t> seg(300);
+  for (int i = 0; i < 300; ++i) seg[size_t(i)] = i < 100 ? 0 : (i < 270 ? 1 : 2);
+  attention_case(seg.data(), 55, 300, 2, 1);
+  attention_case(nullptr, 56, 300, 2, 2);
 }
 
 TEST(Ops, AttentionPackedEqualsSeparate) {

@@ -8,19 +8,12 @@
 
 #include "backend/cpu/ops.h"
 #include "backend/cpu/reference.h"
+#include "backend/cpu/scratch.h"
 #include "core/error.h"
 
 namespace lt::cpu {
 
 namespace {
-
-// Uninitialised float scratch (large buffers; zero-filling them would cost real time).
-struct Buf {
-  std::unique_ptr<float[]> p;
-  explicit Buf(int64_t n) : p(std::make_unique_for_overwrite<float[]>(size_t(std::max<int64_t>(n, 1)))) {}
-  float* get() const { return p.get(); }
-  operator float*() const { return p.get(); }
-};
 
 struct LayerWeights {
   const float *ln1, *wq, *bq = nullptr, *wk, *bk = nullptr, *wv, *bv = nullptr, *qn = nullptr, *kn = nullptr, *wo,
@@ -57,14 +50,33 @@ P bind(const ModelConfig& c, const UnitLayout& lay, T* base) {
   return w;
 }
 
-// Internals of one sample's forward, kept for the backward.
+// Internals of one sample's forward, kept for the backward; carved from a reusable arena.
 struct SampleWork {
   int64_t S, H, Q, KV, F, heads;
-  Buf h, qpre, kpre, q, k, v, a, lse, x1, h2, gate, up, act;
-  SampleWork(const ModelConfig& c, int64_t S_)
-      : S(S_), H(c.hidden), Q(c.q_dim()), KV(c.kv_dim()), F(c.ffn), heads(c.heads),
-        h(S * H), qpre(c.qk_norm ? S * Q : 0), kpre(c.qk_norm ? S * KV : 0), q(S * Q), k(S * KV), v(S * KV),
-        a(S * Q), lse(c.heads * S), x1(S * H), h2(S * H), gate(S * F), up(S * F), act(S * F) {}
+  float *h, *qpre = nullptr, *kpre = nullptr, *q, *k, *v, *a, *lse, *x1, *h2, *gate, *up, *act;
+  static constexpr int kTakes = 13;
+  static int64_t floats(const ModelConfig& c, int64_t S) {
+    const int64_t H = c.hidden, Q = c.q_dim(), KV = c.kv_dim(), F = c.ffn;
+    return S * (4 * H + 2 * Q + 3 * KV + 3 * F + c.heads) + (c.qk_norm ? S * (Q + KV) : 0);
+  }
+  SampleWork(const ModelConfig& c, int64_t S_, Scratch& sc)
+      : S(S_), H(c.hidden), Q(c.q_dim()), KV(c.kv_dim()), F(c.ffn), heads(c.heads) {
+    h = sc.take(S * H);
+    if (c.qk_norm) {
+      qpre = sc.take(S * Q);
+      kpre = sc.take(S * KV);
+    }
+    q = sc.take(S * Q);
+    k = sc.take(S * KV);
+    v = sc.take(S * KV);
+    a = sc.take(S * Q);
+    lse = sc.take(c.heads * S);
+    x1 = sc.take(S * H);
+    h2 = sc.take(S * H);
+    gate = sc.take(S * F);
+    up = sc.take(S * F);
+    act = sc.take(S * F);
+  }
 };
 
 AttnShape attn_shape(const ModelConfig& c, int64_t S) {
@@ -92,8 +104,8 @@ void sample_forward(const ModelConfig& c, const LayerWeights& W, const float* in
   const int64_t S = w.S, H = w.H, Q = w.Q, KV = w.KV, F = w.F;
   const float eps = float(c.rms_eps);
   rmsnorm_fwd(x, W.ln1, S, H, eps, w.h);
-  float* qdst = c.qk_norm ? w.qpre.get() : w.q.get();
-  float* kdst = c.qk_norm ? w.kpre.get() : w.k.get();
+  float* qdst = c.qk_norm ? w.qpre : w.q;
+  float* kdst = c.qk_norm ? w.kpre : w.k;
   linear_fwd(w.h, W.wq, W.bq, S, H, Q, qdst);
   linear_fwd(w.h, W.wk, W.bk, S, H, KV, kdst);
   linear_fwd(w.h, W.wv, W.bv, S, H, KV, w.v);
@@ -132,7 +144,9 @@ void layer_forward(const ModelConfig& c, const UnitLayout& lay, const float* wbu
   const auto W = bind<LayerWeights>(c, lay, wbuf);
   const auto inv_freq = rope_inv_freq(c);
   const auto iota = iota_positions(g.seq);
-  SampleWork w(c, g.seq);
+  Scratch& sc = Scratch::get(0);
+  sc.reset(SampleWork::floats(c, g.seq), SampleWork::kTakes);
+  SampleWork w(c, g.seq, sc);
   const int64_t stride = g.seq * c.hidden;
   for (int64_t b = 0; b < g.batch; ++b)
     sample_forward(c, W, inv_freq.data(), sample_geo(g, b, iota), x + b * stride, y + b * stride, w);
@@ -147,9 +161,12 @@ void layer_backward(const ModelConfig& c, const UnitLayout& lay, const float* wb
   const auto iota = iota_positions(g.seq);
   const int64_t S = g.seq, H = c.hidden, Q = c.q_dim(), KV = c.kv_dim(), F = c.ffn;
   const float eps = float(c.rms_eps);
-  SampleWork w(c, S);
-  Buf y(S * H), dact(S * F), dgate(S * F), dup(S * F), dh2(S * H), dx1(S * H), da(S * Q), dq(S * Q), dk(S * KV),
-      dv(S * KV), dh(S * H);
+  Scratch& sc = Scratch::get(0);
+  sc.reset(SampleWork::floats(c, S) + S * (4 * H + 3 * F + 2 * Q + 2 * KV), SampleWork::kTakes + 11);
+  SampleWork w(c, S, sc);
+  float *y = sc.take(S * H), *dact = sc.take(S * F), *dgate = sc.take(S * F), *dup = sc.take(S * F),
+        *dh2 = sc.take(S * H), *dx1 = sc.take(S * H), *da = sc.take(S * Q), *dq = sc.take(S * Q), *dk = sc.take(S * KV),
+        *dv = sc.take(S * KV), *dh = sc.take(S * H);
   for (int64_t b = 0; b < g.batch; ++b) {
     const SampleGeo sg = sample_geo(g, b, iota);
     const float* xb = x + b * S * H;
@@ -161,7 +178,7 @@ void layer_backward(const ModelConfig& c, const UnitLayout& lay, const float* wb
     swiglu_bwd(w.gate, w.up, dact, S, F, dgate, dup);
     linear_bwd(w.h2, W.wg, dgate, S, H, F, dh2, D.wg, nullptr);
     linear_bwd(w.h2, W.wu, dup, S, H, F, dh2, D.wu, nullptr, /*accumulate_dx=*/true);
-    std::memcpy(dx1.get(), dyb, sizeof(float) * size_t(S * H));
+    std::memcpy(dx1, dyb, sizeof(float) * size_t(S * H));
     rmsnorm_bwd(w.x1, W.ln2, dh2, S, H, eps, dx1, D.ln2, /*accumulate_dx=*/true);
     // Attention: x1 = x + o_proj(attn(rope(q), rope(k), v))
     linear_bwd(w.a, W.wo, dx1, S, Q, H, da, D.wo, nullptr);
@@ -175,7 +192,7 @@ void layer_backward(const ModelConfig& c, const UnitLayout& lay, const float* wb
     linear_bwd(w.h, W.wq, dq, S, H, Q, dh, D.wq, D.bq);
     linear_bwd(w.h, W.wk, dk, S, H, KV, dh, D.wk, D.bk, true);
     linear_bwd(w.h, W.wv, dv, S, H, KV, dh, D.wv, D.bv, true);
-    std::memcpy(dxb, dx1.get(), sizeof(float) * size_t(S * H));
+    std::memcpy(dxb, dx1, sizeof(float) * size_t(S * H));
     rmsnorm_bwd(xb, W.ln1, dh, S, H, eps, dxb, D.ln1, /*accumulate_dx=*/true);
   }
 }
