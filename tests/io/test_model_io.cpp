@@ -195,3 +195,24 @@ TEST(ModelIO, LoadWeightsIntoCallerBuffersOverwritesEverything) {
   EXPECT_THROW(load_weights(d, w.config, w.layout, ptrs), lt::Error);
   fs::remove_all(d);
 }
+
+TEST(ModelIO, TensorBiggerThanShardLimitGetsItsOwnShard) {
+  auto d = tmpdir("own");
+  auto w = random_model(preset_config("tiny-llama3"), 2);
+  save_model(d, w, {DType::F32, 1000});  // every 2-D weight exceeds 1000 bytes
+  auto idx = json::parse(std::ifstream(d / "model.safetensors.index.json"));
+  std::map<std::string, int> per_file;
+  for (auto& [k, v] : idx["weight_map"].items()) per_file[v.get<std::string>()]++;
+  for (auto& [f, n] : per_file) {
+    TensorStore one(d / f);
+    EXPECT_EQ(int(one.size()), n) << f;
+    if (n > 1) {  // only small tensors (norms) may share a shard, and only up to the limit
+      int64_t bytes = 0;
+      for (auto& name : one.names()) bytes += int64_t(one.find(name)->tensor->nbytes());
+      EXPECT_LE(bytes, 1000) << f;
+    }
+  }
+  auto r = load_model(d);
+  for (size_t u = 0; u < w.num_units(); ++u) EXPECT_EQ(r.units[u], w.units[u]);
+  fs::remove_all(d);
+}
