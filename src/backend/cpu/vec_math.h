@@ -80,4 +80,44 @@ LT_AVX2 inline void exp_scale_inplace(float* z, int64_t n, float shift, float sc
   }
 }
 
+LT_AVX2 inline __m256 sigmoid8(__m256 g) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  return _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), g))));
+}
+
+// act[i] = silu(gate[i]) * up[i] for i in [0, n); n % 8 tail handled with a masked copy.
+LT_AVX2 inline void swiglu_fwd8(const float* gate, const float* up, int64_t n, float* act) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    _mm256_storeu_ps(act + i, _mm256_mul_ps(_mm256_mul_ps(g, sigmoid8(g)), _mm256_loadu_ps(up + i)));
+  }
+  if (i < n) {
+    alignas(32) float gb[8] = {}, ub[8] = {}, ab[8];
+    for (int64_t j = i; j < n; ++j) gb[j - i] = gate[j], ub[j - i] = up[j];
+    swiglu_fwd8(gb, ub, 8, ab);
+    for (int64_t j = i; j < n; ++j) act[j] = ab[j - i];
+  }
+}
+
+// silu(g) = g s, silu'(g) = s (1 + g (1 - s)), s = sigmoid(g): dgate = dact * up * silu'(g), dup = dact * silu(g).
+LT_AVX2 inline void swiglu_bwd8(const float* gate, const float* up, const float* dact, int64_t n, float* dgate,
+                                float* dup) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i), s = sigmoid8(g), da = _mm256_loadu_ps(dact + i);
+    const __m256 u = _mm256_loadu_ps(up + i);
+    const __m256 dsilu = _mm256_mul_ps(s, _mm256_add_ps(one, _mm256_mul_ps(g, _mm256_sub_ps(one, s))));
+    _mm256_storeu_ps(dup + i, _mm256_mul_ps(da, _mm256_mul_ps(g, s)));
+    _mm256_storeu_ps(dgate + i, _mm256_mul_ps(_mm256_mul_ps(da, u), dsilu));
+  }
+  if (i < n) {
+    alignas(32) float gb[8] = {}, ub[8] = {}, db[8] = {}, o1[8], o2[8];
+    for (int64_t j = i; j < n; ++j) gb[j - i] = gate[j], ub[j - i] = up[j], db[j - i] = dact[j];
+    swiglu_bwd8(gb, ub, db, 8, o1, o2);
+    for (int64_t j = i; j < n; ++j) dgate[j] = o1[j - i], dup[j] = o2[j - i];
+  }
+}
+
 }  // namespace lt::cpu::vec
