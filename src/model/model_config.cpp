@@ -249,20 +249,17 @@ ModelConfig model_config_from_json(const json& j, const std::string& source) {
            "whole groups)",
            source, c.kv_heads, c.heads);
 
-  // Qwen3 carries an explicit head_dim (default 128 in transformers); Llama may; Qwen2 derives it.
+  // Qwen3 carries an explicit head_dim (default 128 in transformers); Qwen2 and Llama use one when
+  // present (non-null, non-zero; transformers' modeling code does the same) and hidden/heads otherwise.
   if (c.arch == Arch::Qwen3) {
     c.head_dim = f.opt_int("head_dim", 128);
-  } else if (c.arch == Arch::Llama) {
+  } else {
     c.head_dim = f.opt_int("head_dim", 0);
     if (c.head_dim == 0) {
       LT_CHECK(c.hidden % c.heads == 0, "{}: field 'hidden_size' {} is not a multiple of num_attention_heads {}", source,
                c.hidden, c.heads);
       c.head_dim = c.hidden / c.heads;
     }
-  } else {
-    LT_CHECK(c.hidden % c.heads == 0, "{}: field 'hidden_size' {} is not a multiple of num_attention_heads {}", source,
-             c.hidden, c.heads);
-    c.head_dim = c.hidden / c.heads;
   }
   LT_CHECK(c.head_dim > 0 && c.head_dim % 2 == 0, "{}: field 'head_dim': expected a positive even integer, got {}",
            source, c.head_dim);

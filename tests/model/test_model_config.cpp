@@ -83,6 +83,12 @@ TEST(ModelConfig, ParsesQwen2) {
   EXPECT_EQ(c.eos_token_id, 151645);
   EXPECT_EQ(c.pad_token_id, -1);
   EXPECT_EQ(parameter_count(c), 494032768);
+  // An explicit head_dim is honoured (transformers' Qwen2 attention reads it too).
+  auto j = qwen2_json();
+  j["head_dim"] = 128;
+  EXPECT_EQ(model_config_from_json(j, "q2.json").q_dim(), 14 * 128);
+  j["head_dim"] = nullptr;
+  EXPECT_EQ(model_config_from_json(j, "q2.json").head_dim, 64);
 }
 
 TEST(ModelConfig, ParsesQwen3WithExplicitHeadDimAndOptionalBias) {
