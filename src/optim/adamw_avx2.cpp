@@ -55,17 +55,17 @@ inline __m128i pack8(__m256i a, __m256i b) {
 template <bool Signed>
 struct QV {
   static constexpr int kBits = Signed ? 7 : 8;
-  __m256 top, step, inv, jmax, zero_below;
+  __m256 top, step, inv, off, zero_below;
   __m256i topc;
-  __m256 bound[8];
+  __m256 tops[8];
   explicit QV(const QuantMap& q) {
     top = _mm256_loadu_ps(q.top);
     step = _mm256_loadu_ps(q.step);
     inv = _mm256_loadu_ps(q.inv_step);
-    jmax = _mm256_loadu_ps(q.jmax);
+    off = _mm256_loadu_ps(q.code_off);
     topc = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q.top_code));
     zero_below = _mm256_set1_ps(q.zero_below);
-    for (int t = 0; t < 8; ++t) bound[t] = _mm256_set1_ps(q.bound[t]);
+    for (int t = 0; t < 8; ++t) tops[t] = _mm256_set1_ps(q.top[t]);
   }
 };
 
@@ -76,11 +76,9 @@ inline __m256i quant8(const QV<Signed>& q, __m256 y) {
   __m256 a = _mm256_castsi256_ps(_mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff)));
   __m256i e = _mm256_setzero_si256();
   for (int t = 1; t < QV<Signed>::kBits; ++t)  // true lanes are -1
-    e = _mm256_sub_epi32(e, _mm256_castps_si256(_mm256_cmp_ps(a, q.bound[t], _CMP_LT_OQ)));
-  __m256 jf = _mm256_mul_ps(_mm256_sub_ps(_mm256_permutevar8x32_ps(q.top, e), a), _mm256_permutevar8x32_ps(q.inv, e));
-  jf = _mm256_max_ps(jf, _mm256_setzero_ps());
-  jf = _mm256_min_ps(jf, _mm256_permutevar8x32_ps(q.jmax, e));
-  __m256i code = _mm256_sub_epi32(_mm256_permutevar8x32_epi32(q.topc, e), _mm256_cvtps_epi32(jf));
+    e = _mm256_sub_epi32(e, _mm256_castps_si256(_mm256_cmp_ps(a, q.tops[t], _CMP_LT_OQ)));
+  __m256 cf = _mm256_add_ps(_mm256_mul_ps(a, _mm256_permutevar8x32_ps(q.inv, e)), _mm256_permutevar8x32_ps(q.off, e));
+  __m256i code = _mm256_max_epi32(_mm256_cvtps_epi32(cf), _mm256_set1_epi32(1));
   __m256i zero = _mm256_castps_si256(_mm256_cmp_ps(a, q.zero_below, _CMP_LT_OQ));
   code = _mm256_andnot_si256(zero, code);
   if (Signed) code = _mm256_or_si256(code, _mm256_slli_epi32(_mm256_srli_epi32(bits, 31), 7));

@@ -52,27 +52,28 @@ template <bool Signed>
 struct QV {
   static constexpr int kBits = Signed ? 7 : 8;
   static constexpr int kBinBase = 127 - 31;  // binade index 0 = [2^-31, 2^-30), 31 = [1, 2)
-  __m512 top, step, inv, jmax, zero_below, bnd;
+  __m512 top, step, inv, off, zero_below, bnd;
   __m512i topc, ecand_lo, ecand_hi;
   explicit QV(const QuantMap& q) {
+    // 8-entry tables in the low lanes, zeros above (index kBits must read 0: see dequant16).
     top = _mm512_zextps256_ps512(_mm256_loadu_ps(q.top));
     step = _mm512_zextps256_ps512(_mm256_loadu_ps(q.step));
     inv = _mm512_zextps256_ps512(_mm256_loadu_ps(q.inv_step));
-    jmax = _mm512_zextps256_ps512(_mm256_loadu_ps(q.jmax));
+    off = _mm512_zextps256_ps512(_mm256_loadu_ps(q.code_off));
     topc = _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q.top_code)));
     zero_below = _mm512_set1_ps(q.zero_below);
-    // bnd[e] = the decade boundary just above decade e's values (bound[0] = +inf: none above decade 0).
+    // bnd[e] = the decade top just above decade e's values (+inf above decade 0).
     alignas(64) float b[16] = {};
     b[0] = INFINITY;
-    for (int t = 1; t < kBits; ++t) b[t] = q.bound[t];
+    for (int t = 1; t < kBits; ++t) b[t] = q.top[t];
     bnd = _mm512_load_ps(b);
-    // Decade of each binade's lower end 2^k (at most one decade boundary lies inside a binade, since
-    // boundaries are a factor ~10 apart): ecand[k] = #{t : 2^k < bound[t]}.
+    // Decade of each binade's lower end 2^k; a binade holds at most one decade top (they are a factor
+    // 10 apart), so the decade of a is ecand[k] or one less: ecand[k] = #{t : 2^k < top[t]}.
     alignas(64) int32_t ec[32];
     for (int k = 0; k < 32; ++k) {
       float lo = std::ldexp(1.0f, k + kBinBase - 127);
       int e = 0;
-      for (int t = 1; t < kBits; ++t) e += lo < q.bound[t] ? 1 : 0;
+      for (int t = 1; t < kBits; ++t) e += lo < q.top[t] ? 1 : 0;
       ec[k] = e;
     }
     ecand_lo = _mm512_load_si512(ec);
@@ -80,22 +81,21 @@ struct QV {
   }
 };
 
-// Nearest code of 16 values y: the same result as quantize_one (its decade count #{t : a < bound[t]}
-// is found here from the binade's decade and one comparison).
+// Nearest code of 16 values y: the same result as quantize_one (its decade count #{t : a < top[t]} is
+// found here from the binade's decade and one comparison).
 template <bool Signed>
 inline __m128i quant16(const QV<Signed>& q, __m512 y) {
   __m512i bits = _mm512_castps_si512(y);
   __m512i abits = _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff));
   __m512 a = _mm512_castsi512_ps(abits);
-  __m512i bin = _mm512_sub_epi32(_mm512_srli_epi32(abits, 23), _mm512_set1_epi32(QV<Signed>::kBinBase));
-  bin = _mm512_min_epi32(_mm512_max_epi32(bin, _mm512_setzero_si512()), _mm512_set1_epi32(31));
+  // Binade index; only the low 5 bits are used by the permute (|y| <= 1 + rounding never exceeds 31).
+  __m512i bin = _mm512_max_epi32(_mm512_sub_epi32(_mm512_srli_epi32(abits, 23), _mm512_set1_epi32(QV<Signed>::kBinBase)),
+                                 _mm512_setzero_si512());
   __m512i e = _mm512_permutex2var_epi32(q.ecand_lo, bin, q.ecand_hi);
   __mmask16 up = _mm512_cmp_ps_mask(a, _mm512_permutexvar_ps(e, q.bnd), _CMP_GE_OQ);
   e = _mm512_mask_sub_epi32(e, up, e, _mm512_set1_epi32(1));
-  __m512 jf = _mm512_mul_ps(_mm512_sub_ps(_mm512_permutexvar_ps(e, q.top), a), _mm512_permutexvar_ps(e, q.inv));
-  jf = _mm512_max_ps(jf, _mm512_setzero_ps());
-  jf = _mm512_min_ps(jf, _mm512_permutexvar_ps(e, q.jmax));
-  __m512i code = _mm512_sub_epi32(_mm512_permutexvar_epi32(e, q.topc), _mm512_cvtps_epi32(jf));
+  __m512 cf = _mm512_add_ps(_mm512_mul_ps(a, _mm512_permutexvar_ps(e, q.inv)), _mm512_permutexvar_ps(e, q.off));
+  __m512i code = _mm512_max_epi32(_mm512_cvtps_epi32(cf), _mm512_set1_epi32(1));
   code = _mm512_mask_mov_epi32(code, _mm512_cmp_ps_mask(a, q.zero_below, _CMP_LT_OQ), _mm512_setzero_si512());
   if (Signed) code = _mm512_or_si512(code, _mm512_slli_epi32(_mm512_srli_epi32(bits, 31), 7));
   return _mm512_cvtepi32_epi8(code);
@@ -106,11 +106,10 @@ template <bool Signed>
 inline __m512 dequant16(const QV<Signed>& q, const uint8_t* codes, __m512 scale) {
   __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)));
   __m512i mc = Signed ? _mm512_and_si512(c, _mm512_set1_epi32(0x7f)) : c;
-  // e = leading zeros within kBits (code 0 gives kBits: an index past the tables, masked to 0 below).
+  // e = leading zeros within kBits. Code 0 gives e = kBits, whose table entries are 0: value +0.
   __m512i e = _mm512_sub_epi32(_mm512_lzcnt_epi32(mc), _mm512_set1_epi32(32 - QV<Signed>::kBits));
   __m512i j = _mm512_sub_epi32(_mm512_permutexvar_epi32(e, q.topc), mc);
   __m512 val = _mm512_sub_ps(_mm512_permutexvar_ps(e, q.top), _mm512_mul_ps(_mm512_permutexvar_ps(e, q.step), _mm512_cvtepi32_ps(j)));
-  val = _mm512_maskz_mov_ps(_mm512_test_epi32_mask(mc, mc), val);
   if (Signed)
     val = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(val), _mm512_slli_epi32(_mm512_and_si512(c, _mm512_set1_epi32(0x80)), 24)));
   return _mm512_mul_ps(val, scale);

@@ -22,7 +22,7 @@ QuantMap build_dynamic_map(bool is_signed) {
     q.top[e] = float(top);
     q.step[e] = float(0.9 * top / n);
     q.inv_step[e] = float(1.0 / double(q.step[e]));
-    q.jmax[e] = float(n - 1);
+    q.code_off[e] = float(8.0 * n / 9.0 - 1.0);
     q.top_code[e] = 2 * n - 1;
     for (int j = 0; j < n; ++j) q.mag[2 * n - 1 - j] = q.top[e] - q.step[e] * float(j);  // float ops: the definition
   }
@@ -31,10 +31,6 @@ QuantMap build_dynamic_map(bool is_signed) {
     LT_CHECK(q.mag[i] > q.mag[i - 1], "dynamic map: levels not increasing at {} ({} <= {})", i, q.mag[i],
              q.mag[i - 1]);
   LT_CHECK(q.mag[q.levels - 1] == 1.0f, "dynamic map: top level {} != 1", q.mag[q.levels - 1]);
-  for (int t = 1; t < q.mag_bits; ++t) {
-    int n_above = 1 << (q.mag_bits - t);                      // decade t-1's first code
-    q.bound[t] = 0.5f * (q.top[t] + q.mag[n_above]);
-  }
   q.zero_below = is_signed ? 0.5f * q.mag[1] : std::numeric_limits<float>::denorm_min();
   for (int c = 0; c < 256; ++c) {
     if (is_signed)

@@ -13,11 +13,14 @@
 // between the two levels around |x| / absmax (and 0 for x = +-absmax); for the unsigned map, values
 // below the smallest level L round up to it: error < absmax * L.
 //
-// Quantising is arithmetic, not a search or a table gather (gathers are slow on many x86 CPUs): the
-// decade is the count of decade boundaries above |y| (a few compares), and within a decade the levels
-// are evenly spaced, so the level index is a rounded (top - |y|) / spacing. Levels are DEFINED by the
-// float expression top[e] - step[e] * j, so the table (scalar path) and the vector paths agree bit for
-// bit. Nearest up to float rounding when |y| is within ~1e-6 of a spacing of a midpoint.
+// Quantising is arithmetic, not a search or a table gather (gathers are slow on many x86 CPUs). Within
+// decade e the levels are evenly spaced: level(c) = off_e + step_e * c for its codes c in [n_e, 2 n_e),
+// and the same line continued one step down gives decade e+1's top level 10^-(e+1) at c = n_e - 1.
+// So for |y| in [10^-(e+1), 10^-e) the nearest code is round(|y| / step_e - off_e / step_e), always a
+// valid code of decade e or the top of e+1, with no clamping. The decade is the count of decade tops
+// above |y|. Nearest up to float rounding when |y| is within ~1e-5 of a spacing of a midpoint.
+// Dequantising evaluates top_e - step_e * (2 n_e - 1 - c): the same float expression that defines the
+// table, so every path decodes bit-identically and the top level is exactly 1.
 //
 // Second moment: a positive v never rounds to 0, only to the smallest level. A v stored as 0 next to a
 // non-zero m makes m / sqrt(v) explode for that element in later steps (the "zero-point problem" of
@@ -40,10 +43,9 @@ struct QuantMap {
   float top[8] = {};                // 10^-e
   float step[8] = {};               // 0.9 * 10^-e / n_e
   float inv_step[8] = {};           // 1 / step[e] (rounded)
-  float jmax[8] = {};               // n_e - 1
+  float code_off[8] = {};           // -off_e / step_e = 8 n_e / 9 - 1: code = |y| * inv_step + code_off
   int32_t top_code[8] = {};         // 2 n_e - 1
-  float bound[8] = {};              // bound[t], t >= 1: midpoint between decade t's top and decade t-1's
-                                    // lowest level; decade of a = #{t : a < bound[t]}
+  // Entries past the last decade stay 0 (the AVX-512 decoder relies on it for code 0).
   float zero_below = 0;             // |y| < zero_below -> code 0 (signed: half the smallest level;
                                     // unsigned: only 0 itself)
 };
@@ -53,8 +55,8 @@ const QuantMap& unsigned_dynamic_map();  // for v
 // Builds a map (exposed for tests); throws lt::Error if the levels are not strictly increasing.
 QuantMap build_dynamic_map(bool is_signed);
 
-// Nearest code for y (expected in [-1, 1]; beyond that it saturates to the top level).
-// The vector kernels perform exactly these operations.
+// Nearest code for y (expected in [-1, 1] up to rounding). The vector kernels perform exactly these
+// operations.
 inline uint8_t quantize_one(const QuantMap& q, float y) {
   uint32_t bits;
   std::memcpy(&bits, &y, 4);
@@ -62,14 +64,13 @@ inline uint8_t quantize_one(const QuantMap& q, float y) {
   float a;
   std::memcpy(&a, &abits, 4);
   int e = 0;
-  for (int t = 1; t < q.mag_bits; ++t) e += a < q.bound[t] ? 1 : 0;
-  float jf = (q.top[e] - a) * q.inv_step[e];
-  jf = jf > 0.0f ? jf : 0.0f;
-  jf = jf < q.jmax[e] ? jf : q.jmax[e];
+  for (int t = 1; t < q.mag_bits; ++t) e += a < q.top[t] ? 1 : 0;
+  float cf = a * q.inv_step[e] + q.code_off[e];
   // Round to nearest even without a libm call: adding 1.5 * 2^23 leaves the rounded integer in the
-  // low mantissa bits (exact for 0 <= jf < 2^22), as cvtps2dq does in the vector paths.
+  // low mantissa bits (exact for |cf| < 2^22), as cvtps2dq does in the vector paths.
   constexpr float kRound = 12582912.0f;
-  int32_t code = q.top_code[e] - int32_t((jf + kRound) - kRound);
+  int32_t code = int32_t((cf + kRound) - kRound);
+  code = code > 1 ? code : 1;             // bottom decade: its line reaches below level 1
   if (a < q.zero_below) code = 0;
   if (q.is_signed) code |= int32_t((bits >> 31) << 7);
   return uint8_t(code);
