@@ -16,7 +16,7 @@ void add_plan(CLI::App& app) {
     std::string model, batch = "1", profile = "h800-80g", planner = "milp", optimizer = "hybrid";
     std::string gpu_mem, host_mem, nvme_mem, out, svg;
     int64_t seq = 1024, chunk = 0;
-    int ring = 2;
+    int ring = 2, micro = 1;
     double time_limit = 30, gap = 0.005;
     bool no_compare = false, verbose = false;
   };
@@ -31,6 +31,7 @@ void add_plan(CLI::App& app) {
   sub->add_option("--host-mem", o->host_mem, "override the profile's DRAM budget");
   sub->add_option("--nvme-mem", o->nvme_mem, "override the profile's NVMe capacity");
   sub->add_option("--optimizer", o->optimizer, "adamw | adamw8bit | hybrid")->capture_default_str();
+  sub->add_option("--micro-batches", o->micro, "micro-batches per optimizer step (gradient accumulation)")->capture_default_str();
   sub->add_option("--ring", o->ring, "weight ring buffers on the GPU")->capture_default_str();
   sub->add_option("--chunk", o->chunk, "samples per chunk inside a layer pass (0: largest that fits)")->capture_default_str();
   sub->add_option("--time-limit", o->time_limit, "MILP time limit, seconds")->capture_default_str();
@@ -54,6 +55,7 @@ void add_plan(CLI::App& app) {
     r.planner = o->planner;
     r.optimizer = o->optimizer;
     r.ring = o->ring;
+    r.micro_batches = o->micro;
     r.chunk = o->chunk;
     r.compare = !o->no_compare;
     r.milp.time_limit_s = o->time_limit;

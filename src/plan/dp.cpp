@@ -106,7 +106,7 @@ class Dp {
                   }
     if (best_state < 0) return res;
     res.feasible = true;
-    res.value = best + in_.pcie(in_.P + in_.pro_h2d, 0) + in_.pcie(0, in_.G + in_.epi_d2h);
+    res.value = double(in_.micro_batches) * (best + in_.pcie(in_.P + in_.pro_h2d, 0) + in_.pcie(0, in_.G + in_.epi_d2h));
     res.tier.assign(size_t(L_ + 1), Tier::None);
     res.tier[size_t(L_)] = Tier::Gpu;
     for (long long s = best_state; s >= 0; s = parent_[size_t(s)]) {

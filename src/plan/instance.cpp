@@ -64,6 +64,8 @@ Instance make_instance(const ModelConfig& c, int64_t batch, int64_t seq, const R
   const int64_t chunk = o.chunk > 0 ? std::min(o.chunk, batch) : batch;
   Instance in;
   in.L = int(c.layers);
+  LT_CHECK(o.micro_batches >= 1, "plan: micro_batches must be >= 1, got {}", o.micro_batches);
+  in.micro_batches = o.micro_batches;
   auto lt = layer_times(prof, c, batch, seq);
   in.rho.assign(size_t(in.L), lt.fwd_s);
   in.beta.assign(size_t(in.L), lt.fwd_s + lt.bwd_s);

@@ -22,6 +22,7 @@ namespace lt {
 
 struct Instance {
   int L = 0;
+  int micro_batches = 1;  // per optimizer step; the optimizer overlaps the first micro-batch only
   std::vector<double> rho;   // forward time of layer j
   std::vector<double> beta;  // backward slot base time of layer j: its backward + re-run of its internals
   double head_s = 0;         // head slot compute
@@ -67,6 +68,7 @@ struct InstanceOptions {
   std::vector<std::string> optimizer_8bit;  // tensors with 8-bit moments
   bool allow_nvme = true;
   int64_t head_chunk_tokens = 1024;
+  int micro_batches = 1;
 };
 
 // DRAM of the model state (fp32 master, bf16 copy, fp32 grad accumulation, moments per format,

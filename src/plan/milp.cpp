@@ -273,7 +273,15 @@ struct Model {
     lp.label = "start chain";
     for (int w = 1; w < S; ++w)
       lp.row({{st[size_t(w)], 1}, {st[size_t(w - 1)], -1}, {T[size_t(w - 1)], -1}}, 0, kInf);
-    lp.row({{end, 1}, {st[size_t(S - 1)], -1}, {T[size_t(S - 1)], -1}}, in.pcie(0, in.G + in.epi_d2h), kInf);
+    {
+      // end >= first micro-batch's end + (m-1) * (prologue + sum of slot times + epilogue)
+      const double pro = in.pcie(in.P + in.pro_h2d, 0), epi = in.pcie(0, in.G + in.epi_d2h);
+      const double k = double(in.micro_batches - 1);
+      Expr e = {{end, 1}, {st[size_t(S - 1)], -1}, {T[size_t(S - 1)], -1}};
+      if (k > 0)
+        for (int w = 0; w < S; ++w) e.emplace_back(T[size_t(w)], -k);
+      lp.row(e, epi + k * (pro + epi), kInf);
+    }
 
     for (int w = 0; w < S; ++w) {
       double Cc = 0, hc = 0, dc = 0;

@@ -122,6 +122,7 @@ void validate_plan(const Plan& p) {
   LT_CHECK(p.layers >= 1, "plan: layers must be >= 1, got {}", p.layers);
   LT_CHECK(p.hidden >= 1 && p.vocab >= 1, "plan: hidden and vocab must be >= 1, got {} and {}", p.hidden, p.vocab);
   LT_CHECK(p.batch >= 1 && p.seq >= 1, "plan: batch and seq must be >= 1, got {} and {}", p.batch, p.seq);
+  LT_CHECK(p.micro_batches >= 1, "plan: micro_batches must be >= 1, got {}", p.micro_batches);
   LT_CHECK(p.chunk >= 1 && p.chunk <= p.batch, "plan: chunk must be in [1, batch={}], got {}", p.batch, p.chunk);
   LT_CHECK(p.ring >= 2, "plan: ring must be >= 2 weight buffers, got {}", p.ring);
   LT_CHECK(p.nvme_staging >= 1, "plan: nvme_staging must be >= 1, got {}", p.nvme_staging);
@@ -276,6 +277,7 @@ json plan_to_json(const Plan& p) {
   j["vocab"] = p.vocab;
   j["batch"] = p.batch;
   j["seq"] = p.seq;
+  j["micro_batches"] = p.micro_batches;
   j["chunk"] = p.chunk;
   j["ring"] = p.ring;
   j["nvme_staging"] = p.nvme_staging;
@@ -325,6 +327,7 @@ Plan plan_from_json(const json& j, const std::string& source) {
   p.vocab = o.get<int64_t>("vocab");
   p.batch = o.get<int64_t>("batch");
   p.seq = o.get<int64_t>("seq");
+  p.micro_batches = o.get_or<int64_t>("micro_batches", 1);
   p.chunk = o.get<int64_t>("chunk");
   p.ring = o.get<int32_t>("ring");
   p.nvme_staging = o.get_or<int32_t>("nvme_staging", 2);

@@ -101,6 +101,7 @@ struct Plan {
   std::string model;  // name (informative)
   int64_t layers = 0, hidden = 0, vocab = 0;
   int64_t batch = 0, seq = 0;
+  int64_t micro_batches = 1;  // micro-batches per optimizer step (gradient accumulation); the windows repeat per micro-batch
   int64_t chunk = 0;  // samples per chunk inside a layer pass (1..batch); batch = no chunking
   int32_t ring = 2;   // weight ring buffers on the GPU (>= 2)
   int32_t nvme_staging = 2;  // pinned staging buffers per NVMe direction

@@ -52,6 +52,7 @@ Plan plan_meta(const PlanRequest& r, int64_t chunk, const std::vector<std::strin
   p.vocab = r.model.vocab;
   p.batch = r.batch;
   p.seq = r.seq;
+  p.micro_batches = r.micro_batches;
   p.chunk = chunk;
   p.ring = r.ring;
   p.optimizer_8bit = q8;
@@ -86,7 +87,7 @@ PlanOutcome make_plan(const PlanRequest& r) {
   LT_CHECK(r.batch >= 1, "plan: batch must be >= 1, got {}", r.batch);
   PlanOutcome out;
   const auto& c = r.model;
-  out.flops_per_step = model_flops_per_step(c, r.batch * r.seq);
+  out.flops_per_step = model_flops_per_step(c, r.batch * r.seq * r.micro_batches);
   const auto q8 = choose_8bit(c, r.optimizer, double(r.profile.dram_bytes));
   auto lay = model_layout(c);
   for (auto& n : q8) {
@@ -97,6 +98,7 @@ PlanOutcome make_plan(const PlanRequest& r) {
   }
   InstanceOptions io;
   io.ring = r.ring;
+  io.micro_batches = r.micro_batches;
   io.optimizer_8bit = q8;
 
   // Chunk: the whole batch if the DP finds a plan with it, else halve.

@@ -19,6 +19,7 @@ namespace lt {
 struct PlanRequest {
   ModelConfig model;
   int64_t batch = 1, seq = 1024;
+  int micro_batches = 1;            // per optimizer step
   ResourceProfile profile;
   std::string planner = "milp";     // milp | dp | megatrain:K | all-gpu | sqrt | cpu-all
   std::string optimizer = "hybrid"; // adamw | adamw8bit | hybrid

@@ -38,8 +38,9 @@ std::string xml_escape(const std::string& s) {
 std::string plan_report(const PlanRequest& r, const PlanOutcome& o) {
   std::string s;
   const auto& in = o.inst;
-  s += fmt::format("model {} ({} layers, hidden {}), batch {} x seq {} = {} tokens, profile {}\n", r.model.name,
-                   r.model.layers, r.model.hidden, r.batch, r.seq, r.batch * r.seq, r.profile.name);
+  s += fmt::format("model {} ({} layers, hidden {}), batch {} x seq {} x {} micro-batches = {} tokens/step, profile {}\n",
+                   r.model.name, r.model.layers, r.model.hidden, r.batch, r.seq, r.micro_batches,
+                   r.batch * r.seq * r.micro_batches, r.profile.name);
   s += fmt::format("caps: gpu {} (usable {}), dram {}, nvme {}; boundary {}, layer weights {} (bf16)\n",
                    format_bytes(double(r.profile.hbm_bytes)), format_bytes(in.hbm_cap), format_bytes(in.dram_cap),
                    format_bytes(in.nvme_cap), format_bytes(in.A), format_bytes(in.P));
@@ -70,7 +71,7 @@ std::string plan_report(const PlanRequest& r, const PlanOutcome& o) {
     if (b.end - b.start > 1) bl += fmt::format(" ({},{})", b.start, b.end);
   s += fmt::format("  recompute blocks:{}\n", bl.empty() ? " none" : bl);
   s += fmt::format("  predicted step {} ms, {:.1f} TFLOPS (6*N*tokens/step, N={:.2f}B), {:.0f} tokens/s\n", ms(q.step_s),
-                   q.tflops, double(parameter_count(r.model)) / 1e9, double(r.batch * r.seq) / q.step_s);
+                   q.tflops, double(parameter_count(r.model)) / 1e9, double(r.batch * r.seq * r.micro_batches) / q.step_s);
   s += fmt::format("  breakdown: compute {} + recompute {} + exposed h2d {} + d2h {} + nvme {} + optimizer {} ms\n",
                    ms(q.compute_s), ms(q.recompute_s), ms(q.exposed_h2d_s), ms(q.exposed_d2h_s), ms(q.exposed_nvme_s),
                    ms(q.exposed_optimizer_s));

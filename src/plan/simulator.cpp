@@ -163,6 +163,26 @@ SimResult simulate(const Instance& in, const Plan& p, bool record_ops) {
   pr.exposed_d2h_s += epi;
   t += epi;
   t_no_opt += epi;
+  if (in.micro_batches > 1) {
+    // Later micro-batches repeat the same slots without optimizer waits.
+    const double k = double(in.micro_batches - 1);
+    t += k * t_no_opt;
+    pr.compute_s *= double(in.micro_batches);
+    pr.recompute_s *= double(in.micro_batches);
+    double ex_h = 0, ex_d = 0, ex_n = 0;
+    for (int w = 0; w < S; ++w) {
+      const auto& x = R.slots[size_t(w)];
+      const double ex = R.slot_time[size_t(w)] - x.C;
+      if (ex <= 0) continue;
+      const double tp = in.pcie(x.h, x.d), tr = x.r / in.bnr, tw = x.w / in.bnw;
+      if (tp >= tr && tp >= tw) (x.h / in.bh >= x.d / in.bd ? ex_h : ex_d) += ex;
+      else ex_n += ex;
+    }
+    pr.exposed_h2d_s += k * (ex_h + pro);
+    pr.exposed_d2h_s += k * (ex_d + epi);
+    pr.exposed_nvme_s += k * ex_n;
+    t_no_opt *= double(in.micro_batches);
+  }
   if (O[size_t(L + 1)] > t) {
     pr.exposed_optimizer_s += O[size_t(L + 1)] - t;
     t = O[size_t(L + 1)];

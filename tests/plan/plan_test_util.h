@@ -47,6 +47,7 @@ inline Instance random_instance(std::mt19937& rng, int L, bool with_opt = true) 
   in.nvme_cap = in.A * (L * u(rng));
   in.staging = 1;
   in.allow_nvme = u(rng) < 0.8;
+  in.micro_batches = 1 + int(3 * u(rng));
   return in;
 }
 

@@ -15,8 +15,8 @@ namespace {
 TEST(PlanDp, OptimalInTiedSpaceVsBruteForce) {
   std::mt19937 rng(7);
   int feasible = 0;
-  for (int rep = 0; rep < 40; ++rep) {
-    const int L = 2 + rep % 6;  // 2..7
+  for (int rep = 0; rep < 56; ++rep) {
+    const int L = 2 + rep % 7;  // 2..8
     Instance in = test::random_instance(rng, L, false);
     double best = INFINITY;
     test::for_all_tiers(L, [&](const std::vector<Tier>& t) {
