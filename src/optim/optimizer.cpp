@@ -97,6 +97,7 @@ void CpuAdamW::begin_step(float lr) {
     s.submitted = false;
     s.sumsq = 0;
   }
+  begun_ = true;
   in_step_ = true;
   norm_known_ = false;
   lr_ = lr;
@@ -147,7 +148,7 @@ void CpuAdamW::submit(int unit, const UnitBuffers& bufs) {
   std::unique_lock<std::mutex> lk(mu_);
   LT_CHECK(unit >= 0 && size_t(unit) < units_.size(), "optimizer: unit {} out of range (have {})", unit,
            units_.size());
-  LT_CHECK(in_step_ || norm_known_, "optimizer: submit({}) before begin_step()", unit);
+  LT_CHECK(begun_, "optimizer: submit({}) before begin_step()", unit);
   LT_CHECK(bufs.master && bufs.grad, "optimizer: submit({}) needs master and grad buffers", unit);
   UnitState& us = state_[size_t(unit)];
   LT_CHECK(!us.submitted, "optimizer: unit {} submitted twice in one step", unit);

@@ -168,6 +168,7 @@ class CpuAdamW {
   mutable std::mutex mu_;
   std::condition_variable done_cv_;
   int64_t step_ = 0;                        // AdamW t (steps actually taken)
+  bool begun_ = false;                      // a step was begun (since construction or load)
   bool in_step_ = false;                    // begin_step called, norm not yet known
   bool norm_known_ = true;
   float lr_ = 0;

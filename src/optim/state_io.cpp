@@ -258,6 +258,7 @@ void CpuAdamW::load(const std::filesystem::path& file) {
   for (size_t u = 0; u < units_.size(); ++u) state_[u].tensors = std::move(fresh[u]);
   step_ = step;
   info_ = StepInfo{step_, 0, 1.0f, false};
+  begun_ = false;  // the next step starts with begin_step()
   if (b1 != cfg_.beta1 || b2 != cfg_.beta2 || eps != cfg_.eps)
     log_warn("optimizer state {}: saved with beta1={} beta2={} eps={}, continuing with beta1={} beta2={} eps={}", f,
              b1, b2, eps, cfg_.beta1, cfg_.beta2, cfg_.eps);

@@ -115,6 +115,7 @@ TEST(Updater, MisuseGivesClearErrors) {
   cfg.threads = 1;
   CpuAdamW opt(a.specs, cfg);
   EXPECT_THROW(opt.add_grad_sumsq(0, 1.0), lt::Error);  // before begin_step
+  EXPECT_THROW(opt.submit(0, a.buf(0)), lt::Error);     // before begin_step
   opt.begin_step(1e-3f);
   opt.add_grad_sumsq(0, 1.0);
   EXPECT_THROW(opt.add_grad_sumsq(0, 1.0), lt::Error);  // twice
