@@ -34,6 +34,7 @@ run() {  # run TARGET CORPUS_DIR SECONDS [extra libFuzzer args]
   grep -E '^(Done|stat::(number_of_executed_units|new_units_added|peak_rss_mb))' "$log" || true
 }
 
+export LT_LOG_LEVEL=error  # parsers may warn; keep the fuzz log readable
 FUZZ_BIN_DIR=${FUZZ_BIN_DIR:-$BUILD/fuzz}
 status=0
 run fuzz_safetensors fuzz/corpus/safetensors "$SECS" -dict=fuzz/safetensors.dict || status=1

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/log.h"
 
 namespace lt {
 
@@ -276,7 +277,15 @@ ModelConfig model_config_from_json(const json& j, const std::string& source) {
   }
 
   std::string act = f.opt_str("hidden_act", "silu");
-  LT_CHECK(act == "silu", "{}: field 'hidden_act': unsupported activation '{}' (supported: silu)", source, act);
+  // transformers maps "swish" to the same SiLU module.
+  LT_CHECK(act == "silu" || act == "swish", "{}: field 'hidden_act': unsupported activation '{}' (supported: silu)",
+           source, act);
+  const double prf = f.opt_num("partial_rotary_factor", 1.0);
+  LT_CHECK(prf == 1.0, "{}: field 'partial_rotary_factor': only 1.0 (RoPE over the whole head) is supported, got {}",
+           source, prf);
+  // Dropout only acts in HF's training mode; lazytrain never applies it, so say so rather than refuse.
+  if (const double drop = f.opt_num("attention_dropout", 0.0); drop != 0.0)
+    log_warn("{}: attention_dropout {} is ignored (lazytrain trains without dropout)", source, drop);
   reject_sliding_window(f);
 
   c.rms_eps = f.opt_num("rms_norm_eps", 1e-6);

@@ -184,6 +184,7 @@ TEST(ModelConfig, RejectsUnsupportedWithClearMessages) {
       {"layer types", [](json& j) { j["layer_types"] = {"full_attention", "sliding_attention"}; },
        {"layer_types[1]", "sliding_attention"}},
       {"gelu", [](json& j) { j["hidden_act"] = "gelu"; }, {"hidden_act", "gelu", "silu"}},
+      {"partial rope", [](json& j) { j["partial_rotary_factor"] = 0.5; }, {"partial_rotary_factor", "0.5"}},
       {"missing", [](json& j) { j.erase("hidden_size"); }, {"hidden_size", "missing", "integer"}},
       {"mistyped", [](json& j) { j["hidden_size"] = "896"; }, {"hidden_size", "expected integer", "got string"}},
       {"mistyped bool", [](json& j) { j["tie_word_embeddings"] = 1; },
