@@ -145,6 +145,7 @@ void bench_attention(cudaStream_t st, int64_t B, int64_t S, int64_t H, int64_t K
 void bench_layer(const std::string& preset, int64_t B, int64_t S) {
   const ModelConfig c = preset_config(preset);
   CudaBackendOptions o;
+  o.gpu_mem_cap = int64_t(48) << 30;  // leave the rest of the GPU to the benchmark's own buffers
   CudaBackend be(c, o);
   const UnitLayout& lay = be.layout().layer(0);
   const int64_t T = B * S;

@@ -104,8 +104,17 @@ TEST_P(AttnTest, ForwardBackwardMatchCpu) {
   for (size_t i = 0; i < lse_got.size(); ++i)
     lse_max = std::max(lse_max, std::fabs(double(lse_got[i]) - lse_cpu_t[i]));
   EXPECT_LE(lse_max, 2e-2) << ac;
-  EXPECT_LE(rel_err(down_bf16(gq.p, q.size()), dq_ref), 2e-2) << ac;
-  EXPECT_LE(rel_err(down_bf16(gk.p, k.size()), dk_ref), 2e-2) << ac;
+  if (S == 1) {
+    // One visible key: the softmax is constant, so dQ and dK are zero up to rounding (the reference's
+    // too: comparing two rounding noises relatively would be meaningless).
+    auto small = [&](const std::vector<float>& g) { return rel_err(g, std::vector<float>(g.size(), 0.f)); };
+    const double scale = small(dout);
+    EXPECT_LE(small(down_bf16(gq.p, q.size())), 1e-2 * scale) << ac;
+    EXPECT_LE(small(down_bf16(gk.p, k.size())), 1e-2 * scale) << ac;
+  } else {
+    EXPECT_LE(rel_err(down_bf16(gq.p, q.size()), dq_ref), 2e-2) << ac;
+    EXPECT_LE(rel_err(down_bf16(gk.p, k.size()), dk_ref), 2e-2) << ac;
+  }
   EXPECT_LE(rel_err(down_bf16(gv.p, v.size()), dv_ref), 2e-2) << ac;
 }
 

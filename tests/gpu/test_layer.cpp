@@ -126,7 +126,19 @@ TEST_P(LayerTest, ForwardBackwardMatchCpuReference) {
     EXPECT_LE(rel_err(down_bf16(y, sz(T * H)), y_ref), 1e-2);
     EXPECT_LE(rel_err(down_bf16(gx, sz(T * H)), dx_ref), 3e-2);
     auto gwh = down<float>(gw, sz(lay.numel));
+    auto norm = [](const float* a, int64_t n) {
+      double s = 0;
+      for (int64_t i = 0; i < n; ++i) s += double(a[i]) * a[i];
+      return std::sqrt(s);
+    };
+    double max_norm = 0;
+    for (auto& p : lay.params) max_norm = std::max(max_norm, norm(dw_ref.data() + p.offset, p.numel));
     for (auto& p : lay.params) {
+      if (norm(dw_ref.data() + p.offset, p.numel) < 1e-4 * max_norm) {
+        // Mathematically zero (q/k path of a single-token sequence): only rounding noise may remain.
+        EXPECT_LE(norm(gwh.data() + p.offset, p.numel), 1e-3 * max_norm) << p.suffix;
+        continue;
+      }
       const double cs = cosine(gwh.data() + p.offset, dw_ref.data() + p.offset, sz(p.numel));
       std::vector<float> a(gwh.begin() + p.offset, gwh.begin() + p.offset + p.numel);
       std::vector<float> r(dw_ref.begin() + p.offset, dw_ref.begin() + p.offset + p.numel);

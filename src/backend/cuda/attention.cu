@@ -4,7 +4,7 @@
 // Forward: one CTA = 64 query rows of one (sample, head); 4 warps x 16 rows. Key/value tiles of 64
 // rows stream through shared memory with cp.async double buffering; online softmax in the log2
 // domain (exp2f), fully masked rows handled (running max -inf -> scale 0).
-// Backward (FlashAttention-2 order): one CTA = 64 key rows of one (sample, kv head); it loops over
+// Backward (FlashAttention-2 order): one CTA = 128 key rows (8 warps x 16) of one (sample, kv head); it loops over
 // the query heads of its group and over query tiles, accumulating dK and dV in registers
 // (deterministic, written once), and adds dQ with fp32 atomics into dq_acc.
 #include <cuda_bf16.h>
@@ -237,19 +237,20 @@ __global__ void attn_delta_kernel(const bf16* o, const bf16* dout, int64_t rows,
 // ------------------------------------------------------------------------------ backward: dK, dV, dQ
 template <int HD>
 struct BwdCfg {
-  static constexpr int BC = 64;               // key rows per CTA (4 warps x 16)
+  static constexpr int BC = 128;               // key rows per CTA (8 warps x 16)
+  static constexpr int NW = BC / 16, THREADS = NW * 32;
   static constexpr int BQ = HD == 128 ? 32 : 64;  // query rows per inner step
-  static constexpr int LD = HD + 8, LDS = BQ + 8, THREADS = 128;
+  static constexpr int LD = HD + 8, LDS = BQ + 8;
   static constexpr int kSmem = (2 * BC * LD + 4 * BQ * LD + BC * LDS) * 2 + (2 * 3 * BQ + BC) * 4;
 };
 
 template <int HD>
-__global__ void __launch_bounds__(128) attn_bwd_kernel(AttnParams p) {
+__global__ void __launch_bounds__(BwdCfg<HD>::THREADS) attn_bwd_kernel(AttnParams p) {
   using C = BwdCfg<HD>;
   constexpr int BC = C::BC, BQ = C::BQ, LD = C::LD, LDS = C::LDS;
   constexpr int NQT = BQ / 8;            // query n-tiles of S^T per warp
   constexpr int MT = BQ / 16;            // dQ m-tiles
-  constexpr int WPM = 4 / MT;            // warps per dQ m-tile
+  constexpr int WPM = C::NW / MT;        // warps per dQ m-tile
   constexpr int DQC = HD / WPM;          // dQ columns per warp
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* sK = reinterpret_cast<bf16*>(smem);
@@ -354,14 +355,19 @@ __global__ void __launch_bounds__(128) attn_bwd_kernel(AttnParams p) {
       }
     }
     // P^T and dS^T = P^T (dP^T - delta) (the softmax scale is applied to dK and dQ at the end).
+    // Masks only where some key of this warp may follow some query, or rows run past S.
+    const bool need_mask = seg != nullptr || qs < k0 + kw + 15 || qs + BQ > S || k0 + kw + 16 > S;
 #pragma unroll
     for (int nt = 0; nt < NQT; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int kr = kw + g + 8 * (e >> 1);
         const int qr = nt * 8 + 2 * t + (e & 1);
-        const int kpos = k0 + kr, qpos = qs + qr;
-        const bool ok = kpos <= qpos && qpos < S && kpos < S && (!seg || sSegK[kr] == tS[qr]);
+        bool ok = true;
+        if (need_mask) {
+          const int kpos = k0 + kr, qpos = qs + qr;
+          ok = kpos <= qpos && qpos < S && kpos < S && (!seg || sSegK[kr] == tS[qr]);
+        }
         const float pv = ok ? exp2f(st[nt][e] * p.scale_log2 - tL[qr]) : 0.f;
         st[nt][e] = pv;
         dpt[nt][e] = pv * (dpt[nt][e] - tD[qr]);
@@ -420,8 +426,13 @@ __global__ void __launch_bounds__(128) attn_bwd_kernel(AttnParams p) {
         float* dst = p.dq_acc + (row_base + qpos) * q_ld + h * HD + c0;
 #pragma unroll
         for (int nt = 0; nt < DQC / 8; ++nt) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+          atomicAdd(reinterpret_cast<float2*>(dst + nt * 8 + 2 * t),
+                    make_float2(dq[nt][2 * hi] * p.scale, dq[nt][2 * hi + 1] * p.scale));
+#else
           atomicAdd(dst + nt * 8 + 2 * t, dq[nt][2 * hi] * p.scale);
           atomicAdd(dst + nt * 8 + 2 * t + 1, dq[nt][2 * hi + 1] * p.scale);
+#endif
         }
       }
     }

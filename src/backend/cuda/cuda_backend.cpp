@@ -32,6 +32,10 @@ struct PendingSpan {
   cudaEvent_t e0, e1;
 };
 cuda::Geo geo(const DevGeometry& g) { return {g.batch, g.seq, g.positions, g.segments}; }
+// Any binary that uses the CUDA backend gets the GPU profiler hook of `lazytrain profile`.
+struct AutoInstallProfiler {
+  AutoInstallProfiler() { cuda::install_gpu_profiler(); }
+} g_auto_install_profiler;
 }  // namespace
 
 struct CudaBackend::Impl {

@@ -1,0 +1,197 @@
+// GPU half of `lazytrain profile` (src/plan/profile.h's hook): PCIe bandwidth with pinned memory
+// (each way and both ways at once), the bf16 GEMM rate, the attention rate, and one decoder layer's
+// forward/backward time at the requested shape, all measured with CUDA events on this machine.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_util.h"
+#include "backend/cuda/gemm.h"
+#include "backend/cuda/kernels.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "plan/profile.h"
+
+// Weak: the backend library does not depend on lt_plan; binaries that link the profile code (the
+// lazytrain CLI) get the hook registered, others skip it.
+namespace lt {
+void register_gpu_profiler(GpuProfiler f) __attribute__((weak));
+}
+
+namespace lt::cuda {
+namespace {
+
+double median_s(cudaStream_t st, int reps, const std::function<void()>& f) {
+  f();  // warm-up
+  LT_CUDA(cudaStreamSynchronize(st));
+  cudaEvent_t a, b;
+  LT_CUDA(cudaEventCreate(&a));
+  LT_CUDA(cudaEventCreate(&b));
+  std::vector<double> ts;
+  for (int i = 0; i < reps; ++i) {
+    LT_CUDA(cudaEventRecord(a, st));
+    f();
+    LT_CUDA(cudaEventRecord(b, st));
+    LT_CUDA(cudaEventSynchronize(b));
+    float ms = 0;
+    LT_CUDA(cudaEventElapsedTime(&ms, a, b));
+    ts.push_back(ms * 1e-3);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ts.begin(), ts.end());
+  return ts[ts.size() / 2];
+}
+
+// Pseudo-random bf16 values in [-scale/2, scale/2) (zeros would run faster than real data).
+void fill_random_bf16(void* dst, int64_t n, float scale, cudaStream_t st) {
+  const int64_t chunk = int64_t(1) << 24;
+  std::vector<float> h(size_t(std::min(n, chunk)));
+  float* tmp = nullptr;
+  LT_CUDA(cudaMalloc(&tmp, h.size() * 4));
+  for (int64_t r = 0; r < n; r += chunk) {
+    const int64_t m = std::min(chunk, n - r);
+    for (int64_t i = 0; i < m; ++i)
+      h[size_t(i)] = scale * (float((uint32_t(uint64_t(r + i) * 2654435761u) >> 8) & 0xffff) / 65536.f - 0.5f);
+    LT_CUDA(cudaMemcpy(tmp, h.data(), size_t(m) * 4, cudaMemcpyHostToDevice));
+    f32_to_bf16(tmp, m, static_cast<uint16_t*>(dst) + r, st);
+    LT_CUDA(cudaStreamSynchronize(st));
+  }
+  cudaFree(tmp);
+}
+
+void measure_pcie(ResourceProfile& p, CudaBackend& be) {
+  const int64_t n = int64_t(256) << 20;
+  Allocation h1 = be.alloc(MemKind::Pinned, n, "profile.pinned"), h2 = be.alloc(MemKind::Pinned, n, "profile.pinned");
+  Allocation d1 = be.alloc(MemKind::Device, n, "profile.dev"), d2 = be.alloc(MemKind::Device, n, "profile.dev");
+  auto h2d = static_cast<cudaStream_t>(be.stream(Lane::H2D)), d2h = static_cast<cudaStream_t>(be.stream(Lane::D2H));
+  p.h2d_bw = double(n) / median_s(h2d, 5, [&] { LT_CUDA(cudaMemcpyAsync(d1.ptr, h1.ptr, n, cudaMemcpyHostToDevice, h2d)); });
+  p.d2h_bw = double(n) / median_s(d2h, 5, [&] { LT_CUDA(cudaMemcpyAsync(h2.ptr, d2.ptr, n, cudaMemcpyDeviceToHost, d2h)); });
+  // Both ways at once: the D2H stream waits for nothing; time from before both to after both.
+  cudaEvent_t go, done;
+  LT_CUDA(cudaEventCreate(&go));
+  LT_CUDA(cudaEventCreate(&done));
+  p.both_bw = 2.0 * double(n) / median_s(h2d, 5, [&] {
+                LT_CUDA(cudaEventRecord(go, h2d));
+                LT_CUDA(cudaStreamWaitEvent(d2h, go, 0));
+                LT_CUDA(cudaMemcpyAsync(d1.ptr, h1.ptr, n, cudaMemcpyHostToDevice, h2d));
+                LT_CUDA(cudaMemcpyAsync(h2.ptr, d2.ptr, n, cudaMemcpyDeviceToHost, d2h));
+                LT_CUDA(cudaEventRecord(done, d2h));
+                LT_CUDA(cudaStreamWaitEvent(h2d, done, 0));
+              });
+  cudaEventDestroy(go);
+  cudaEventDestroy(done);
+  be.free(h1);
+  be.free(h2);
+  be.free(d1);
+  be.free(d2);
+}
+
+void measure_gemm(ResourceProfile& p, CudaBackend& be) {
+  const int64_t m = 8192;
+  Allocation a = be.alloc(MemKind::Device, m * m * 2, "profile.gemm"), b = be.alloc(MemKind::Device, m * m * 2, "profile.gemm"),
+             c = be.alloc(MemKind::Device, m * m * 2, "profile.gemm"), ws = be.alloc(MemKind::Device, Gemm::kWorkspaceBytes, "profile.gemm");
+  auto st = static_cast<cudaStream_t>(be.stream(Lane::Compute));
+  fill_random_bf16(a.ptr, m * m, 1.f, st);
+  fill_random_bf16(b.ptr, m * m, 1.f, st);
+  Gemm g(ws.ptr, Gemm::kWorkspaceBytes);
+  GemmArgs ar;
+  ar.trans_b = true, ar.m = m, ar.n = m, ar.k = m, ar.a = a.ptr, ar.b = b.ptr, ar.c = c.ptr;
+  p.gemm_flops = 2.0 * m * m * m / median_s(st, 10, [&] { g.run(ar, st); });
+  be.free(a);
+  be.free(b);
+  be.free(c);
+  be.free(ws);
+}
+
+void measure_layer(ResourceProfile& p, CudaBackend& be, const ModelConfig& c, int64_t batch, int64_t seq) {
+  const UnitLayout& lay = be.layout().layer(0);
+  const int64_t T = batch * seq;
+  auto st = static_cast<cudaStream_t>(be.stream(Lane::Compute));
+  Allocation w = be.alloc(MemKind::Device, lay.numel * 2, "profile.layer"), dw = be.alloc(MemKind::Device, lay.numel * 4, "profile.layer");
+  Allocation x = be.alloc(MemKind::Device, T * c.hidden * 2, "profile.layer"), y = be.alloc(MemKind::Device, T * c.hidden * 2, "profile.layer");
+  Allocation dx = be.alloc(MemKind::Device, T * c.hidden * 2, "profile.layer");
+  fill_random_bf16(w.ptr, lay.numel, 0.04f, st);
+  fill_random_bf16(x.ptr, T * c.hidden, 2.f, st);
+  {  // norm weights 1
+    std::vector<uint16_t> one;
+    for (auto& prm : lay.params)
+      if (prm.suffix.find("norm") != std::string::npos) {
+        one.assign(size_t(prm.numel), lt::f32_to_bf16(1.f));
+        LT_CUDA(cudaMemcpy(static_cast<uint16_t*>(w.ptr) + prm.offset, one.data(), one.size() * 2, cudaMemcpyHostToDevice));
+      }
+  }
+  be.fill_zero(Lane::Compute, dw.ptr, lay.numel * 4, {});
+  DevGeometry g{batch, seq, nullptr, nullptr};
+  const double tf = median_s(st, 3, [&] { be.layer_forward(0, w.ptr, g, x.ptr, y.ptr, {}); });
+  const double tb = median_s(st, 3, [&] { be.layer_backward(0, w.ptr, g, x.ptr, y.ptr, dx.ptr, dw.ptr, {}); });
+  be.synchronize();
+  // Attention alone at this shape (fwd + bwd), FLOPs as the model accounting counts them.
+  {
+    const int64_t Q = c.q_dim(), KV = c.kv_dim();
+    auto A = [&](int64_t bytes) { return be.alloc(MemKind::Device, bytes, "profile.attn"); };
+    Allocation q = A(T * Q * 2), k = A(T * KV * 2), v = A(T * KV * 2), o = A(T * Q * 2), dO = A(T * Q * 2);
+    Allocation dq = A(T * Q * 2), dk = A(T * KV * 2), dv = A(T * KV * 2), lse = A(T * c.heads * 4);
+    Allocation acc = A(T * Q * 4), dl = A(T * c.heads * 4), dkv = A(2 * T * KV * 4 + 256);
+    fill_random_bf16(q.ptr, T * Q, 2.f, st);
+    fill_random_bf16(k.ptr, T * KV, 2.f, st);
+    fill_random_bf16(v.ptr, T * KV, 2.f, st);
+    fill_random_bf16(dO.ptr, T * Q, 2.f, st);
+    AttnDims d{batch, seq, c.heads, c.kv_heads, c.head_dim, float(1.0 / std::sqrt(double(c.head_dim)))};
+    const double ta = median_s(st, 3, [&] {
+      attention_fwd(d, q.ptr, k.ptr, v.ptr, nullptr, o.ptr, static_cast<float*>(lse.ptr), st);
+      attention_bwd(d, q.ptr, k.ptr, v.ptr, nullptr, o.ptr, static_cast<float*>(lse.ptr), dO.ptr, dq.ptr, dk.ptr, dv.ptr,
+                    static_cast<float*>(acc.ptr), static_cast<float*>(dl.ptr), static_cast<float*>(dkv.ptr), st);
+    });
+    p.attn_flops = 3.5 * (4.0 * batch * seq * seq * Q / 2) / ta;
+    for (Allocation* a : {&q, &k, &v, &o, &dO, &dq, &dk, &dv, &lse, &acc, &dl, &dkv}) be.free(*a);
+  }
+  LayerTiming lt;
+  lt.hidden = c.hidden;
+  lt.ffn = c.ffn;
+  lt.heads = c.heads;
+  lt.kv_heads = c.kv_heads;
+  lt.head_dim = c.head_dim;
+  lt.batch = batch;
+  lt.seq = seq;
+  lt.fwd_s = tf;
+  lt.bwd_s = std::max(0.0, tb - tf);  // layer_backward re-runs the forward internals first
+  p.layer_timings.push_back(lt);
+  for (Allocation* a : {&w, &dw, &x, &y, &dx}) be.free(*a);
+}
+
+void profile_gpu(ResourceProfile& p, const ModelConfig& c, int64_t batch, int64_t seq) {
+  cudaFree(nullptr);
+  size_t free_b = 0, total_b = 0;
+  LT_CUDA(cudaMemGetInfo(&free_b, &total_b));
+  CudaBackendOptions o;
+  // Enough for the layer at this shape plus the copy and GEMM buffers; never more than is free.
+  {
+    CudaBackendOptions probe;
+    probe.gpu_mem_cap = std::min<int64_t>(int64_t(free_b), int64_t(2) << 30);
+    CudaBackend tmp(c, probe);
+    const int64_t need = tmp.layer_workspace_bytes(batch * seq) + tmp.layout().layer(0).numel * 6 +
+                         4 * batch * seq * c.hidden * 2 + (int64_t(3) << 30);
+    o.gpu_mem_cap = std::min<int64_t>(int64_t(free_b) - (int64_t(256) << 20), need + o.margin);
+  }
+  CudaBackend be(c, o);
+  log_info("profile: GPU {} ({} total)", be.name(), total_b);
+  if (p.hbm_bytes <= 0) p.hbm_bytes = int64_t(total_b);
+  measure_pcie(p, be);
+  measure_gemm(p, be);
+  measure_layer(p, be, c, batch, seq);
+  p.gpu_measured = true;
+}
+
+}  // namespace
+
+void install_gpu_profiler() {
+  if (&lt::register_gpu_profiler != nullptr) lt::register_gpu_profiler(&profile_gpu);
+}
+
+}  // namespace lt::cuda
