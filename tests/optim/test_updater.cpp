@@ -91,22 +91,26 @@ TEST(Updater, PoolRunsLowestPriorityFirst) {
   EXPECT_EQ(order, (std::vector<int>{0, 0, 1, 2, 3, 4}));
 }
 
-TEST(Updater, WaitBlocksOnlyForItsUnitAndCountsExposedTime) {
-  Units a(3, 1 << 20);
+TEST(Updater, WaitCountsExposedTime) {
+  // Unit 0's update cannot start before the last partial sum arrives (20 ms later, from another
+  // thread), so wait(0) blocks at least that long and the time is counted as exposed.
+  Units a(3, 4096);
   AdamWConfig cfg;
-  cfg.threads = 1;
-  cfg.chunk_elems = 1 << 20;
+  cfg.threads = 2;
   CpuAdamW opt(a.specs, cfg);
   opt.begin_step(1e-3f);
-  for (int u = 0; u < 3; ++u) {
-    opt.add_grad_sumsq(u, 1.0);
-  }
   for (int u = 0; u < 3; ++u) opt.submit(u, a.buf(u));
+  opt.add_grad_sumsq(0, 1.0);
+  opt.add_grad_sumsq(1, 1.0);
+  std::thread late([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    opt.add_grad_sumsq(2, 1.0);
+  });
   opt.wait(0);
-  double exposed = opt.stats().exposed_wait_s;
-  EXPECT_GT(exposed, 0.0);  // 1M-element update cannot finish before wait() is reached
+  late.join();
+  EXPECT_GE(opt.stats().exposed_wait_s, 0.015);
   opt.wait_all();
-  EXPECT_GE(opt.stats().exposed_wait_s, exposed);
+  EXPECT_EQ(opt.stats().params_updated, 3 * 4096);
 }
 
 TEST(Updater, MisuseGivesClearErrors) {
