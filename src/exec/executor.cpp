@@ -598,16 +598,20 @@ void MicroBatchRun::run() {
   if (mbi_ == 0) be.fill_zero(Lane::Compute, I.d_scal.data(), I.d_scal.bytes(), lab("scalars.zero", -1));
 
   // Embedding and head weights: uploaded once per step (head in F_{L-1} when not resident).
+  // With a host embedding and tied weights, the device copy of the embedding serves only the LM head,
+  // so it travels with the head.
+  auto upload_emb = [&] {
+    wait_update(0);
+    be.copy(Lane::H2D, I.emb_w.data(), I.st.stream(0), I.emb_w.bytes(), lab("w.h2d", 0));
+    emb_ready_ = be.record(Lane::H2D);
+  };
   auto upload_head = [&] {
+    if (!P.embedding_resident && I.emb_on_device) upload_emb();
     wait_update(L + 1);
     be.copy(Lane::H2D, I.head_w.data(), I.st.stream(L + 1), I.head_w.bytes(), lab("w.h2d", int32_t(L + 1)));
     head_ready_ = be.record(Lane::H2D);
   };
-  if (I.emb_on_device && mbi_ == 0) {
-    wait_update(0);
-    be.copy(Lane::H2D, I.emb_w.data(), I.st.stream(0), I.emb_w.bytes(), lab("w.h2d", 0));
-    emb_ready_ = be.record(Lane::H2D);
-  }
+  if (P.embedding_resident && mbi_ == 0) upload_emb();
   if (P.head_resident && mbi_ == 0) upload_head();
 
   // ---- forward

@@ -61,10 +61,12 @@ TEST(ExecRing, BeladyReusesResidentLayersAndPrefetches) {
   auto r4 = build_ring_schedule(layers, wins, 4);
   EXPECT_EQ(r4.loads(), 4);  // everything stays resident
   EXPECT_LT(r4.loads(), r2.loads());
-  EXPECT_EQ(r2.load[7], 0);   // layer 3 is still resident after the recompute of 2? (slot of 3 kept)
+  EXPECT_EQ(r2.load[7], 0);  // backward of layer 3 right after its forward: still in its slot
   for (size_t u = 0; u < layers.size(); ++u) {
     EXPECT_EQ(r2.layer[size_t(r2.loader[u])], layers[u]);
-    if (r2.load[u]) EXPECT_LT(r2.evict_after[u], int64_t(u));
+    if (r2.load[u]) {
+      EXPECT_LT(r2.evict_after[u], int64_t(u));
+    }
   }
 }
 
