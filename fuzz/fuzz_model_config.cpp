@@ -1,13 +1,20 @@
-// libFuzzer target: config.json text -> ModelConfig. Invalid input must raise lt::Error (or be
-// rejected as JSON); an accepted config must round-trip through model_config_to_json.
+// libFuzzer target: JSON text -> ModelConfig (config.json) and -> (tensor, shard) pairs
+// (model.safetensors.index.json). Invalid input must raise lt::Error (or be rejected as JSON); an
+// accepted config must round-trip through model_config_to_json; accepted shard names are plain.
 #include <cstdint>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/model_io.h"
 #include "model/model_config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  try {
+    for (auto& [tensor, shard] : lt::parse_safetensors_index(std::string(reinterpret_cast<const char*>(data), size), "fuzz"))
+      if (shard.empty() || shard.find('/') != std::string::npos || shard == "..") std::abort();
+  } catch (const lt::Error&) {
+  }
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(data, data + size);

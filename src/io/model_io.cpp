@@ -27,16 +27,6 @@ std::string shape_str(const std::vector<int64_t>& s) {
   return r + "]";
 }
 
-json read_json_file(const fs::path& p) {
-  std::ifstream in(p);
-  LT_CHECK(in.good(), "{}: cannot open", p.string());
-  try {
-    return json::parse(in);
-  } catch (const json::exception& e) {
-    fail("{}: invalid JSON: {}", p.string(), e.what());
-  }
-}
-
 void write_text(const fs::path& p, const std::string& s) {
   std::ofstream out(p);
   LT_CHECK(out.good(), "{}: cannot create", p.string());
@@ -56,6 +46,37 @@ bool ignorable(const std::string& name) {
 }
 
 }  // namespace
+
+std::vector<std::pair<std::string, std::string>> parse_safetensors_index(const std::string& text,
+                                                                        const std::string& source) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    fail("{}: invalid JSON: {}", source, e.what());
+  }
+  LT_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
+           "{}: field 'weight_map' (object of tensor -> shard file) is missing or not an object", source);
+  std::vector<std::pair<std::string, std::string>> out;
+  for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+    const json& v = it.value();
+    LT_CHECK(v.is_string(), "{}: weight_map['{}']: expected a shard file name (string), got {}", source, it.key(),
+             v.type_name());
+    std::string shard = v.get<std::string>();
+    // A shard is a plain file next to the index: no directories, no escaping the model directory.
+    LT_CHECK(!shard.empty() && shard.find('/') == std::string::npos && shard.find('\0') == std::string::npos &&
+                 shard != "." && shard != "..",
+             "{}: weight_map['{}']: '{}' is not a plain file name", source, it.key(), shard);
+    out.emplace_back(it.key(), std::move(shard));
+  }
+  if (auto m = j.find("metadata"); m != j.end() && !m->is_null()) {
+    LT_CHECK(m->is_object(), "{}: field 'metadata' must be an object, got {}", source, m->type_name());
+    if (auto ts = m->find("total_size"); ts != m->end())
+      LT_CHECK(ts->is_number_unsigned() || (ts->is_number_integer() && ts->get<int64_t>() >= 0),
+               "{}: field 'metadata.total_size': expected a non-negative integer, got {}", source, ts->dump());
+  }
+  return out;
+}
 
 TensorStore::TensorStore(const fs::path& dir_or_file) : source_(dir_or_file) {
   auto add_file = [&](const fs::path& p) -> SafetensorsFile* {
@@ -77,24 +98,17 @@ TensorStore::TensorStore(const fs::path& dir_or_file) : source_(dir_or_file) {
     for (auto& t : f->header().tensors) refs_[t.name] = {f, &t};
     return;
   }
-  json j = read_json_file(index);
-  LT_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
-           "{}: field 'weight_map' (object of tensor -> shard file) is missing or not an object", index.string());
+  std::ifstream in(index, std::ios::binary);
+  LT_CHECK(in.good(), "{}: cannot open", index.string());
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   std::map<std::string, SafetensorsFile*> shards;
-  for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-    const json& v = it.value();
-    LT_CHECK(v.is_string(), "{}: weight_map['{}']: expected a shard file name (string), got {}", index.string(),
-             it.key(), v.type_name());
-    const std::string shard = v.get<std::string>();
-    // A shard is a plain file next to the index: no directories, no escaping the model directory.
-    LT_CHECK(!shard.empty() && shard.find('/') == std::string::npos && shard != "." && shard != "..",
-             "{}: weight_map['{}']: '{}' is not a plain file name", index.string(), it.key(), shard);
+  for (auto& [tensor, shard] : parse_safetensors_index(text, index.string())) {
     auto s = shards.find(shard);
     if (s == shards.end()) s = shards.emplace(shard, add_file(dir_or_file / shard)).first;
-    const StTensor* t = s->second->find(it.key());
+    const StTensor* t = s->second->find(tensor);
     LT_CHECK(t, "{}: tensor '{}' is listed in {} but not present in that shard", (dir_or_file / shard).string(),
-             it.key(), kIndexName);
-    refs_[it.key()] = {s->second, t};
+             tensor, kIndexName);
+    refs_[tensor] = {s->second, t};
   }
   // Tensors a shard holds beyond the index are still reachable (the index is advisory for them).
   for (auto& [name, f] : shards)

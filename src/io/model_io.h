@@ -22,6 +22,11 @@
 
 namespace lt {
 
+// Parses model.safetensors.index.json text into (tensor, shard file) pairs. Shard names must be plain
+// file names (no '/', not "." or ".."); metadata.total_size, if present, a non-negative integer.
+std::vector<std::pair<std::string, std::string>> parse_safetensors_index(const std::string& text,
+                                                                        const std::string& source);
+
 // All tensors of a directory (single file or sharded through the index), or of one .safetensors file.
 class TensorStore {
  public:

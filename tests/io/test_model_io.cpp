@@ -216,3 +216,17 @@ TEST(ModelIO, TensorBiggerThanShardLimitGetsItsOwnShard) {
   for (size_t u = 0; u < w.num_units(); ++u) EXPECT_EQ(r.units[u], w.units[u]);
   fs::remove_all(d);
 }
+
+TEST(ModelIO, ParseIndexText) {
+  auto ok = parse_safetensors_index(R"({"metadata":{"total_size":10},"weight_map":{"a":"s1.safetensors","b":"s2.safetensors"}})", "i.json");
+  ASSERT_EQ(ok.size(), 2u);
+  EXPECT_EQ(ok[1], (std::pair<std::string, std::string>{"b", "s2.safetensors"}));
+  expect_contains(error_of([] { parse_safetensors_index(R"({"metadata":{"total_size":-1},"weight_map":{}})", "i.json"); }),
+                  {"i.json", "metadata.total_size"});
+  expect_contains(error_of([] { parse_safetensors_index(R"({"metadata":3,"weight_map":{}})", "i.json"); }), {"metadata"});
+  expect_contains(error_of([] { parse_safetensors_index(R"({"weight_map":{"a":7}})", "i.json"); }),
+                  {"weight_map['a']", "string"});
+  expect_contains(error_of([] { parse_safetensors_index(R"({"weight_map":{"a":".."}})", "i.json"); }),
+                  {"not a plain file name"});
+  expect_contains(error_of([] { parse_safetensors_index("{", "i.json"); }), {"i.json", "invalid JSON"});
+}
