@@ -125,6 +125,7 @@ void CpuAdamW::finish_norm_locked() {
   norm_known_ = true;
   in_step_ = false;
   info_.grad_norm = norm;
+  done_cv_.notify_all();  // waiters on held-back units re-check (a skipped step releases them at once)
   if (!std::isfinite(norm)) {
     info_.skipped = true;
     info_.clip_coef = 1.0f;
@@ -214,9 +215,12 @@ void CpuAdamW::wait(int unit) {
            units_.size());
   std::unique_lock<std::mutex> lk(mu_);
   UnitState& us = state_[size_t(unit)];
-  if (us.pending) {
+  // Done when nothing of the unit is queued or running, and a submitted update is not still held back
+  // waiting for the global norm (it blocks until the last partial sum arrives, from another thread).
+  auto done = [&] { return us.pending == 0 && !(us.submitted && !norm_known_); };
+  if (!done()) {
     double t0 = now_seconds();
-    done_cv_.wait(lk, [&] { return us.pending == 0; });
+    done_cv_.wait(lk, done);
     stats_.exposed_wait_s += now_seconds() - t0;
   }
   if (us.error) {

@@ -112,8 +112,10 @@ class CpuAdamW {
   void add_grad_sumsq(int unit, double sumsq);
   // Queues unit u's update for this step (once per unit per step). Thread-safe.
   void submit(int unit, const UnitBuffers& bufs);
-  // Blocks until unit u's latest submitted update (and its bf16 copy) is done. Time spent blocked
-  // is counted as exposed optimizer time. Rethrows a worker's error.
+  // Blocks until unit u's latest submitted update (and its bf16 copy) is done; an update still held
+  // back for the global norm is waited for too (so the last partial sum must come from another
+  // thread, or before). Time spent blocked is counted as exposed optimizer time. Rethrows a worker's
+  // error.
   void wait(int unit);
   void wait_all();
   // Convenience for a synchronous CPU caller: begin_step, CPU partial sums, submit all, wait_all.
