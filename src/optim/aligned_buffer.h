@@ -1,4 +1,4 @@
-// Zero-initialised, 64-byte aligned heap array (optimizer states: large, never resized).
+// 64-byte aligned heap array, zero-initialised by default (optimizer states: large, never resized).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -27,7 +27,8 @@ class AlignedBuffer {
   AlignedBuffer& operator=(const AlignedBuffer&) = delete;
   ~AlignedBuffer() { std::free(p_); }
 
-  void reset(size_t n) {
+  // zero = false leaves the memory untouched (the caller zeroes it, e.g. in parallel: first touch).
+  void reset(size_t n, bool zero = true) {
     std::free(p_);
     p_ = nullptr;
     n_ = n;
@@ -35,7 +36,7 @@ class AlignedBuffer {
     size_t bytes = (n * sizeof(T) + 63) / 64 * 64;
     p_ = static_cast<T*>(std::aligned_alloc(64, bytes));
     if (!p_) throw std::bad_alloc();
-    std::memset(static_cast<void*>(p_), 0, bytes);
+    if (zero) std::memset(static_cast<void*>(p_), 0, bytes);
   }
   T* data() { return p_; }
   const T* data() const { return p_; }

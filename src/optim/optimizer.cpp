@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <cmath>
 #include <thread>
 
@@ -59,12 +60,12 @@ CpuAdamW::CpuAdamW(std::vector<UnitSpec> units, AdamWConfig cfg)
                cfg_.groups.size());
       TensorState& st = state_[u].tensors[t];
       if (ts.format == StateFormat::F32) {
-        st.m.reset(size_t(ts.numel));
-        st.v.reset(size_t(ts.numel));
+        st.m.reset(size_t(ts.numel), false);
+        st.v.reset(size_t(ts.numel), false);
       } else {
         size_t blocks = size_t((ts.numel + kQ8Block - 1) / kQ8Block);
-        st.mq.reset(size_t(ts.numel));
-        st.vq.reset(size_t(ts.numel));
+        st.mq.reset(size_t(ts.numel), false);
+        st.vq.reset(size_t(ts.numel), false);
         st.ms.reset(blocks);
         st.vs.reset(blocks);
       }
@@ -72,6 +73,37 @@ CpuAdamW::CpuAdamW(std::vector<UnitSpec> units, AdamWConfig cfg)
   }
   int threads = cfg_.threads > 0 ? cfg_.threads : int(std::max(1u, std::thread::hardware_concurrency()));
   pool_ = std::make_unique<ThreadPool>(threads);
+  zero_states();
+}
+
+void CpuAdamW::zero_states() {
+  // Zero the moments in chunks on the workers: faster than one thread for tens of GB, and the pages are
+  // first touched by the threads that will update them.
+  std::mutex mu;
+  std::condition_variable cv;
+  int64_t left = 0;
+  auto zero = [](void* p, size_t bytes) { std::memset(p, 0, bytes); };
+  std::vector<std::pair<void*, size_t>> parts;
+  for (auto& us : state_)
+    for (auto& st : us.tensors) {
+      const size_t chunk = size_t(cfg_.chunk_elems) * 4;
+      auto add = [&](void* base, size_t bytes) {
+        for (size_t o = 0; o < bytes; o += chunk) parts.emplace_back(static_cast<char*>(base) + o, std::min(chunk, bytes - o));
+      };
+      if (st.m.data()) add(st.m.data(), st.m.bytes());
+      if (st.v.data()) add(st.v.data(), st.v.bytes());
+      if (st.mq.data()) add(st.mq.data(), st.mq.bytes());
+      if (st.vq.data()) add(st.vq.data(), st.vq.bytes());
+    }
+  left = int64_t(parts.size());
+  for (auto& [p, n] : parts)
+    pool_->push(0, [&, p = p, n = n] {
+      zero(p, n);
+      std::lock_guard<std::mutex> lk(mu);
+      if (--left == 0) cv.notify_all();
+    });
+  std::unique_lock<std::mutex> lk(mu);
+  cv.wait(lk, [&] { return left == 0; });
 }
 
 CpuAdamW::~CpuAdamW() {

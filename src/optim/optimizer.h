@@ -160,6 +160,7 @@ class CpuAdamW {
   void enqueue_unit_locked(int unit);
   void run_item(const WorkItem& w);
   void finish_norm_locked();
+  void zero_states();
 
   std::vector<UnitSpec> units_;
   AdamWConfig cfg_;
