@@ -36,10 +36,12 @@ RingSchedule build_ring_schedule(const std::vector<int64_t>& layers, const std::
       last_use[size_t(hit)] = u;
       continue;
     }
-    // Victim: an empty slot, else the content needed farthest ahead (ties: least recently used).
+    // Victim: an empty slot, else the content needed farthest ahead (ties: least recently used), among
+    // the slots not used by the previous ring-1 uses: then the load can be issued ring-1 uses ahead.
     int victim = -1;
     int64_t best = -1, best_last = 0;
     for (int s = 0; s < ring; ++s) {
+      if (content[size_t(s)] >= 0 && last_use[size_t(s)] > u - ring) continue;
       const int64_t nu = content[size_t(s)] < 0 ? n + 2 : next_use(content[size_t(s)], u);
       if (nu > best || (nu == best && last_use[size_t(s)] < best_last)) {
         best = nu;

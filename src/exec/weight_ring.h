@@ -1,9 +1,9 @@
 // Ring of k device buffers through which decoder-layer weights stream. The sequence of layer uses
 // of a step (forward, then per block recompute and backward) is known in advance, so slots are
 // assigned statically: a use whose layer is still in a slot reuses it (no transfer); otherwise the
-// slot whose content is needed again farthest in the future is overwritten (Belady). The load for a
-// use is issued as soon as the slot's previous content is no longer needed by enqueued compute, at
-// most k-1 uses ahead (prefetch on the H2D lane).
+// slot whose content is needed again farthest in the future is overwritten (Belady), among the slots
+// not used by the previous k-1 uses, so that every load can be issued k-1 uses ahead of its compute
+// (prefetch on the H2D lane) as soon as the slot's previous content is no longer needed.
 #pragma once
 #include <cstdint>
 #include <vector>

@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/reference.h"
 #include "backend/cpu/reference_model.h"
 #include "exec/exec_plan.h"
@@ -17,6 +18,13 @@
 #include "model/param_layout.h"
 
 namespace lt::test {
+
+// Tiny models run fastest single-threaded (OpenMP barriers dominate and oversubscribe a busy CI box).
+inline CpuBackendOptions cpu_opts() {
+  CpuBackendOptions o;
+  o.threads = 1;
+  return o;
+}
 
 inline ModelConfig tiny_config(Arch arch = Arch::Qwen2, int64_t layers = 5, bool tied = false) {
   ModelConfig c;

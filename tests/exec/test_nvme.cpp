@@ -126,7 +126,7 @@ TEST(ExecNvmeFaults, StepFailsCleanlyAndRecovers) {
   // Clean reference gradients.
   std::vector<std::vector<float>> clean;
   {
-    CpuBackend be(c);
+    CpuBackend be(c, test::cpu_opts());
     HostState st(be);
     test::random_weights(be.layout(), st, 3);
     ExecOptions o;
@@ -140,7 +140,7 @@ TEST(ExecNvmeFaults, StepFailsCleanlyAndRecovers) {
                              {FaultyIo::ShortRead, 1, "short read"},
                              {FaultyIo::ShortRead, 3, "short read"}};
   for (const auto& fc : cases) {
-    CpuBackend be(c);
+    CpuBackend be(c, test::cpu_opts());
     HostState st(be);
     test::random_weights(be.layout(), st, 3);
     std::vector<std::vector<float>> master0;
@@ -190,7 +190,7 @@ TEST(ExecNvmeFaults, StepFailsCleanlyAndRecovers) {
 TEST(ExecNvmeFaults, BackendOpFailureIsReportedAndRecoverable) {
   auto c = test::tiny_config(Arch::Qwen3, 3, true);
   auto b = test::random_batch(c, 2, 8, 5);
-  CpuBackend be(c);
+  CpuBackend be(c, test::cpu_opts());
   HostState st(be);
   test::random_weights(be.layout(), st, 1);
   ExecPlan p = ExecPlan::keep_all(c.layers, 2, 8);
@@ -211,7 +211,7 @@ TEST(ExecNvmeFaults, BackendOpFailureIsReportedAndRecoverable) {
 
 TEST(ExecNvmeFaults, NvmeBudgetRefusedUpFront) {
   auto c = test::tiny_config(Arch::Qwen2, 4, false);
-  CpuBackend be(c);
+  CpuBackend be(c, test::cpu_opts());
   HostState st(be);
   ExecPlan p = ExecPlan::keep_all(c.layers, 2, 8);
   p.tier = {CkptTier::Nvme, CkptTier::Nvme, CkptTier::Nvme, CkptTier::Gpu, CkptTier::Gpu};

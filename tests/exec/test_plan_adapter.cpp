@@ -15,7 +15,7 @@ namespace {
 
 std::vector<std::vector<float>> grads_of(const ModelConfig& c, const ExecPlan& p, const test::Batch& b,
                                           const std::filesystem::path& nvme, double* loss) {
-  CpuBackend be(c);
+  CpuBackend be(c, test::cpu_opts());
   HostState st(be);
   test::random_weights(be.layout(), st, 99);
   ExecOptions o;

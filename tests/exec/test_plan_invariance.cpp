@@ -3,6 +3,8 @@
 // are bit-identical to the keep-everything plan, which itself matches the whole-model reference.
 #include <gtest/gtest.h>
 
+#include <omp.h>
+
 #include <cmath>
 
 #include "backend/cpu/cpu_backend.h"
@@ -21,7 +23,7 @@ struct Outcome {
 
 Outcome run_plan(const ModelConfig& c, const ExecPlan& plan, const std::vector<test::Batch>& batches,
                  uint64_t wseed, const std::filesystem::path& nvme) {
-  CpuBackend be(c);
+  CpuBackend be(c, test::cpu_opts());
   HostState st(be);
   test::random_weights(be.layout(), st, wseed);
   ExecOptions o;
@@ -53,6 +55,7 @@ void expect_bit_identical(const Outcome& a, const Outcome& b, const std::string&
 }
 
 TEST(ExecInvariance, KeepAllMatchesReferenceModel) {
+  omp_set_num_threads(1);  // the reference runs here, with the executor's thread count (cpu_opts)
   for (auto arch : {Arch::Qwen2, Arch::Qwen3, Arch::Llama}) {
     for (bool tied : {false, true}) {
       auto c = test::tiny_config(arch, 4, tied);
@@ -60,7 +63,7 @@ TEST(ExecInvariance, KeepAllMatchesReferenceModel) {
       auto plan = ExecPlan::keep_all(c.layers, 3, 8);
       Outcome ex = run_plan(c, plan, {b}, 5, {});
       // Reference: whole model, every boundary kept, same weights and loss scale.
-      CpuBackend be(c);
+      CpuBackend be(c, test::cpu_opts());
       HostState st(be);
       test::random_weights(be.layout(), st, 5);
       std::vector<const float*> w;
@@ -88,10 +91,10 @@ TEST(ExecInvariance, RandomPlansBitIdentical) {
   for (auto arch : {Arch::Qwen2, Arch::Qwen3}) {
     for (bool tied : {false, true}) {
       auto c = test::tiny_config(arch, 6, tied);
-      const int64_t B = 3, S = 8;
+      const int64_t B = 4, S = 8;
       auto b = test::random_batch(c, B, S, 21 + uint64_t(tied), arch == Arch::Qwen3);
       Outcome base = run_plan(c, ExecPlan::keep_all(c.layers, B, S), {b}, 7, {});
-      for (int k = 0; k < 6; ++k) {
+      for (int k = 0; k < 20; ++k) {
         ExecPlan p = test::random_plan(c.layers, B, S, rng);
         Outcome o = run_plan(c, p, {b}, 7, dir);
         expect_bit_identical(o, base, describe_plan(p));
@@ -100,7 +103,7 @@ TEST(ExecInvariance, RandomPlansBitIdentical) {
       }
     }
   }
-  EXPECT_EQ(n_plans, 24);
+  EXPECT_EQ(n_plans, 80);
   std::filesystem::remove_all(dir);
 }
 
@@ -112,13 +115,14 @@ TEST(ExecInvariance, MicroBatchesAccumulateAndMatchAcrossPlans) {
   Outcome base = run_plan(c, ExecPlan::keep_all(c.layers, B, S), bs, 9, {});
   auto dir = test::temp_dir("mb");
   std::mt19937_64 rng(77);
-  for (int k = 0; k < 4; ++k) {
+  for (int k = 0; k < 8; ++k) {
     ExecPlan p = test::random_plan(c.layers, B, S, rng);
     expect_bit_identical(run_plan(c, p, bs, 9, dir), base, describe_plan(p));
   }
   std::filesystem::remove_all(dir);
   // Against the reference: the loss is normalised by the tokens of the whole step.
-  CpuBackend be(c);
+  omp_set_num_threads(1);
+  CpuBackend be(c, test::cpu_opts());
   HostState st(be);
   test::random_weights(be.layout(), st, 9);
   std::vector<const float*> w;

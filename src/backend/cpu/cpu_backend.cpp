@@ -9,6 +9,8 @@
 #include <functional>
 #include <thread>
 
+#include <omp.h>
+
 #include "backend/cpu/reference.h"
 #include "core/error.h"
 #include "core/timer.h"
@@ -147,7 +149,12 @@ struct CpuBackend::Impl {
 CpuBackend::CpuBackend(const ModelConfig& c, CpuBackendOptions o) : Backend(c), opt_(o), impl_(std::make_unique<Impl>()) {
   mem_.set_budget(MemKind::Device, o.device_budget);
   mem_.set_budget(MemKind::Pinned, o.pinned_budget);
-  for (int i = 0; i < kNumLanes; ++i) impl_->lanes[i].th = std::thread([this, i] { impl_->run(i); });
+  const int threads = o.threads;
+  for (int i = 0; i < kNumLanes; ++i)
+    impl_->lanes[i].th = std::thread([this, i, threads] {
+      if (threads > 0) omp_set_num_threads(threads);  // this lane's parallel regions only
+      impl_->run(i);
+    });
 }
 
 CpuBackend::~CpuBackend() {
