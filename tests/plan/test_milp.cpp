@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 
 #include "core/error.h"
 #include "plan/dp.h"
@@ -21,7 +22,7 @@ Plan milp_plan(const Instance& in, const MilpSolution& s) {
 // no plan of the tied space (brute force, scored by the simulator incl. optimizer waits) beats it.
 TEST(PlanMilp, ObjectiveMatchesSimulatorAndBeatsBruteForce) {
   std::mt19937 rng(11);
-  int solved = 0;
+  int solved = 0, strictly_better = 0;
   for (int rep = 0; rep < 49; ++rep) {
     const int L = 2 + rep % 7;  // 2..8
     Instance in = test::random_instance(rng, L, true);
@@ -62,9 +63,12 @@ TEST(PlanMilp, ObjectiveMatchesSimulatorAndBeatsBruteForce) {
     auto r = simulate(in, p);
     EXPECT_TRUE(r.fits) << "rep " << rep << ": " << r.violation;
     EXPECT_NEAR(r.pred.step_s, s.objective, 0.01 * s.objective) << "rep " << rep << " " << describe_tiers(p);
+    strictly_better += s.objective < best * (1 - 1e-4);
     EXPECT_LE(s.objective, best * (1 + 1e-6)) << "rep " << rep << " milp " << describe_tiers(p) << " brute " << describe_tiers(test::plan_for(in, best_t)) << " bound " << s.bound << " dp " << (dp.feasible ? describe_tiers(warm) : "-");
   }
   EXPECT_GE(solved, 25);
+  // Informative: instances where spreading transfers over several windows beat every tied plan.
+  std::printf("milp solved %d instances, strictly better than the whole tied space on %d\n", solved, strictly_better);
 }
 
 }  // namespace
