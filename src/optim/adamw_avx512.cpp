@@ -54,8 +54,23 @@ struct QV {
   static constexpr int kBinBase = 127 - 31;  // binade index 0 = [2^-31, 2^-30), 31 = [1, 2)
   __m512 top, step, inv, off, zero_below, bnd;
   __m512i topc, ecand_lo, ecand_hi;
+  // Decoder tables indexed directly by lzcnt(magnitude) & 15: decade e sits in lane (32 - kBits + e) & 15,
+  // and code 0 (lzcnt 32) reads lane 0, which holds zeros (value +0).
+  __m512 dtop, dstep;
+  __m512i dtopc;
   explicit QV(const QuantMap& q) {
-    // 8-entry tables in the low lanes, zeros above (index kBits must read 0: see dequant16).
+    alignas(64) float dt[16] = {}, ds[16] = {};
+    alignas(64) int32_t dc[16] = {};
+    for (int e = 0; e < kBits; ++e) {
+      int lane = (32 - kBits + e) & 15;
+      dt[lane] = q.top[e];
+      ds[lane] = q.step[e];
+      dc[lane] = q.top_code[e];
+    }
+    dtop = _mm512_load_ps(dt);
+    dstep = _mm512_load_ps(ds);
+    dtopc = _mm512_load_si512(dc);
+    // Quantiser tables: 8 entries in the low lanes, indexed by decade.
     top = _mm512_zextps256_ps512(_mm256_loadu_ps(q.top));
     step = _mm512_zextps256_ps512(_mm256_loadu_ps(q.step));
     inv = _mm512_zextps256_ps512(_mm256_loadu_ps(q.inv_step));
@@ -88,16 +103,16 @@ inline __m128i quant16(const QV<Signed>& q, __m512 y) {
   __m512i bits = _mm512_castps_si512(y);
   __m512i abits = _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff));
   __m512 a = _mm512_castsi512_ps(abits);
-  // Binade index; only the low 5 bits are used by the permute (|y| <= 1 + rounding never exceeds 31).
-  __m512i bin = _mm512_max_epi32(_mm512_sub_epi32(_mm512_srli_epi32(abits, 23), _mm512_set1_epi32(QV<Signed>::kBinBase)),
-                                 _mm512_setzero_si512());
+  // Binade = exponent field, at least kBinBase; the permute reads its low 5 bits (kBinBase = 96 -> 0,
+  // exponent 127 -> 31; |y| <= 1 + rounding never goes above).
+  __m512i bin = _mm512_max_epu32(_mm512_srli_epi32(abits, 23), _mm512_set1_epi32(QV<Signed>::kBinBase));
   __m512i e = _mm512_permutex2var_epi32(q.ecand_lo, bin, q.ecand_hi);
   __mmask16 up = _mm512_cmp_ps_mask(a, _mm512_permutexvar_ps(e, q.bnd), _CMP_GE_OQ);
   e = _mm512_mask_sub_epi32(e, up, e, _mm512_set1_epi32(1));
   __m512 cf = _mm512_add_ps(_mm512_mul_ps(a, _mm512_permutexvar_ps(e, q.inv)), _mm512_permutexvar_ps(e, q.off));
   __m512i code = _mm512_max_epi32(_mm512_cvtps_epi32(cf), _mm512_set1_epi32(1));
   code = _mm512_mask_mov_epi32(code, _mm512_cmp_ps_mask(a, q.zero_below, _CMP_LT_OQ), _mm512_setzero_si512());
-  if (Signed) code = _mm512_or_si512(code, _mm512_slli_epi32(_mm512_srli_epi32(bits, 31), 7));
+  if (Signed) code = _mm512_mask_or_epi32(code, _mm512_movepi32_mask(bits), code, _mm512_set1_epi32(0x80));
   return _mm512_cvtepi32_epi8(code);
 }
 
@@ -106,12 +121,13 @@ template <bool Signed>
 inline __m512 dequant16(const QV<Signed>& q, const uint8_t* codes, __m512 scale) {
   __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)));
   __m512i mc = Signed ? _mm512_and_si512(c, _mm512_set1_epi32(0x7f)) : c;
-  // e = leading zeros within kBits. Code 0 gives e = kBits, whose table entries are 0: value +0.
-  __m512i e = _mm512_sub_epi32(_mm512_lzcnt_epi32(mc), _mm512_set1_epi32(32 - QV<Signed>::kBits));
-  __m512i j = _mm512_sub_epi32(_mm512_permutexvar_epi32(e, q.topc), mc);
-  __m512 val = _mm512_sub_ps(_mm512_permutexvar_ps(e, q.top), _mm512_mul_ps(_mm512_permutexvar_ps(e, q.step), _mm512_cvtepi32_ps(j)));
-  if (Signed)
-    val = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(val), _mm512_slli_epi32(_mm512_and_si512(c, _mm512_set1_epi32(0x80)), 24)));
+  // The decade is the leading-zero count within kBits; the tables are indexed by the raw count.
+  __m512i e = _mm512_lzcnt_epi32(mc);
+  __m512i j = _mm512_sub_epi32(_mm512_permutexvar_epi32(e, q.dtopc), mc);
+  __m512 val = _mm512_sub_ps(_mm512_permutexvar_ps(e, q.dtop), _mm512_mul_ps(_mm512_permutexvar_ps(e, q.dstep), _mm512_cvtepi32_ps(j)));
+  if (Signed)  // sign bit 7 of the code -> bit 31: val | (c << 24 & 0x80000000)
+    val = _mm512_castsi512_ps(_mm512_ternarylogic_epi32(_mm512_castps_si512(val), _mm512_slli_epi32(c, 24),
+                                                        _mm512_set1_epi32(int32_t(0x80000000u)), 0xF8));
   return _mm512_mul_ps(val, scale);
 }
 
