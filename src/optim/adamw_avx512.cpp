@@ -96,6 +96,21 @@ struct QV {
   }
 };
 
+// Two vectors of f32 -> 32 bf16 (same rounding as to_bf16): round in place in 32-bit lanes, then one
+// word permute collects the high halves.
+inline __m512i bf16_rounded(__m512 x) {
+  __m512i u = _mm512_castps_si512(x);
+  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+  __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+  return _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(u, _mm512_set1_epi32(0x400000)));
+}
+inline __m512i to_bf16x2(__m512 x0, __m512 x1) {
+  const __m512i odd = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29, 27, 25, 23,
+                                       21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+  return _mm512_permutex2var_epi16(bf16_rounded(x0), odd, bf16_rounded(x1));
+}
+
 // Nearest code of 16 values y: the same result as quantize_one (its decade count #{t : a < top[t]} is
 // found here from the binade's decade and one comparison).
 template <bool Signed>
@@ -137,6 +152,19 @@ void adamw_f32_avx512(const AdamWScalars& s, float* p, const float* g, float* m,
                       int64_t n) {
   const V c(s);
   int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    __m512 p0 = _mm512_loadu_ps(p + i), m0 = _mm512_loadu_ps(m + i), v0 = _mm512_loadu_ps(v + i);
+    __m512 p1 = _mm512_loadu_ps(p + i + 16), m1 = _mm512_loadu_ps(m + i + 16), v1 = _mm512_loadu_ps(v + i + 16);
+    step16(c, p0, _mm512_loadu_ps(g + i), m0, v0);
+    step16(c, p1, _mm512_loadu_ps(g + i + 16), m1, v1);
+    _mm512_storeu_ps(p + i, p0);
+    _mm512_storeu_ps(m + i, m0);
+    _mm512_storeu_ps(v + i, v0);
+    _mm512_storeu_ps(p + i + 16, p1);
+    _mm512_storeu_ps(m + i + 16, m1);
+    _mm512_storeu_ps(v + i + 16, v1);
+    if (out) _mm512_storeu_si512(out + i, to_bf16x2(p0, p1));
+  }
   for (; i + 16 <= n; i += 16) {
     __m512 pv = _mm512_loadu_ps(p + i), mv = _mm512_loadu_ps(m + i), vv = _mm512_loadu_ps(v + i);
     step16(c, pv, _mm512_loadu_ps(g + i), mv, vv);
@@ -168,17 +196,21 @@ void adamw_q8_avx512(const AdamWScalars& s, float* p, const float* g, uint8_t* m
     __m512 am = _mm512_setzero_ps(), av = _mm512_setzero_ps();
     float* pb = p + b0;
     const float* gb = g + b0;
-    for (int64_t i = 0; i < kQ8Block; i += 16) {
-      __m512 mv = dequant16(qm, mq + b0 + i, sm);
-      __m512 vv = dequant16(qv, vq + b0 + i, sv);
-      __m512 pv = _mm512_loadu_ps(pb + i);
-      step16(c, pv, _mm512_loadu_ps(gb + i), mv, vv);
-      _mm512_storeu_ps(pb + i, pv);
-      if (out) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + b0 + i), to_bf16(pv));
-      _mm512_store_ps(tm + i, mv);
-      _mm512_store_ps(tv + i, vv);
-      am = _mm512_max_ps(am, _mm512_and_ps(mv, absmask));
-      av = _mm512_max_ps(av, vv);
+    for (int64_t i = 0; i < kQ8Block; i += 32) {
+      __m512 m0 = dequant16(qm, mq + b0 + i, sm), m1 = dequant16(qm, mq + b0 + i + 16, sm);
+      __m512 v0 = dequant16(qv, vq + b0 + i, sv), v1 = dequant16(qv, vq + b0 + i + 16, sv);
+      __m512 p0 = _mm512_loadu_ps(pb + i), p1 = _mm512_loadu_ps(pb + i + 16);
+      step16(c, p0, _mm512_loadu_ps(gb + i), m0, v0);
+      step16(c, p1, _mm512_loadu_ps(gb + i + 16), m1, v1);
+      _mm512_storeu_ps(pb + i, p0);
+      _mm512_storeu_ps(pb + i + 16, p1);
+      if (out) _mm512_storeu_si512(out + b0 + i, to_bf16x2(p0, p1));
+      _mm512_store_ps(tm + i, m0);
+      _mm512_store_ps(tm + i + 16, m1);
+      _mm512_store_ps(tv + i, v0);
+      _mm512_store_ps(tv + i + 16, v1);
+      am = _mm512_max_ps(am, _mm512_max_ps(_mm512_and_ps(m0, absmask), _mm512_and_ps(m1, absmask)));
+      av = _mm512_max_ps(av, _mm512_max_ps(v0, v1));
     }
     float amax = _mm512_reduce_max_ps(am), vmax = _mm512_reduce_max_ps(av);
     ms[blk] = amax;
