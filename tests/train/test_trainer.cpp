@@ -36,10 +36,10 @@ struct TmpDir {
 TrainConfig tiny_config(const fs::path& out, std::vector<std::string> extra = {}) {
   std::string yaml = fmt::format(
       "model_name_or_path: tiny-qwen2\n"
-      "tokenizer: {}/tests/fixtures/tokenizer/qwen2_tokenizer.json\n"
+      "tokenizer: {}/configs/demo\n"
       "template: chatml\n"
       "dataset: builtin:math\n"
-      "max_samples: 64\n"
+      "max_samples: 48\n"
       "cutoff_len: 96\n"
       "per_device_train_batch_size: 4\n"
       "gradient_accumulation_steps: 2\n"
