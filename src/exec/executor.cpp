@@ -184,7 +184,7 @@ void Executor::Impl::collect_backend_spans(int32_t mb) {
 // The embedding's gradient of one micro-batch when the lookup runs on the host, formed in the same
 // order as on the device (tied: LM-head gradient first, then the lookup's scatter-add), then
 // assigned to (first micro-batch) or added into the host gradient.
-void Executor::Impl::host_embedding_backward(const int32_t* ids, bool assign) {
+void Executor::Impl::host_embedding_backward(const int32_t* ids, bool assign, bool last) {
   const int64_t n = st.numel(0);
   std::vector<float> e(size_t(n), 0.0f);
   if (c.tied) {
@@ -200,8 +200,12 @@ void Executor::Impl::host_embedding_backward(const int32_t* ids, bool assign) {
   }
   cpu::embed_backward(c, ids, T, dxp, e.data());
   float* g = st.grad(0);
-  if (assign) std::memcpy(g, e.data(), size_t(n) * 4);
-  else for (int64_t i = 0; i < n; ++i) g[i] += e[size_t(i)];
+  double ss = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    g[i] = assign ? e[size_t(i)] : g[i] + e[size_t(i)];
+    ss += double(g[i]) * double(g[i]);
+  }
+  if (last) host_sumsq[0] = ss;
 }
 
 // ---------------------------------------------------------------------------------------- one micro-batch
@@ -522,17 +526,26 @@ class MicroBatchRun {
     const void* src = I.gslab[size_t(k)].data();
     const bool assign = mbi_ == 0;
     const bool bf16 = I.g_sz == 2;
+    // Last of several micro-batches: the sum of squares of the final gradient, in the same pass.
+    double* sumsq = nmb_ > 1 && mbi_ + 1 == nmb_ ? &I.host_sumsq[size_t(unit)] : nullptr;
     Backend* bp = &be;
     slab_busy_[k] = I.sink_worker->submit([=] {
       bp->host_wait(ev);
+      double ss = 0;
       if (bf16) {
         auto* s = static_cast<const bf16_t*>(src);
-        for (int64_t e = 0; e < numel; ++e) dst[e] = (assign ? 0.0f : dst[e]) + bf16_to_f32(s[e]);
+        for (int64_t e = 0; e < numel; ++e) {
+          dst[e] = (assign ? 0.0f : dst[e]) + bf16_to_f32(s[e]);
+          ss += double(dst[e]) * double(dst[e]);
+        }
       } else {
         auto* s = static_cast<const float*>(src);
-        if (assign) std::memcpy(dst, s, size_t(numel) * 4);
-        else for (int64_t e = 0; e < numel; ++e) dst[e] += s[e];
+        for (int64_t e = 0; e < numel; ++e) {
+          dst[e] = assign ? s[e] : dst[e] + s[e];
+          ss += double(dst[e]) * double(dst[e]);
+        }
       }
+      if (sumsq) *sumsq = ss;
     });
   }
   int slab_next_ = 0;
@@ -766,13 +779,6 @@ Executor::~Executor() = default;
 
 int64_t Executor::nvme_files_live() const { return impl_->store ? impl_->store->live_files() : 0; }
 
-namespace {
-double host_sumsq(const float* g, int64_t n) {
-  double s = 0;
-  for (int64_t i = 0; i < n; ++i) s += double(g[i]) * double(g[i]);
-  return s;
-}
-}  // namespace
 
 StepResult Executor::train_step(const std::vector<MicroBatch>& mbs) {
   Impl& I = *impl_;
@@ -803,6 +809,7 @@ StepResult Executor::train_step(const std::vector<MicroBatch>& mbs) {
   }
   std::vector<char> waited(size_t(L + 2), 0);
   double update_wait = 0;
+  I.host_sumsq.assign(size_t(L + 2), 0.0);
   try {
     for (int32_t m = 0; m < nmb; ++m) {
       const double t_mb = now_seconds();
@@ -811,7 +818,7 @@ StepResult Executor::train_step(const std::vector<MicroBatch>& mbs) {
       be_.synchronize();
       run.finish();
       I.sink_worker->drain();
-      if (!plan_.embedding_resident) I.host_embedding_backward(mbs[size_t(m)].ids, m == 0);
+      if (!plan_.embedding_resident) I.host_embedding_backward(mbs[size_t(m)].ids, m == 0, m + 1 == nmb);
       const double t_end = now_seconds();
       I.collect_backend_spans(m);
       res.forward_s = run.t_forward_end - t_mb;
@@ -852,7 +859,7 @@ StepResult Executor::train_step(const std::vector<MicroBatch>& mbs) {
   double total = 0;
   for (int64_t u = 0; u < L + 2; ++u) {
     const bool host = nmb > 1 || (u == 0 && !plan_.embedding_resident);
-    const double s = host ? host_sumsq(state_.grad(u), state_.numel(u)) : sc[2 + u];
+    const double s = host ? I.host_sumsq[size_t(u)] : sc[2 + u];
     state_.sumsq(u) = s;
     total += s;
   }

@@ -64,7 +64,10 @@ struct Executor::Impl {
   double trace_t0 = 0;
 
   void allocate();
-  void host_embedding_backward(const int32_t* ids, bool assign);
+  // Sums of squares of units whose final gradient is formed on the host (several micro-batches, or
+  // the host embedding), computed in the pass that forms it.
+  std::vector<double> host_sumsq;
+  void host_embedding_backward(const int32_t* ids, bool assign, bool last);
   void add_span(int track, OpLabel l, int64_t bytes, double t0, double t1, int32_t mb);
   void collect_backend_spans(int32_t mb);
   // Measured per-window figures of micro-batch mb from the collected spans.

@@ -142,13 +142,20 @@ TEST(ExecInvariance, MicroBatchesAccumulateAndMatchAcrossPlans) {
 
 TEST(ExecInvariance, GradNormFromPartialSums) {
   auto c = test::tiny_config(Arch::Qwen2, 3, false);
-  auto b = test::random_batch(c, 2, 8, 3);
-  Outcome o = run_plan(c, ExecPlan::keep_all(c.layers, 2, 8), {b}, 4, {});
-  double s = 0;
-  for (auto& g : o.grads)
-    for (float x : g) s += double(x) * double(x);
-  EXPECT_NEAR(o.res.grad_norm, std::sqrt(s), 1e-9 * std::sqrt(s));
-  EXPECT_GT(o.res.grad_norm, 0);
+  auto b = test::random_batch(c, 2, 8, 3), b2 = test::random_batch(c, 2, 8, 4);
+  // Device partial sums (one micro-batch) and host ones (several; host embedding).
+  for (int variant = 0; variant < 3; ++variant) {
+    ExecPlan p = ExecPlan::keep_all(c.layers, 2, 8);
+    p.embedding_resident = variant != 2;
+    std::vector<test::Batch> bs = {b};
+    if (variant > 0) bs.push_back(b2);
+    Outcome o = run_plan(c, p, bs, 4, {});
+    double s = 0;
+    for (auto& g : o.grads)
+      for (float x : g) s += double(x) * double(x);
+    EXPECT_NEAR(o.res.grad_norm, std::sqrt(s), 1e-9 * std::sqrt(s)) << "variant " << variant;
+    EXPECT_GT(o.res.grad_norm, 0);
+  }
 }
 
 }  // namespace
