@@ -139,7 +139,7 @@ nlohmann::json yaml_to_json(const YAML::Node& n) {
 void set_field(TrainConfig& c, const Field& f, const YAML::Node& n, const std::string& source) {
   const std::string key = f.key;
   if (key == "model_overrides") {  // a mapping of HF config.json fields, kept as JSON text
-    if (n.IsNull()) {
+    if (n.IsNull() || (n.IsScalar() && n.Scalar().empty())) {
       c.model_overrides.clear();
       return;
     }
