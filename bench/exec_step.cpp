@@ -15,6 +15,8 @@
 #include "backend/cpu/ops.h"
 #include "core/units.h"
 #include "exec/executor.h"
+#include "exec/optim_hook.h"
+#include "optim/layout_spec.h"
 #include "exec/plan_adapter.h"
 #include "plan/planner.h"
 
@@ -23,12 +25,12 @@ using namespace lt;
 namespace {
 
 struct Measured {
-  double step_s = 0, exposed_s = 0, fwd_s = 0, bwd_s = 0, head_s = 0, h2d_s = 0;
+  double step_s = 0, exposed_s = 0, fwd_s = 0, bwd_s = 0, head_s = 0, h2d_s = 0, opt_wait_s = 0;
   StepResult last;
 };
 
 Measured run(const ModelConfig& c, const ExecPlan& p, double bw, const std::string& nvme, int steps,
-             const std::string& trace, bool verbose) {
+             const std::string& trace, bool verbose, bool adamw) {
   CpuBackendOptions bo;
   bo.h2d_bytes_per_s = bw;
   bo.d2h_bytes_per_s = bw;
@@ -42,15 +44,29 @@ Measured run(const ModelConfig& c, const ExecPlan& p, double bw, const std::stri
   ExecOptions o;
   o.nvme_dir = nvme;
   Executor ex(c, be, p, st, o);
+  std::unique_ptr<optim::CpuAdamW> opt;
+  std::unique_ptr<AdamWHook> hook;
+  if (adamw) {
+    std::vector<optim::UnitSpec> specs;
+    for (auto& u : be.layout().units) specs.push_back(optim::unit_spec_from_layout(u, optim::OptimizerKind::AdamW));
+    opt = std::make_unique<optim::CpuAdamW>(specs, optim::AdamWConfig{});
+    hook = std::make_unique<AdamWHook>(*opt, st);
+    ex.set_update_hook(hook.get());
+  }
+  auto step = [&](const MicroBatch& mb) {
+    if (opt) opt->begin_step(1e-4f);
+    return ex.train_step({mb});
+  };
   const int64_t T = p.batch * p.seq;
   std::vector<int32_t> ids(static_cast<size_t>(T)), tg(static_cast<size_t>(T));
   for (int64_t t = 0; t < T; ++t) ids[size_t(t)] = tg[size_t(t)] = int32_t(rng() % uint64_t(c.vocab));
   MicroBatch mb{ids.data(), tg.data(), nullptr, nullptr};
-  ex.train_step({mb});  // warm-up
+  step(mb);  // warm-up
   Measured m;
   for (int s = 0; s < steps; ++s) {
-    auto r = ex.train_step({mb});
+    auto r = step(mb);
     m.step_s += r.step_s / steps;
+    m.opt_wait_s += r.update_wait_s / steps;
     m.exposed_s += r.exposed_s / steps;
     for (auto& w : r.windows) {
       if (w.ref.kind == WindowKind::Forward) m.fwd_s += w.measured.compute / steps / double(c.layers);
@@ -73,7 +89,7 @@ int main(int argc, char** argv) {
   double gbps = 0.01;
   int steps = 3;
   std::string nvme = "/tmp", trace;
-  bool verbose = false;
+  bool verbose = false, adamw = false;
   app.add_option("--layers", layers);
   app.add_option("--hidden", hidden);
   app.add_option("--ffn", ffn);
@@ -87,6 +103,7 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps);
   app.add_option("--trace", trace, "Chrome trace of the planner's plan's last step");
   app.add_flag("--verbose", verbose, "per-window tables");
+  app.add_flag("--adamw", adamw, "run the CPU AdamW through the update hook (exposed optimizer wait reported)");
   CLI11_PARSE(app, argc, argv);
 
   ModelConfig c;
@@ -103,7 +120,7 @@ int main(int argc, char** argv) {
   const double bw = gbps * 1e9;
 
   // 1. Measure the layer times with everything on the "GPU" and free copies.
-  Measured base = run(c, ExecPlan::keep_all(layers, batch, seq), 0, nvme, steps, "", false);
+  Measured base = run(c, ExecPlan::keep_all(layers, batch, seq), 0, nvme, steps, "", false, false);
   fmt::print("model: L={} hidden={} ffn={} vocab={} batch={} seq={}  (CPU backend, fp32)\n", layers, hidden, ffn,
              vocab, batch, seq);
   fmt::print("measured: layer fwd {:.2f} ms, layer bwd (incl. internal recompute) {:.2f} ms, head {:.2f} ms\n",
@@ -137,8 +154,8 @@ int main(int argc, char** argv) {
   prof.layer_timings.push_back(lt);
 
   fmt::print("emulated PCIe {:.2f} GB/s each way (bf16 bytes; copies of fp32 at 2x)\n\n", gbps);
-  fmt::print("{:<14} {:>10} {:>10} | {:>12} {:>12} | {:>10} {:>10}\n", "plan", "step ms", "pred ms", "exposed ms",
-             "pred exp ms", "h2d ms", "act bufs");
+  fmt::print("{:<14} {:>10} {:>10} | {:>12} {:>12} | {:>10} {:>10} {:>10}\n", "plan", "step ms", "pred ms",
+             "exposed ms", "pred exp ms", "h2d ms", "opt wait", "act bufs");
   for (std::string planner : {"all-gpu", "megatrain:4", "sqrt", "cpu-all", "milp"}) {
     PlanRequest rq;
     rq.model = c;
@@ -155,11 +172,12 @@ int main(int argc, char** argv) {
       continue;
     }
     ExecPlan p = exec_plan_from(out.plan, c);
-    Measured m = run(c, p, 2 * bw, nvme, steps, planner == "milp" ? trace : "", verbose);
+    Measured m = run(c, p, 2 * bw, nvme, steps, planner == "milp" ? trace : "", verbose, adamw);
     double pred_exp = 0;
     for (auto& w : out.plan.predicted.windows) pred_exp += w.exposed;
-    fmt::print("{:<14} {:>10.2f} {:>10.2f} | {:>12.2f} {:>12.2f} | {:>10.2f} {:>10}\n", planner, m.step_s * 1e3,
-               out.sim.step_no_opt_s * 1e3, m.exposed_s * 1e3, pred_exp * 1e3, m.h2d_s * 1e3, count_act_buffers(p));
+    fmt::print("{:<14} {:>10.2f} {:>10.2f} | {:>12.2f} {:>12.2f} | {:>10.2f} {:>10.2f} {:>10}\n", planner,
+               m.step_s * 1e3, out.sim.step_no_opt_s * 1e3, m.exposed_s * 1e3, pred_exp * 1e3, m.h2d_s * 1e3,
+               m.opt_wait_s * 1e3, count_act_buffers(p));
   }
   return 0;
 }
