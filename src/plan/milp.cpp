@@ -224,7 +224,8 @@ struct Model {
           add(e, Dc(i, w - 1), -1);
           lp.row(e, -kInf, 0);
         }
-        for (int w = i + 2; w <= 2 * L - i - 1; ++w) {  // read after write
+        // read after write (from slot L+1 on the write is complete: W_{i,L} = n_i >= R)
+        for (int w = i + 2; w <= std::min(L, 2 * L - i - 1); ++w) {
           Expr e = Rc(i, w);
           add(e, Wc(i, w - 1), -1);
           lp.row(e, -kInf, 0);
@@ -232,9 +233,11 @@ struct Model {
       }
       lp.label = fmt::format("reload order/deadline {}", i);
       for (int w = L; w <= 2 * L - i - 1; ++w) {
-        Expr e = Hc(i, w);  // reload after offload
-        add(e, Dc(i, w - 1), -1);
-        lp.row(e, -kInf, 0);
+        if (w == L) {  // reload after offload (from slot L+1 on, D_{i,L} = c_i + n_i bounds H already)
+          Expr e = Hc(i, w);
+          add(e, Dc(i, w - 1), -1);
+          lp.row(e, -kInf, 0);
+        }
         if (nv) {  // and after the NVMe read (cpu-tier: bounded by c_i)
           Expr f = Hc(i, w);
           add(f, Rc(i, w - 1), -1);
@@ -479,7 +482,7 @@ MilpSolution solve_milp(const Instance& in, const MilpOptions& o, const Plan* wa
   data.noPrinting_ = !o.verbose;
   CbcMain0(model, data);
   const std::string sec = fmt::format("{}", o.time_limit_s), ratio = fmt::format("{}", o.rel_gap);
-  std::vector<const char*> argv = {"lazytrain-plan", "-log", o.verbose ? "1" : "0", "-sec", sec.c_str(), "-ratio",
+  std::vector<const char*> argv = {"lazytrain-plan", "-log", o.verbose ? "1" : "0", "-timeMode", "elapsed", "-sec", sec.c_str(), "-ratio",
                                    ratio.c_str(), "-preprocess", "off"};
   if (std::getenv("LT_MILP_NOCUTS")) { argv.push_back("-cuts"); argv.push_back("off"); }
   if (std::getenv("LT_MILP_NOHEUR")) { argv.push_back("-heuristicsOnOff"); argv.push_back("off"); }
