@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "core/timer.h"
+#include "optim/aligned_buffer.h"
 #include "optim/optimizer.h"
 
 using namespace lt;
@@ -152,7 +153,7 @@ Result bench_format(StateFormat fmt, int threads, int64_t params, int units, int
   cfg.max_grad_norm = 1.0f;
   CpuAdamW opt(specs, cfg);
   std::vector<std::vector<float>> p(static_cast<size_t>(units)), g(static_cast<size_t>(units));
-  std::vector<std::vector<bf16_t>> out(static_cast<size_t>(units));
+  std::vector<AlignedBuffer<bf16_t>> out(static_cast<size_t>(units));  // page-aligned like pinned memory
   std::mt19937 rng(1);
   std::normal_distribution<float> d(0.f, 1.f);
   std::vector<float> noise(4096);
@@ -160,7 +161,7 @@ Result bench_format(StateFormat fmt, int threads, int64_t params, int units, int
   for (int u = 0; u < units; ++u) {
     p[size_t(u)].resize(size_t(per));
     g[size_t(u)].resize(size_t(per));
-    out[size_t(u)].resize(size_t(per));
+    out[size_t(u)].reset(size_t(per));
     for (int64_t i = 0; i < per; ++i) {
       p[size_t(u)][size_t(i)] = noise[size_t(i & 4095)] * 0.02f;
       g[size_t(u)][size_t(i)] = noise[size_t((i * 7 + u) & 4095)] * 1e-3f;
@@ -205,11 +206,11 @@ std::pair<double, double> bench_overlap(StateFormat fmt, int threads, int64_t pa
   cfg.isa = isa;
   CpuAdamW opt(specs, cfg);
   std::vector<std::vector<float>> p(static_cast<size_t>(units)), g(static_cast<size_t>(units));
-  std::vector<std::vector<bf16_t>> out(static_cast<size_t>(units));
+  std::vector<AlignedBuffer<bf16_t>> out(static_cast<size_t>(units));  // page-aligned like pinned memory
   for (int u = 0; u < units; ++u) {
     p[size_t(u)].assign(size_t(per), 0.01f);
     g[size_t(u)].assign(size_t(per), 1e-3f);
-    out[size_t(u)].resize(size_t(per));
+    out[size_t(u)].reset(size_t(per));
   }
   double best_exposed = 1e30, span = 0;
   for (int it = 0; it < iters + 1; ++it) {

@@ -1,8 +1,11 @@
 // The scalar, AVX2 and AVX-512 paths give bit-identical results (same IEEE ops in the same order).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "helpers.h"
 #include "optim/adamw_kernels.h"
+#include "optim/aligned_buffer.h"
 
 using namespace lt::optim;
 using namespace lt::optim::test;
@@ -15,6 +18,7 @@ struct IsaRun {
   std::vector<lt::bf16_t> out;
 };
 
+
 IsaRun run(Isa isa, bool q8, int64_t n, int steps) {
   IsaRun r;
   r.p = randn(n, 11);
@@ -26,16 +30,19 @@ IsaRun run(Isa isa, bool q8, int64_t n, int steps) {
   r.ms.assign(size_t(blocks), 0);
   r.vs.assign(size_t(blocks), 0);
   r.out.assign(size_t(n), 0);
+  // The bf16 copy in a 64-byte aligned buffer, as pinned memory is.
+  AlignedBuffer<lt::bf16_t> out(static_cast<size_t>(n));
   for (int t = 1; t <= steps; ++t) {
     std::vector<float> g = randn(n, 100 + t, t % 2 ? 0.01f : 3.0f);
     g[0] = 0;  // exact zeros and tiny values exercise the map's bottom
     if (n > 5) g[5] = 1e-30f;
     AdamWScalars s = make_adamw_scalars(1e-3, 0.01, 0.9, 0.999, 1e-8, t, t == 2 ? 0.25f : 1.0f);
     if (q8)
-      adamw_q8(isa, s, r.p.data(), g.data(), r.mq.data(), r.vq.data(), r.ms.data(), r.vs.data(), r.out.data(), n);
+      adamw_q8(isa, s, r.p.data(), g.data(), r.mq.data(), r.vq.data(), r.ms.data(), r.vs.data(), out.data(), n);
     else
-      adamw_f32(isa, s, r.p.data(), g.data(), r.m.data(), r.v.data(), r.out.data(), n);
+      adamw_f32(isa, s, r.p.data(), g.data(), r.m.data(), r.v.data(), out.data(), n);
   }
+  std::copy(out.data(), out.data() + n, r.out.begin());
   return r;
 }
 
