@@ -302,9 +302,12 @@ class MicroBatchRun {
   }
 
   // ---- weights
-  void issue_loads() {
+  // Issues the loads of uses <= upto whose slot is free of enqueued compute. Called with the current
+  // use before its compute (mandatory load), and after enqueuing it with up to ring-1 uses ahead
+  // (prefetch): waiting there for a layer's optimizer update never delays already-enqueued compute.
+  void issue_loads(int64_t upto) {
     const auto& r = *rs_;
-    const int64_t n = int64_t(r.layer.size());
+    const int64_t n = std::min<int64_t>(int64_t(r.layer.size()), upto + 1);
     while (next_load_ < n) {
       if (!r.load[size_t(next_load_)]) {
         ++next_load_;
@@ -323,7 +326,7 @@ class MicroBatchRun {
   }
   const void* weights_for_use() {
     const auto& r = *rs_;
-    issue_loads();
+    issue_loads(use_);
     LT_CHECK(next_load_ > r.loader[size_t(use_)], "executor: weight load for use {} not issued", use_);
     be.wait(Lane::Compute, load_ready_[size_t(r.loader[size_t(use_)])]);
     return I.ring[size_t(r.slot[size_t(use_)])].data();
@@ -331,6 +334,7 @@ class MicroBatchRun {
   void end_use() {
     use_done_[size_t(use_)] = be.record(Lane::Compute);
     ++use_;
+    issue_loads(use_ + P.ring - 1);
   }
 
   // ---- checkpoint traffic
