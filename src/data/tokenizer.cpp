@@ -249,18 +249,20 @@ Tokenizer Tokenizer::from_json_checked(const json& j, const std::string& origin)
   for (size_t i = 0; i < t.added_.size(); ++i)
     t.added_first_[t.added_[i].normalized ? 1 : 0][static_cast<unsigned char>(t.added_[i].content[0])].push_back(
         static_cast<uint32_t>(i));
-  t.id_bytes_.assign(static_cast<size_t>(t.vocab_size_), std::string());
-  t.id_known_.assign(static_cast<size_t>(t.vocab_size_), 0);
+  auto id_bytes = std::make_shared<std::vector<std::string>>(static_cast<size_t>(t.vocab_size_));
+  auto id_known = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(t.vocab_size_), 0);
   const auto& itt = t.bpe_->id_to_token();
   for (size_t id = 0; id < itt.size(); ++id) {
     if (itt[id].empty()) continue;
-    t.id_known_[id] = 1;
-    t.id_bytes_[id] = t.decoder_bytelevel_ ? bytelevel_token_bytes(itt[id]) : itt[id];
+    (*id_known)[id] = 1;
+    (*id_bytes)[id] = t.decoder_bytelevel_ ? bytelevel_token_bytes(itt[id]) : itt[id];
   }
   for (const auto& a : t.added_) {
-    t.id_known_[a.id] = 1;
-    t.id_bytes_[a.id] = t.decoder_bytelevel_ ? bytelevel_token_bytes(a.content) : a.content;
+    (*id_known)[a.id] = 1;
+    (*id_bytes)[a.id] = t.decoder_bytelevel_ ? bytelevel_token_bytes(a.content) : a.content;
   }
+  t.id_bytes_ = std::move(id_bytes);
+  t.id_known_ = std::move(id_known);
   return t;
 }
 
@@ -341,10 +343,10 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special
   std::string bytes;
   bool first = true;
   for (int32_t id : ids) {
-    if (id < 0 || id >= vocab_size_ || !id_known_[id]) continue;  // unknown ids are skipped, as HF does
+    if (id < 0 || id >= vocab_size_ || !(*id_known_)[id]) continue;  // unknown ids are skipped, as HF does
     if (skip_special_tokens && is_special(id)) continue;
     if (!decoder_bytelevel_ && !first) bytes.push_back(' ');  // no decoder: HF joins tokens with spaces
-    bytes += id_bytes_[id];
+    bytes += (*id_bytes_)[id];
     first = false;
   }
   return utf8_sanitize(bytes);

@@ -72,8 +72,9 @@ class Tokenizer {
   // Added tokens by first byte, for [normalized kind]: indices into added_.
   std::array<std::vector<uint32_t>, 256> added_first_[2];
   // Decoded bytes of every id (ByteLevel decoder applied per token), "" for unknown ids.
-  std::vector<std::string> id_bytes_;
-  std::vector<uint8_t> id_known_;
+  // Shared: copies of a Tokenizer (e.g. inside ChatTemplate) stay cheap for 150k-token vocabularies.
+  std::shared_ptr<const std::vector<std::string>> id_bytes_;
+  std::shared_ptr<const std::vector<uint8_t>> id_known_;
   int32_t vocab_size_ = 0;
 };
 
