@@ -13,6 +13,9 @@
 #include "model/model_config.h"
 #include "optim/adamw_kernels.h"
 #include "plan/profile.h"
+#ifdef LT_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 
 namespace lt::cli {
 
@@ -122,6 +125,9 @@ void add_profile(CLI::App& app) {
       say(fmt::format("  {:.0f} Mparams/s", r / 1e6));
     }
 
+#ifdef LT_HAVE_CUDA
+    cuda::install_gpu_profiler();  // idempotent; makes sure the hook is registered in this binary
+#endif
     if (auto gp = gpu_profiler()) {
       say(fmt::format("GPU: measuring through the CUDA backend ({} batch {} seq {})", o->model, o->batch, o->seq));
       gp(p, resolve_model(o->model), o->batch, o->seq);
