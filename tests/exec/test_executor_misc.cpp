@@ -183,3 +183,46 @@ TEST(ExecOptimizer, AdamWHookUpdatesLikeTheSynchronousOptimizer) {
 
 }  // namespace
 }  // namespace lt
+
+namespace lt {
+namespace {
+
+std::string plan_error(const ExecPlan& p, int64_t L) {
+  try {
+    validate_plan(p, L);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ExecPlanValidation, RejectsInvalidPlansWithClearMessages) {
+  const int64_t L = 4;
+  ExecPlan ok = ExecPlan::keep_all(L, 2, 8);
+  EXPECT_EQ(plan_error(ok, L), "");
+  ExecPlan p = ok;
+  p.tier.pop_back();
+  EXPECT_NE(plan_error(p, L).find("'tier' has 4 boundaries, expected layers+1 = 5"), std::string::npos);
+  p = ok;
+  p.tier[0] = CkptTier::None;
+  EXPECT_NE(plan_error(p, L).find("boundary 0 must be materialised"), std::string::npos);
+  p = ok;
+  p.ring = 1;
+  EXPECT_NE(plan_error(p, L).find("'ring' is 1"), std::string::npos);
+  p = ok;
+  p.tier[2] = CkptTier::Cpu;
+  p.traffic.resize(size_t(L + 1));
+  p.traffic[2].d2h = {{1, 1.0}};  // before the boundary exists
+  EXPECT_NE(plan_error(p, L).find("boundary 2: d2h share in window 1, expected [2, 4]"), std::string::npos)
+      << plan_error(p, L);
+  p.traffic[2].d2h = {{2, 0.5}, {3, 0.4}};
+  EXPECT_NE(plan_error(p, L).find("fractions sum to 0.9"), std::string::npos) << plan_error(p, L);
+  p.traffic[2].d2h = {{2, 1.0}};
+  p.traffic[2].h2d = {{9, 1.0}};  // after its block started
+  EXPECT_NE(plan_error(p, L).find("h2d share in window 9"), std::string::npos) << plan_error(p, L);
+  p.traffic[2].h2d = {};
+  EXPECT_EQ(plan_error(p, L), "");
+}
+
+}  // namespace
+}  // namespace lt
