@@ -1,0 +1,75 @@
+#include "dist/communicator.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "core/error.h"
+
+namespace lt::dist {
+
+size_t comm_type_size(CommType t) {
+  switch (t) {
+    case CommType::F32: return 4;
+    case CommType::F64: return 8;
+    case CommType::I64: return 8;
+    case CommType::BF16: return 2;
+  }
+  fail("comm: unknown element type {}", int(t));
+}
+
+const char* comm_type_name(CommType t) {
+  switch (t) {
+    case CommType::F32: return "f32";
+    case CommType::F64: return "f64";
+    case CommType::I64: return "i64";
+    case CommType::BF16: return "bf16";
+  }
+  return "?";
+}
+
+void check_bounds(const std::vector<int64_t>& b, int world, const char* op) {
+  LT_CHECK(int(b.size()) == world + 1, "{}: bounds: expected {} offsets for {} ranks, got {}", op, world + 1, world,
+           b.size());
+  LT_CHECK(b[0] == 0, "{}: bounds[0]: expected 0, got {}", op, b[0]);
+  for (int r = 0; r < world; ++r)
+    LT_CHECK(b[size_t(r)] <= b[size_t(r) + 1], "{}: bounds must not decrease: bounds[{}]={} > bounds[{}]={}", op, r,
+             b[size_t(r)], r + 1, b[size_t(r) + 1]);
+}
+
+std::vector<int64_t> even_bounds(int64_t n, int world) {
+  LT_CHECK(world >= 1 && n >= 0, "even_bounds: expected world >= 1 and n >= 0, got world {} n {}", world, n);
+  const int64_t per = (n + world - 1) / world;
+  std::vector<int64_t> b(size_t(world) + 1);
+  for (int r = 0; r <= world; ++r) b[size_t(r)] = std::min<int64_t>(n, per * r);
+  return b;
+}
+
+namespace {
+int env_int(const char* name, int dflt, bool* present = nullptr) {
+  const char* v = std::getenv(name);
+  if (present) *present = v != nullptr;
+  if (!v) return dflt;
+  char* end = nullptr;
+  long x = std::strtol(v, &end, 10);
+  LT_CHECK(end != v && *end == '\0' && x >= 0 && x < (1 << 20), "environment {}: expected a non-negative integer, got '{}'",
+           name, v);
+  return int(x);
+}
+}  // namespace
+
+DistEnv dist_env_from_environment() {
+  DistEnv e;
+  bool have_world = false;
+  e.world = env_int("LT_WORLD_SIZE", 1, &have_world);
+  e.rank = env_int("LT_RANK", 0);
+  e.local_rank = env_int("LT_LOCAL_RANK", e.rank);
+  if (const char* d = std::getenv("LT_RDZV_DIR")) e.rdzv_dir = d;
+  e.launched = have_world;
+  LT_CHECK(e.world >= 1, "environment LT_WORLD_SIZE: expected >= 1, got {}", e.world);
+  LT_CHECK(e.rank < e.world, "environment LT_RANK: expected < LT_WORLD_SIZE ({}), got {}", e.world, e.rank);
+  LT_CHECK(e.world == 1 || !e.rdzv_dir.empty(),
+           "environment LT_RDZV_DIR: required when LT_WORLD_SIZE > 1 (start the ranks with `lazytrain launch -n N`)");
+  return e;
+}
+
+}  // namespace lt::dist

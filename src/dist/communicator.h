@@ -1,0 +1,67 @@
+// Collectives for data-parallel training (docs/distributed.md). One Communicator per rank; every rank
+// calls the same collectives in the same order (the executor drives them from one thread per rank).
+//
+// Implementations:
+//   ThreadCommunicator (thread_comm.h)   ranks as threads of one process: the CPU test double for the
+//                                        sharding logic; host buffers only.
+//   NcclCommunicator   (nccl/nccl_comm.h) one process per GPU (`lazytrain launch`), NCCL from the CUDA
+//                                        toolkit; device buffers directly, host buffers staged in chunks.
+//
+// Reduce-scatter and all-gather work IN PLACE on the whole array with per-rank ranges given by
+// `bounds` (W+1 increasing offsets, bounds[0] = 0, bounds[W] = n): rank r owns [bounds[r], bounds[r+1]).
+// Ranges may differ in size (shards are cut at 8-bit block boundaries, see shard.h).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace lt::dist {
+
+enum class CommType { F32, F64, I64, BF16 };  // BF16: all-gather/broadcast only (no reduction)
+size_t comm_type_size(CommType t);
+const char* comm_type_name(CommType t);
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string name() const = 0;  // "threads", "nccl"
+
+  // Sum over ranks, in place, n elements.
+  virtual void all_reduce(void* buf, int64_t n, CommType t) = 0;
+  // After the call, rank r's range of buf holds the sum over ranks of that range; the rest of buf is
+  // unspecified (it may hold partial sums).
+  virtual void reduce_scatter(void* buf, const std::vector<int64_t>& bounds, CommType t) = 0;
+  // After the call, every rank's buf holds every rank's own range.
+  virtual void all_gather(void* buf, const std::vector<int64_t>& bounds, CommType t) = 0;
+  virtual void broadcast(void* buf, int64_t n, CommType t, int root) = 0;
+  virtual void barrier() = 0;
+
+  // Convenience scalars.
+  double sum(double x) {
+    all_reduce(&x, 1, CommType::F64);
+    return x;
+  }
+  int64_t sum(int64_t x) {
+    all_reduce(&x, 1, CommType::I64);
+    return x;
+  }
+};
+
+// Checks bounds for `world` ranks (throws lt::Error naming the problem).
+void check_bounds(const std::vector<int64_t>& bounds, int world, const char* op);
+// Equal ranges (the last one shorter) of n elements over world ranks.
+std::vector<int64_t> even_bounds(int64_t n, int world);
+
+// The launcher's environment (cmd_launch.cpp): LT_RANK, LT_WORLD_SIZE, LT_LOCAL_RANK, LT_RDZV_DIR.
+struct DistEnv {
+  int rank = 0, world = 1, local_rank = 0;
+  std::string rdzv_dir;   // rendezvous directory (file exchange of the NCCL unique id)
+  bool launched = false;  // LT_WORLD_SIZE was set
+};
+// Reads and validates the variables (a clear error for a malformed or inconsistent value).
+DistEnv dist_env_from_environment();
+
+}  // namespace lt::dist

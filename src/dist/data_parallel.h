@@ -1,0 +1,67 @@
+// Data-parallel training step on top of the layer-streaming executor (docs/distributed.md).
+//
+// Each rank holds the full fp32 master and streaming copy (HostState, as in a single-process run) but the
+// optimizer state of its shard only (shard.h): a CpuAdamW built from rank_unit_specs(). Per step:
+//   1. the global count of loss tokens is all-reduced, so the loss is normalised over the global batch;
+//   2. the executor runs forward/backward on this rank's micro-batches (its share of the global batch);
+//   3. ShardedUpdateHook::grad_ready(u): unit u's gradient is rescaled from the rank's token count to the
+//      global one, reduce-scattered (rank r receives the sum of range r), the shard's sum of squares is
+//      all-reduced (exact global-norm clipping needs the total), and the shard update is queued;
+//   4. ShardedUpdateHook::wait(u) (the next forward needs unit u): the shard update finishes and the
+//      updated master (and bf16 streaming copy, when it is a separate buffer) is all-gathered.
+// All collectives are issued from the executor's thread in unit order, identical on every rank.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "dist/communicator.h"
+#include "dist/shard.h"
+#include "exec/executor.h"
+#include "optim/optimizer.h"
+
+namespace lt::dist {
+
+class ShardedUpdateHook final : public UpdateHook {
+ public:
+  ShardedUpdateHook(Communicator& comm, HostState& st, ShardLayout shards, optim::CpuAdamW& shard_opt);
+  // Before each Executor::train_step: this rank's and the global number of loss tokens.
+  void begin_step(int64_t local_tokens, int64_t global_tokens);
+  void grad_ready(int64_t unit, double sumsq) override;
+  void wait(int64_t unit) override;
+  // Finishes every pending update and all-gather (before reading masters: eval, checkpoint, the end).
+  void sync();
+  const ShardLayout& shards() const { return shards_; }
+  double comm_seconds() const { return comm_s_; }  // cumulative time in collectives (this rank)
+  int64_t comm_bytes() const { return comm_bytes_; }  // cumulative bytes this rank passed to collectives
+
+ private:
+  Communicator& comm_;
+  HostState& st_;
+  ShardLayout shards_;
+  optim::CpuAdamW& opt_;
+  float grad_scale_ = 1.0f;
+  std::vector<char> pending_;  // unit's update submitted, all-gather not done yet
+  double comm_s_ = 0;
+  int64_t comm_bytes_ = 0;
+};
+
+struct DistStepResult {
+  double loss = 0;         // global: sum of token losses over all ranks / global tokens
+  int64_t n_tokens = 0;    // global loss tokens
+  int64_t rows = 0;        // global tokens incl. padding
+  double grad_norm = 0;    // global, before clipping (from the optimizer's decision)
+  double step_s = 0;       // this rank's train_step wall time
+  StepResult local;        // this rank's executor result
+};
+
+// Non-ignored targets of micro-batches of `tokens_per_mb` tokens.
+int64_t count_loss_tokens(const std::vector<MicroBatch>& mbs, int64_t tokens_per_mb);
+// The micro-batches of rank r when the global batch is `global_mbs` micro-batches: a contiguous slice,
+// as even as possible (ranks [0, M mod W) get one more). Requires M >= W.
+std::vector<MicroBatch> rank_share(const std::vector<MicroBatch>& global_mbs, int rank, int world);
+
+// One optimizer step of the rank: token all-reduce, opt.begin_step(lr), executor step, global loss.
+DistStepResult data_parallel_step(Communicator& comm, Executor& ex, ShardedUpdateHook& hook, optim::CpuAdamW& opt,
+                                  const std::vector<MicroBatch>& my_mbs, float lr);
+
+}  // namespace lt::dist

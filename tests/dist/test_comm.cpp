@@ -1,0 +1,140 @@
+// ThreadCommunicator collectives and shard cuts.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <numeric>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "dist/shard.h"
+#include "dist/thread_comm.h"
+#include "model/param_layout.h"
+#include "optim/layout_spec.h"
+
+namespace lt::dist {
+namespace {
+
+class Worlds : public ::testing::TestWithParam<int> {};
+
+TEST_P(Worlds, AllReduceSumsInRankOrder) {
+  const int W = GetParam();
+  run_ranks(W, [&](Communicator& c) {
+    std::vector<float> x(37);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = float(c.rank() + 1) * 0.1f + float(i);
+    c.all_reduce(x.data(), int64_t(x.size()), CommType::F32);
+    for (size_t i = 0; i < x.size(); ++i) {
+      float e = 0.1f + float(i);
+      for (int q = 1; q < W; ++q) e += float(q + 1) * 0.1f + float(i);
+      ASSERT_EQ(x[i], e) << "rank " << c.rank() << " i " << i;  // same order, bit-exact
+    }
+    EXPECT_EQ(c.sum(int64_t(c.rank())), int64_t(W * (W - 1) / 2));
+    EXPECT_DOUBLE_EQ(c.sum(0.5), 0.5 * W);
+  });
+}
+
+TEST_P(Worlds, ReduceScatterThenAllGatherUnevenRanges) {
+  const int W = GetParam();
+  const int64_t n = 1000;
+  std::vector<int64_t> b(size_t(W) + 1, 0);
+  for (int r = 1; r <= W; ++r) b[size_t(r)] = r == W ? n : (n * r * r) / (W * W);  // uneven, rank 0 smallest
+  run_ranks(W, [&](Communicator& c) {
+    std::vector<double> g(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) g[size_t(i)] = double(i) * (c.rank() + 1);
+    c.reduce_scatter(g.data(), b, CommType::F64);
+    const double f = W * (W + 1) / 2.0;
+    for (int64_t i = b[size_t(c.rank())]; i < b[size_t(c.rank()) + 1]; ++i) ASSERT_EQ(g[size_t(i)], double(i) * f);
+    for (int64_t i = b[size_t(c.rank())]; i < b[size_t(c.rank()) + 1]; ++i) g[size_t(i)] += 1;  // "update"
+    c.all_gather(g.data(), b, CommType::F64);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(g[size_t(i)], double(i) * f + 1) << "rank " << c.rank();
+  });
+}
+
+TEST_P(Worlds, Bf16AllGatherAndBroadcast) {
+  const int W = GetParam();
+  run_ranks(W, [&](Communicator& c) {
+    std::vector<bf16_t> x(10);
+    auto b = even_bounds(10, W);
+    for (int64_t i = b[size_t(c.rank())]; i < b[size_t(c.rank()) + 1]; ++i) x[size_t(i)] = f32_to_bf16(float(i));
+    c.all_gather(x.data(), b, CommType::BF16);
+    for (int i = 0; i < 10; ++i) ASSERT_EQ(bf16_to_f32(x[size_t(i)]), float(i));
+    int64_t v[2] = {c.rank() == W - 1 ? 42 : 0, c.rank()};
+    c.broadcast(v, 2, CommType::I64, W - 1);
+    EXPECT_EQ(v[0], 42);
+    EXPECT_EQ(v[1], W - 1);
+    EXPECT_THROW(c.reduce_scatter(x.data(), b, CommType::BF16), Error);  // every rank throws: no hang
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Dist, Worlds, ::testing::Values(1, 2, 3, 4));
+
+TEST(ThreadComm, FailingRankReleasesTheOthers) {
+  try {
+    run_ranks(3, [](Communicator& c) {
+      if (c.rank() == 1) fail("rank 1 broke");
+      c.barrier();
+      c.barrier();
+    });
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1 broke"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ThreadComm, RejectsBadBounds) {
+  run_ranks(2, [](Communicator& c) {
+    float x[4] = {};
+    EXPECT_THROW(c.all_gather(x, {0, 4}, CommType::F32), Error);        // 2 offsets for 2 ranks
+    EXPECT_THROW(c.all_gather(x, {0, 3, 2}, CommType::F32), Error);     // decreasing
+  });
+}
+
+TEST(Shards, CutsCoverTheUnitAndKeep8BitBlocksWhole) {
+  ModelConfig c;
+  c.name = "t";
+  c.arch = Arch::Qwen2;
+  c.hidden = 96;
+  c.layers = 2;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.head_dim = 24;
+  c.ffn = 200;
+  c.vocab = 301;
+  c.attn_bias = true;
+  auto lay = model_layout(c);
+  for (auto kind : {optim::OptimizerKind::AdamW, optim::OptimizerKind::AdamW8bit}) {
+    std::vector<optim::UnitSpec> units;
+    for (auto& u : lay.units) units.push_back(optim::unit_spec_from_layout(u, kind));
+    for (int W : {1, 2, 3, 5, 8, 64}) {
+      auto s = make_shard_layout(units, W);
+      int64_t total = 0;
+      for (int r = 0; r < W; ++r) total += s.owned(r);
+      int64_t all = 0;
+      for (auto& u : units) all += u.numel;
+      EXPECT_EQ(total, all);
+      for (size_t u = 0; u < units.size(); ++u) {
+        const auto& b = s.bounds[u];
+        ASSERT_EQ(b.front(), 0);
+        ASSERT_EQ(b.back(), units[u].numel);
+        for (int r = 0; r < W; ++r) {
+          ASSERT_LE(b[size_t(r)], b[size_t(r) + 1]);
+          // Near-even: no shard more than one block plus the even share.
+          EXPECT_LE(b[size_t(r) + 1] - b[size_t(r)], units[u].numel / W + 2 * optim::kQ8Block + 1);
+          for (auto& t : units[u].tensors)
+            if (b[size_t(r)] > t.offset && b[size_t(r)] < t.offset + t.numel)
+              ASSERT_EQ((b[size_t(r)] - t.offset) % optim::kQ8Block, 0) << t.name << " W " << W;
+        }
+        // The rank specs partition every tensor.
+        for (auto& t : units[u].tensors) {
+          int64_t covered = 0;
+          for (int r = 0; r < W; ++r)
+            for (auto& p : sub_unit_spec(units[u], s.lo(int64_t(u), r), s.hi(int64_t(u), r)).tensors)
+              if (p.name == t.name) covered += p.numel;
+          EXPECT_EQ(covered, t.numel) << t.name;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace lt::dist
