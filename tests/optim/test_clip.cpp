@@ -67,8 +67,11 @@ TEST(Clip, AboveAndBelowThresholdEqualsClippedReference) {
     ob.step(1e-3f, b.bufs());
     EXPECT_NEAR(ia.grad_norm, norm, 1e-9 * norm);
     EXPECT_EQ(ia.clip_coef, coef);
-    if (scale < 0.01f) EXPECT_EQ(ia.clip_coef, 1.0f);
-    else EXPECT_LT(ia.clip_coef, 0.1f);
+    if (scale < 0.01f) {
+      EXPECT_EQ(ia.clip_coef, 1.0f);
+    } else {
+      EXPECT_LT(ia.clip_coef, 0.1f);
+    }
     for (size_t u = 0; u < a.units.size(); ++u) {
       EXPECT_EQ(a.p[u], b.p[u]) << "unit " << u << " scale " << scale;
       EXPECT_EQ(a.out[u], b.out[u]);

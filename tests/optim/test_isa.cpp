@@ -75,7 +75,9 @@ TEST(Isa, SumOfSquaresAgrees) {
   double ref = 0;
   for (float x : g) ref += double(x) * double(x);
   for (Isa i : {Isa::Scalar, Isa::Avx2, Isa::Avx512})
-    if (isa_supported(i)) EXPECT_NEAR(sumsq(i, g.data(), int64_t(g.size())), ref, 1e-12 * ref) << isa_name(i);
+    if (isa_supported(i)) {
+      EXPECT_NEAR(sumsq(i, g.data(), int64_t(g.size())), ref, 1e-12 * ref) << isa_name(i);
+    }
 }
 
 TEST(Isa, ParseAndResolve) {

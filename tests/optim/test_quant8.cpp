@@ -112,7 +112,9 @@ TEST(Quant8, BlockErrorWithinPromisedBound) {
         double bound = amax * local_gap(q, std::min(a, 1.0f)) / 2 + 4e-7 * std::fabs(xi) + 1e-30;
         double err = std::fabs(double(back[size_t(i)]) - xi);
         ASSERT_LE(err, bound) << "block " << b0 / kQ8Block << " element " << i << " x=" << xi << " amax=" << amax;
-        if (std::fabs(xi) == amax) ASSERT_EQ(std::fabs(back[size_t(i)]), amax);
+        if (std::fabs(xi) == amax) {
+          ASSERT_EQ(std::fabs(back[size_t(i)]), amax);
+        }
         worst_ratio = std::max(worst_ratio, err / bound);
       }
     }
