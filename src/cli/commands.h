@@ -10,4 +10,5 @@ void add_plan(CLI::App& app);        // cmd_plan.cpp
 void add_train(CLI::App& app);       // cmd_train.cpp
 void add_eval(CLI::App& app);        // cmd_eval.cpp
 void add_generate(CLI::App& app);    // cmd_generate.cpp
+void add_launch(CLI::App& app);      // cmd_launch.cpp
 }  // namespace lt::cli

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   lt::cli::add_train(app);
   lt::cli::add_eval(app);
   lt::cli::add_generate(app);
+  lt::cli::add_launch(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,126 @@
+#include "dist/launcher.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <thread>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/timer.h"
+
+namespace lt::dist {
+namespace fs = std::filesystem;
+
+namespace {
+volatile sig_atomic_t g_signal = 0;
+void on_signal(int s) { g_signal = s; }
+
+struct SignalGuard {  // forwards SIGINT/SIGTERM while the ranks run
+  struct sigaction old_int {}, old_term {};
+  SignalGuard() {
+    g_signal = 0;
+    struct sigaction sa {};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+  }
+  ~SignalGuard() {
+    sigaction(SIGINT, &old_int, nullptr);
+    sigaction(SIGTERM, &old_term, nullptr);
+  }
+};
+
+int exit_code(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+}  // namespace
+
+int launch(const LaunchOptions& o) {
+  LT_CHECK(o.n >= 1, "launch: -n must be >= 1, got {}", o.n);
+  LT_CHECK(!o.argv.empty(), "launch: no command given (usage: lazytrain launch -n N -- <subcommand> <args>)");
+  std::string dir = o.rdzv_dir;
+  const bool own_dir = dir.empty();
+  if (own_dir) {
+    std::string tmpl = (fs::temp_directory_path() / "lt-rdzv-XXXXXX").string();
+    LT_CHECK(::mkdtemp(tmpl.data()) != nullptr, "launch: cannot create a rendezvous directory {}: {}", tmpl,
+             std::strerror(errno));
+    dir = tmpl;
+  } else {
+    fs::create_directories(dir);
+  }
+  std::vector<char*> args;
+  for (auto& a : o.argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+
+  SignalGuard guard;
+  std::vector<pid_t> pids(size_t(o.n), -1);
+  std::vector<int> codes(size_t(o.n), -1);
+  for (int r = 0; r < o.n; ++r) {
+    const pid_t pid = ::fork();
+    LT_CHECK(pid >= 0, "launch: fork failed for rank {}: {}", r, std::strerror(errno));
+    if (pid == 0) {
+      signal(SIGINT, SIG_DFL);
+      signal(SIGTERM, SIG_DFL);
+      const std::string rank = std::to_string(r), world = std::to_string(o.n);
+      setenv("LT_RANK", rank.c_str(), 1);
+      setenv("LT_LOCAL_RANK", rank.c_str(), 1);
+      setenv("LT_WORLD_SIZE", world.c_str(), 1);
+      setenv("LT_LOCAL_WORLD_SIZE", world.c_str(), 1);
+      setenv("LT_RDZV_DIR", dir.c_str(), 1);
+      ::execvp(args[0], args.data());
+      std::fprintf(stderr, "lazytrain launch: rank %d: cannot run %s: %s\n", r, args[0], std::strerror(errno));
+      ::_exit(127);
+    }
+    pids[size_t(r)] = pid;
+  }
+  int first_fail = 0, failed_rank = -1, live = o.n;
+  double kill_at = -1;
+  while (live > 0) {
+    int status = 0;
+    const pid_t p = ::waitpid(-1, &status, WNOHANG);
+    if (p > 0) {
+      for (int r = 0; r < o.n; ++r)
+        if (pids[size_t(r)] == p) {
+          codes[size_t(r)] = exit_code(status);
+          pids[size_t(r)] = -1;
+          --live;
+          if (codes[size_t(r)] != 0 && failed_rank < 0) {
+            failed_rank = r;
+            first_fail = codes[size_t(r)];
+            log_warn("launch: rank {} exited with code {}; stopping the other ranks", r, first_fail);
+            for (pid_t q : pids)
+              if (q > 0) ::kill(q, SIGTERM);
+            kill_at = now_seconds() + o.grace_s;
+          }
+        }
+      continue;
+    }
+    if (g_signal) {
+      for (pid_t q : pids)
+        if (q > 0) ::kill(q, g_signal);
+      g_signal = 0;
+    }
+    if (kill_at > 0 && now_seconds() > kill_at) {
+      for (pid_t q : pids)
+        if (q > 0) ::kill(q, SIGKILL);
+      kill_at = -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (own_dir) {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+  return first_fail;
+}
+
+}  // namespace lt::dist
