@@ -3,7 +3,10 @@
 // sgemm, and achieved GFLOP/s. Not a test.
 //   bench_cpu_step [--model qwen2.5-0.5b] [--batch 1] [--seq 512] [--iters 3] [--layers N]
 #include <CLI/CLI.hpp>
+#include <sys/resource.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <thread>
 
@@ -19,8 +22,20 @@
 using namespace lt;
 using namespace lt::cpu;
 
+namespace {
+double cpu_seconds() {  // user + system time of the process (all threads)
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return double(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + 1e-6 * double(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+}
+double load_average() {
+  double l[1] = {0};
+  return getloadavg(l, 1) == 1 ? l[0] : -1;
+}
+}  // namespace
+
 int main(int argc, char** argv) {
-  reexec_with_better_blas_core(argc, argv);  // generic OpenBLAS kernels on unknown (virtual) CPUs are 4x slower
+  ensure_cpu_runtime_env(argc, argv);  // fast OpenBLAS kernels, passive OpenMP waiting (blas_setup.h)
   CLI::App app{"CPU reference forward+backward benchmark"};
   std::string model = "qwen2.5-0.5b";
   int64_t batch = 1, seq = 512, layers = 0;
@@ -30,9 +45,12 @@ int main(int argc, char** argv) {
   app.add_option("--seq", seq);
   app.add_option("--iters", iters, "timed iterations (after one warm-up)");
   app.add_option("--layers", layers, "override the number of layers (0 = the model's)");
+  int64_t head_chunk = 0;
+  app.add_option("--head-chunk", head_chunk, "rows per LM-head chunk (0 = automatic, ~64 MiB of logits)");
   CLI11_PARSE(app, argc, argv);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
 
+  set_head_chunk_rows(head_chunk);
   ModelConfig c = resolve_model(model);
   if (layers > 0) c.layers = layers;
   const double t_init = now_seconds();
@@ -62,7 +80,7 @@ int main(int argc, char** argv) {
   double best = 1e30, t_fwd = 0, t_head = 0, t_bwd = 0, gemm_s = 0, gemm_f = 0, loss = 0;
   for (int it = 0; it <= iters; ++it) {
     reset_gemm_stats();
-    const double t0 = now_seconds();
+    const double t0 = now_seconds(), c0 = cpu_seconds();
     embed_forward(c, wp.front(), ids.data(), T, xs[0].data());
     for (int64_t i = 0; i < L; ++i) layer_forward(c, w.layout.layer(i), wp[size_t(i + 1)], g, xs[size_t(i)].data(), xs[size_t(i + 1)].data());
     const double t1 = now_seconds();
@@ -76,10 +94,10 @@ int main(int argc, char** argv) {
       std::swap(dx, dprev);
     }
     embed_backward(c, ids.data(), T, dx.data(), gp.front());
-    const double t3 = now_seconds();
+    const double t3 = now_seconds(), cpu = cpu_seconds() - c0;
     const GemmStats gs = gemm_stats();
-    std::printf("  iter %d: %.3f s (forward %.3f [gemm %.3f], head fwd+bwd %.3f [gemm %.3f], backward incl. recompute %.3f [gemm %.3f]), loss %.4f\n",
-                it, t3 - t0, t1 - t0, g1, t2 - t1, g2 - g1, t3 - t2, gs.seconds - g2, hr.loss_sum / double(hr.n_tokens));
+    std::printf("  iter %d: %.3f s (forward %.3f [gemm %.3f], head fwd+bwd %.3f [gemm %.3f], backward incl. recompute %.3f [gemm %.3f]), cpu %.1f s, load %.1f, loss %.4f\n",
+                it, t3 - t0, t1 - t0, g1, t2 - t1, g2 - g1, t3 - t2, gs.seconds - g2, cpu, load_average(), hr.loss_sum / double(hr.n_tokens));
     if (it > 0 && t3 - t0 < best) {  // iteration 0 is warm-up
       best = t3 - t0;
       t_fwd = t1 - t0;
@@ -97,6 +115,9 @@ int main(int argc, char** argv) {
               100.0 * gemm_s / best, gemm_f / 1e9, gemm_f / gemm_s / 1e9);
   std::printf("achieved: %.1f GFLOP/s executed GEMM FLOPs over the whole step; model FLOPs 6*N*tokens = %.1f GFLOP -> %.1f GFLOP/s\n",
               gemm_f / best / 1e9, model_flops / 1e9, model_flops / best / 1e9);
-  std::printf("threads: %u hardware, OpenBLAS kernels %s\n", std::thread::hardware_concurrency(), blas_core_name().c_str());
+  const char* wp_env = std::getenv("OMP_WAIT_POLICY");
+  std::printf("threads: %u hardware, OpenBLAS kernels %s, OMP_WAIT_POLICY=%s, head chunk %lld rows\n",
+              std::thread::hardware_concurrency(), blas_core_name().c_str(), wp_env ? wp_env : "(unset)",
+              (long long)head_chunk_rows(c.vocab));
   return 0;
 }

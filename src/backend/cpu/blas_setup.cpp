@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cerrno>
 #include <cstring>
 
 #include "core/log.h"
@@ -24,22 +25,31 @@ std::string best_blas_core_for_cpu() {
   return "";
 }
 
-void reexec_with_better_blas_core(int argc, char** argv) {
+void ensure_cpu_runtime_env(int argc, char** argv) {
   (void)argc;
-  if (std::getenv("OPENBLAS_CORETYPE") || std::getenv("LT_NO_BLAS_REEXEC") || std::getenv("LT_BLAS_REEXECED")) return;
-  const std::string cur = blas_core_name(), best = best_blas_core_for_cpu();
-  // Only the generic fallbacks are overridden; a core OpenBLAS recognised itself is kept.
-  static const char* kGeneric[] = {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Sandybridge", "Katmai",
-                                   "Coppermine", "Northwood", "Banias", "Atom"};
-  bool generic = false;
-  for (const char* g : kGeneric) generic |= cur == g;
-  if (!generic || best.empty() || best == cur) return;
-  log_debug("OpenBLAS chose the generic '{}' kernels; re-executing with OPENBLAS_CORETYPE={}", cur, best);
-  setenv("OPENBLAS_CORETYPE", best.c_str(), 1);
-  setenv("LT_BLAS_REEXECED", "1", 1);
+  if (std::getenv("LT_NO_REEXEC") || std::getenv("LT_REEXECED")) return;
+  bool changed = false;
+  if (!std::getenv("OPENBLAS_CORETYPE")) {
+    const std::string cur = blas_core_name(), best = best_blas_core_for_cpu();
+    // Only the generic fallbacks are overridden; a core OpenBLAS recognised itself is kept.
+    static const char* kGeneric[] = {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Katmai",
+                                     "Coppermine", "Northwood", "Banias", "Atom"};
+    bool generic = false;
+    for (const char* g : kGeneric) generic |= cur == g;
+    if (generic && !best.empty() && best != cur) {
+      log_debug("OpenBLAS chose the generic '{}' kernels; using OPENBLAS_CORETYPE={}", cur, best);
+      setenv("OPENBLAS_CORETYPE", best.c_str(), 1);
+      changed = true;
+    }
+  }
+  if (!std::getenv("OMP_WAIT_POLICY")) {
+    setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+    changed = true;
+  }
+  if (!changed) return;
+  setenv("LT_REEXECED", "1", 1);
   execv("/proc/self/exe", argv);
-  // execv returned: it failed; carry on with the slow kernels.
-  unsetenv("OPENBLAS_CORETYPE");
+  log_debug("re-exec with the CPU runtime environment failed: {}", std::strerror(errno));
 }
 
 }  // namespace lt::cpu
