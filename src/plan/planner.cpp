@@ -159,8 +159,10 @@ PlanOutcome make_plan(const PlanRequest& r) {
     if (!cd.feasible) continue;
     const bool eligible = r.planner == "milp" ? true : cd.name == r.planner;
     if (!eligible) continue;
-    if (!best || cd.sim.pred.step_s < best->sim.pred.step_s - 1e-12 ||
-        (cd.name == "milp" && cd.sim.pred.step_s <= best->sim.pred.step_s + 1e-12))
+    // Fastest wins; on a tie (within 1e-9 relative) the smaller GPU peak (more headroom).
+    const double tol = 1e-9 * (best ? best->sim.pred.step_s : 0);
+    if (!best || cd.sim.pred.step_s < best->sim.pred.step_s - tol ||
+        (cd.sim.pred.step_s <= best->sim.pred.step_s + tol && cd.sim.pred.peak_hbm < best->sim.pred.peak_hbm))
       best = &cd;
   }
   if (best) {
