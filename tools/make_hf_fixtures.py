@@ -97,15 +97,15 @@ def make_one(name, cfg, out_dir, device):
           "loss": outp.loss.detach().float().cpu().reshape(())}
     for pname, p in model.named_parameters():
         fx["grad." + pname] = p.grad.detach().float().cpu().contiguous()
-    meta = {"torch": torch.__version__, "transformers": transformers.__version__, "device": str(device),
-            "batch": str(B), "seq": str(S)}
-    save_file(fx, os.path.join(d, "fixture.safetensors"), metadata=meta)
+    # No metadata: safetensors writes its dict in hash order, which would make the bytes vary between
+    # runs. Provenance goes to PROVENANCE.json instead.
+    save_file(fx, os.path.join(d, "fixture.safetensors"))
     print(f"{name}: loss={outp.loss.item():.6f} params={sum(p.numel() for p in model.parameters())} -> {d}")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "hf"))
+    ap.add_argument("--out", default=os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "hf")))
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--only", default=None, help="comma-separated model names")
     a = ap.parse_args()
@@ -119,7 +119,8 @@ def main():
         make_one(name, cfg, a.out, torch.device(a.device))
     with open(os.path.join(a.out, "PROVENANCE.json"), "w") as f:
         json.dump({"script": "tools/make_hf_fixtures.py", "torch": torch.__version__,
-                   "transformers": transformers.__version__, "device": a.device}, f, indent=1)
+                   "transformers": transformers.__version__, "device": a.device, "batch": B, "seq": S}, f, indent=1,
+                  sort_keys=True)
         f.write("\n")
 
 
