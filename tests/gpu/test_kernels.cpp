@@ -47,6 +47,22 @@ TEST_P(GemmTest, MatchesCpu) {
   auto got = gc.f32 ? down<float>(dC.p, sz(m * n)) : down_bf16(dC.p, sz(m * n));
   EXPECT_LE(rel_err(got, ref), gc.f32 ? 1e-5 : 8e-3);
 }
+TEST(Gemm, ResidualInputFusedAsBetaTerm) {
+  REQUIRE_GPU();
+  const int64_t m = 64, n = 96, k = 80;
+  std::mt19937 rng(4);
+  auto A = round_bf16(randn(sz(m * k), rng)), B = round_bf16(randn(sz(n * k), rng)), R = round_bf16(randn(sz(m * n), rng));
+  std::vector<float> ref = R;
+  cpu::sgemm(false, true, m, n, k, 1.f, A.data(), k, B.data(), k, 1.f, ref.data(), n);
+  DevBuf dA = up_bf16(A), dB = up_bf16(B), dR = up_bf16(R), dC(sz(m * n) * 2), ws(cuda::Gemm::kWorkspaceBytes);
+  cuda::Gemm g(ws.p, ws.bytes);
+  cuda::GemmArgs a;
+  a.trans_b = true, a.m = m, a.n = n, a.k = k, a.a = dA.p, a.b = dB.p, a.c = dC.p, a.beta = 1.f, a.c_in = dR.p;
+  g.run(a, nullptr);
+  EXPECT_LE(rel_err(down_bf16(dC.p, sz(m * n)), ref), 8e-3);
+  EXPECT_EQ(rel_err(down_bf16(dR.p, sz(m * n)), R), 0.0);  // the residual input is untouched
+}
+
 INSTANTIATE_TEST_SUITE_P(All, GemmTest,
                          ::testing::Values(GemmCase{false, true, false, false, false}, GemmCase{false, true, false, true, false},
                                            GemmCase{false, false, false, false, true}, GemmCase{true, false, true, false, true},
@@ -228,7 +244,8 @@ TEST(Rope, Llama3ScalingMatchesCpuAndInverts) {
 // ----------------------------------------------------------------------------------------- SwiGLU
 TEST(SwiGlu, ForwardBackwardMatchCpu) {
   REQUIRE_GPU();
-  const int64_t rows = 33, f = 250;
+  for (int64_t f : {int64_t(250), int64_t(256)}) {  // pairwise and 8-wide kernels
+  const int64_t rows = 33;
   std::mt19937 rng(9);
   auto gu = round_bf16(randn(sz(rows * 2 * f), rng, 2.f)), dact = round_bf16(randn(sz(rows * f), rng));
   std::vector<float> gate(sz(rows * f)), upv(sz(rows * f));
@@ -251,8 +268,9 @@ TEST(SwiGlu, ForwardBackwardMatchCpu) {
       gg[sz(r * f + c)] = got[sz(r * 2 * f + c)];
       gu2[sz(r * f + c)] = got[sz(r * 2 * f + f + c)];
     }
-  EXPECT_LE(rel_err(gg, dg), 8e-3);
-  EXPECT_LE(rel_err(gu2, du), 8e-3);
+  EXPECT_LE(rel_err(gg, dg), 8e-3) << f;
+  EXPECT_LE(rel_err(gu2, du), 8e-3) << f;
+  }
 }
 
 // -------------------------------------------------------------------------------------- embedding

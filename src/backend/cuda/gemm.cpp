@@ -1,5 +1,7 @@
 #include "backend/cuda/gemm.h"
 
+#include <algorithm>
+
 #include "backend/cuda/cuda_util.h"
 #include "core/error.h"
 
@@ -98,14 +100,16 @@ void Gemm::run(const GemmArgs& g, cudaStream_t st) {
   const int64_t ldb = g.ldb ? g.ldb : (g.trans_b ? g.k : g.n);
   const int64_t ldc = g.ldc ? g.ldc : g.n;
   const int64_t ce = g.c_f32 ? 4 : 2;
-  const int aa = alignment_of(g.a, lda, 2), ab = alignment_of(g.b, ldb, 2), ac = alignment_of(g.c, ldc, ce);
+  const int aa = alignment_of(g.a, lda, 2), ab = alignment_of(g.b, ldb, 2);
+  const int ac = std::min(alignment_of(g.c, ldc, ce), g.c_in ? alignment_of(g.c_in, ldc, ce) : 256);
   const int flags = (g.trans_a ? 1 : 0) | (g.trans_b ? 2 : 0) | (g.c_f32 ? 4 : 0) | (g.bias ? 8 : 0) |
                     (g.beta != 0.f ? 16 : 0);
   const Key key{g.m, g.n, g.k, lda, ldb, ldc, flags, 0, aa | (ab << 9) | (ac << 18)};
   Plan* p = plan_for(g, key);
   if (g.bias)
     LT_CUBLAS(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias)));
-  LT_CUBLAS(cublasLtMatmul(h_, p->op, &g.alpha, g.b, p->la, g.a, p->lb, &g.beta, g.c, p->lc, g.c, p->lc, &p->algo,
+  const void* cin = g.c_in ? g.c_in : g.c;
+  LT_CUBLAS(cublasLtMatmul(h_, p->op, &g.alpha, g.b, p->la, g.a, p->lb, &g.beta, cin, p->lc, g.c, p->lc, &p->algo,
                            ws_, ws_bytes_, st));
 }
 

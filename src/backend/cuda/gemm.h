@@ -25,6 +25,9 @@ struct GemmArgs {
   bool c_f32 = false;
   float alpha = 1.f, beta = 0.f;
   const void* bias = nullptr;
+  // When set, C_in (same type and layout as C) is read as the beta term and the result goes to c:
+  // c = alpha op(A) op(B) + beta * c_in (a residual add fused into the GEMM).
+  const void* c_in = nullptr;
 };
 
 class Gemm {

@@ -123,11 +123,11 @@ void LayerEngine::layer_forward(const UnitLayout& lay, const void* w, const Geo&
   Carve cv(ws);
   LayerBufs b = carve_layer(cv, c_, T);
   auto lin = [&](const void* X, const u16* W, const u16* bias, void* Y, int64_t N, int64_t K, int64_t ldc,
-                 float beta) {
+                 float beta, const void* res = nullptr) {
     GemmArgs a;
     a.trans_b = true;
     a.m = T, a.n = N, a.k = K;
-    a.a = X, a.b = W, a.c = Y, a.ldc = ldc, a.beta = beta, a.bias = bias;
+    a.a = X, a.b = W, a.c = Y, a.ldc = ldc, a.beta = beta, a.bias = bias, a.c_in = res;
     gemm_.run(a, st);
   };
   rmsnorm_fwd(x, wptr(w, lay, "input_layernorm.weight"), T, H, eps, b.h, nullptr, st);
@@ -141,8 +141,7 @@ void LayerEngine::layer_forward(const UnitLayout& lay, const void* w, const Geo&
   rope_apply(b.q, nullptr, T, c_.heads, c_.head_dim, g.positions, g.seq, inv_freq_, false, st);
   rope_apply(b.k, nullptr, T, c_.kv_heads, c_.head_dim, g.positions, g.seq, inv_freq_, false, st);
   attention_fwd(attn_dims(c_, g), b.q, b.k, b.v, g.segments, b.o, b.lse, st);
-  LT_CUDA(cudaMemcpyAsync(b.x1, x, size_t(T * H) * 2, cudaMemcpyDeviceToDevice, st));
-  lin(b.o, wptr(w, lay, "self_attn.o_proj.weight"), nullptr, b.x1, H, QD, 0, 1.f);
+  lin(b.o, wptr(w, lay, "self_attn.o_proj.weight"), nullptr, b.x1, H, QD, 0, 1.f, x);  // x1 = x + o Wo^T
   rmsnorm_fwd(b.x1, wptr(w, lay, "post_attention_layernorm.weight"), T, H, eps, b.h2, nullptr, st);
   const u16* wg = wptr(w, lay, "mlp.gate_proj.weight");
   const u16* wu = wptr(w, lay, "mlp.up_proj.weight");
@@ -153,8 +152,7 @@ void LayerEngine::layer_forward(const UnitLayout& lay, const void* w, const Geo&
     lin(b.h2, wu, nullptr, b.gu + F, F, H, 2 * F, 0.f);
   }
   swiglu_fwd(b.gu, T, F, b.act, st);
-  if (y != b.x1) LT_CUDA(cudaMemcpyAsync(y, b.x1, size_t(T * H) * 2, cudaMemcpyDeviceToDevice, st));
-  lin(b.act, wptr(w, lay, "mlp.down_proj.weight"), nullptr, y, H, F, 0, 1.f);
+  lin(b.act, wptr(w, lay, "mlp.down_proj.weight"), nullptr, y, H, F, 0, 1.f, b.x1);  // y = x1 + act Wd^T
 }
 
 void LayerEngine::layer_backward(const UnitLayout& lay, const void* w, const Geo& g, const void* x, const void* dy,
@@ -166,13 +164,13 @@ void LayerEngine::layer_backward(const UnitLayout& lay, const void* w, const Geo
   LT_CHECK(dx != x, "layer_backward: dx must not alias x");
   Carve cv(ws);
   LayerBufs b = carve_layer(cv, c_, T);
-  // Y[T,N] = X W^T (+bias) (+ beta Y)
+  // Y[T,N] = X W^T (+bias) (+ beta Y, or beta res when res is given)
   auto lin = [&](const void* X, const u16* W, const u16* bias, void* Y, int64_t N, int64_t K, int64_t ldc,
-                 float beta) {
+                 float beta, const void* res = nullptr) {
     GemmArgs a;
     a.trans_b = true;
     a.m = T, a.n = N, a.k = K;
-    a.a = X, a.b = W, a.c = Y, a.ldc = ldc, a.beta = beta, a.bias = bias;
+    a.a = X, a.b = W, a.c = Y, a.ldc = ldc, a.beta = beta, a.bias = bias, a.c_in = res;
     gemm_.run(a, st);
   };
   // dX[T,K] (+)= dY[T,N] W[N,K]
@@ -216,8 +214,7 @@ void LayerEngine::layer_backward(const UnitLayout& lay, const void* w, const Geo
   rope_apply(b.k, nullptr, T, nkv, hd, g.positions, g.seq, inv_freq_, false, st);
   const AttnDims ad = attn_dims(c_, g);
   attention_fwd(ad, b.q, b.k, b.v, g.segments, b.o, b.lse, st);
-  LT_CUDA(cudaMemcpyAsync(b.x1, x, size_t(T * H) * 2, cudaMemcpyDeviceToDevice, st));
-  lin(b.o, wo, nullptr, b.x1, H, QD, 0, 1.f);
+  lin(b.o, wo, nullptr, b.x1, H, QD, 0, 1.f, x);  // x1 = x + o Wo^T
   rmsnorm_fwd(b.x1, ln2, T, H, eps, b.h2, nullptr, st);
   if (gu_fused) {
     lin(b.h2, wg, nullptr, b.gu, 2 * F, H, 0, 0.f);

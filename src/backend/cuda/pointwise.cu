@@ -69,6 +69,50 @@ __global__ void swiglu_bwd_kernel(const bf16* gu, const bf16* dact, int64_t rows
   *reinterpret_cast<uint32_t*>(dgu + r * 2 * f + f + c) = pack_bf16(du[0], du[1]);
 }
 
+// 8 columns per thread (16-byte accesses) when f % 8 == 0.
+__device__ __forceinline__ void unpack8(const uint4& u, float (&v)[8]) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = unpack_bf16(w[i]);
+    v[2 * i] = f.x;
+    v[2 * i + 1] = f.y;
+  }
+}
+__device__ __forceinline__ uint4 pack8(const float (&v)[8]) {
+  return make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]), pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7]));
+}
+__global__ void swiglu_fwd8_kernel(const bf16* gu, int64_t rows, int64_t f, bf16* act) {
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t f8 = f / 8;
+  if (idx >= rows * f8) return;
+  const int64_t r = idx / f8, c = (idx % f8) * 8;
+  float g[8], u[8], a[8];
+  unpack8(*reinterpret_cast<const uint4*>(gu + r * 2 * f + c), g);
+  unpack8(*reinterpret_cast<const uint4*>(gu + r * 2 * f + f + c), u);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) a[j] = g[j] * sigmoidf(g[j]) * u[j];
+  *reinterpret_cast<uint4*>(act + r * f + c) = pack8(a);
+}
+__global__ void swiglu_bwd8_kernel(const bf16* gu, const bf16* dact, int64_t rows, int64_t f, bf16* dgu) {
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t f8 = f / 8;
+  if (idx >= rows * f8) return;
+  const int64_t r = idx / f8, c = (idx % f8) * 8;
+  float g[8], u[8], d[8], dg[8], du[8];
+  unpack8(*reinterpret_cast<const uint4*>(gu + r * 2 * f + c), g);
+  unpack8(*reinterpret_cast<const uint4*>(gu + r * 2 * f + f + c), u);
+  unpack8(*reinterpret_cast<const uint4*>(dact + r * f + c), d);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float s = sigmoidf(g[j]);
+    du[j] = d[j] * g[j] * s;
+    dg[j] = d[j] * u[j] * s * (1.f + g[j] * (1.f - s));
+  }
+  *reinterpret_cast<uint4*>(dgu + r * 2 * f + c) = pack8(dg);
+  *reinterpret_cast<uint4*>(dgu + r * 2 * f + f + c) = pack8(du);
+}
+
 __global__ void add_kernel(const bf16* a, const bf16* b, int64_t n2, bf16* out) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n2) return;
@@ -107,6 +151,14 @@ void rope_apply(void* x, const float* src_f32, int64_t rows, int64_t heads, int6
 
 void swiglu_fwd(const void* gu, int64_t rows, int64_t f, void* act, cudaStream_t st) {
   LT_CUDA_REQUIRE(f % 2 == 0, "swiglu: ffn must be even");
+  if (f % 8 == 0) {
+    const int64_t n8 = rows * f / 8;
+    if (n8 == 0) return;
+    swiglu_fwd8_kernel<<<blocks_for(n8, 256), 256, 0, st>>>(static_cast<const bf16*>(gu), rows, f,
+                                                            static_cast<bf16*>(act));
+    LT_CUDA_LAUNCH();
+    return;
+  }
   const int64_t n = rows * f / 2;
   if (n == 0) return;
   swiglu_fwd_kernel<<<blocks_for(n, 256), 256, 0, st>>>(static_cast<const bf16*>(gu), rows, f,
@@ -116,6 +168,15 @@ void swiglu_fwd(const void* gu, int64_t rows, int64_t f, void* act, cudaStream_t
 
 void swiglu_bwd(const void* gu, const void* dact, int64_t rows, int64_t f, void* dgu, cudaStream_t st) {
   LT_CUDA_REQUIRE(f % 2 == 0, "swiglu: ffn must be even");
+  if (f % 8 == 0) {
+    const int64_t n8 = rows * f / 8;
+    if (n8 == 0) return;
+    swiglu_bwd8_kernel<<<blocks_for(n8, 256), 256, 0, st>>>(static_cast<const bf16*>(gu),
+                                                            static_cast<const bf16*>(dact), rows, f,
+                                                            static_cast<bf16*>(dgu));
+    LT_CUDA_LAUNCH();
+    return;
+  }
   const int64_t n = rows * f / 2;
   if (n == 0) return;
   swiglu_bwd_kernel<<<blocks_for(n, 256), 256, 0, st>>>(static_cast<const bf16*>(gu),
