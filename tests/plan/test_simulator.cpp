@@ -1,0 +1,96 @@
+#include <gtest/gtest.h>
+
+#include "plan/simulator.h"
+#include "plan_test_util.h"
+
+namespace lt {
+namespace {
+
+// A 2-layer instance with round numbers, checked against hand computation of the slot rules.
+Instance tiny() {
+  Instance in;
+  in.L = 2;
+  in.rho = {1.0, 1.0};
+  in.beta = {3.0, 3.0};
+  in.head_s = 2.0;
+  in.A = 10;
+  in.P = 20;
+  in.G = 20;
+  in.P_head = 40;
+  in.G_head = 40;
+  in.pro_h2d = 10;
+  in.epi_d2h = 10;
+  in.bh = 10;   // 20 bytes of weights take 2 s: weights are exposed in every slot
+  in.bd = 10;
+  in.bb = 15;   // both ways at once: 15 B/s in total
+  in.bnr = 5;
+  in.bnw = 5;
+  in.opt = {0, 0, 0, 0};
+  in.ring = 40;
+  in.ws_fwd = 1;
+  in.ws_bwd = 2;
+  in.ws_head = 3;
+  in.ws_pro = 10;
+  in.hbm_cap = 1000;
+  in.dram_cap = 1000;
+  in.dram_fixed = 100;
+  in.nvme_cap = 1000;
+  return in;
+}
+
+TEST(PlanSimulator, SlotRulesByHand) {
+  Instance in = tiny();
+  // All on the GPU: no checkpoint traffic, blocks (0,1), (1,2).
+  auto r = simulate(in, test::plan_for(in, {Tier::Gpu, Tier::Gpu, Tier::Gpu}));
+  // prologue: (20 + 10) / 10 = 3
+  // F0: max(1, 20/10) = 2          F1: max(1, 40/10) = 4 (head weights)
+  // H: max(2, 20/10) = 2
+  // B1: h = P = 20, d = G_head = 40: max(3, 2, 4, 60/15 = 4) = 4
+  // B0: h = 0, d = G = 20: max(3, 2) = 3
+  // epilogue: (20 + 10) / 10 = 3
+  EXPECT_DOUBLE_EQ(r.pred.step_s, 3 + 2 + 4 + 2 + 4 + 3 + 3);
+  EXPECT_DOUBLE_EQ(r.pred.compute_s, 1 + 1 + 2 + 3 + 3);
+  EXPECT_DOUBLE_EQ(r.pred.exposed_h2d_s, 3 + 1 + 3);  // prologue + F0 + F1
+  EXPECT_DOUBLE_EQ(r.pred.exposed_d2h_s, 1 + 3);      // B1 + epilogue
+  EXPECT_DOUBLE_EQ(r.pred.exposed_optimizer_s, 0);
+  // HBM: F1: ring 40 + b0 10 + in/out 20 + ws 1 = 71; B1: 40 + b0, b1 20 + ws 2 = 62;
+  // H: 40 + b0, b1 20 + boundary L 10 + ws_head 3 = 73 (the peak).
+  EXPECT_EQ(r.pred.peak_hbm, 73);
+  EXPECT_TRUE(r.fits);
+
+  // Boundary 1 on the CPU: D2H in F1 (with the head weights), H2D in H (before block (0,1)).
+  auto c = simulate(in, test::plan_for(in, {Tier::Gpu, Tier::Cpu, Tier::Gpu}));
+  // F1: h 40, d 10: max(1, 4, 1, 50/15) = 4 (unchanged); H: h 20 + 10 = 30: 3 (was 2)
+  EXPECT_DOUBLE_EQ(c.pred.step_s, r.pred.step_s + 1);
+  EXPECT_DOUBLE_EQ(c.dram, 100 + 10);
+
+  // Recompute block (0,2): B1 recomputes layer 0 (rho 1) and loads its weights: h = P + 1*P = 40.
+  auto b = simulate(in, test::plan_for(in, {Tier::Gpu, Tier::None, Tier::Gpu}));
+  // B1: C = 3 + 1 = 4, h 40, d 40: max(4, 4, 4, 80/15 = 5.33)
+  EXPECT_NEAR(b.pred.step_s, 3 + 2 + 4 + 2 + 80.0 / 15 + 3 + 3, 1e-12);
+  EXPECT_DOUBLE_EQ(b.pred.recompute_s, 1);
+
+  // Optimizer: layer 1's update (5 s) delays F0, which streams layer 1's weights.
+  in.opt = {1, 5, 0, 0};
+  auto o = simulate(in, test::plan_for(in, {Tier::Gpu, Tier::Gpu, Tier::Gpu}));
+  // prologue at O0 = 1, ends 4; F0 waits until O1 = 6.
+  EXPECT_DOUBLE_EQ(o.pred.step_s, r.pred.step_s + 1 + 2);
+  EXPECT_DOUBLE_EQ(o.pred.exposed_optimizer_s, 3);
+
+  // Two micro-batches: the second repeats the slots without the optimizer.
+  in.opt = {0, 0, 0, 0};
+  in.micro_batches = 2;
+  auto m = simulate(in, test::plan_for(in, {Tier::Gpu, Tier::Gpu, Tier::Gpu}));
+  EXPECT_DOUBLE_EQ(m.pred.step_s, 2 * r.pred.step_s);
+}
+
+TEST(PlanSimulator, ReportsShortestResource) {
+  Instance in = tiny();
+  in.hbm_cap = 60;
+  auto r = simulate(in, test::plan_for(in, {Tier::Gpu, Tier::Gpu, Tier::Gpu}));
+  EXPECT_FALSE(r.fits);
+  EXPECT_EQ(r.violation, "does not fit: gpu short by 13 B (needs 73 B, has 60 B)");
+}
+
+}  // namespace
+}  // namespace lt
