@@ -88,7 +88,54 @@ PlanOutcome make_plan(const PlanRequest& r) {
   PlanOutcome out;
   const auto& c = r.model;
   out.flops_per_step = model_flops_per_step(c, r.batch * r.seq * r.micro_batches);
-  const auto q8 = choose_8bit(c, r.optimizer, double(r.profile.dram_bytes));
+  InstanceOptions io;
+  io.ring = r.ring;
+  io.micro_batches = r.micro_batches;
+
+  // Chunk: the whole batch if the DP finds a plan with it, else halve.
+  struct Prepared {
+    std::vector<std::string> q8;
+    Instance inst;
+    DpResult dp;
+    int64_t chunk = 0;
+    double step = 1e300;  // simulated step of the DP's plan
+  };
+  auto prepare = [&](std::vector<std::string> q8) {
+    Prepared pr;
+    pr.q8 = std::move(q8);
+    io.optimizer_8bit = pr.q8;
+    pr.chunk = r.chunk > 0 ? std::min(r.chunk, r.batch) : r.batch;
+    for (;;) {
+      io.chunk = pr.chunk;
+      pr.inst = make_instance(c, r.batch, r.seq, r.profile, io);
+      pr.dp = solve_dp(pr.inst);
+      if (pr.dp.feasible || r.chunk > 0 || pr.chunk == 1) break;
+      pr.chunk = (pr.chunk + 1) / 2;
+    }
+    return pr;
+  };
+  Prepared best_prep = prepare(choose_8bit(c, r.optimizer, double(r.profile.dram_bytes)));
+  if (r.optimizer == "hybrid" && !best_prep.q8.empty()) {
+    // Hybrid: the minimal 8-bit set leaves no DRAM for CPU checkpoints. Also try switching more
+    // tensors to free room for k boundaries, and keep the set whose DP plan simulates fastest.
+    const double A = double(r.batch * r.seq * c.hidden * 2);
+    auto score_prep = [&](Prepared& pr) {
+      if (!pr.dp.feasible) return;
+      Plan p = plan_meta(r, pr.chunk, pr.q8);
+      p.tier = pr.dp.tier;
+      assign_tied_traffic(pr.inst, p);
+      pr.step = simulate(pr.inst, p).pred.step_s;
+    };
+    score_prep(best_prep);
+    for (int k : {std::max(1, int(c.layers) / 4), std::max(1, int(c.layers) / 2), int(c.layers)}) {
+      auto q8 = choose_8bit(c, "hybrid", double(r.profile.dram_bytes) - k * A);
+      if (q8.size() == best_prep.q8.size()) continue;
+      Prepared pr = prepare(std::move(q8));
+      score_prep(pr);
+      if (pr.step < best_prep.step * (1 - 1e-6)) best_prep = std::move(pr);
+    }
+  }
+  const auto q8 = best_prep.q8;
   auto lay = model_layout(c);
   for (auto& n : q8) {
     ++out.eight_bit_tensors;
@@ -96,21 +143,9 @@ PlanOutcome make_plan(const PlanRequest& r) {
       for (auto& p : u.params)
         if (p.name == n) out.eight_bit_params += p.numel;
   }
-  InstanceOptions io;
-  io.ring = r.ring;
-  io.micro_batches = r.micro_batches;
-  io.optimizer_8bit = q8;
-
-  // Chunk: the whole batch if the DP finds a plan with it, else halve.
-  int64_t chunk = r.chunk > 0 ? std::min(r.chunk, r.batch) : r.batch;
-  DpResult dp;
-  for (;;) {
-    io.chunk = chunk;
-    out.inst = make_instance(c, r.batch, r.seq, r.profile, io);
-    dp = solve_dp(out.inst);
-    if (dp.feasible || r.chunk > 0 || chunk == 1) break;
-    chunk = (chunk + 1) / 2;
-  }
+  out.inst = best_prep.inst;
+  DpResult dp = best_prep.dp;
+  const int64_t chunk = best_prep.chunk;
   const Instance& in = out.inst;
   out.dp = dp;
   const Plan meta = plan_meta(r, chunk, q8);
