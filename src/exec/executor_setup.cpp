@@ -1,0 +1,207 @@
+// Executor setup: plan-derived sizes, the allocation of every buffer (so that a plan that does not fit
+// is refused before running), teardown, and host-side helpers.
+#include <algorithm>
+#include <cstring>
+
+#include "backend/cpu/reference.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/units.h"
+#include "exec/executor_impl.h"
+
+namespace lt {
+
+// ---------------------------------------------------------------------------------------- sizing
+
+int64_t count_act_buffers(const ExecPlan& p) {
+  const int64_t L = int64_t(p.tier.size()) - 1;
+  const auto wins = plan_windows(p);
+  std::vector<int32_t> wb(size_t(L), -1), wr(size_t(L), -1);
+  for (size_t w = 0; w < wins.size(); ++w) {
+    if (wins[w].kind == WindowKind::Backward) wb[size_t(wins[w].layer)] = int32_t(w);
+    if (wins[w].kind == WindowKind::Recompute) wr[size_t(wins[w].layer)] = int32_t(w);
+  }
+  std::vector<std::pair<int64_t, int64_t>> iv;  // closed [acquire, release] windows
+  for (int64_t i = 0; i <= L; ++i) {
+    const int64_t a = std::max<int64_t>(i - 1, 0);
+    const CkptTier t = i == L ? CkptTier::None : p.tier[size_t(i)];
+    int64_t r = i;
+    if (i == L) r = L;
+    else if (t == CkptTier::Gpu) r = wb[size_t(i)];
+    else if (t == CkptTier::Cpu || t == CkptTier::Nvme) r = std::max<int64_t>(i, effective_traffic(p, i).d2h.back().window);
+    iv.push_back({a, r});
+  }
+  iv.push_back({L, wb[size_t(L - 1)]});  // dy_L
+  const auto ck = plan_checkpoints(p);
+  for (size_t b = 0; b + 1 < ck.size(); ++b) {
+    const int64_t s = ck[b], e = ck[b + 1];
+    const CkptTier t = p.tier[size_t(s)];
+    if (t == CkptTier::Cpu || t == CkptTier::Nvme) iv.push_back({effective_traffic(p, s).h2d.front().window, wb[size_t(s)]});
+    for (int64_t j = s + 1; j < e; ++j) iv.push_back({wr[size_t(j - 1)], wb[size_t(j)]});
+    for (int64_t j = e - 1; j >= s; --j) iv.push_back({wb[size_t(j)], j > 0 ? wb[size_t(j - 1)] : wb[0]});
+  }
+  int64_t best = 0;
+  for (size_t w = 0; w < wins.size(); ++w) {
+    int64_t n = 0;
+    for (auto& [a, r] : iv) n += (a <= int64_t(w) && int64_t(w) <= r);
+    best = std::max(best, n);
+  }
+  return best;
+}
+
+// ---------------------------------------------------------------------------------------- setup
+
+Executor::Impl::Impl(Executor& e) : ex(e), be(e.be_), P(e.plan_), st(e.state_), c(e.cfg_) {
+  L = c.layers;
+  validate_plan(P, L);
+  LT_CHECK(st.units() == L + 2, "executor: host state has {} units, expected {}", st.units(), L + 2);
+  const auto dt = be.dtypes();
+  LT_CHECK(dt.weight == st.stream_dtype(), "executor: host streaming copy is {}, backend streams {}",
+           dtype_name(st.stream_dtype()), dtype_name(dt.weight));
+  act_sz = dtype_size(dt.act);
+  w_sz = dtype_size(dt.weight);
+  g_sz = dtype_size(dt.grad);
+  T = P.batch * P.seq;
+  A = T * c.hidden * int64_t(act_sz);
+  Apad = io_round_up(A);
+  chunk = P.chunk_samples > 0 ? P.chunk_samples : P.batch;
+  wins = plan_windows(P);
+  ck = plan_checkpoints(P);
+  win_bwd.assign(size_t(L), -1);
+  win_rec.assign(size_t(L), -1);
+  for (size_t w = 0; w < wins.size(); ++w) {
+    if (wins[w].kind == WindowKind::Backward) win_bwd[size_t(wins[w].layer)] = int32_t(w);
+    if (wins[w].kind == WindowKind::Recompute) win_rec[size_t(wins[w].layer)] = int32_t(w);
+  }
+  block_end.assign(size_t(L + 1), -1);
+  for (size_t b = 0; b + 1 < ck.size(); ++b) block_end[size_t(ck[b])] = ck[b + 1];
+  traffic.resize(size_t(L + 1));
+  for (int64_t i = 0; i < L; ++i)
+    if (P.tier[size_t(i)] == CkptTier::Cpu || P.tier[size_t(i)] == CkptTier::Nvme) traffic[size_t(i)] = effective_traffic(P, i);
+  emb_on_device = P.embedding_resident || c.tied;
+  if (!P.embedding_resident)
+    LT_CHECK(dt.act == dt.weight, "executor: host embedding needs activation dtype {} == weight dtype {}",
+             dtype_name(dt.act), dtype_name(dt.weight));
+  // Weight-use sequences.
+  std::vector<int64_t> layers;
+  std::vector<int32_t> uw;
+  for (size_t w = 0; w < wins.size(); ++w)
+    if (wins[w].kind != WindowKind::Head) {
+      layers.push_back(wins[w].layer);
+      uw.push_back(int32_t(w));
+    }
+  ring_sched = build_ring_schedule(layers, uw, P.ring);
+  std::vector<int64_t> fl;
+  std::vector<int32_t> fw;
+  for (int64_t j = 0; j < L; ++j) {
+    fl.push_back(j);
+    fw.push_back(int32_t(j));
+  }
+  eval_sched = build_ring_schedule(fl, fw, P.ring);
+  allocate();
+}
+
+void Executor::Impl::allocate() {
+  const auto& lay = be.layout();
+  const int64_t layer_numel = lay.layer(0).numel;
+  // NVMe capacity first: it is known without allocating.
+  int64_t n_nvme = 0;
+  for (int64_t i = 0; i < L; ++i) n_nvme += P.tier[size_t(i)] == CkptTier::Nvme;
+  if (n_nvme > 0 && ex.opts_.nvme_budget >= 0 && n_nvme * Apad > ex.opts_.nvme_budget)
+    fail("does not fit: nvme short by {} ({} checkpoints of {}, budget {})",
+         format_bytes(double(n_nvme * Apad - ex.opts_.nvme_budget)), n_nvme, format_bytes(double(Apad)),
+         format_bytes(double(ex.opts_.nvme_budget)));
+  // Device.
+  for (int k = 0; k < P.ring; ++k) ring.emplace_back(be, MemKind::Device, layer_numel * int64_t(w_sz), "weights.ring");
+  if (emb_on_device) {
+    emb_w = Buffer(be, MemKind::Device, lay.embedding().numel * int64_t(w_sz), "weights.embedding");
+    emb_g = Buffer(be, MemKind::Device, lay.embedding().numel * int64_t(g_sz), "grads.embedding");
+  }
+  head_w = Buffer(be, MemKind::Device, lay.head().numel * int64_t(w_sz), "weights.head");
+  head_g = Buffer(be, MemKind::Device, lay.head().numel * int64_t(g_sz), "grads.head");
+  for (auto& g : gslot) g = Buffer(be, MemKind::Device, layer_numel * int64_t(g_sz), "grads.layer");
+  const int64_t ib = T * 4;
+  d_ids = Buffer(be, MemKind::Device, ib, "batch.inputs");
+  d_tgt = Buffer(be, MemKind::Device, ib, "batch.inputs");
+  d_pos = Buffer(be, MemKind::Device, ib, "batch.inputs");
+  d_seg = Buffer(be, MemKind::Device, ib, "batch.inputs");
+  d_scal = Buffer(be, MemKind::Device, (2 + L + 2) * 8, "scalars");
+  pool = std::make_unique<ActPool>(be, A);
+  pool->reserve(count_act_buffers(P));
+  pool->mark_reserved();
+  be.reserve_workspace(chunk * P.seq);
+  // Pinned.
+  p_ids = Buffer(be, MemKind::Pinned, ib, "batch.staging");
+  p_tgt = Buffer(be, MemKind::Pinned, ib, "batch.staging");
+  p_pos = Buffer(be, MemKind::Pinned, ib, "batch.staging");
+  p_seg = Buffer(be, MemKind::Pinned, ib, "batch.staging");
+  p_scal = Buffer(be, MemKind::Pinned, (2 + L + 2) * 8, "scalars");
+  if (!P.embedding_resident) {
+    p_x0 = Buffer(be, MemKind::Pinned, A, "embedding.host_io");
+    p_dx0 = Buffer(be, MemKind::Pinned, A, "embedding.host_io");
+    if (c.tied) p_embg = Buffer(be, MemKind::Pinned, lay.embedding().numel * int64_t(g_sz), "embedding.host_io");
+  }
+  cpu_ckpt.resize(size_t(L + 1));
+  for (int64_t i = 0; i < L; ++i)
+    if (P.tier[size_t(i)] == CkptTier::Cpu) cpu_ckpt[size_t(i)] = Buffer(be, MemKind::Pinned, Apad, "ckpt.cpu");
+  if (n_nvme > 0) {
+    for (int k = 0; k < P.nvme_staging; ++k) {
+      wstage.emplace_back(be, MemKind::Pinned, Apad, "ckpt.nvme_staging");
+      rstage.emplace_back(be, MemKind::Pinned, Apad, "ckpt.nvme_staging");
+    }
+    store = std::make_unique<NvmeStore>(ex.opts_.nvme_dir, ex.opts_.io);
+    nvme_worker = std::make_unique<HostWorker>("nvme");
+  }
+  sink_worker = std::make_unique<HostWorker>("grad-sink");
+  be.set_timing(ex.opts_.timing);
+}
+
+Executor::Impl::~Impl() {
+  try {
+    be.synchronize();
+  } catch (const std::exception& e) {
+    log_warn("executor shutdown: {}", e.what());
+  }
+  if (nvme_worker) nvme_worker->drain();
+  if (sink_worker) sink_worker->drain();
+  be.clear_error();
+  store.reset();  // removes files and directory
+}
+
+void Executor::Impl::add_span(int track, OpLabel l, int64_t bytes, double t0, double t1, int32_t mb) {
+  std::lock_guard<std::mutex> g(trace_mu);
+  trace.push_back(TraceSpan{track, l, bytes, t0, t1, mb});
+}
+
+void Executor::Impl::collect_backend_spans(int32_t mb) {
+  for (auto& s : be.take_spans()) add_span(int(s.lane), s.label, s.bytes, s.t0, s.t1, mb);
+}
+
+// The embedding's gradient of one micro-batch when the lookup runs on the host, formed in the same
+// order as on the device (tied: LM-head gradient first, then the lookup's scatter-add), then
+// assigned to (first micro-batch) or added into the host gradient.
+void Executor::Impl::host_embedding_backward(const int32_t* ids, bool assign, bool last) {
+  const int64_t n = st.numel(0);
+  std::vector<float> e(size_t(n), 0.0f);
+  if (c.tied) {
+    if (g_sz == 4) std::memcpy(e.data(), p_embg.data(), size_t(n) * 4);
+    else for (int64_t i = 0; i < n; ++i) e[size_t(i)] = bf16_to_f32(p_embg.as<bf16_t>()[i]);
+  }
+  std::vector<float> dx;
+  const float* dxp = p_dx0.as<float>();
+  if (act_sz == 2) {
+    dx.resize(size_t(T * c.hidden));
+    for (size_t i = 0; i < dx.size(); ++i) dx[i] = bf16_to_f32(p_dx0.as<bf16_t>()[i]);
+    dxp = dx.data();
+  }
+  cpu::embed_backward(c, ids, T, dxp, e.data());
+  float* g = st.grad(0);
+  double ss = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    g[i] = assign ? e[size_t(i)] : g[i] + e[size_t(i)];
+    ss += double(g[i]) * double(g[i]);
+  }
+  if (last) host_sumsq[0] = ss;
+}
+
+}  // namespace lt
