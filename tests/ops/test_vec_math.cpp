@@ -37,3 +37,12 @@ TEST(VecMath, RowKernelsMatchScalarIncludingTails) {
     for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(w[size_t(i)], 0.5 * std::exp(double(z[size_t(i)]) - m), 1e-6) << n << " " << i;
   }
 }
+
+#include "backend/cpu/blas_setup.h"
+
+TEST(BlasSetup, ReportsKernelFamilies) {
+  EXPECT_FALSE(lt::cpu::blas_core_name().empty());
+  // lt_backend is compiled for x86-64-v3 (AVX2 + FMA), so a fast family always exists here.
+  const std::string best = lt::cpu::best_blas_core_for_cpu();
+  EXPECT_TRUE(best == "SkylakeX" || best == "Haswell") << best;
+}

@@ -56,7 +56,7 @@ void cross_entropy(float* logits, const int32_t* targets, int64_t n, int64_t voc
     LT_CHECK(targets[r] == -100 || (targets[r] >= 0 && targets[r] < vocab),
              "cross_entropy: target {} at row {} is outside [0, {}) and is not -100", targets[r], r, vocab);
   std::vector<float> row_loss(static_cast<size_t>(n), 0.0f);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * vocab > 65536)
   for (int64_t r = 0; r < n; ++r) {
     float* z = logits + r * vocab;
     const int32_t t = targets[r];

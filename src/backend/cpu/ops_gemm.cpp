@@ -45,7 +45,7 @@ void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
 void linear_fwd(const float* x, const float* w, const float* b, int64_t n, int64_t in, int64_t out, float* y) {
   sgemm(false, true, n, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
   if (b) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * out > 65536)
     for (int64_t r = 0; r < n; ++r) {
       float* yr = y + r * out;
 #pragma omp simd
