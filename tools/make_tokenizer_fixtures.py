@@ -170,6 +170,17 @@ def main():
             c = chr(cp)
             text = f"a{c}b 1{c}2 {c}{c} '{c} x{c}\n"
             probe_cases.append({"text": text, "ids": tok.encode(text, add_special_tokens=False).ids})
+        # Random strings over an alphabet chosen to hit the regex's corner cases (whitespace mixes before
+        # letters/punctuation/end, contractions next to letters, digit runs, NFC compositions, specials).
+        rng = random.Random(99)
+        alphabet = ["a", "B", "z", "é", "e\u0301", "ß", "大", "ー", "😀", "👍🏽", "1", "7", "٣", " ", " ", "  ", "\t",
+                    "\n", "\r\n", "\r", "\u00a0", "\u3000", "\u2028", "'", "'s", "'LL", "'ve", "'D", "!", "?", ".",
+                    "..", "-", "_", "$", "<", ">", "|", "\u0301", "\u200d", "<|im_end|>" if family == "qwen2" else "<|eot_id|>",
+                    "<think>" if family == "qwen2" else "<|reserved_0|>", "the", " the", "What", " is"]
+        random_cases = []
+        for _ in range(400):
+            text = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 16)))
+            random_cases.append([text, tok.encode(text, add_special_tokens=False).ids])
         fast = PreTrainedTokenizerFast(tokenizer_object=tok, chat_template=cfg["chat_template"],
                                        eos_token=cfg["eos_token"], bos_token=cfg.get("bos_token"))
         chats = []
@@ -180,7 +191,7 @@ def main():
             text = fast.apply_chat_template(msgs, tokenize=False, add_generation_prompt=False)
             chats.append({"messages": msgs, "ids": list(ids), "text": text})
         with open(os.path.join(OUT, f"{family}_cases.json"), "w") as f:
-            json.dump({"family": family, "cases": cases, "probes": probe_cases, "chats": chats}, f,
+            json.dump({"family": family, "cases": cases, "probes": probe_cases, "chats": chats, "random": random_cases}, f,
                       ensure_ascii=False, indent=0)
         print(family, "vocab", tok.get_vocab_size(), "cases", len(cases), "probes", len(probe_cases))
 

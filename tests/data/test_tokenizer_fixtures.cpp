@@ -69,6 +69,22 @@ TEST_P(Fixture, UnicodeProbesMatchHf) {
   }
 }
 
+// 400 random strings over an alphabet aimed at the regex's corner cases (whitespace mixes, contractions
+// next to letters, digit runs, NFD input that NFC composes, inline special tokens).
+TEST_P(Fixture, RandomStringsMatchHf) {
+  const Tokenizer tok = Tokenizer::from_file(kDir + GetParam() + "_tokenizer.json");
+  const json cases = load(GetParam() + "_cases.json");
+  ASSERT_EQ(cases["random"].size(), 400u);
+  int bad = 0;
+  for (const auto& c : cases["random"]) {
+    const std::string text = c[0];
+    if (tok.encode(text) != c[1].get<std::vector<int32_t>>()) {
+      ADD_FAILURE() << "text: " << json(text).dump();
+      if (++bad > 5) break;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, Fixture, ::testing::Values("qwen2", "llama3"));
 
 }  // namespace
