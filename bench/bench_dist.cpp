@@ -8,6 +8,7 @@
 //     (LT_WORLD_SIZE set): one rank per GPU, CUDA backend, NCCL (CUDA builds with NCCL only); run it for
 //     N = 1 and N = 8 and compare the printed tokens/s per GPU.
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <fmt/format.h>
 
 #include <algorithm>

@@ -138,3 +138,47 @@ TEST(Shards, CutsCoverTheUnitAndKeep8BitBlocksWhole) {
 
 }  // namespace
 }  // namespace lt::dist
+
+#include "dist/rank_cost.h"
+
+namespace lt::dist {
+namespace {
+
+TEST(RankCost, HostResourcesAreSplitAndTheOptimizerRateScaled) {
+  ResourceProfile h;
+  h.name = "h200x8";
+  h.dram_bytes = 512LL << 30;
+  h.nvme_bytes = 1LL << 40;
+  h.nvme_read_bw = 8e9;
+  h.nvme_write_bw = 4e9;
+  h.host_mem_bw = 160e9;
+  h.h2d_bw = h.d2h_bw = 55e9;
+  h.both_bw = 97e9;
+  h.opt_fp32_params_per_s = 2e9;
+  h.opt_8bit_params_per_s = 2.4e9;
+  Topology t{8, 8, 1, 450e9};
+  auto p = rank_profile(h, t);
+  EXPECT_EQ(p.dram_bytes, 64LL << 30);
+  EXPECT_DOUBLE_EQ(p.host_mem_bw, 20e9);
+  EXPECT_DOUBLE_EQ(p.nvme_read_bw, 1e9);
+  EXPECT_DOUBLE_EQ(p.opt_fp32_params_per_s, 2e9);  // 1/8 of the CPU for 1/8 of the parameters
+  EXPECT_DOUBLE_EQ(p.h2d_bw, 55e9);                // own link
+  t.gpus_per_pcie_link = 2;
+  EXPECT_DOUBLE_EQ(rank_profile(h, t).both_bw, 48.5e9);
+  // Two hosts of 8: each rank's CPU share updates 1/16 of the parameters.
+  EXPECT_DOUBLE_EQ(rank_profile(h, Topology{16, 8, 1, 450e9}).opt_fp32_params_per_s, 4e9);
+  EXPECT_THROW(rank_profile(h, Topology{2, 4, 1, 0}), Error);
+
+  const int64_t P = 7'615'616'512;  // Qwen2.5-7B
+  auto hs = step_collectives(P, Topology{8, 8, 1, 450e9}, h, CollectivePath::HostStaged);
+  EXPECT_DOUBLE_EQ(hs.h2d, 4.0 * P + 6.0 * P / 8);
+  EXPECT_DOUBLE_EQ(hs.link, 10.0 * P * 7 / 8);
+  auto ds = step_collectives(P, Topology{8, 8, 1, 450e9}, h, CollectivePath::DeviceSide, 2);
+  EXPECT_EQ(ds.h2d, 0);
+  EXPECT_DOUBLE_EQ(ds.link, 4.0 * P * 7 / 8);
+  EXPECT_NEAR(ds.link_s, 4.0 * P * 7 / 8 / 450e9, 1e-9);
+  EXPECT_EQ(step_collectives(P, Topology{1, 1, 1, 0}, h, CollectivePath::HostStaged).link, 0);
+}
+
+}  // namespace
+}  // namespace lt::dist
