@@ -235,7 +235,7 @@ TEST(Reference, HeadAllIgnoredAndSingleToken) {
 
 TEST(Reference, HeadBitIdenticalUnderSampleChunking) {
   HeadCase t;
-  set_head_chunk_rows(4);  // chunks of 4 rows; seq 7 is not a multiple
+  set_head_chunk_rows(5);  // at most 5 rows: each 7-row sample is split 4 + 3 (not 5 + 2)
   const int64_t B = 3, S = 7, H = t.c.hidden, T = B * S;
   auto x = randn(static_cast<size_t>(T * H), 620);
   std::vector<int32_t> tg(static_cast<size_t>(T));
@@ -256,6 +256,13 @@ TEST(Reference, HeadBitIdenticalUnderSampleChunking) {
   EXPECT_EQ(std::memcmp(dx.data(), dx_all.data(), sizeof(float) * dx.size()), 0);
   EXPECT_EQ(std::memcmp(dhw.data(), dhw_all.data(), sizeof(float) * dhw.size()), 0);
   EXPECT_NEAR(loss, all.loss_sum, 1e-12 * all.loss_sum);
+  // One call per sample without seq (what the CPU backend does) gives the same bits too.
+  std::vector<float> dx_s(static_cast<size_t>(T * H)), dhw_s = d0;
+  for (int64_t b = 0; b < B; ++b)
+    head_forward_backward(t.c, t.lay, t.hw.data(), t.lm(), tg.data() + b * S, S, x.data() + b * S * H, 0.1f,
+                          dx_s.data() + b * S * H, dhw_s.data(), dhw_s.data() + lm_off);
+  EXPECT_EQ(std::memcmp(dx_s.data(), dx_all.data(), sizeof(float) * dx_s.size()), 0);
+  EXPECT_EQ(std::memcmp(dhw_s.data(), dhw_all.data(), sizeof(float) * dhw_s.size()), 0);
   // Chunking only changes rounding: one big chunk agrees closely.
   set_head_chunk_rows(1000);
   std::vector<float> dx1(static_cast<size_t>(T * H)), dhw1 = d0;

@@ -52,10 +52,10 @@ struct HeadResult {
 HeadResult head_forward_backward(const ModelConfig& c, const UnitLayout& head_lay, const float* head_w,
                                  const float* lm_w, const int32_t* targets, int64_t T, const float* x,
                                  float loss_scale, float* dx, float* d_head_w, float* d_lm_w, int64_t seq = 0);
-// Token chunking of the head: chunks of at most head_chunk_rows(vocab) rows (~320 MiB of logits).
-// When seq > 0 (pass SeqGeometry::seq), every sample is split into equal chunks starting at its first
-// row, so d_lm_w is bit-identical however samples are grouped into calls; with seq == 0 chunks of
-// exactly head_chunk_rows() start at row 0, and that holds only if every call starts at a multiple of it.
+// Token chunking of the head: every sample (seq > 0: rows b*seq..; seq == 0: all T rows as one sample)
+// is split into equal chunks of at most head_chunk_rows(vocab) rows (~320 MiB of logits). The chunks
+// depend only on the sample's length, so d_lm_w is bit-identical however samples are grouped into calls
+// (pass SeqGeometry::seq), and one call per sample with seq == 0 equals one call with seq given.
 int64_t head_chunk_rows(int64_t vocab);
 // Overrides head_chunk_rows() for every vocab (tests, benchmarks); 0 restores the automatic choice.
 void set_head_chunk_rows(int64_t rows);

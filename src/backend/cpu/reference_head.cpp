@@ -61,11 +61,12 @@ HeadResult head_forward_backward(const ModelConfig& c, const UnitLayout& head_la
   std::unique_ptr<float[]> dxn;
   if (grad) dxn = std::make_unique_for_overwrite<float[]>(size_t(std::max<int64_t>(T * H, 1)));
 
-  // Chunks never cross a sample boundary; with seq given, each sample is split into equal chunks
-  // of at most head_chunk_rows() rows (e.g. 1024 rows at 552 max -> 2 x 512).
+  // Chunks never cross a sample boundary (seq == 0: the T rows are one sample); each sample is split
+  // into equal chunks of at most head_chunk_rows() rows (e.g. 1024 rows at 552 max -> 2 x 512). So a
+  // call per sample with seq == 0 chunks exactly like one call over the batch with seq given.
   const int64_t span = seq > 0 ? seq : std::max<int64_t>(T, 1);
-  int64_t R = head_chunk_rows(V);
-  if (seq > 0) R = (span + (span + R - 1) / R - 1) / ((span + R - 1) / R);
+  const int64_t R0 = head_chunk_rows(V), n_chunks = (span + R0 - 1) / R0;
+  const int64_t R = (span + n_chunks - 1) / n_chunks;
   auto logits = std::make_unique_for_overwrite<float[]>(size_t(std::min(R, span) * V));
   HeadResult res;
   for (int64_t s0 = 0; s0 < T; s0 += span) {
