@@ -98,7 +98,8 @@ SampleGeo sample_geo(const SeqGeometry& g, int64_t b, const std::vector<int32_t>
   return {g.positions ? g.positions + b * g.seq : iota.data(), g.segments ? g.segments + b * g.seq : nullptr};
 }
 
-// Forward of one sample; y [S,H]. Fills every internal of w.
+// Forward of one sample; y [S,H] (skipped when y == nullptr: the backward's recompute needs only the
+// internals, not the down projection's output). Fills every internal of w.
 void sample_forward(const ModelConfig& c, const LayerWeights& W, const float* inv_freq, const SampleGeo& sg,
                     const float* x, float* y, SampleWork& w) {
   const int64_t S = w.S, H = w.H, Q = w.Q, KV = w.KV, F = w.F;
@@ -122,6 +123,7 @@ void sample_forward(const ModelConfig& c, const LayerWeights& W, const float* in
   linear_fwd(w.h2, W.wg, nullptr, S, H, F, w.gate);
   linear_fwd(w.h2, W.wu, nullptr, S, H, F, w.up);
   swiglu_fwd(w.gate, w.up, S, F, w.act);
+  if (!y) return;
   linear_fwd(w.act, W.wd, nullptr, S, F, H, y);
   for (int64_t i = 0; i < S * H; ++i) y[i] += w.x1[i];
 }
@@ -162,9 +164,9 @@ void layer_backward(const ModelConfig& c, const UnitLayout& lay, const float* wb
   const int64_t S = g.seq, H = c.hidden, Q = c.q_dim(), KV = c.kv_dim(), F = c.ffn;
   const float eps = float(c.rms_eps);
   Scratch& sc = Scratch::get(0);
-  sc.reset(SampleWork::floats(c, S) + S * (4 * H + 3 * F + 2 * Q + 2 * KV), SampleWork::kTakes + 11);
+  sc.reset(SampleWork::floats(c, S) + S * (3 * H + 3 * F + 2 * Q + 2 * KV), SampleWork::kTakes + 10);
   SampleWork w(c, S, sc);
-  float *y = sc.take(S * H), *dact = sc.take(S * F), *dgate = sc.take(S * F), *dup = sc.take(S * F),
+  float *dact = sc.take(S * F), *dgate = sc.take(S * F), *dup = sc.take(S * F),
         *dh2 = sc.take(S * H), *dx1 = sc.take(S * H), *da = sc.take(S * Q), *dq = sc.take(S * Q), *dk = sc.take(S * KV),
         *dv = sc.take(S * KV), *dh = sc.take(S * H);
   for (int64_t b = 0; b < g.batch; ++b) {
@@ -172,7 +174,7 @@ void layer_backward(const ModelConfig& c, const UnitLayout& lay, const float* wb
     const float* xb = x + b * S * H;
     const float* dyb = dy + b * S * H;
     float* dxb = dx + b * S * H;
-    sample_forward(c, W, inv_freq.data(), sg, xb, y, w);  // recompute internals
+    sample_forward(c, W, inv_freq.data(), sg, xb, nullptr, w);  // recompute internals
     // MLP: y = x1 + down(silu(gate) * up)
     linear_bwd(w.act, W.wd, dyb, S, F, H, dact, D.wd, nullptr);
     swiglu_bwd(w.gate, w.up, dact, S, F, dgate, dup);
