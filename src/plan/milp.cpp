@@ -385,13 +385,13 @@ struct Model {
 
 }  // namespace
 
-std::vector<std::string> milp_check_plan(const Instance& in, const Plan& p) {
-  Model M(in);
-  M.build();
+namespace {
+// The plan written as a point of the model (integers from the path and tiers, cumulative fractions from the
+// shares, slot times and starts from the simulator). Problems go to `out`.
+std::vector<double> plan_point(const Model& M, const Instance& in, const Plan& p, std::vector<std::string>& out) {
   std::vector<double> v(size_t(M.lp.ncols()), 0.0);
   const int L = in.L, S = in.slots();
   auto ck = plan_checkpoints(p);
-  std::vector<std::string> out;
   for (size_t k = 0; k + 1 < ck.size(); ++k) {
     int c = M.x[size_t(ck[k])][size_t(ck[k + 1])];
     if (c < 0) out.push_back(fmt::format("edge ({},{}) was pruned", ck[k], ck[k + 1]));
@@ -439,6 +439,15 @@ std::vector<std::string> milp_check_plan(const Instance& in, const Plan& p) {
   v[size_t(M.end)] = r.pred.step_s;
   if (M.y >= 0)
     for (int i = 1; i < L; ++i) v[size_t(M.y)] = std::max(v[size_t(M.y)], double(p.tier[size_t(i)] == Tier::Nvme));
+  return v;
+}
+}  // namespace
+
+std::vector<std::string> milp_check_plan(const Instance& in, const Plan& p) {
+  Model M(in);
+  M.build();
+  std::vector<std::string> out;
+  auto v = plan_point(M, in, p, out);
   for (auto& x : M.lp.violations(v, 1e-7)) out.push_back(x);
   return out;
 }
@@ -460,23 +469,14 @@ MilpSolution solve_milp(const Instance& in, const MilpOptions& o, const Plan* wa
   solver.setObjSense(1.0);
   if (const char* f = std::getenv("LT_MILP_MPS")) solver.writeMps(f);  // debugging aid
   CbcModel model(solver);
-  if (warm && !std::getenv("LT_MILP_NOWARM")) {
-    std::vector<std::pair<std::string, double>> start;
-    const int L = in.L;
-    auto ck = plan_checkpoints(*warm);
-    for (size_t k = 0; k + 1 < ck.size(); ++k)
-      if (M.x[size_t(ck[k])][size_t(ck[k + 1])] >= 0) start.emplace_back(M.lp.name(M.x[size_t(ck[k])][size_t(ck[k + 1])]), 1.0);
-    for (int i = 1; i < L; ++i) {
-      Tier t = warm->tier[size_t(i)];
-      if (M.g[size_t(i)] >= 0) start.emplace_back(M.lp.name(M.g[size_t(i)]), t == Tier::Gpu);
-      if (M.c[size_t(i)] >= 0) start.emplace_back(M.lp.name(M.c[size_t(i)]), t == Tier::Cpu);
-      if (M.n[size_t(i)] >= 0) start.emplace_back(M.lp.name(M.n[size_t(i)]), t == Tier::Nvme);
-    }
-    for (auto& r : M.x)
-      for (int v : r)
-        if (v >= 0 && std::none_of(start.begin(), start.end(), [&](auto& p) { return p.first == M.lp.name(v); }))
-          start.emplace_back(M.lp.name(v), 0.0);
-    model.setMIPStart(start);
+  if (warm) {
+    // The warm plan as a complete incumbent (cheaper than a MIP start, which CBC completes with an
+    // extra LP search): it gives CBC its cutoff at once.
+    std::vector<std::string> problems;
+    auto v = plan_point(M, in, *warm, problems);
+    auto viol = M.lp.violations(v, 1e-6);
+    if (problems.empty() && viol.empty()) model.setBestSolution(v.data(), int(v.size()), v[size_t(M.end)], false);
+    else log_debug("milp: warm start rejected: {}", problems.empty() ? viol.front() : problems.front());
   }
   CbcSolverUsefulData data;
   data.noPrinting_ = !o.verbose;
