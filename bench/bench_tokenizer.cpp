@@ -8,7 +8,9 @@
 #include <string>
 
 #include "data/chat_template.h"
+#include "data/bpe.h"
 #include "data/synth_math.h"
+#include "data/rng.h"
 
 using namespace lt::data;
 using clk = std::chrono::steady_clock;
@@ -31,6 +33,47 @@ int main(int argc, char** argv) {
     const double s = secs(t0);
     std::printf("builtin:math 20000 records (demo tokenizer, ChatML): %.3f s, %.0f records/s, %.2f M tokens/s\n", s,
                 20000 / s, tokens / s / 1e6);
+  }
+  {
+    // A Qwen-size tokenizer.json (151,643 BPE tokens + 151,387 merges of random pairs, 22 added tokens),
+    // built from the Qwen2 fixture's pipeline: load time and encode speed at full vocabulary size.
+    std::ifstream f(root + "/tests/fixtures/tokenizer/qwen2_tokenizer.json");
+    auto j = nlohmann::json::parse(f);
+    nlohmann::json vocab = nlohmann::json::object(), merges = nlohmann::json::array();
+    std::vector<std::string> toks;
+    for (int b = 0; b < 256; ++b) {
+      std::string s;
+      utf8_append(s, byte_to_unicode()[b]);
+      vocab[s] = int(toks.size());
+      toks.push_back(s);
+    }
+    Rng r(1);
+    while (toks.size() < 151643) {
+      const std::string& a = toks[r.below(toks.size())];
+      const std::string& b = toks[r.below(std::min<size_t>(toks.size(), 4096))];
+      std::string ab = a + b;
+      if (ab.size() > 24 || vocab.contains(ab)) continue;
+      merges.push_back({a, b});
+      vocab[ab] = int(toks.size());
+      toks.push_back(ab);
+    }
+    j["model"]["vocab"] = vocab;
+    j["model"]["merges"] = merges;
+    j["added_tokens"] = nlohmann::json::array();
+    for (int i = 0; i < 22; ++i)
+      j["added_tokens"].push_back({{"id", 151643 + i}, {"content", "<|extra_" + std::to_string(i) + "|>"},
+                                   {"special", true}, {"normalized", false}});
+    const std::string text = j.dump();
+    auto t0 = clk::now();
+    const Tokenizer big = Tokenizer::from_json(nlohmann::json::parse(text), "big");
+    std::printf("Qwen-size tokenizer.json (%.1f MB, %d ids, %zu merges): parse + load %.2f s\n", text.size() / 1e6,
+                big.vocab_size(), merges.size(), secs(t0));
+    std::string sample;
+    for (int i = 0; i < 2000; ++i) sample += "The quick brown fox " + std::to_string(i) + " jumps over the lazy dog.\n";
+    t0 = clk::now();
+    const auto ids = big.encode(sample);
+    std::printf("  encode English %.2f MB: %.2f MB/s, %zu tokens\n", sample.size() / 1e6, sample.size() / secs(t0) / 1e6,
+                ids.size());
   }
   for (std::string fam : {"qwen2", "llama3"}) {
     const Tokenizer tok = Tokenizer::from_file(root + "/tests/fixtures/tokenizer/" + fam + "_tokenizer.json");
