@@ -186,3 +186,33 @@ TEST(TokenizerErrors, RandomCorruptionGivesCleanErrors) {
 }
 
 }  // namespace
+
+namespace {
+
+// lstrip/rstrip and single_word added tokens; expected ids from HF tokenizers 0.23.3 (AddedToken
+// "<mask>" lstrip+rstrip special, "[WORD]" single_word, both added to the Qwen2 fixture).
+TEST(Tokenizer, AddedTokenStripAndSingleWordMatchHf) {
+  json j = base();
+  j["added_tokens"].push_back({{"id", 1104}, {"content", "<mask>"}, {"single_word", false}, {"lstrip", true},
+                               {"rstrip", true}, {"normalized", false}, {"special", true}});
+  j["added_tokens"].push_back({{"id", 1105}, {"content", "[WORD]"}, {"single_word", true}, {"lstrip", false},
+                               {"rstrip", false}, {"normalized", false}, {"special", false}});
+  const Tokenizer tok = Tokenizer::from_json(j, "strip");
+  const std::vector<std::pair<std::string, std::vector<int32_t>>> cases = {
+      {"a <mask> b", {64, 1104, 65}},
+      {"a  <mask>  b", {64, 1104, 65}},
+      {"<mask>x", {1104, 87}},
+      {"x<mask>", {87, 1104}},
+      {"\t<mask>\n", {1104}},
+      {"a[WORD]b", {64, 58, 54, 46, 49, 35, 60, 65}},
+      {"a [WORD] b", {64, 220, 1105, 277}},
+      {"[WORD]", {1105}},
+      {"\u00e9[WORD]", {319, 58, 54, 46, 49, 35, 60}},
+      {"1[WORD]", {16, 58, 54, 46, 49, 35, 60}},
+      {"_[WORD]", {62, 58, 54, 46, 49, 35, 60}},
+      {" [WORD]!", {220, 1105, 0}},
+  };
+  for (const auto& [text, ids] : cases) EXPECT_EQ(tok.encode(text), ids) << json(text).dump();
+}
+
+}  // namespace
