@@ -484,8 +484,6 @@ MilpSolution solve_milp(const Instance& in, const MilpOptions& o, const Plan* wa
   const std::string sec = fmt::format("{}", o.time_limit_s), ratio = fmt::format("{}", o.rel_gap);
   std::vector<const char*> argv = {"lazytrain-plan", "-log", o.verbose ? "1" : "0", "-timeMode", "elapsed", "-sec", sec.c_str(), "-ratio",
                                    ratio.c_str(), "-preprocess", "off"};
-  if (std::getenv("LT_MILP_NOCUTS")) { argv.push_back("-cuts"); argv.push_back("off"); }
-  if (std::getenv("LT_MILP_NOHEUR")) { argv.push_back("-heuristicsOnOff"); argv.push_back("off"); }
   argv.push_back("-solve");
   argv.push_back("-quit");
   CbcMain1(int(argv.size()), argv.data(), model, [](CbcModel*, int) { return 0; }, data);
