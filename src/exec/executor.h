@@ -2,10 +2,13 @@
 // ExecPlan on a Backend, with the model state in host memory (DESIGN §2). The trainer owns an Executor.
 //
 //   lt::CpuBackend be(cfg);                       // or the CUDA backend
-//   lt::HostState st(be, init_fp32_units);        // fp32 master, streaming copy, gradients per unit
+//   lt::HostState st(be);                         // fp32 master, streaming copy, gradients per unit
+//   ... write st.master(u) for every unit, then st.refresh_all_streams();
+//   lt::ExecPlan plan = lt::exec_plan_from(planner_plan, cfg);   // exec/plan_adapter.h
 //   lt::Executor ex(cfg, be, plan, st, opts);     // allocates everything; throws "does not fit: ..."
-//   ex.set_update_hook(&optimizer);               // optional: per-unit CPU optimizer
-//   lt::StepResult r = ex.train_step(micro_batches);
+//   ex.set_update_hook(&hook);                    // optional: per-unit CPU optimizer (exec/optim_hook.h)
+//   lt::StepResult r = ex.train_step(micro_batches);   // each micro-batch is plan.batch x plan.seq
+//   ex.write_trace("step.json");                  // --trace: Chrome/Perfetto trace of that step
 //
 // Units (model/param_layout.h): 0 = embedding, 1..L = decoder layers, L+1 = head.
 #pragma once
