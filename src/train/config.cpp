@@ -276,6 +276,7 @@ TrainConfig load_config(const std::filesystem::path& file, const std::vector<std
   ss << in.rdbuf();
   TrainConfig c = parse_config(ss.str(), file.string(), overrides);
   c.config_path = file;
+  c.overrides = overrides;
   return c;
 }
 

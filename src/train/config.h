@@ -72,7 +72,8 @@ struct TrainConfig {
   int64_t eval_max_samples = 0;              // 0 = all
   int64_t max_new_tokens = 64;
 
-  std::filesystem::path config_path;         // where it was read from (for relative paths)
+  std::filesystem::path config_path;         // where it was read from (for messages)
+  std::vector<std::string> overrides;        // the command line's key=value overrides (for messages)
 };
 
 // Every key a config may contain, in documentation order.

@@ -325,11 +325,13 @@ TrainResult run_training(const TrainConfig& cfg, const TrainHooks& hooks) {
     }
     if (stop) {
       int sig = StopSignals::signal_number();
-      logger.message(fmt::format(
-          "training stopped{} after step {}/{}; checkpoint saved to {}.\nResume with: lazytrain train {} "
-          "resume_from_checkpoint=auto",
-          sig == SIGINT ? " by SIGINT" : sig == SIGTERM ? " by SIGTERM" : "", ts.global_step, total_steps,
-          result.last_checkpoint.string(), cfg.config_path.empty() ? "<config.yaml>" : cfg.config_path.string()));
+      std::string cmd = "lazytrain train " + (cfg.config_path.empty() ? std::string("<config.yaml>") : cfg.config_path.string());
+      for (const auto& ov : cfg.overrides)
+        if (ov.rfind("resume_from_checkpoint=", 0) != 0) cmd += " " + ov;
+      logger.message(fmt::format("training stopped{} after step {}/{}; checkpoint saved to {}.\nResume with: {} "
+                                 "resume_from_checkpoint=auto",
+                                 sig == SIGINT ? " by SIGINT" : sig == SIGTERM ? " by SIGTERM" : "", ts.global_step,
+                                 total_steps, result.last_checkpoint.string(), cmd));
       result.interrupted = true;
       break;
     }
