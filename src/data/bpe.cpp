@@ -75,7 +75,7 @@ void BpeModel::encode_word(std::string_view bytes, std::vector<int32_t>& out) co
   if (bytes.empty()) return;
   constexpr size_t kMaxCachedWord = 48, kCacheEntries = 1 << 16;
   if (bytes.size() > kMaxCachedWord) {
-    encode_word_uncached(bytes, out);
+    (void)encode_word_uncached(bytes, out);
     return;
   }
   const std::string key(bytes);
@@ -88,20 +88,18 @@ void BpeModel::encode_word(std::string_view bytes, std::vector<int32_t>& out) co
     }
   }
   const size_t start = out.size();
-  const uint64_t dropped_before = dropped_;
-  encode_word_uncached(bytes, out);
-  if (dropped_ != dropped_before) return;  // keep the drop count exact: do not cache such words
+  if (encode_word_uncached(bytes, out) > 0) return;  // keep the drop count exact: do not cache such words
   std::lock_guard<std::mutex> lk(cache_mu_);
   if (cache_.size() >= kCacheEntries) cache_.clear();
   cache_.emplace(key, std::vector<int32_t>(out.begin() + static_cast<std::ptrdiff_t>(start), out.end()));
 }
 
-void BpeModel::encode_word_uncached(std::string_view bytes, std::vector<int32_t>& out) const {
+size_t BpeModel::encode_word_uncached(std::string_view bytes, std::vector<int32_t>& out) const {
   if (ignore_merges_) {
     auto it = vocab_.find(bytes_to_bytelevel(bytes));
     if (it != vocab_.end()) {
       out.push_back(it->second);
-      return;
+      return 0;
     }
   }
   struct Sym {
@@ -111,16 +109,18 @@ void BpeModel::encode_word_uncached(std::string_view bytes, std::vector<int32_t>
   };
   std::vector<Sym> syms;
   syms.reserve(bytes.size());
+  size_t dropped = 0;
   for (unsigned char b : bytes) {
     const int32_t id = byte_id_[b];
     if (id < 0) {
-      ++dropped_;
+      ++dropped;
       continue;
     }
     const auto n = static_cast<int32_t>(syms.size());
     syms.push_back({id, n - 1, n + 1, true});
   }
-  if (syms.empty()) return;
+  dropped_ += dropped;
+  if (syms.empty()) return dropped;
   syms.back().next = -1;
   if (syms.size() > 1) {
     struct Cand {
@@ -153,6 +153,7 @@ void BpeModel::encode_word_uncached(std::string_view bytes, std::vector<int32_t>
     }
   }
   for (int32_t i = 0; i >= 0; i = syms[i].next) out.push_back(syms[i].id);
+  return dropped;
 }
 
 }  // namespace lt::data

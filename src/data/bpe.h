@@ -2,6 +2,7 @@
 // as HF tokenizers does: a priority queue ordered by (merge rank, position), one merge at a time.
 #pragma once
 #include <array>
+#include <atomic>
 #include <mutex>
 #include <cstdint>
 #include <string>
@@ -50,11 +51,11 @@ class BpeModel {
   std::unordered_map<uint64_t, MergeInfo> merges_;
   std::array<int32_t, 256> byte_id_{};
   bool ignore_merges_ = false;
-  mutable uint64_t dropped_ = 0;
+  mutable std::atomic<uint64_t> dropped_{0};
   // Word -> ids cache for short words (most words of real text repeat); cleared when full.
   mutable std::mutex cache_mu_;
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
-  void encode_word_uncached(std::string_view bytes, std::vector<int32_t>& out) const;
+  size_t encode_word_uncached(std::string_view bytes, std::vector<int32_t>& out) const;  // returns bytes dropped
 };
 
 }  // namespace lt::data
