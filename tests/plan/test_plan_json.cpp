@@ -113,6 +113,56 @@ TEST(PlanJson, RejectsMalformed) {
   }
 }
 
+// Random mutations of a valid plan either load (and then simulate) or throw lt::Error; never crash.
+TEST(PlanJson, MutationsNeverCrash) {
+  std::mt19937 rng(5);
+  Instance in = [] {
+    std::mt19937 r(3);
+    return test::random_instance(r, 6, false);
+  }();
+  const json good = plan_to_json(sample_plan());
+  std::vector<std::string> keys;
+  for (auto& [k, v] : good.items()) keys.push_back(k);
+  int loaded = 0, rejected = 0;
+  for (int rep = 0; rep < 2000; ++rep) {
+    json j = good;
+    const int muts = 1 + int(rng() % 3);
+    for (int m = 0; m < muts; ++m) {
+      const std::string& k = keys[rng() % keys.size()];
+      switch (rng() % 6) {
+        case 0: j[k] = int(rng() % 40) - 5; break;
+        case 1: j[k] = "x"; break;
+        case 2: j.erase(k); break;
+        case 3:
+          if (j.contains("traffic") && j["traffic"].is_array() && !j["traffic"].empty()) {
+            auto& t = j["traffic"][rng() % j["traffic"].size()];
+            const char* f[] = {"d2h", "h2d", "nvme_read", "nvme_write", "boundary"};
+            const char* name = f[rng() % 5];
+            if (std::string(name) == "boundary") t[name] = int(rng() % 10) - 2;
+            else t[name] = json::array({json::array({int(rng() % 20) - 2, double(rng() % 3) / 2})});
+          }
+          break;
+        case 4:
+          if (j.contains("tier") && j["tier"].is_array() && !j["tier"].empty())
+            j["tier"][rng() % j["tier"].size()] = std::vector<std::string>{"none", "gpu", "cpu", "nvme"}[rng() % 4];
+          break;
+        case 5:
+          if (j.contains("blocks") && j["blocks"].is_array()) j["blocks"].push_back(json::array({1, 2}));
+          break;
+      }
+    }
+    try {
+      Plan p = plan_from_json(j, "m.json");
+      ++loaded;
+      if (p.layers == in.L) simulate(in, p);
+    } catch (const Error&) {
+      ++rejected;
+    }
+  }
+  EXPECT_GT(rejected, 1000);
+  EXPECT_GT(loaded, 10);
+}
+
 TEST(PlanJson, ShapeMismatch) {
   Plan p = sample_plan();
   EXPECT_NO_THROW(check_plan_matches(p, 6, 8, 16, 1, 4));
