@@ -83,6 +83,15 @@ struct StepResult {
 // (docs/executor.md, "Device memory"). The planner's HBM model should count the same.
 int64_t count_act_buffers(const ExecPlan& p);
 
+// Bytes the executor allocates for a plan (what its constructor reserves), so that a planner or a
+// `--batch max` search can use the executor's own numbers. device includes the backend workspace
+// given; pinned excludes HostState (master/stream/grads) and the gradient slabs that only several
+// micro-batches or bf16 gradients need (2 x the largest unit in the grad dtype).
+struct ExecMemory {
+  int64_t device = 0, pinned = 0, nvme = 0;
+};
+ExecMemory executor_memory(const ModelConfig& c, const ExecPlan& p, BackendDTypes dt, int64_t workspace_bytes);
+
 class Executor {
  public:
   Executor(const ModelConfig& c, Backend& be, const ExecPlan& plan, HostState& state, ExecOptions opts = {});

@@ -49,6 +49,27 @@ int64_t count_act_buffers(const ExecPlan& p) {
   return best;
 }
 
+ExecMemory executor_memory(const ModelConfig& c, const ExecPlan& p, BackendDTypes dt, int64_t workspace_bytes) {
+  const auto lay = model_layout(c);
+  const int64_t L = c.layers, T = p.batch * p.seq;
+  const int64_t w = int64_t(dtype_size(dt.weight)), g = int64_t(dtype_size(dt.grad)), a = int64_t(dtype_size(dt.act));
+  const int64_t A = T * c.hidden * a, Apad = io_round_up(A), ln = lay.layer(0).numel;
+  ExecMemory m;
+  m.device = p.ring * ln * w + 2 * ln * g + lay.head().numel * (w + g) + 4 * T * 4 + (2 + L + 2) * 8 +
+             count_act_buffers(p) * A + workspace_bytes;
+  if (p.embedding_resident || c.tied) m.device += lay.embedding().numel * (w + g);
+  m.pinned = 4 * T * 4 + (2 + L + 2) * 8;
+  if (!p.embedding_resident) m.pinned += 2 * A + (c.tied ? lay.embedding().numel * g : 0);
+  int64_t n_cpu = 0, n_nvme = 0;
+  for (int64_t i = 0; i < L; ++i) {
+    n_cpu += p.tier[size_t(i)] == CkptTier::Cpu;
+    n_nvme += p.tier[size_t(i)] == CkptTier::Nvme;
+  }
+  m.pinned += n_cpu * Apad + (n_nvme > 0 ? 2 * p.nvme_staging * Apad : 0);
+  m.nvme = n_nvme * Apad;
+  return m;
+}
+
 // ---------------------------------------------------------------------------------------- setup
 
 Executor::Impl::Impl(Executor& e) : ex(e), be(e.be_), P(e.plan_), st(e.state_), c(e.cfg_) {

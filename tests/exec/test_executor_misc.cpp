@@ -53,6 +53,28 @@ TEST(ExecMemory, CheckpointingNeedsFewerDeviceBuffersAndPeaksAreTracked) {
     EXPECT_NE(table.find(tag), std::string::npos) << tag << " missing in\n" << table;
 }
 
+TEST(ExecMemory, PredictedBytesEqualAllocatedBytes) {
+  std::mt19937_64 rng(5);
+  auto dir = test::temp_dir("mem");
+  for (bool tied : {false, true}) {
+    auto c = test::tiny_config(Arch::Qwen3, 6, tied);
+    for (int k = 0; k < 8; ++k) {
+      ExecPlan p = test::random_plan(c.layers, 3, 8, rng);
+      CpuBackend be(c, test::cpu_opts());
+      HostState st(be);
+      const int64_t dev0 = be.memory().current(MemKind::Device), pin0 = be.memory().current(MemKind::Pinned);
+      ExecOptions o;
+      o.nvme_dir = dir;
+      Executor ex(c, be, p, st, o);
+      const int64_t chunk = p.chunk_samples > 0 ? p.chunk_samples : p.batch;
+      auto m = executor_memory(c, p, be.dtypes(), be.layer_workspace_bytes(chunk * p.seq));
+      EXPECT_EQ(be.memory().current(MemKind::Device) - dev0, m.device) << describe_plan(p);
+      EXPECT_EQ(be.memory().current(MemKind::Pinned) - pin0, m.pinned) << describe_plan(p);
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(ExecRing, BeladyReusesResidentLayersAndPrefetches) {
   // forward 0..3, then block (0,4): recompute 0..2, backward 3..0
   std::vector<int64_t> layers = {0, 1, 2, 3, 0, 1, 2, 3, 2, 1, 0};
