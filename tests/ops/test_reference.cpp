@@ -315,3 +315,21 @@ TEST(Reference, ModelGradientsTiedByFiniteDifferences) {
   for (auto& u : g0.units)
     for (auto v : u) EXPECT_EQ(v, 0.0f);
 }
+
+TEST(Reference, LayerInPlaceAliasing) {
+  // y may alias x in layer_forward, and dx may alias dy in layer_backward (the executor reuses buffers).
+  LayerCase t(Arch::Qwen2, 2, 5, true);
+  const int64_t n = t.g.tokens() * t.c.hidden;
+  auto dy = randn(static_cast<size_t>(n), 800);
+  std::vector<float> y(static_cast<size_t>(n)), dx(static_cast<size_t>(n)), dw(static_cast<size_t>(t.lay.numel), 0.0f);
+  layer_forward(t.c, t.lay, t.w.data(), t.g, t.x.data(), y.data());
+  layer_backward(t.c, t.lay, t.w.data(), t.g, t.x.data(), dy.data(), dx.data(), dw.data());
+  auto xy = t.x;
+  layer_forward(t.c, t.lay, t.w.data(), t.g, xy.data(), xy.data());
+  EXPECT_EQ(xy, y);
+  auto d = dy;
+  std::vector<float> dw2(static_cast<size_t>(t.lay.numel), 0.0f);
+  layer_backward(t.c, t.lay, t.w.data(), t.g, t.x.data(), d.data(), d.data(), dw2.data());
+  EXPECT_EQ(d, dx);
+  EXPECT_EQ(dw2, dw);
+}

@@ -36,6 +36,7 @@ void shift_labels(const int32_t* labels, const SeqGeometry& g, int32_t* targets)
 void embed_forward(const ModelConfig& c, const float* emb, const int32_t* ids, int64_t T, float* x);
 void embed_backward(const ModelConfig& c, const int32_t* ids, int64_t T, const float* dx, float* demb);
 
+// y may alias x; dx may alias dy (each sample's rows are read before they are written).
 void layer_forward(const ModelConfig& c, const UnitLayout& lay, const float* w, const SeqGeometry& g,
                    const float* x, float* y);
 void layer_backward(const ModelConfig& c, const UnitLayout& lay, const float* w, const SeqGeometry& g,
