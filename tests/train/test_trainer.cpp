@@ -160,3 +160,52 @@ TEST(Trainer, RefusesToOverwriteCheckpointsWithoutResume) {
     EXPECT_NE(std::string(e.what()).find("resume_from_checkpoint=auto"), std::string::npos) << e.what();
   }
 }
+
+TEST(Trainer, ExactResumeWith8BitStatesAndPacking) {
+  TmpDir full_dir("_full"), split_dir("_split");
+  std::vector<std::string> ov = {"optimizer=adamw8bit", "packing=true", "cutoff_len=160", "max_steps=3",
+                                 "gradient_accumulation_steps=1"};
+  TrainResult full = run_training(tiny_config(full_dir.p, ov), quiet_hooks());
+  TrainHooks stop = quiet_hooks();
+  stop.stop_after_steps = 1;
+  run_training(tiny_config(split_dir.p, ov), stop);
+  auto ov2 = ov;
+  ov2.push_back("resume_from_checkpoint=auto");
+  TrainResult resumed = run_training(tiny_config(split_dir.p, ov2), quiet_hooks());
+  ASSERT_EQ(resumed.losses.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(resumed.losses[i], full.losses[i]) << "step " << i + 1;
+  TrainerState s = read_trainer_state(checkpoint_path(split_dir.p, 3));
+  EXPECT_FALSE(s.tensors_8bit.empty());  // adamw8bit: every layer matrix
+  // resuming with another optimizer is refused
+  auto ov3 = ov2;
+  ov3[0] = "optimizer=adamw";
+  ov3.push_back("max_steps=4");
+  EXPECT_THROW(run_training(tiny_config(split_dir.p, ov3), quiet_hooks()), Error);
+}
+
+TEST(Trainer, PeriodicValidationLossAndExactMatchRecords) {
+  TmpDir t;
+  TrainResult r = run_training(tiny_config(t.p, {"max_steps=2", "eval_steps=1", "val_size=8", "save_final=false",
+                                                 "do_eval_dataset=builtin:math-test", "eval_max_samples=4",
+                                                 "max_new_tokens=8"}),
+                               quiet_hooks());
+  EXPECT_TRUE(list_checkpoints(t.p).empty());  // save_steps 0 and save_final false
+  EXPECT_EQ(r.eval_samples, 4);
+  std::ifstream m(t.p / "metrics.jsonl");
+  int evals = 0, em = 0;
+  for (std::string line; std::getline(m, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j["type"] == "eval") {
+      ++evals;
+      EXPECT_GT(j["eval_loss"].get<double>(), 0.0);
+      EXPECT_GT(j["tokens"].get<int64_t>(), 0);
+    }
+    if (j["type"] == "exact_match") ++em;
+  }
+  EXPECT_EQ(evals, 2);
+  EXPECT_EQ(em, 1);
+  std::ifstream res(t.p / "eval_results.jsonl");
+  int lines = 0;
+  for (std::string line; std::getline(res, line);) ++lines;
+  EXPECT_EQ(lines, 4);
+}
