@@ -16,6 +16,9 @@ import json
 import os
 import shutil
 
+# Deterministic cuBLAS (needed by torch.use_deterministic_algorithms on CUDA); set before torch loads.
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
 import torch
 import transformers
 from safetensors.torch import save_file
@@ -111,6 +114,10 @@ def main():
     a = ap.parse_args()
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
+    # True fp32 on GPUs too (no TF32 in matmuls or convolutions).
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
     os.makedirs(a.out, exist_ok=True)
     only = set(a.only.split(",")) if a.only else None
     for name, cfg in models():
