@@ -635,7 +635,15 @@ StepResult Executor::train_step(const std::vector<MicroBatch>& mbs) {
       res.forward_s = run.t_forward_end - t_mb;
       res.backward_s = t_end - run.t_forward_end;
       auto ws = I.window_stats(m, t_mb);
-      for (auto& w : ws) res.exposed_s += w.measured.exposed;
+      for (auto& w : ws) {
+        res.exposed_s += w.measured.exposed;
+        res.totals.compute += w.measured.compute;
+        res.totals.h2d += w.measured.h2d;
+        res.totals.d2h += w.measured.d2h;
+        res.totals.nvme_read += w.measured.nvme_read;
+        res.totals.nvme_write += w.measured.nvme_write;
+        res.totals.exposed += w.measured.exposed;
+      }
       if (m + 1 == nmb) res.windows = std::move(ws);
       if (I.pool->grown() > 0) {
         log_warn("executor: {} activation buffers beyond the planned {} (NVMe staging forced an early reload)",

@@ -124,6 +124,8 @@ TEST(ExecInstrumentation, WindowsTraceAndExposedTime) {
     h2d += w.measured.h2d;
   }
   EXPECT_GT(h2d, 0.005);
+  EXPECT_NEAR(r.totals.h2d, h2d, 1e-9);
+  EXPECT_NEAR(r.totals.exposed, r.exposed_s, 1e-9);
   EXPECT_GT(r.exposed_s, 0.001) << "slow uploads must show as exposed time";
   EXPECT_NEAR(r.predicted_exposed_s, 1e-3 * double(r.windows.size()), 1e-9);
   const std::string table = ex.window_table(r);
