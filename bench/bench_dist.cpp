@@ -223,9 +223,7 @@ int main(int argc, char** argv) {
     if (env.launched) {
 #ifdef LT_HAVE_NCCL
       LT_CHECK(a.backend == "cuda" && !a.plan_file.empty(), "bench_dist: under lazytrain launch use --backend cuda --plan FILE");
-      std::ifstream in(a.plan_file);
-      LT_CHECK(in.good(), "bench_dist: cannot read {}", a.plan_file);
-      const Plan p = plan_from_json(nlohmann::json::parse(in), a.plan_file);
+      const Plan p = load_plan(a.plan_file);
       const ExecPlan plan = exec_plan_from(p, c);
       auto comm = dist::NcclCommunicator::create(env);
       CudaBackendOptions bo;
