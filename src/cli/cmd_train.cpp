@@ -35,6 +35,25 @@ train::BackendChoice make_backend(const ModelConfig& m, const train::TrainConfig
   return train::make_cpu_backend(m, c, device_budget, host_budget);
 }
 
+train::DeviceProbe probe_device(const train::TrainConfig& c) {
+  train::DeviceProbe p;
+#ifdef LT_HAVE_CUDA
+  int n = 0;
+  bool have_gpu = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  if (c.backend == "cuda") LT_CHECK(have_gpu, "backend: 'cuda' requested but no CUDA device is visible");
+  if (have_gpu && c.backend != "cpu") {
+    cudaDeviceProp prop{};
+    cudaGetDeviceProperties(&prop, 0);
+    p.gpu = true;
+    p.name = prop.name;
+    cuda::install_gpu_profiler();  // the planner measures PCIe, GEMM and layer times on this GPU
+  }
+#else
+  (void)c;
+#endif
+  return p;
+}
+
 }  // namespace
 
 void add_train(CLI::App& app) {
@@ -53,6 +72,7 @@ void add_train(CLI::App& app) {
     }
     train::TrainHooks hooks;
     hooks.make_backend = make_backend;
+    hooks.probe_device = probe_device;
     train::TrainResult r = train::run_training(c, hooks);
     if (r.interrupted) throw CLI::RuntimeError(130);
   });

@@ -60,7 +60,11 @@ ResourceProfile default_profile(const TrainConfig& cfg, const ModelConfig& m, in
   p.nvme_dir = cfg.nvme_dir;
   p.nvme_bytes = cfg.nvme_dir.empty() ? 0 : (cfg.nvme_mem.empty() ? free_disk_bytes(cfg.nvme_dir) : parse_bytes(cfg.nvme_mem));
   p.nvme_read_bw = p.nvme_write_bw = 1e9;
-  if (on_gpu && gpu_profiler()) {
+  if (on_gpu) {
+    LT_CHECK(gpu_profiler() != nullptr,
+             "plan: no GPU profiler is available to measure this GPU; set `profile:` to a profile JSON or a "
+             "preset ({})",
+             fmt::join(profile_preset_names(), ", "));
     p.name = "measured-gpu";
     p.source = "measured at start by lazytrain train (GPU profiler)";
     gpu_profiler()(p, m, batch, seq);

@@ -142,8 +142,10 @@ TrainResult run_training(const TrainConfig& cfg, const TrainHooks& hooks) {
   BackendFactory factory = hooks.make_backend ? hooks.make_backend : BackendFactory(make_cpu_backend);
   const int64_t dev_budget = cfg.gpu_mem.empty() ? -1 : parse_bytes(cfg.gpu_mem);
   const int64_t host_budget = cfg.host_mem.empty() ? -1 : parse_bytes(cfg.host_mem);
+  const DeviceProbe probe = hooks.probe_device ? hooks.probe_device(cfg) : DeviceProbe{};
+  TrainingPlan tp = make_training_plan(cfg, ms.model, batch, seq, probe.name, probe.gpu);
   BackendChoice bc = factory(ms.model, cfg, dev_budget, host_budget);
-  TrainingPlan tp = make_training_plan(cfg, ms.model, batch, seq, bc.device_name, bc.gpu);
+  LT_CHECK(bc.gpu == probe.gpu, "internal: device probe said {} but the backend is {}", probe.name, bc.backend->name());
   Backend& be = *bc.backend;
   std::printf("%s", tp.summary.c_str());
   std::printf("training: %s on %s | %lld samples, seq %lld, batch %lld x %lld accumulation | %lld steps "

@@ -26,8 +26,16 @@ using BackendFactory =
 // The CPU backend (always available).
 BackendChoice make_cpu_backend(const ModelConfig& m, const TrainConfig& c, int64_t device_budget, int64_t host_budget);
 
+// Whether the run will use a GPU and its name, decided before planning (the planner's GPU profiler
+// must measure before the backend takes the device memory).
+struct DeviceProbe {
+  bool gpu = false;
+  std::string name = "cpu";
+};
+
 struct TrainHooks {
   BackendFactory make_backend;            // null: CPU backend; `cuda` in the config then fails
+  std::function<DeviceProbe(const TrainConfig&)> probe_device;  // null: CPU
   int64_t stop_after_steps = -1;          // tests: behave as if SIGTERM arrived after this many steps of this run
   std::function<void(const StepMetrics&)> on_step;
   bool install_signal_handlers = true;
