@@ -606,6 +606,7 @@ StepResult Executor::train_step(const std::vector<MicroBatch>& mbs) {
   {
     std::lock_guard<std::mutex> g(I.trace_mu);
     I.trace.clear();
+    I.trace_windows.clear();
     I.trace_t0 = t_step;
   }
   be_.take_spans();
@@ -635,6 +636,7 @@ StepResult Executor::train_step(const std::vector<MicroBatch>& mbs) {
       res.forward_s = run.t_forward_end - t_mb;
       res.backward_s = t_end - run.t_forward_end;
       auto ws = I.window_stats(m, t_mb);
+      I.trace_windows.push_back(ws);
       for (auto& w : ws) {
         res.exposed_s += w.measured.exposed;
         res.totals.compute += w.measured.compute;

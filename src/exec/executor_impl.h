@@ -15,7 +15,7 @@
 namespace lt {
 
 // Tracks beyond the backend's lanes, for traces.
-enum ExtraTrack : int { kTrackNvmeRead = kNumLanes, kTrackNvmeWrite, kTrackHost, kNumTracks };
+enum ExtraTrack : int { kTrackNvmeRead = kNumLanes, kTrackNvmeWrite, kTrackHost, kTrackWindows, kNumTracks };
 
 struct TraceSpan {
   int track = 0;
@@ -62,6 +62,7 @@ struct Executor::Impl {
   std::mutex trace_mu;
   std::vector<TraceSpan> trace;
   double trace_t0 = 0;
+  std::vector<std::vector<WindowStats>> trace_windows;  // per micro-batch of the last step
 
   void allocate();
   // Sums of squares of units whose final gradient is formed on the host (several micro-batches, or

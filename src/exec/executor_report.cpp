@@ -54,7 +54,7 @@ std::vector<WindowStats> Executor::Impl::window_stats(int32_t mb, double t_mb0) 
 }
 
 void Executor::write_trace(const std::filesystem::path& path) const {
-  static const char* names[kNumTracks] = {"compute", "h2d", "d2h", "nvme read", "nvme write", "host"};
+  static const char* names[kNumTracks] = {"compute", "h2d", "d2h", "nvme read", "nvme write", "host", "windows"};
   nlohmann::json ev = nlohmann::json::array();
   for (int t = 0; t < kNumTracks; ++t)
     ev.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", 0}, {"tid", t}, {"args", {{"name", names[t]}}}});
@@ -77,6 +77,26 @@ void Executor::write_trace(const std::filesystem::path& path) const {
                   {"dur", (s.t1 - s.t0) * 1e6},
                   {"args", args}});
   }
+  // The windows themselves, as a track: "F3", "H", "R1", "B0" with measured and predicted figures.
+  for (size_t m = 0; m < impl_->trace_windows.size(); ++m)
+    for (auto& w : impl_->trace_windows[m]) {
+      const char k = w.ref.kind == WindowKind::Forward ? 'F' : w.ref.kind == WindowKind::Head ? 'H'
+                     : w.ref.kind == WindowKind::Recompute ? 'R' : 'B';
+      const std::string name = w.ref.layer >= 0 ? fmt::format("{}{}", k, w.ref.layer) : std::string(1, k);
+      ev.push_back({{"name", name},
+                    {"cat", "windows"},
+                    {"ph", "X"},
+                    {"pid", 0},
+                    {"tid", int(kTrackWindows)},
+                    {"ts", w.t_begin * 1e6},
+                    {"dur", (w.t_end - w.t_begin) * 1e6},
+                    {"args",
+                     {{"window", w.index},
+                      {"micro_batch", m},
+                      {"exposed_ms", w.measured.exposed * 1e3},
+                      {"predicted_exposed_ms", w.predicted.exposed * 1e3},
+                      {"compute_ms", w.measured.compute * 1e3}}}});
+    }
   std::ofstream f(path);
   LT_CHECK(f.good(), "trace: cannot write {}", path.string());
   f << nlohmann::json{{"traceEvents", ev}, {"displayTimeUnit", "ms"}}.dump();

@@ -141,6 +141,9 @@ TEST(ExecInstrumentation, WindowsTraceAndExposedTime) {
     if (e["ph"] == "X" && e["name"].get<std::string>().rfind("fwd", 0) == 0) ++n_fwd;
   }
   EXPECT_TRUE(tids.count(0) && tids.count(1) && tids.count(2)) << "compute, h2d and d2h tracks expected";
+  int n_windows = 0;
+  for (auto& e : j["traceEvents"]) n_windows += e["ph"] == "X" && e["cat"] == "windows";
+  EXPECT_EQ(n_windows, int(r.windows.size()));
   EXPECT_EQ(n_fwd, c.layers);
   std::filesystem::remove_all(path.parent_path());
 }
