@@ -182,3 +182,54 @@ TEST(RankCost, HostResourcesAreSplitAndTheOptimizerRateScaled) {
 
 }  // namespace
 }  // namespace lt::dist
+
+#include "dist/staging.h"
+
+namespace lt::dist {
+namespace {
+
+// The host-staged NCCL collectives move each rank range through W scratch slots of `piece` elements.
+// Simulate them on the CPU: staged reduce-scatter + all-gather must equal the direct ones.
+TEST(Staging, RoundsCoverEveryRangeOnceAndFitTheScratch) {
+  for (int W : {1, 2, 3, 5})
+    for (int64_t piece : {1, 7, 64, 1000}) {
+      std::vector<int64_t> b(size_t(W) + 1, 0);
+      for (int r = 1; r <= W; ++r) b[size_t(r)] = b[size_t(r) - 1] + (r == 2 ? 0 : 37 * r + 5);  // rank 1 empty
+      const int64_t n = b.back();
+      std::vector<int> seen(size_t(n), 0);
+      for (const auto& round : staging_rounds(b, piece)) {
+        ASSERT_LE(int(round.size()), W);
+        std::vector<char> slot(size_t(W), 0);
+        for (const auto& p : round) {
+          ASSERT_GT(p.count, 0);
+          ASSERT_LE(p.count, piece);
+          ASSERT_EQ(p.scratch, p.root * piece);
+          ASSERT_FALSE(slot[size_t(p.root)]) << "two pieces of one root in a round";
+          slot[size_t(p.root)] = 1;
+          ASSERT_GE(p.elem, b[size_t(p.root)]);
+          ASSERT_LE(p.elem + p.count, b[size_t(p.root) + 1]);
+          for (int64_t i = p.elem; i < p.elem + p.count; ++i) ++seen[size_t(i)];
+        }
+      }
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(seen[size_t(i)], 1) << "W " << W << " piece " << piece << " i " << i;
+      // Simulated staged reduce-scatter (sum per piece into the root's buffer) equals the direct sum.
+      std::vector<std::vector<double>> bufs(static_cast<size_t>(W), std::vector<double>(static_cast<size_t>(n)));
+      for (int r = 0; r < W; ++r)
+        for (int64_t i = 0; i < n; ++i) bufs[size_t(r)][size_t(i)] = double(i * (r + 1));
+      for (const auto& round : staging_rounds(b, piece)) {
+        std::vector<double> scratch(size_t(W * piece), 0.0);
+        for (const auto& p : round)
+          for (int r = 0; r < W; ++r)
+            for (int64_t k = 0; k < p.count; ++k) scratch[size_t(p.scratch + k)] += bufs[size_t(r)][size_t(p.elem + k)];
+        for (const auto& p : round)
+          for (int64_t k = 0; k < p.count; ++k) bufs[size_t(p.root)][size_t(p.elem + k)] = scratch[size_t(p.scratch + k)];
+      }
+      for (int r = 0; r < W; ++r)
+        for (int64_t i = b[size_t(r)]; i < b[size_t(r) + 1]; ++i)
+          ASSERT_EQ(bufs[size_t(r)][size_t(i)], double(i) * W * (W + 1) / 2);
+    }
+  EXPECT_THROW(staging_rounds({0, 4}, 0), Error);
+}
+
+}  // namespace
+}  // namespace lt::dist

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "dist/rendezvous.h"
+#include "dist/staging.h"
 
 namespace lt::dist {
 
@@ -139,23 +140,20 @@ void NcclCommunicator::reduce_scatter(void* buf, const std::vector<int64_t>& b, 
     return;
   }
   // Host buffer: rounds of one piece per rank range, staged side by side in the scratch buffer.
-  const int64_t piece = I.scratch_bytes / int64_t(es) / world_;
-  int64_t longest = 0;
-  for (int r = 0; r < world_; ++r) longest = std::max(longest, b[size_t(r) + 1] - b[size_t(r)]);
-  for (int64_t k = 0; k < longest; k += piece) {
+  for (const auto& round : staging_rounds(b, I.scratch_bytes / int64_t(es) / world_)) {
+    for (const StagePiece& p : round)  // every rank contributes to every range
+      LT_CUDA_OK(cudaMemcpyAsync(I.scratch + p.scratch * int64_t(es), at(buf, p.elem, es), size_t(p.count) * es,
+                                 cudaMemcpyHostToDevice, I.stream));
     LT_NCCL_OK(ncclGroupStart());
-    for (int r = 0; r < world_; ++r) {
-      const int64_t m = std::min(piece, b[size_t(r) + 1] - b[size_t(r)] - k);
-      if (m <= 0) continue;
-      char* d = I.scratch + int64_t(r) * piece * int64_t(es);
-      LT_CUDA_OK(cudaMemcpyAsync(d, at(buf, b[size_t(r)] + k, es), size_t(m) * es, cudaMemcpyHostToDevice, I.stream));
-      LT_NCCL_OK(ncclReduce(d, d, size_t(m), ty, ncclSum, r, I.comm, I.stream));
+    for (const StagePiece& p : round) {
+      char* d = I.scratch + p.scratch * int64_t(es);
+      LT_NCCL_OK(ncclReduce(d, d, size_t(p.count), ty, ncclSum, p.root, I.comm, I.stream));
     }
     LT_NCCL_OK(ncclGroupEnd());
-    const int64_t mine = std::min(piece, b[size_t(rank_) + 1] - b[size_t(rank_)] - k);
-    if (mine > 0)
-      LT_CUDA_OK(cudaMemcpyAsync(at(buf, b[size_t(rank_)] + k, es), I.scratch + int64_t(rank_) * piece * int64_t(es),
-                                 size_t(mine) * es, cudaMemcpyDeviceToHost, I.stream));
+    for (const StagePiece& p : round)
+      if (p.root == rank_)
+        LT_CUDA_OK(cudaMemcpyAsync(at(buf, p.elem, es), I.scratch + p.scratch * int64_t(es), size_t(p.count) * es,
+                                   cudaMemcpyDeviceToHost, I.stream));
     I.sync();  // the scratch is reused by the next round
   }
 }
@@ -179,28 +177,21 @@ void NcclCommunicator::all_gather(void* buf, const std::vector<int64_t>& b, Comm
     I.sync();
     return;
   }
-  const int64_t piece = I.scratch_bytes / int64_t(es) / world_;
-  int64_t longest = 0;
-  for (int r = 0; r < world_; ++r) longest = std::max(longest, b[size_t(r) + 1] - b[size_t(r)]);
-  for (int64_t k = 0; k < longest; k += piece) {
-    const int64_t mine = std::min(piece, b[size_t(rank_) + 1] - b[size_t(rank_)] - k);
-    if (mine > 0)
-      LT_CUDA_OK(cudaMemcpyAsync(I.scratch + int64_t(rank_) * piece * int64_t(es), at(buf, b[size_t(rank_)] + k, es),
-                                 size_t(mine) * es, cudaMemcpyHostToDevice, I.stream));
+  for (const auto& round : staging_rounds(b, I.scratch_bytes / int64_t(es) / world_)) {
+    for (const StagePiece& p : round)
+      if (p.root == rank_)
+        LT_CUDA_OK(cudaMemcpyAsync(I.scratch + p.scratch * int64_t(es), at(buf, p.elem, es), size_t(p.count) * es,
+                                   cudaMemcpyHostToDevice, I.stream));
     LT_NCCL_OK(ncclGroupStart());
-    for (int r = 0; r < world_; ++r) {
-      const int64_t m = std::min(piece, b[size_t(r) + 1] - b[size_t(r)] - k);
-      if (m <= 0) continue;
-      char* d = I.scratch + int64_t(r) * piece * int64_t(es);
-      LT_NCCL_OK(ncclBroadcast(d, d, size_t(m), ty, r, I.comm, I.stream));
+    for (const StagePiece& p : round) {
+      char* d = I.scratch + p.scratch * int64_t(es);
+      LT_NCCL_OK(ncclBroadcast(d, d, size_t(p.count), ty, p.root, I.comm, I.stream));
     }
     LT_NCCL_OK(ncclGroupEnd());
-    for (int r = 0; r < world_; ++r) {
-      const int64_t m = std::min(piece, b[size_t(r) + 1] - b[size_t(r)] - k);
-      if (m <= 0 || r == rank_) continue;
-      LT_CUDA_OK(cudaMemcpyAsync(at(buf, b[size_t(r)] + k, es), I.scratch + int64_t(r) * piece * int64_t(es),
-                                 size_t(m) * es, cudaMemcpyDeviceToHost, I.stream));
-    }
+    for (const StagePiece& p : round)
+      if (p.root != rank_)
+        LT_CUDA_OK(cudaMemcpyAsync(at(buf, p.elem, es), I.scratch + p.scratch * int64_t(es), size_t(p.count) * es,
+                                   cudaMemcpyDeviceToHost, I.stream));
     I.sync();
   }
 }
