@@ -203,3 +203,28 @@ TEST(DataParallelCheckpoint, SameFilesWhateverTheWorldSizeAndResumeWithAnother) 
 
 }  // namespace
 }  // namespace lt::dist
+
+namespace lt::dist {
+namespace {
+
+// A rank whose share has no loss tokens contributes a zero gradient; the loss stays normalised by the
+// global token count.
+TEST(DataParallel, RankWithoutLossTokens) {
+  DpSetup S;
+  S.n_mb = 4;
+  S.data.clear();
+  for (int s = 0; s < 2; ++s)
+    for (int m = 0; m < S.n_mb; ++m) {
+      S.data.push_back(test::random_batch(S.c, S.batch, S.seq, uint64_t(2000 + 10 * s + m)));
+      if (m == 3) std::fill(S.data.back().targets.begin(), S.data.back().targets.end(), cpu::kIgnoreIndex);
+    }
+  const DpRun ref = single_process(S, 2);
+  for (int W : {2, 4}) {
+    const DpRun dp = data_parallel(S, W, 0, 2);
+    for (int s = 0; s < 2; ++s) EXPECT_NEAR(dp.losses[size_t(s)], ref.losses[size_t(s)], 2e-6 * ref.losses[size_t(s)]);
+    EXPECT_LT(max_abs_diff(dp, ref), 3 * kLr * 1e-3) << "W " << W;
+  }
+}
+
+}  // namespace
+}  // namespace lt::dist
