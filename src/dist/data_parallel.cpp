@@ -15,7 +15,8 @@ struct CommTimer {
 }  // namespace
 
 ShardedUpdateHook::ShardedUpdateHook(Communicator& comm, HostState& st, ShardLayout shards, optim::CpuAdamW& opt)
-    : comm_(comm), st_(st), shards_(std::move(shards)), opt_(opt), pending_(size_t(st.units()), 0) {
+    : comm_(comm), st_(st), shards_(std::move(shards)), opt_(opt), pending_(size_t(st.units()), 0),
+      stale_(size_t(st.units()), 0) {
   LT_CHECK(shards_.world == comm.size(), "ShardedUpdateHook: shard layout for {} ranks, communicator has {}",
            shards_.world, comm.size());
   LT_CHECK(int64_t(shards_.bounds.size()) == st.units(), "ShardedUpdateHook: shard layout has {} units, model state {}",
@@ -71,16 +72,29 @@ void ShardedUpdateHook::wait(int64_t u) {
   pending_[size_t(u)] = 0;
   CommTimer t{comm_s_};
   const auto& b = shards_.bounds[size_t(u)];
-  comm_.all_gather(st_.master(u), b, CommType::F32);
-  comm_bytes_ += st_.numel(u) * 4;
-  if (!st_.aliased()) {
+  if (st_.aliased()) {
+    comm_.all_gather(st_.master(u), b, CommType::F32);
+    comm_bytes_ += st_.numel(u) * 4;
+  } else {
     comm_.all_gather(st_.stream(u), b, CommType::BF16);
     comm_bytes_ += st_.numel(u) * 2;
+    stale_[size_t(u)] = comm_.size() > 1;
   }
 }
 
 void ShardedUpdateHook::sync() {
   for (int64_t u = 0; u < st_.units(); ++u) wait(u);
+}
+
+void ShardedUpdateHook::gather_masters() {
+  sync();
+  CommTimer t{comm_s_};
+  for (int64_t u = 0; u < st_.units(); ++u) {
+    if (!stale_[size_t(u)]) continue;
+    comm_.all_gather(st_.master(u), shards_.bounds[size_t(u)], CommType::F32);
+    comm_bytes_ += st_.numel(u) * 4;
+    stale_[size_t(u)] = 0;
+  }
 }
 
 int64_t count_loss_tokens(const std::vector<MicroBatch>& mbs, int64_t T) {

@@ -8,7 +8,10 @@
 //      global one, reduce-scattered (rank r receives the sum of range r), the shard's sum of squares is
 //      all-reduced (exact global-norm clipping needs the total), and the shard update is queued;
 //   4. ShardedUpdateHook::wait(u) (the next forward needs unit u): the shard update finishes and the
-//      updated master (and bf16 streaming copy, when it is a separate buffer) is all-gathered.
+//      updated streaming copy is all-gathered: the fp32 master when it is the streaming copy (CPU
+//      backend), else the bf16 copy only. In the bf16 case each rank's master is then current only in
+//      its own range (the only range its optimizer updates); gather_masters() makes all of it current
+//      (checkpoints, anything reading masters), at 4 bytes per parameter instead of every step.
 // All collectives are issued from the executor's thread in unit order, identical on every rank.
 #pragma once
 #include <cstdint>
@@ -28,8 +31,11 @@ class ShardedUpdateHook final : public UpdateHook {
   void begin_step(int64_t local_tokens, int64_t global_tokens);
   void grad_ready(int64_t unit, double sumsq) override;
   void wait(int64_t unit) override;
-  // Finishes every pending update and all-gather (before reading masters: eval, checkpoint, the end).
+  // Finishes every pending update and all-gather of the streaming copies.
   void sync();
+  // sync(), then all-gathers the master ranges other ranks updated (bf16 streaming only): afterwards
+  // HostState::master(u) is current everywhere. Call before reading masters (checkpoint, export).
+  void gather_masters();
   const ShardLayout& shards() const { return shards_; }
   double comm_seconds() const { return comm_s_; }  // cumulative time in collectives (this rank)
   int64_t comm_bytes() const { return comm_bytes_; }  // cumulative bytes this rank passed to collectives
@@ -41,6 +47,7 @@ class ShardedUpdateHook final : public UpdateHook {
   optim::CpuAdamW& opt_;
   float grad_scale_ = 1.0f;
   std::vector<char> pending_;  // unit's update submitted, all-gather not done yet
+  std::vector<char> stale_;    // master outside this rank's range is out of date (bf16 streaming)
   double comm_s_ = 0;
   int64_t comm_bytes_ = 0;
 };

@@ -25,7 +25,7 @@ std::vector<const float*> masters(HostState& st) {
 
 void save_dist_checkpoint(const fs::path& dir, Communicator& comm, ShardedUpdateHook& hook, const DistModel& m) {
   check(m);
-  hook.sync();
+  hook.gather_masters();
   const fs::path ts = dir / "trainer_state";
   if (comm.rank() == 0) fs::create_directories(ts);
   comm.barrier();

@@ -25,7 +25,7 @@ struct DistModel {
   const ShardLayout* shards = nullptr;
 };
 
-// Finishes pending updates (hook.sync()) and writes the checkpoint.
+// Finishes pending updates and gathers the masters (hook.gather_masters()), then writes the checkpoint.
 void save_dist_checkpoint(const std::filesystem::path& dir, Communicator& comm, ShardedUpdateHook& hook,
                           const DistModel& m);
 // Loads masters (and refreshes the streaming copies) and this rank's optimizer shard.

@@ -33,10 +33,11 @@ CollectiveBytes step_collectives(int64_t params, const Topology& t, const Resour
   const double P = double(params), W = double(t.world), ring = (W - 1) / W;
   if (path == CollectivePath::HostStaged) {
     // reduce-scatter of the fp32 host gradient: H2D all of it, D2H the own range;
-    // all-gather of fp32 master + bf16 copy: H2D the own range, D2H all of it.
-    c.h2d = 4 * P + 6 * P / W;
-    c.d2h = 4 * P / W + 6 * P;
-    c.link = 4 * P * ring + 6 * P * ring;
+    // all-gather of the bf16 streaming copy: H2D the own range, D2H all of it (fp32 masters are
+    // gathered only for checkpoints, not counted per step).
+    c.h2d = 4 * P + 2 * P / W;
+    c.d2h = 4 * P / W + 2 * P;
+    c.link = 4 * P * ring + 2 * P * ring;
   } else {
     // Gradient reduce-scattered on the GPU before the offload (D2H only the own range); weights: H2D the
     // own bf16 range, all-gathered over the link into the weight ring. Per streamed pass of the weights.

@@ -171,8 +171,9 @@ TEST(RankCost, HostResourcesAreSplitAndTheOptimizerRateScaled) {
 
   const int64_t P = 7'615'616'512;  // Qwen2.5-7B
   auto hs = step_collectives(P, Topology{8, 8, 1, 450e9}, h, CollectivePath::HostStaged);
-  EXPECT_DOUBLE_EQ(hs.h2d, 4.0 * P + 6.0 * P / 8);
-  EXPECT_DOUBLE_EQ(hs.link, 10.0 * P * 7 / 8);
+  EXPECT_DOUBLE_EQ(hs.h2d, 4.0 * P + 2.0 * P / 8);
+  EXPECT_DOUBLE_EQ(hs.d2h, 4.0 * P / 8 + 2.0 * P);
+  EXPECT_DOUBLE_EQ(hs.link, 6.0 * P * 7 / 8);
   auto ds = step_collectives(P, Topology{8, 8, 1, 450e9}, h, CollectivePath::DeviceSide, 2);
   EXPECT_EQ(ds.h2d, 0);
   EXPECT_DOUBLE_EQ(ds.link, 4.0 * P * 7 / 8);
