@@ -1,6 +1,7 @@
 #include "dist/launcher.h"
 
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -64,12 +65,26 @@ int launch(const LaunchOptions& o) {
   SignalGuard guard;
   std::vector<pid_t> pids(size_t(o.n), -1);
   std::vector<int> codes(size_t(o.n), -1);
+  // SIGINT/SIGTERM stay blocked across fork until the child has reset its handlers: a signal sent to a
+  // child that early would otherwise run the launcher's handler copy and be lost.
+  sigset_t block, saved;
+  sigemptyset(&block);
+  sigaddset(&block, SIGINT);
+  sigaddset(&block, SIGTERM);
   for (int r = 0; r < o.n; ++r) {
+    ::sigprocmask(SIG_BLOCK, &block, &saved);
     const pid_t pid = ::fork();
+    if (pid != 0) ::sigprocmask(SIG_SETMASK, &saved, nullptr);
     LT_CHECK(pid >= 0, "launch: fork failed for rank {}: {}", r, std::strerror(errno));
     if (pid == 0) {
       signal(SIGINT, SIG_DFL);
       signal(SIGTERM, SIG_DFL);
+      // Own process group: a terminal's Ctrl-C reaches the launcher only, which forwards it once.
+      ::setpgid(0, 0);
+      // The ranks die with the launcher (even if it is SIGKILLed).
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::getppid() == 1) ::_exit(1);  // the launcher already died
+      ::sigprocmask(SIG_SETMASK, &saved, nullptr);
       const std::string rank = std::to_string(r), world = std::to_string(o.n);
       setenv("LT_RANK", rank.c_str(), 1);
       setenv("LT_LOCAL_RANK", rank.c_str(), 1);

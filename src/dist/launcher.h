@@ -2,7 +2,9 @@
 //   LT_RANK, LT_LOCAL_RANK (= rank, one host), LT_WORLD_SIZE, LT_LOCAL_WORLD_SIZE and LT_RDZV_DIR (a fresh
 //   temporary directory where rank 0 publishes the NCCL unique id, see rendezvous.h);
 // waits for all; when one fails (non-zero exit or a signal) the others get SIGTERM, then SIGKILL after a
-// grace period. SIGINT/SIGTERM to the launcher are forwarded to the ranks (they checkpoint and stop).
+// grace period. SIGINT/SIGTERM to the launcher are forwarded to the ranks (they checkpoint and stop);
+// the ranks run in their own process group (a terminal's Ctrl-C reaches them once, through the
+// launcher) and get SIGTERM if the launcher dies.
 #pragma once
 #include <string>
 #include <vector>
