@@ -119,9 +119,11 @@ TEST(Shards, CutsCoverTheUnitAndKeep8BitBlocksWhole) {
           ASSERT_LE(b[size_t(r)], b[size_t(r) + 1]);
           // Near-even: no shard more than one block plus the even share.
           EXPECT_LE(b[size_t(r) + 1] - b[size_t(r)], units[u].numel / W + 2 * optim::kQ8Block + 1);
-          for (auto& t : units[u].tensors)
-            if (b[size_t(r)] > t.offset && b[size_t(r)] < t.offset + t.numel)
+          for (auto& t : units[u].tensors) {
+            if (b[size_t(r)] > t.offset && b[size_t(r)] < t.offset + t.numel) {
               ASSERT_EQ((b[size_t(r)] - t.offset) % optim::kQ8Block, 0) << t.name << " W " << W;
+            }
+          }
         }
         // The rank specs partition every tensor.
         for (auto& t : units[u].tensors) {
