@@ -1,9 +1,12 @@
 #include <cstdio>
 
+#include "backend/cpu/blas_setup.h"
 #include "cli/commands.h"
 #include "core/error.h"
 
 int main(int argc, char** argv) {
+  // Re-executes once with OpenBLAS/OpenMP settings that must be in place before the libraries load.
+  lt::cpu::ensure_cpu_runtime_env(argc, argv);
   CLI::App app{"lazytrain: train large language models on limited hardware"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "lazytrain 0.1.0");
