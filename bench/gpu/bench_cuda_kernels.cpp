@@ -15,6 +15,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/attention_variants.h"
 #include "backend/cuda/kernels.h"
 #include "core/dtype.h"
 #include "model/model_config.h"
@@ -138,6 +139,20 @@ void bench_attention(cudaStream_t st, int64_t B, int64_t S, int64_t H, int64_t K
   emit("attn_fwd", shape, tf, fwd_flops);
   emit("attn_bwd", shape, tb, 2.5 * fwd_flops);
   emit("attn_fwdbwd", shape, tf + tb, 3.5 * fwd_flops);
+  // Every kernel variant of the same shape (attention_variants.h), to pick the defaults.
+  for (int fv = 0; fv < cuda::attention_fwd_variant_count(); ++fv) {
+    cuda::attention_set_variants(fv, -1);
+    emit("attn_fwd_v" + std::to_string(fv), shape,
+         time_median([&] { cuda::attention_fwd(d, q, k, v, nullptr, o, lse, st); }, st), fwd_flops);
+  }
+  for (int bv = 0; bv < cuda::attention_bwd_variant_count(); ++bv) {
+    cuda::attention_set_variants(-1, bv);
+    const double t = time_median(
+        [&] { cuda::attention_bwd(d, q, k, v, nullptr, o, lse, dO, dq, dk, dv, acc, delta, nullptr, st); }, st);
+    std::printf("           bwd variant %d (%s): %.3f ms\n", bv, cuda::attention_bwd_variant_name(bv), t * 1e3);
+    emit("attn_bwd_v" + std::to_string(bv), shape, t, 2.5 * fwd_flops);
+  }
+  cuda::attention_set_variants(-1, -1);
   for (void* p : {q, k, v, dO, o, dq, dk, dv}) cudaFree(p);
   for (float* p : {lse, acc, delta}) cudaFree(p);
 }

@@ -141,7 +141,9 @@ INSTANTIATE_TEST_SUITE_P(
                       AttnCase{1, 1, 2, 1, 128, false}, AttnCase{3, 64, 6, 3, 64, true},
                       AttnCase{1, 200, 8, 2, 64, false}, AttnCase{2, 192, 4, 4, 128, false},
                       AttnCase{2, 50, 4, 2, 32, true}, AttnCase{1, 33, 8, 1, 8, false},
-                      AttnCase{1, 70, 4, 4, 16, false}),
+                      AttnCase{1, 70, 4, 4, 16, false},
+                      // GQA groups of 7 (uneven split of the group's heads over a cluster), > 1 key tile
+                      AttnCase{1, 300, 14, 2, 64, true}, AttnCase{2, 260, 7, 1, 128, false}),
     [](const auto& info) {
       std::ostringstream s;
       s << info.param;

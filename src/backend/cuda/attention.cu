@@ -7,13 +7,16 @@
 // Backward (FlashAttention-2 order): one CTA = 128 key rows (8 warps x 16) of one (sample, kv head); it loops over
 // the query heads of its group and over query tiles, accumulating dK and dV in registers
 // (deterministic, written once), and adds dQ with fp32 atomics into dq_acc.
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <cmath>
+#include <cstdlib>
 
 #include "backend/cuda/cuda_util.h"
 #include "backend/cuda/dev_common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/attention_variants.h"
 
 namespace lt::cuda {
 namespace {
@@ -37,6 +40,9 @@ struct AttnParams {
   bf16* dv;
   int S, heads, kv_heads;
   float scale, scale_log2;
+  int batch;
+  int lpt;    // 1: 1-D grid in longest-first order over all (sample, head) pairs (see below)
+  int split;  // backward: CTAs (one cluster) sharing one key tile, each over a part of the query heads
 };
 
 // ------------------------------------------------------------------------------------------ forward
@@ -57,8 +63,20 @@ __global__ void __launch_bounds__(128) attn_fwd_kernel(AttnParams p) {
   int* sSeg = reinterpret_cast<int*>(sV + 2 * BC * LD);  // [2][BC]
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  const int qb = gridDim.x - 1 - blockIdx.x;  // heaviest (last) query tiles first
-  const int h = blockIdx.y, b = blockIdx.z, S = p.S;
+  // Causal work grows with the query tile: the heaviest (last) tiles go first. With lpt the order is
+  // global (all samples and heads), which the block scheduler then fills longest-first.
+  int qb, h, b;
+  if (p.lpt) {
+    const int nqb = (p.S + BR - 1) / BR, hb = p.heads * p.batch, i = blockIdx.x;
+    qb = nqb - 1 - i / hb;
+    h = (i % hb) % p.heads;
+    b = (i % hb) / p.heads;
+  } else {
+    qb = gridDim.x - 1 - blockIdx.x;
+    h = blockIdx.y;
+    b = blockIdx.z;
+  }
+  const int S = p.S;
   const int kvh = h / (p.heads / p.kv_heads);
   const int64_t q_ld = int64_t(p.heads) * HD, kv_ld = int64_t(p.kv_heads) * HD;
   const int q0 = qb * BR;
@@ -235,18 +253,22 @@ __global__ void attn_delta_kernel(const bf16* o, const bf16* dout, int64_t rows,
 }
 
 // ------------------------------------------------------------------------------ backward: dK, dV, dQ
-template <int HD>
+template <int HD, int BC_ = 128>
 struct BwdCfg {
-  static constexpr int BC = 128;               // key rows per CTA (8 warps x 16)
+  static constexpr int BC = BC_;               // key rows per CTA (BC / 16 warps x 16)
   static constexpr int NW = BC / 16, THREADS = NW * 32;
   static constexpr int BQ = HD == 128 ? 32 : 64;  // query rows per inner step
   static constexpr int LD = HD + 8, LDS = BQ + 8;
   static constexpr int kSmem = (2 * BC * LD + 4 * BQ * LD + BC * LDS) * 2 + (2 * 3 * BQ + BC) * 4;
 };
 
-template <int HD>
-__global__ void __launch_bounds__(BwdCfg<HD>::THREADS) attn_bwd_kernel(AttnParams p) {
-  using C = BwdCfg<HD>;
+// CL: the CTAs of one cluster (p.split of them, sm_90) share one key tile, each takes a contiguous
+// part of the group's query heads; their dK/dV partials are summed through distributed shared memory
+// in rank order (deterministic) and rank 0 writes them. Shortens the longest CTA (the first key tile
+// sees every query) by the split factor, which balances the causal triangle over the SMs.
+template <int HD, int BC_, bool CL>
+__global__ void __launch_bounds__(BwdCfg<HD, BC_>::THREADS) attn_bwd_kernel(AttnParams p) {
+  using C = BwdCfg<HD, BC_>;
   constexpr int BC = C::BC, BQ = C::BQ, LD = C::LD, LDS = C::LDS;
   constexpr int NQT = BQ / 8;            // query n-tiles of S^T per warp
   constexpr int MT = BQ / 16;            // dQ m-tiles
@@ -265,8 +287,20 @@ __global__ void __launch_bounds__(BwdCfg<HD>::THREADS) attn_bwd_kernel(AttnParam
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int li = lane / 8, lr = lane % 8;
-  const int kb = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z, S = p.S;
+  int kb, kvh, b, part = 0;
+  if (p.lpt) {  // 1-D grid: key tiles with the most work (kb = 0) first over all (sample, kv head)
+    const int i = blockIdx.x / p.split, kb_stride = p.kv_heads * p.batch;
+    part = blockIdx.x % p.split;
+    kb = i / kb_stride;
+    kvh = (i % kb_stride) % p.kv_heads;
+    b = (i % kb_stride) / p.kv_heads;
+  } else {
+    kb = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  }
+  const int S = p.S;
   const int rep = p.heads / p.kv_heads;
+  const int h_begin = kvh * rep + part * rep / p.split;     // this CTA's query heads
+  const int n_heads = (part + 1) * rep / p.split - part * rep / p.split;
   const int64_t q_ld = int64_t(p.heads) * HD, kv_ld = int64_t(p.kv_heads) * HD;
   const int k0 = kb * BC;
   const int64_t row_base = int64_t(b) * S;
@@ -283,9 +317,9 @@ __global__ void __launch_bounds__(BwdCfg<HD>::THREADS) attn_bwd_kernel(AttnParam
   if (tid < BC) sSegK[tid] = (seg && k0 + tid < S) ? seg[k0 + tid] : 0;
 
   const int qb0 = k0 / BQ, nqb = (S + BQ - 1) / BQ;
-  const int n_it = rep * (nqb - qb0);
+  const int n_it = n_heads * (nqb - qb0);
   auto load_q = [&](int it, int stage) {
-    const int h = kvh * rep + it / (nqb - qb0);
+    const int h = h_begin + it / (nqb - qb0);
     const int qs = (qb0 + it % (nqb - qb0)) * BQ;
     bf16* dq = sQ + stage * BQ * LD;
     bf16* ddo = sdO + stage * BQ * LD;
@@ -304,7 +338,7 @@ __global__ void __launch_bounds__(BwdCfg<HD>::THREADS) attn_bwd_kernel(AttnParam
       sSegQ[stage * BQ + tid] = (seg && ok) ? seg[qs + tid] : 0;
     }
   };
-  load_q(0, 0);
+  if (n_it > 0) load_q(0, 0);
   cp_async_commit();
 
   float dk[HD / 8][4], dv[HD / 8][4];
@@ -324,7 +358,7 @@ __global__ void __launch_bounds__(BwdCfg<HD>::THREADS) attn_bwd_kernel(AttnParam
       cp_async_wait<0>();
     }
     __syncthreads();
-    const int h = kvh * rep + it / (nqb - qb0);
+    const int h = h_begin + it / (nqb - qb0);
     const int qs = (qb0 + it % (nqb - qb0)) * BQ;
     const bf16* tQ = sQ + stage * BQ * LD;
     const bf16* tdO = sdO + stage * BQ * LD;
@@ -438,6 +472,42 @@ __global__ void __launch_bounds__(BwdCfg<HD>::THREADS) attn_bwd_kernel(AttnParam
     }
     __syncthreads();  // sQ/sdO stage and sdS are reused by the next iteration
   }
+  cp_async_wait<0>();  // (only the empty group of a CTA without heads can be pending)
+
+  if constexpr (CL) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // Sum the partials of the cluster's CTAs: rank r > 0 parks its accumulators in its shared memory
+    // (same slot per thread in every rank), rank 0 adds ranks 1, 2, ... in order. dV, then dK.
+    static_assert(HD / 2 * C::THREADS * 4 <= C::kSmem, "reduction buffer exceeds shared memory");
+    namespace cg = cooperative_groups;
+    cg::cluster_group cl = cg::this_cluster();
+    const unsigned rank = cl.block_rank();
+    float* red = reinterpret_cast<float*>(smem);
+    __syncthreads();
+#pragma unroll
+    for (int round = 0; round < 2; ++round) {
+      float(&acc)[HD / 8][4] = round == 0 ? dv : dk;
+      if (rank != 0) {
+#pragma unroll
+        for (int dt = 0; dt < HD / 8; ++dt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) red[(dt * 4 + e) * C::THREADS + tid] = acc[dt][e];
+      }
+      cl.sync();
+      if (rank == 0) {
+        for (int r = 1; r < p.split; ++r) {
+          const float* rem = cl.map_shared_rank(red, r);
+#pragma unroll
+          for (int dt = 0; dt < HD / 8; ++dt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[dt][e] += rem[(dt * 4 + e) * C::THREADS + tid];
+        }
+      }
+      cl.sync();  // the partials are read before they are overwritten (or their CTA exits)
+    }
+    if (rank != 0) return;
+#endif
+  }
 
 #pragma unroll
   for (int hi = 0; hi < 2; ++hi) {
@@ -461,43 +531,122 @@ AttnParams make_params(const AttnDims& d) {
   p.S = int(d.seq);
   p.heads = int(d.heads);
   p.kv_heads = int(d.kv_heads);
+  p.batch = int(d.batch);
   p.scale = d.scale;
   p.scale_log2 = d.scale * kLog2e;
+  p.split = 1;
   return p;
 }
 
+// ------------------------------------------------------------------------------------- variants
+// Kept selectable (LT_ATTN_FWD / LT_ATTN_BWD, attention_set_variants) so that one GPU run can time
+// them all; the defaults are the fastest measured on the H200 (docs/cuda.md).
+struct BwdVariant {
+  int bc, split;
+  bool lpt;
+  const char* name;
+};
+constexpr BwdVariant kBwdVariants[] = {
+    {128, 1, false, "bc128 grid(kb,kvh,b)"}, {128, 1, true, "bc128 lpt"},        {64, 1, true, "bc64 lpt"},
+    {128, 2, true, "bc128 lpt split2"},      {64, 2, true, "bc64 lpt split2"},   {128, 4, true, "bc128 lpt split4"},
+    {64, 4, true, "bc64 lpt split4"},
+};
+constexpr int kNumBwd = int(sizeof(kBwdVariants) / sizeof(kBwdVariants[0]));
+constexpr int kNumFwd = 2;  // 0: grid (qb, h, b); 1: 1-D longest-first
+
+int env_variant(const char* name) {
+  const char* e = std::getenv(name);
+  return e && *e ? std::atoi(e) : -1;
+}
+int g_fwd_variant = env_variant("LT_ATTN_FWD");
+int g_bwd_variant = env_variant("LT_ATTN_BWD");
+
+int default_bwd(int hd) { return hd == 64 ? 1 : 1; }
+int default_fwd(int) { return 1; }
+
+bool has_clusters() {
+  static const bool ok = [] {
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return false;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
+    return major >= 9;
+  }();
+  return ok;
+}
+
 template <int HD>
-void launch_fwd(const AttnParams& p, int64_t batch, cudaStream_t st) {
+void launch_fwd(AttnParams p, int64_t batch, cudaStream_t st) {
   using C = FwdCfg<HD>;
   static bool attr = false;  // the dynamic shared-memory limit is set once per kernel
   if (!attr) {
     LT_CUDA(cudaFuncSetAttribute(attn_fwd_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
     attr = true;
   }
-  dim3 grid(unsigned((p.S + C::BR - 1) / C::BR), unsigned(p.heads), unsigned(batch));
+  const int v = g_fwd_variant >= 0 && g_fwd_variant < kNumFwd ? g_fwd_variant : default_fwd(HD);
+  p.lpt = v == 1;
+  const unsigned nqb = unsigned((p.S + C::BR - 1) / C::BR);
+  const dim3 grid = p.lpt ? dim3(nqb * unsigned(p.heads) * unsigned(batch)) : dim3(nqb, unsigned(p.heads), unsigned(batch));
   attn_fwd_kernel<HD><<<grid, C::THREADS, C::kSmem, st>>>(p);
   LT_CUDA_LAUNCH();
 }
 
-template <int HD>
-void launch_bwd(const AttnParams& p, int64_t batch, cudaStream_t st) {
-  using C = BwdCfg<HD>;
+template <int HD, int BC, bool CL>
+void launch_bwd_kernel(const AttnParams& p, cudaStream_t st) {
+  using C = BwdCfg<HD, BC>;
   static bool attr = false;
   if (!attr) {
-    LT_CUDA(cudaFuncSetAttribute(attn_bwd_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
+    LT_CUDA(cudaFuncSetAttribute(attn_bwd_kernel<HD, BC, CL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 C::kSmem));
     attr = true;
   }
+  const unsigned nkb = unsigned((p.S + BC - 1) / BC);
+  if (!p.lpt) {
+    dim3 grid(nkb, unsigned(p.kv_heads), unsigned(p.batch));
+    attn_bwd_kernel<HD, BC, CL><<<grid, C::THREADS, C::kSmem, st>>>(p);
+    LT_CUDA_LAUNCH();
+    return;
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(nkb * unsigned(p.kv_heads) * unsigned(p.batch) * unsigned(p.split));
+  cfg.blockDim = dim3(C::THREADS);
+  cfg.dynamicSmemBytes = C::kSmem;
+  cfg.stream = st;
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeClusterDimension;
+  at[0].val.clusterDim.x = unsigned(p.split);
+  at[0].val.clusterDim.y = 1;
+  at[0].val.clusterDim.z = 1;
+  cfg.attrs = at;
+  cfg.numAttrs = CL ? 1 : 0;
+  LT_CUDA(cudaLaunchKernelEx(&cfg, attn_bwd_kernel<HD, BC, CL>, p));
+}
+
+template <int HD>
+void launch_bwd(AttnParams p, int64_t batch, cudaStream_t st) {
   const int64_t rows = batch * p.S;
   const int64_t warps = rows * p.heads;
   attn_delta_kernel<HD><<<unsigned((warps * 32 + 255) / 256), 256, 0, st>>>(p.o, p.dout, rows, p.heads,
                                                                           const_cast<float*>(p.delta));
   LT_CUDA_LAUNCH();
-  dim3 grid(unsigned((p.S + C::BC - 1) / C::BC), unsigned(p.kv_heads), unsigned(batch));
-  attn_bwd_kernel<HD><<<grid, C::THREADS, C::kSmem, st>>>(p);
-  LT_CUDA_LAUNCH();
+  const BwdVariant& v =
+      kBwdVariants[g_bwd_variant >= 0 && g_bwd_variant < kNumBwd ? g_bwd_variant : default_bwd(HD)];
+  p.lpt = v.lpt;
+  p.split = v.lpt && has_clusters() ? std::min(v.split, p.heads / p.kv_heads) : 1;
+  if (v.bc == 128)
+    p.split > 1 ? launch_bwd_kernel<HD, 128, true>(p, st) : launch_bwd_kernel<HD, 128, false>(p, st);
+  else
+    p.split > 1 ? launch_bwd_kernel<HD, 64, true>(p, st) : launch_bwd_kernel<HD, 64, false>(p, st);
 }
 
 }  // namespace
+
+void attention_set_variants(int fwd, int bwd) {
+  g_fwd_variant = fwd;
+  g_bwd_variant = bwd;
+}
+int attention_fwd_variant_count() { return kNumFwd; }
+int attention_bwd_variant_count() { return kNumBwd; }
+const char* attention_bwd_variant_name(int v) { return v >= 0 && v < kNumBwd ? kBwdVariants[v].name : "default"; }
 
 bool attention_supported(int64_t head_dim) { return head_dim == 64 || head_dim == 128; }
 
