@@ -20,6 +20,7 @@
 #include <memory>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/reference.h"
@@ -43,6 +44,7 @@ struct Args {
   std::string model = "qwen2.5-0.5b", optimizer = "adamw", backend = "cpu", plan_file, worlds = "1,2";
   int64_t layers = 0, hidden = 0, ffn = 0, vocab = 0, batch = 1, seq = 128, gpu_mem = 0;
   int micro = 2, steps = 3, warmup = 1, opt_threads = 1;
+  int init_threads = 0;  // 0: hardware concurrency / ranks on the host
   bool verify = false;
 };
 
@@ -85,10 +87,10 @@ struct Data {
   }
 };
 
-void init_state(HostState& st, const ModelConfig& c) {
-  ModelWeights w = random_model(c, 1, 1);
+// Seeded init straight into the masters (no second copy of the model: 7B ranks share one host).
+void init_state(HostState& st, const ModelConfig& c, const ModelLayout& lay, int threads) {
   for (int64_t u = 0; u < st.units(); ++u) {
-    std::copy(w.units[size_t(u)].begin(), w.units[size_t(u)].end(), st.master(u));
+    init_unit(c, lay.units[size_t(u)], st.master(u), 1, threads);
     st.refresh_stream(u);
   }
 }
@@ -106,7 +108,7 @@ constexpr float kLr = 1e-4f;
 RankStats run_rank(dist::Communicator& comm, const Args& a, const ModelConfig& c, Backend& be, const ExecPlan& plan,
                    std::vector<double>* losses = nullptr, std::vector<std::vector<float>>* masters = nullptr) {
   HostState st(be);
-  init_state(st, c);
+  init_state(st, c, be.layout(), a.init_threads);
   const auto full = full_specs(be, a);
   const auto shards = dist::make_shard_layout(full, comm.size());
   optim::AdamWConfig oc;
@@ -146,7 +148,7 @@ RankStats run_rank(dist::Communicator& comm, const Args& a, const ModelConfig& c
 bool verify(const Args& a, const ModelConfig& c, Backend& be, const ExecPlan& plan, int world,
             const std::vector<double>& dp_losses, const std::vector<std::vector<float>>& dp_masters, double loss_tol) {
   HostState st(be);
-  init_state(st, c);
+  init_state(st, c, be.layout(), a.init_threads);
   optim::AdamWConfig oc;
   oc.threads = a.opt_threads;
   optim::CpuAdamW opt(full_specs(be, a), oc);
@@ -220,6 +222,7 @@ int main(int argc, char** argv) {
   try {
     const ModelConfig c = model_of(a);
     const dist::DistEnv env = dist::dist_env_from_environment();
+    a.init_threads = std::max(1, int(std::thread::hardware_concurrency()) / std::max(1, env.world));
     if (env.launched) {
 #ifdef LT_HAVE_NCCL
       LT_CHECK(a.backend == "cuda" && !a.plan_file.empty(), "bench_dist: under lazytrain launch use --backend cuda --plan FILE");
@@ -255,6 +258,7 @@ int main(int argc, char** argv) {
     double base = 0;
     bool ok = true;
     const ExecPlan plan = ExecPlan::keep_all(c.layers, a.batch, a.seq);
+    a.init_threads = 1;
     CpuBackendOptions bo;
     bo.threads = 1;
     for (int W : worlds) {
