@@ -45,6 +45,24 @@ std::vector<int64_t> even_bounds(int64_t n, int world) {
 }
 
 namespace {
+class SoloCommunicator final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::string name() const override { return "solo"; }
+  void all_reduce(void*, int64_t, CommType) override {}
+  void reduce_scatter(void*, const std::vector<int64_t>& b, CommType) override { check_bounds(b, 1, "reduce_scatter"); }
+  void all_gather(void*, const std::vector<int64_t>& b, CommType) override { check_bounds(b, 1, "all_gather"); }
+  void broadcast(void*, int64_t, CommType, int root) override {
+    LT_CHECK(root == 0, "broadcast: root {} out of range [0, 1)", root);
+  }
+  void barrier() override {}
+};
+}  // namespace
+
+std::unique_ptr<Communicator> solo_communicator() { return std::make_unique<SoloCommunicator>(); }
+
+namespace {
 int env_int(const char* name, int dflt, bool* present = nullptr) {
   const char* v = std::getenv(name);
   if (present) *present = v != nullptr;

@@ -13,6 +13,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,10 @@ class Communicator {
     return x;
   }
 };
+
+// The communicator of a single-rank run (every collective is the identity): lets a trainer use the
+// data-parallel path unconditionally. Multi-rank: NcclCommunicator::create (CUDA builds).
+std::unique_ptr<Communicator> solo_communicator();
 
 // Checks bounds for `world` ranks (throws lt::Error naming the problem).
 void check_bounds(const std::vector<int64_t>& bounds, int world, const char* op);

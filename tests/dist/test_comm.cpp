@@ -80,6 +80,20 @@ TEST(ThreadComm, FailingRankReleasesTheOthers) {
   }
 }
 
+TEST(SoloComm, CollectivesAreTheIdentity) {
+  auto c = solo_communicator();
+  float x[3] = {1, 2, 3};
+  c->all_reduce(x, 3, CommType::F32);
+  c->reduce_scatter(x, {0, 3}, CommType::F32);
+  c->all_gather(x, {0, 3}, CommType::F32);
+  c->broadcast(x, 3, CommType::F32, 0);
+  c->barrier();
+  EXPECT_EQ(x[0] + x[1] + x[2], 6.0f);
+  EXPECT_EQ(c->sum(int64_t(5)), 5);
+  EXPECT_THROW(c->all_gather(x, {0, 1, 3}, CommType::F32), Error);
+  EXPECT_THROW(c->broadcast(x, 3, CommType::F32, 1), Error);
+}
+
 TEST(ThreadComm, RejectsBadBounds) {
   run_ranks(2, [](Communicator& c) {
     float x[4] = {};
