@@ -28,4 +28,4 @@ start=$(date +%s)
 "$BIN" train configs/demo.yaml "output_dir=$OUT" overwrite_output_dir=true "threads=$OMP_NUM_THREADS" "$@"
 end=$(date +%s)
 echo "demo: finished in $((end - start)) s. Model: $OUT/checkpoint-*/ (HF format); metrics: $OUT/metrics.jsonl;"
-echo "      per-sample answers: $OUT/eval_results.jsonl. Try: $BIN generate --model $OUT/checkpoint-500 -p 'What is 57 + 68?'"
+echo "      per-sample answers: $OUT/eval_results.jsonl. Try: $BIN generate --model $OUT/checkpoint-1600 -p 'What is 157 + 68?'"
