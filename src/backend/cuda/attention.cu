@@ -523,6 +523,233 @@ __global__ void __launch_bounds__(BwdCfg<HD, BC_>::THREADS) attn_bwd_kernel(Attn
   }
 }
 
+// ------------------------------------------------------------- backward, warp pairs (dV | dK warps)
+// Same work as attn_bwd_kernel with 64-key tiles, but each 16-key slice has two warps: warp "P"
+// computes S^T, P^T and accumulates dV; warp "D" computes dP^T, takes P^T from shared memory (fp32,
+// same fragment slot per lane), forms dS^T and accumulates dK. Each warp holds one HD-wide
+// accumulator instead of two, so registers per thread fall (~half the accumulators) and twice the
+// warps fit on an SM to hide the latency of the mma/ldmatrix chains.
+template <int HD, int BC_>
+struct PairCfg {
+  static constexpr int BC = BC_, NP = BC / 16, NW = 2 * NP, THREADS = NW * 32;
+  static constexpr int BQ = HD == 128 ? 32 : 64;
+  static constexpr int LD = HD + 8, LDS = BQ + 8;
+  static constexpr int kSmem =
+      (2 * BC * LD + 4 * BQ * LD + BC * LDS) * 2 + BC * BQ * 4 + (2 * 3 * BQ + BC) * 4;
+};
+
+template <int HD, int BC_, int MINB>
+__global__ void __launch_bounds__(PairCfg<HD, BC_>::THREADS, MINB) attn_bwd_pair_kernel(AttnParams p) {
+  using C = PairCfg<HD, BC_>;
+  constexpr int BC = C::BC, BQ = C::BQ, LD = C::LD, LDS = C::LDS;
+  constexpr int NQT = BQ / 8;
+  constexpr int MT = BQ / 16;
+  constexpr int WPM = C::NW / MT;
+  constexpr int DQC = HD / WPM;
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16* sK = reinterpret_cast<bf16*>(smem);
+  bf16* sV = sK + BC * LD;
+  bf16* sQ = sV + BC * LD;        // [2][BQ][LD]
+  bf16* sdO = sQ + 2 * BQ * LD;   // [2][BQ][LD]
+  bf16* sdS = sdO + 2 * BQ * LD;  // [BC][LDS]
+  float* sP = reinterpret_cast<float*>(sdS + BC * LDS);  // [NP][NQT*4][32]: P^T in fragment order
+  float* sLse = sP + BC * BQ;
+  float* sDel = sLse + 2 * BQ;
+  int* sSegQ = reinterpret_cast<int*>(sDel + 2 * BQ);
+  int* sSegK = sSegQ + 2 * BQ;
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int li = lane / 8, lr = lane % 8;
+  const int pair = warp % C::NP;
+  const bool dkw = warp >= C::NP;  // this warp accumulates dK (else dV)
+  const int kb_stride = p.kv_heads * p.batch, i = blockIdx.x;
+  const int kb = i / kb_stride, kvh = (i % kb_stride) % p.kv_heads, b = (i % kb_stride) / p.kv_heads;
+  const int S = p.S, rep = p.heads / p.kv_heads;
+  const int64_t q_ld = int64_t(p.heads) * HD, kv_ld = int64_t(p.kv_heads) * HD;
+  const int k0 = kb * BC;
+  const int64_t row_base = int64_t(b) * S;
+  const int32_t* seg = p.seg ? p.seg + row_base : nullptr;
+  constexpr int CH = HD / 8;
+
+  for (int idx = tid; idx < BC * CH; idx += C::THREADS) {
+    const int r = idx / CH, c = (idx % CH) * 8;
+    const bool ok = k0 + r < S;
+    const int64_t off = (row_base + (ok ? k0 + r : 0)) * kv_ld + kvh * HD + c;
+    cp_async16(sK + r * LD + c, p.k + off, ok);
+    cp_async16(sV + r * LD + c, p.v + off, ok);
+  }
+  if (tid < BC) sSegK[tid] = (seg && k0 + tid < S) ? seg[k0 + tid] : 0;
+
+  const int qb0 = k0 / BQ, nqb = (S + BQ - 1) / BQ;
+  const int n_it = rep * (nqb - qb0);
+  auto load_q = [&](int it, int stage) {
+    const int h = kvh * rep + it / (nqb - qb0);
+    const int qs = (qb0 + it % (nqb - qb0)) * BQ;
+    bf16* dq = sQ + stage * BQ * LD;
+    bf16* ddo = sdO + stage * BQ * LD;
+    for (int idx = tid; idx < BQ * CH; idx += C::THREADS) {
+      const int r = idx / CH, c = (idx % CH) * 8;
+      const bool ok = qs + r < S;
+      const int64_t off = (row_base + (ok ? qs + r : 0)) * q_ld + h * HD + c;
+      cp_async16(dq + r * LD + c, p.q + off, ok);
+      cp_async16(ddo + r * LD + c, p.dout + off, ok);
+    }
+    if (tid < BQ) {
+      const bool ok = qs + tid < S;
+      const int64_t ri = (row_base + qs + tid) * p.heads + h;
+      sLse[stage * BQ + tid] = ok ? p.lse[ri] * kLog2e : 0.f;
+      sDel[stage * BQ + tid] = ok ? p.delta[ri] : 0.f;
+      sSegQ[stage * BQ + tid] = (seg && ok) ? seg[qs + tid] : 0;
+    }
+  };
+  load_q(0, 0);
+  cp_async_commit();
+
+  float acc[HD / 8][4];  // dV (P warps) or dK (D warps) of this warp's 16 keys
+#pragma unroll
+  for (int i2 = 0; i2 < HD / 8; ++i2)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[i2][e] = 0.f;
+
+  const int kw = pair * 16;
+  float* myP = sP + pair * (NQT * 4 * 32);
+  for (int it = 0; it < n_it; ++it) {
+    const int stage = it & 1;
+    if (it + 1 < n_it) {
+      load_q(it + 1, stage ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int h = kvh * rep + it / (nqb - qb0);
+    const int qs = (qb0 + it % (nqb - qb0)) * BQ;
+    const bf16* tQ = sQ + stage * BQ * LD;
+    const bf16* tdO = sdO + stage * BQ * LD;
+    const float* tL = sLse + stage * BQ;
+    const float* tD = sDel + stage * BQ;
+    const int* tS = sSegQ + stage * BQ;
+
+    // P warps: S^T = K Q^T; D warps: dP^T = V dO^T (16 keys x BQ queries each).
+    float x[NQT][4];
+#pragma unroll
+    for (int n = 0; n < NQT; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) x[n][e] = 0.f;
+    const bf16* aS = dkw ? sV : sK;
+    const bf16* bS = dkw ? tdO : tQ;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      uint32_t a[4];
+      ldmatrix_x4(a, aS + (kw + (li & 1) * 8 + lr) * LD + kk * 16 + (li >> 1) * 8);
+#pragma unroll
+      for (int np = 0; np < BQ / 16; ++np) {
+        uint32_t r[4];
+        ldmatrix_x4(r, bS + (np * 16 + (li >> 1) * 8 + lr) * LD + kk * 16 + (li & 1) * 8);
+        mma_bf16(x[2 * np], a, r[0], r[1]);
+        mma_bf16(x[2 * np + 1], a, r[2], r[3]);
+      }
+    }
+    if (!dkw) {
+      const bool need_mask = seg != nullptr || qs < k0 + kw + 15 || qs + BQ > S || k0 + kw + 16 > S;
+#pragma unroll
+      for (int nt = 0; nt < NQT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int kr = kw + g + 8 * (e >> 1);
+          const int qr = nt * 8 + 2 * t + (e & 1);
+          bool ok = true;
+          if (need_mask) {
+            const int kpos = k0 + kr, qpos = qs + qr;
+            ok = kpos <= qpos && qpos < S && kpos < S && (!seg || sSegK[kr] == tS[qr]);
+          }
+          const float pv = ok ? exp2f(x[nt][e] * p.scale_log2 - tL[qr]) : 0.f;
+          x[nt][e] = pv;
+          myP[(nt * 4 + e) * 32 + lane] = pv;
+        }
+      }
+    }
+    __syncthreads();  // P^T visible to the D warps
+    if (dkw) {
+#pragma unroll
+      for (int nt = 0; nt < NQT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int qr = nt * 8 + 2 * t + (e & 1);
+          x[nt][e] = myP[(nt * 4 + e) * 32 + lane] * (x[nt][e] - tD[qr]);
+        }
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi)
+          *reinterpret_cast<uint32_t*>(sdS + (kw + g + 8 * hi) * LDS + nt * 8 + 2 * t) =
+              pack_bf16(x[nt][2 * hi], x[nt][2 * hi + 1]);
+      }
+    }
+    // dV += P^T dO (P warps), dK += dS^T Q (D warps); k-dim = queries.
+    const bf16* bT = dkw ? tQ : tdO;
+#pragma unroll
+    for (int kq = 0; kq < BQ / 16; ++kq) {
+      uint32_t a[4] = {pack_bf16(x[2 * kq][0], x[2 * kq][1]), pack_bf16(x[2 * kq][2], x[2 * kq][3]),
+                       pack_bf16(x[2 * kq + 1][0], x[2 * kq + 1][1]), pack_bf16(x[2 * kq + 1][2], x[2 * kq + 1][3])};
+#pragma unroll
+      for (int dp = 0; dp < HD / 16; ++dp) {
+        uint32_t r[4];
+        ldmatrix_x4_trans(r, bT + (kq * 16 + (li & 1) * 8 + lr) * LD + dp * 16 + (li >> 1) * 8);
+        mma_bf16(acc[2 * dp], a, r[0], r[1]);
+        mma_bf16(acc[2 * dp + 1], a, r[2], r[3]);
+      }
+    }
+    __syncthreads();  // dS^T complete
+    {
+      const int mt = warp / WPM, c0 = (warp % WPM) * DQC;
+      float dq[DQC / 8][4];
+#pragma unroll
+      for (int i2 = 0; i2 < DQC / 8; ++i2) dq[i2][0] = dq[i2][1] = dq[i2][2] = dq[i2][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < BC / 16; ++kk) {
+        uint32_t a[4];
+        ldmatrix_x4_trans(a, sdS + (kk * 16 + (li >> 1) * 8 + lr) * LDS + mt * 16 + (li & 1) * 8);
+#pragma unroll
+        for (int dp = 0; dp < DQC / 16; ++dp) {
+          uint32_t r[4];
+          ldmatrix_x4_trans(r, sK + (kk * 16 + (li & 1) * 8 + lr) * LD + c0 + dp * 16 + (li >> 1) * 8);
+          mma_bf16(dq[2 * dp], a, r[0], r[1]);
+          mma_bf16(dq[2 * dp + 1], a, r[2], r[3]);
+        }
+      }
+#pragma unroll
+      for (int hi = 0; hi < 2; ++hi) {
+        const int qpos = qs + mt * 16 + g + 8 * hi;
+        if (qpos >= S) continue;
+        float* dst = p.dq_acc + (row_base + qpos) * q_ld + h * HD + c0;
+#pragma unroll
+        for (int nt = 0; nt < DQC / 8; ++nt) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+          atomicAdd(reinterpret_cast<float2*>(dst + nt * 8 + 2 * t),
+                    make_float2(dq[nt][2 * hi] * p.scale, dq[nt][2 * hi + 1] * p.scale));
+#else
+          atomicAdd(dst + nt * 8 + 2 * t, dq[nt][2 * hi] * p.scale);
+          atomicAdd(dst + nt * 8 + 2 * t + 1, dq[nt][2 * hi + 1] * p.scale);
+#endif
+        }
+      }
+    }
+    __syncthreads();  // sQ/sdO stage, sP and sdS are reused by the next iteration
+  }
+
+  const float f = dkw ? p.scale : 1.f;
+  bf16* out = dkw ? p.dk : p.dv;
+#pragma unroll
+  for (int hi = 0; hi < 2; ++hi) {
+    const int kpos = k0 + kw + g + 8 * hi;
+    if (kpos >= S) continue;
+    const int64_t off = (row_base + kpos) * kv_ld + kvh * HD;
+#pragma unroll
+    for (int dt = 0; dt < HD / 8; ++dt)
+      *reinterpret_cast<uint32_t*>(out + off + dt * 8 + 2 * t) = pack_bf16(acc[dt][2 * hi] * f, acc[dt][2 * hi + 1] * f);
+  }
+}
+
 AttnParams make_params(const AttnDims& d) {
   LT_CUDA_REQUIRE(d.heads > 0 && d.kv_heads > 0 && d.heads % d.kv_heads == 0,
                   "attention: heads must be a positive multiple of kv_heads");
@@ -549,7 +776,8 @@ struct BwdVariant {
 constexpr BwdVariant kBwdVariants[] = {
     {128, 1, false, "bc128 grid(kb,kvh,b)"}, {128, 1, true, "bc128 lpt"},        {64, 1, true, "bc64 lpt"},
     {128, 2, true, "bc128 lpt split2"},      {64, 2, true, "bc64 lpt split2"},   {128, 4, true, "bc128 lpt split4"},
-    {64, 4, true, "bc64 lpt split4"},
+    {64, 4, true, "bc64 lpt split4"},        {-64, 1, true, "bc64 lpt warp pairs"},  {-65, 1, true, "bc64 lpt warp pairs, 2 CTAs/SM"},
+    {-128, 1, true, "bc128 lpt warp pairs (16 warps)"},
 };
 constexpr int kNumBwd = int(sizeof(kBwdVariants) / sizeof(kBwdVariants[0]));
 constexpr int kNumFwd = 2;  // 0: grid (qb, h, b); 1: 1-D longest-first
@@ -561,7 +789,7 @@ int env_variant(const char* name) {
 int g_fwd_variant = env_variant("LT_ATTN_FWD");
 int g_bwd_variant = env_variant("LT_ATTN_BWD");
 
-int default_bwd(int hd) { return hd == 64 ? 1 : 1; }
+int default_bwd(int) { return 2; }  // bc64 lpt: fastest for hd 64 and 128 (run 5)
 int default_fwd(int) { return 1; }
 
 bool has_clusters() {
@@ -621,6 +849,20 @@ void launch_bwd_kernel(const AttnParams& p, cudaStream_t st) {
   LT_CUDA(cudaLaunchKernelEx(&cfg, attn_bwd_kernel<HD, BC, CL>, p));
 }
 
+template <int HD, int BC, int MINB>
+void launch_pair(const AttnParams& p, cudaStream_t st) {
+  using C = PairCfg<HD, BC>;
+  static bool attr = false;
+  if (!attr) {
+    LT_CUDA(cudaFuncSetAttribute(attn_bwd_pair_kernel<HD, BC, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 C::kSmem));
+    attr = true;
+  }
+  const unsigned nkb = unsigned((p.S + C::BC - 1) / C::BC);
+  attn_bwd_pair_kernel<HD, BC, MINB><<<nkb * unsigned(p.kv_heads) * unsigned(p.batch), C::THREADS, C::kSmem, st>>>(p);
+  LT_CUDA_LAUNCH();
+}
+
 template <int HD>
 void launch_bwd(AttnParams p, int64_t batch, cudaStream_t st) {
   const int64_t rows = batch * p.S;
@@ -632,6 +874,17 @@ void launch_bwd(AttnParams p, int64_t batch, cudaStream_t st) {
       kBwdVariants[g_bwd_variant >= 0 && g_bwd_variant < kNumBwd ? g_bwd_variant : default_bwd(HD)];
   p.lpt = v.lpt;
   p.split = v.lpt && has_clusters() ? std::min(v.split, p.heads / p.kv_heads) : 1;
+  if (v.bc < 0) {  // warp-pair kernel: 1-D longest-first grid, no split
+    p.lpt = 1;
+    p.split = 1;
+    if (v.bc == -64)
+      launch_pair<HD, 64, 1>(p, st);
+    else if (v.bc == -65)
+      launch_pair<HD, 64, 2>(p, st);
+    else
+      launch_pair<HD, 128, 1>(p, st);
+    return;
+  }
   if (v.bc == 128)
     p.split > 1 ? launch_bwd_kernel<HD, 128, true>(p, st) : launch_bwd_kernel<HD, 128, false>(p, st);
   else
