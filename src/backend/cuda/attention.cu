@@ -4,9 +4,11 @@
 // Forward: one CTA = 64 query rows of one (sample, head); 4 warps x 16 rows. Key/value tiles of 64
 // rows stream through shared memory with cp.async double buffering; online softmax in the log2
 // domain (exp2f), fully masked rows handled (running max -inf -> scale 0).
-// Backward (FlashAttention-2 order): one CTA = 128 key rows (8 warps x 16) of one (sample, kv head); it loops over
-// the query heads of its group and over query tiles, accumulating dK and dV in registers
-// (deterministic, written once), and adds dQ with fp32 atomics into dq_acc.
+// Backward (FlashAttention-2 order): one CTA = 64 (default) or 128 key rows (warps x 16) of one (sample,
+// kv head); it loops over the query heads of its group and over query tiles, accumulating dK and dV in
+// registers (deterministic, written once), and adds dQ with fp32 atomics into dq_acc.
+// Grids are 1-D in longest-first order (see attn_fwd_kernel). The other variants (cluster head split,
+// warp pairs) are kept selectable for benchmarking; their measured times are in docs/cuda.md.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
