@@ -149,7 +149,8 @@ struct CpuBackend::Impl {
 CpuBackend::CpuBackend(const ModelConfig& c, CpuBackendOptions o) : Backend(c), opt_(o), impl_(std::make_unique<Impl>()) {
   mem_.set_budget(MemKind::Device, o.device_budget);
   mem_.set_budget(MemKind::Pinned, o.pinned_budget);
-  const int threads = o.threads;
+  // 0: the constructing thread's OpenMP setting (omp_set_num_threads there applies to the lanes too).
+  const int threads = o.threads > 0 ? o.threads : omp_get_max_threads();
   for (int i = 0; i < kNumLanes; ++i)
     impl_->lanes[i].th = std::thread([this, i, threads] {
       if (threads > 0) omp_set_num_threads(threads);  // this lane's parallel regions only

@@ -15,7 +15,7 @@ struct CpuBackendOptions {
   int64_t pinned_budget = MemoryTracker::kUnlimited;
   double h2d_bytes_per_s = 0;  // 0: as fast as memcpy
   double d2h_bytes_per_s = 0;
-  int threads = 0;  // OpenMP threads of the compute lane's ops; 0 = OpenMP's default
+  int threads = 0;  // OpenMP threads of the compute lane's ops; 0 = omp_get_max_threads() of the constructing thread
 };
 
 class CpuBackend final : public Backend {
