@@ -5,6 +5,7 @@
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <thread>
 #include <vector>
 
 #include "backend/cpu/ops.h"
@@ -69,6 +70,12 @@ ResourceProfile default_profile(const TrainConfig& cfg, const ModelConfig& m, in
     p.source = "measured at start by lazytrain train (GPU profiler)";
     gpu_profiler()(p, m, batch, seq);
     if (!cfg.gpu_mem.empty()) p.hbm_bytes = std::min(p.hbm_bytes, parse_bytes(cfg.gpu_mem));
+    // The CPU optimizer lane runs on this host: measure it with the real kernels (a fraction of a
+    // second), so the planner predicts the exposed optimizer time instead of treating it as unknown.
+    const int threads = cfg.threads > 0 ? int(cfg.threads) : int(std::max(1u, std::thread::hardware_concurrency()));
+    p.host_mem_bw = measure_host_bandwidth(threads, 256 * MiB);
+    p.opt_fp32_params_per_s = measure_optimizer(false, threads, 16 * MiB);
+    p.opt_8bit_params_per_s = measure_optimizer(true, threads, 16 * MiB);
   } else {
     p.name = "cpu-backend";
     p.source = "estimated at start by lazytrain train: CPU backend, device = host memory, copies = memcpy";
