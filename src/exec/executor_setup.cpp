@@ -202,26 +202,66 @@ void Executor::Impl::collect_backend_spans(int32_t mb) {
 // order as on the device (tied: LM-head gradient first, then the lookup's scatter-add), then
 // assigned to (first micro-batch) or added into the host gradient.
 void Executor::Impl::host_embedding_backward(const int32_t* ids, bool assign, bool last) {
-  const int64_t n = st.numel(0);
-  std::vector<float> e(size_t(n), 0.0f);
-  if (c.tied) {
-    if (g_sz == 4) std::memcpy(e.data(), p_embg.data(), size_t(n) * 4);
-    else for (int64_t i = 0; i < n; ++i) e[size_t(i)] = bf16_to_f32(p_embg.as<bf16_t>()[i]);
-  }
-  std::vector<float> dx;
-  const float* dxp = p_dx0.as<float>();
-  if (act_sz == 2) {
-    dx.resize(size_t(T * c.hidden));
-    for (size_t i = 0; i < dx.size(); ++i) dx[i] = bf16_to_f32(p_dx0.as<bf16_t>()[i]);
-    dxp = dx.data();
-  }
-  cpu::embed_backward(c, ids, T, dxp, e.data());
+  // g = (assign ? 0 : g) + e, e = (tied ? the head's gradient of the matrix : 0) + scatter of dx by token.
+  // Only the rows that tokens hit get scatter terms; every other row is a plain (parallel) add. A
+  // 152k x 4k vocabulary makes this ~600M floats per step, so no full-size temporary and no serial pass.
+  // The arithmetic per element is that of cpu::embed_backward on a copy of the head's gradient
+  // (h + dx_t1 + dx_t2 ... in token order, then added to g), so results are unchanged bit for bit.
+  const int64_t H = c.hidden, V = c.vocab, n = st.numel(0);
   float* g = st.grad(0);
-  double ss = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    g[i] = assign ? e[size_t(i)] : g[i] + e[size_t(i)];
-    ss += double(g[i]) * double(g[i]);
+  auto head_row = [&](int64_t r, float* out) {
+    if (!c.tied) { std::fill(out, out + H, 0.0f); return; }
+    if (g_sz == 4) std::memcpy(out, p_embg.as<float>() + r * H, size_t(H) * 4);
+    else for (int64_t k = 0; k < H; ++k) out[k] = bf16_to_f32(p_embg.as<bf16_t>()[r * H + k]);
+  };
+  // Rows hit by tokens, accumulated in token order into a compact buffer.
+  std::vector<int32_t> slot(size_t(V), -1);
+  std::vector<int32_t> rows;
+  std::vector<float> acc;
+  for (int64_t t = 0; t < T; ++t) {
+    const int32_t r = ids[t];
+    LT_CHECK(r >= 0 && r < V, "embedding backward: token id {} at position {} is outside [0, {})", r, t, V);
+    if (slot[size_t(r)] < 0) {
+      slot[size_t(r)] = int32_t(rows.size());
+      rows.push_back(r);
+      acc.resize(acc.size() + size_t(H));
+      head_row(r, acc.data() + acc.size() - size_t(H));
+    }
+    float* e = acc.data() + size_t(slot[size_t(r)]) * size_t(H);
+    if (act_sz == 2) {
+      const bf16_t* d = p_dx0.as<bf16_t>() + t * H;
+      for (int64_t k = 0; k < H; ++k) e[k] += bf16_to_f32(d[k]);
+    } else {
+      const float* d = p_dx0.as<float>() + t * H;
+      for (int64_t k = 0; k < H; ++k) e[k] += d[k];
+    }
   }
+  // Every row: g = (assign ? 0 : g) + e. Sum of squares per fixed block of rows, added in block order,
+  // so the norm does not depend on the thread count.
+  const int64_t rows_per_block = std::max<int64_t>(1, (int64_t(1) << 20) / std::max<int64_t>(H, 1));
+  const int64_t nblocks = (V + rows_per_block - 1) / rows_per_block;
+  std::vector<double> part(size_t(nblocks), 0.0);
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t b = 0; b < nblocks; ++b) {
+    std::vector<float> tmp(static_cast<size_t>(H));
+    double ss = 0;
+    const int64_t r1 = std::min(V, (b + 1) * rows_per_block);
+    for (int64_t r = b * rows_per_block; r < r1; ++r) {
+      const float* e;
+      if (slot[size_t(r)] >= 0) e = acc.data() + size_t(slot[size_t(r)]) * size_t(H);
+      else { head_row(r, tmp.data()); e = tmp.data(); }
+      float* gr = g + r * H;
+      for (int64_t k = 0; k < H; ++k) {
+        gr[k] = assign ? e[k] : gr[k] + e[k];
+        ss += double(gr[k]) * double(gr[k]);
+      }
+    }
+    part[size_t(b)] = ss;
+  }
+  // Alignment padding of the unit's flat buffer (beyond V*H) stays zero.
+  for (int64_t i = V * H; i < n; ++i) g[i] = 0.0f;
+  double ss = 0;
+  for (double x : part) ss += x;
   if (last) host_sumsq[0] = ss;
 }
 
