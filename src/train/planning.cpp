@@ -13,6 +13,7 @@
 #include "core/log.h"
 #include "core/timer.h"
 #include "core/units.h"
+#include "exec/plan_adapter.h"
 #include "model/accounting.h"
 #include "plan/planner.h"
 #include "plan/report.h"
@@ -97,51 +98,7 @@ ResourceProfile default_profile(const TrainConfig& cfg, const ModelConfig& m, in
   return p;
 }
 
-CkptTier to_exec_tier(Tier t) {
-  switch (t) {
-    case Tier::None: return CkptTier::None;
-    case Tier::Gpu: return CkptTier::Gpu;
-    case Tier::Cpu: return CkptTier::Cpu;
-    case Tier::Nvme: return CkptTier::Nvme;
-  }
-  return CkptTier::None;
-}
-
-std::vector<ExecPlan::Share> to_exec_shares(const std::vector<Share>& s) {
-  std::vector<ExecPlan::Share> out;
-  for (const auto& x : s) out.push_back({x.window, x.fraction});
-  return out;
-}
-
 }  // namespace
-
-ExecPlan to_exec_plan(const Plan& p, const PlanPrediction* pred) {
-  ExecPlan e;
-  e.batch = p.batch;
-  e.seq = p.seq;
-  for (Tier t : p.tier) e.tier.push_back(to_exec_tier(t));
-  e.ring = p.ring;
-  e.chunk_samples = p.chunk >= p.batch ? 0 : p.chunk;
-  e.nvme_staging = p.nvme_staging;
-  e.embedding_resident = p.embedding_resident;
-  e.head_resident = p.head_resident;
-  if (!p.traffic.empty()) {
-    e.traffic.resize(p.tier.size());
-    for (const auto& ct : p.traffic) {
-      auto& t = e.traffic[size_t(ct.boundary)];
-      t.d2h = to_exec_shares(ct.d2h);
-      t.nvme_write = to_exec_shares(ct.nvme_write);
-      t.nvme_read = to_exec_shares(ct.nvme_read);
-      t.h2d = to_exec_shares(ct.h2d);
-    }
-  }
-  if (pred) {
-    for (const auto& w : pred->windows)
-      e.predicted.push_back({w.compute, w.h2d, w.d2h, w.nvme_read, w.nvme_write, w.exposed});
-    e.predicted_step_s = pred->step_s;
-  }
-  return e;
-}
 
 TrainingPlan make_training_plan(const TrainConfig& cfg, const ModelConfig& model, int64_t batch, int64_t seq,
                                 const std::string& device_name, bool on_gpu) {
@@ -166,7 +123,7 @@ TrainingPlan make_training_plan(const TrainConfig& cfg, const ModelConfig& model
   const double plan_s = now_seconds() - t0;
   if (!o.feasible) fail("{} (planner {}, batch {}, seq {}; profile {})", o.why, r.planner, batch, seq, r.profile.name);
 
-  tp.exec = to_exec_plan(o.plan, &o.sim.pred);
+  tp.exec = exec_plan_from(o.plan, model);  // o.plan.predicted is the chosen candidate's o.sim.pred
   tp.tensors_8bit.insert(o.plan.optimizer_8bit.begin(), o.plan.optimizer_8bit.end());
   tp.planner = o.chosen.empty() ? r.planner : o.chosen;
   tp.predicted_step_s = o.sim.pred.step_s;

@@ -27,10 +27,6 @@ struct TrainingPlan {
   double extra_layer_forwards = 0;
 };
 
-// The executor's form of a planner Plan (same window numbering), with the simulator's per-window
-// predictions when given.
-ExecPlan to_exec_plan(const Plan& p, const PlanPrediction* pred = nullptr);
-
 // Throws lt::Error with the planner's "does not fit: <resource> short by <bytes>" when no plan fits.
 TrainingPlan make_training_plan(const TrainConfig& cfg, const ModelConfig& model, int64_t batch, int64_t seq,
                                 const std::string& device_name, bool on_gpu);
