@@ -1,29 +1,47 @@
 // Plugs optim::CpuAdamW into the executor's UpdateHook: each unit's final gradient is submitted to the
 // asynchronous per-unit updater with its partial sum of squares; the updater fixes the global norm
 // (exact clipping) when the last unit arrives and writes master and bf16 streaming copy in one pass.
-// The trainer calls opt.begin_step(lr) before each Executor::train_step.
+// Call begin_step(lr) before each Executor::train_step.
+//
+// Two ways to make one: around an optimizer the caller owns (tests, benches: any AdamWConfig), or from
+// an OptimizerSetup (the trainer): parameter groups decay / no decay, state format per tensor (fp32,
+// 8-bit, or hybrid with the plan's 8-bit tensors), non-finite gradients skip the step. Either way
+// optimizer() gives the CpuAdamW for state save/load and step info.
 #pragma once
+#include <memory>
+#include <set>
+#include <string>
+
 #include "exec/executor.h"
+#include "optim/layout_spec.h"
 #include "optim/optimizer.h"
 
 namespace lt {
 
+struct OptimizerSetup {
+  float lr = 1e-3f, weight_decay = 0.0f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  float max_grad_norm = 1.0f;
+  int threads = 0;
+  optim::OptimizerKind kind = optim::OptimizerKind::AdamW;
+  std::set<std::string> tensors_8bit;  // hybrid: full HF names with 8-bit moments (the plan's choice)
+};
+
 class AdamWHook final : public UpdateHook {
  public:
-  AdamWHook(optim::CpuAdamW& opt, HostState& st) : opt_(opt), st_(st) {}
-  void grad_ready(int64_t unit, double sumsq) override {
-    optim::UnitBuffers b;
-    b.master = st_.master(unit);
-    b.grad = st_.grad(unit);
-    // fp32 streaming (CPU backend): the master is the streaming copy, nothing else to write.
-    b.bf16 = st_.aliased() ? nullptr : static_cast<bf16_t*>(st_.stream(unit));
-    opt_.submit(int(unit), b);
-    opt_.add_grad_sumsq(int(unit), sumsq);
-  }
-  void wait(int64_t unit) override { opt_.wait(int(unit)); }
+  // Borrows opt (which must outlive the hook).
+  AdamWHook(optim::CpuAdamW& opt, HostState& st) : opt_(&opt), st_(st) {}
+  // Owns an optimizer built for the layout's units from s.
+  AdamWHook(const ModelLayout& layout, HostState& st, const OptimizerSetup& s);
+
+  void begin_step(float lr) { opt_->begin_step(lr); }
+  void grad_ready(int64_t unit, double sumsq) override;
+  void wait(int64_t unit) override;
+  void wait_all();
+  optim::CpuAdamW& optimizer() { return *opt_; }
 
  private:
-  optim::CpuAdamW& opt_;
+  std::unique_ptr<optim::CpuAdamW> owned_;
+  optim::CpuAdamW* opt_;
   HostState& st_;
 };
 

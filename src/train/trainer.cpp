@@ -15,6 +15,7 @@
 #include "data/batch.h"
 #include "data/prepare.h"
 #include "exec/executor.h"
+#include "exec/optim_hook.h"
 #include "io/model_io.h"
 #include "model/init.h"
 #include "train/checkpoint.h"
@@ -22,7 +23,6 @@
 #include "train/evaluate.h"
 #include "train/lr_schedule.h"
 #include "train/model_setup.h"
-#include "train/optimizer_hook.h"
 #include "train/planning.h"
 #include "train/signals.h"
 
