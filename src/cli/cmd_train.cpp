@@ -64,8 +64,12 @@ void add_train(CLI::App& app) {
   sub->add_option("config", *config, "YAML config (keys: docs/training.md)")->required();
   sub->add_option("overrides", *overrides, "key=value overrides applied after the file");
   sub->add_flag("--print-config", *print_only, "print the effective config and exit");
+  auto trace = std::make_shared<std::string>();
+  sub->add_option("--trace", *trace, "write a Chrome/Perfetto trace of one step (config key trace_step, default 2)");
   sub->callback([=] {
-    train::TrainConfig c = train::load_config(*config, *overrides);
+    std::vector<std::string> ov = *overrides;
+    if (!trace->empty()) ov.push_back("trace=" + *trace);
+    train::TrainConfig c = train::load_config(*config, ov);
     if (*print_only) {
       std::printf("%s\n", train::config_to_yaml(c).c_str());
       return;

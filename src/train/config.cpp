@@ -76,6 +76,8 @@ const std::vector<Field>& fields() {
       {"threads", &C::threads},
       {"peak_tflops", &C::peak_tflops},
       {"progress_bar", &C::progress_bar},
+      {"trace", &C::trace},
+      {"trace_step", &C::trace_step},
       {"do_eval_dataset", &C::do_eval_dataset},
       {"eval_max_samples", &C::eval_max_samples},
       {"max_new_tokens", &C::max_new_tokens},

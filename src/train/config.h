@@ -67,6 +67,8 @@ struct TrainConfig {
   int64_t threads = 0;                       // CPU threads; 0 = all cores
   double peak_tflops = 0;                    // MFU denominator; 0 = by device (989 on H100/H200 class)
   bool progress_bar = true;                  // only shown when stdout is a terminal
+  std::string trace;                         // Chrome/Perfetto trace of one step written here; empty = none
+  int64_t trace_step = 2;                    // which step to trace (2: after the first step's warm-up)
   // after training: exact-match evaluation on a test set (eval command semantics)
   std::string do_eval_dataset;               // JSONL or builtin:math-test; empty = none
   int64_t eval_max_samples = 0;              // 0 = all

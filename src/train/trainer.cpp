@@ -292,6 +292,13 @@ TrainResult run_training(const TrainConfig& cfg, const TrainHooks& hooks) {
     ts.data_index = pos.index;
     steps_this_run++;
     saved_at_current = false;
+    // --trace: one step as a Chrome/Perfetto trace (a later step than the first, which warms up).
+    if (!cfg.trace.empty() && (ts.global_step == cfg.trace_step ||
+                               (ts.global_step == total_steps && total_steps < cfg.trace_step))) {
+      ex.write_trace(cfg.trace);
+      logger.message(fmt::format("step {}: trace written to {} (open in chrome://tracing or ui.perfetto.dev)",
+                                 ts.global_step, cfg.trace));
+    }
     if (info.skipped) logger.message(fmt::format("step {}: non-finite gradient norm, update skipped", ts.global_step));
 
     StepMetrics m;
