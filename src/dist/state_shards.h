@@ -4,8 +4,8 @@
 // boundaries (shard.h), so fp32 moments, 8-bit codes and block scales are copied, never requantised:
 // merge(split(f)) == f byte for byte, and a checkpoint does not depend on the world size that wrote it.
 //
-// The file format is optim's (src/optim/state_io.cpp, documented at its top; version 1). The reader here
-// checks magic, version, block size, both checksums and the layout against the expected one.
+// The file format is optim's (src/optim/state_io.h, version 1), read and written with its StateReader /
+// StateWriter: magic, version, block size, both checksums and the layout are checked against the expected one.
 #pragma once
 #include <filesystem>
 #include <vector>
