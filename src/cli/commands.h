@@ -11,4 +11,5 @@ void add_train(CLI::App& app);       // cmd_train.cpp
 void add_eval(CLI::App& app);        // cmd_eval.cpp
 void add_generate(CLI::App& app);    // cmd_generate.cpp
 void add_launch(CLI::App& app);      // cmd_launch.cpp
+void add_data(CLI::App& app);        // cmd_data.cpp
 }  // namespace lt::cli
