@@ -11,7 +11,7 @@
 #include "core/timer.h"
 #include "core/units.h"
 #include "model/model_config.h"
-#include "optim/adamw_kernels.h"
+#include "optim/throughput.h"
 #include "plan/profile.h"
 #ifdef LT_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
@@ -30,44 +30,6 @@ int64_t mem_available() {
   while (f >> k >> v >> unit)
     if (k == "MemAvailable:") return v * 1024;
   return 0;
-}
-
-// The optimizer's kernels over n parameters split across threads; best of 3, parameters/s.
-double optimizer_rate(bool q8, int threads, int64_t n) {
-  n = n / kQ8Block * kQ8Block;
-  std::vector<float> p(size_t(n), 0.01f), g(size_t(n), 1e-3f), m, v, ms, vs;
-  std::vector<uint8_t> mq, vq;
-  std::vector<bf16_t> out(static_cast<size_t>(n));
-  if (q8) {
-    mq.assign(size_t(n), 0);
-    vq.assign(size_t(n), 0);
-    ms.assign(size_t(n / kQ8Block), 0.f);
-    vs.assign(size_t(n / kQ8Block), 0.f);
-  } else {
-    m.assign(size_t(n), 0.f);
-    v.assign(size_t(n), 0.f);
-  }
-  const Isa isa = resolve_isa(Isa::Auto);
-  const auto sc = make_adamw_scalars(1e-5, 0.01, 0.9, 0.999, 1e-8, 1, 1.0f);
-  double best = 1e30;
-  for (int rep = 0; rep < 3; ++rep) {
-    const double t0 = now_seconds();
-    std::vector<std::thread> ts;
-    const int64_t blocks = n / kQ8Block;
-    for (int t = 0; t < threads; ++t) {
-      const int64_t a = blocks * t / threads * kQ8Block, b = blocks * (t + 1) / threads * kQ8Block;
-      ts.emplace_back([&, a, b] {
-        if (q8)
-          adamw_q8(isa, sc, p.data() + a, g.data() + a, mq.data() + a, vq.data() + a, ms.data() + a / kQ8Block,
-                   vs.data() + a / kQ8Block, out.data() + a, b - a);
-        else
-          adamw_f32(isa, sc, p.data() + a, g.data() + a, m.data() + a, v.data() + a, out.data() + a, b - a);
-      });
-    }
-    for (auto& t : ts) t.join();
-    best = std::min(best, now_seconds() - t0);
-  }
-  return double(n) / best;
 }
 
 }  // namespace
@@ -120,7 +82,7 @@ void add_profile(CLI::App& app) {
 
     for (bool q8 : {false, true}) {
       say(fmt::format("CPU optimizer: AdamW {} over 64M params", q8 ? "8-bit" : "fp32"));
-      const double r = optimizer_rate(q8, threads, 64 << 20);
+      const double r = optim::measure_adamw_rate(q8, threads, 64 << 20);
       (q8 ? p.opt_8bit_params_per_s : p.opt_fp32_params_per_s) = r;
       say(fmt::format("  {:.0f} Mparams/s", r / 1e6));
     }

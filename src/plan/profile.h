@@ -81,7 +81,5 @@ struct NvmeBandwidth {
   bool direct = true;  // false when the filesystem refused O_DIRECT (buffered I/O was measured)
 };
 NvmeBandwidth measure_nvme(const std::filesystem::path& dir, int64_t bytes, const ProgressFn& progress = {});
-// CPU AdamW throughput (params/s) over `params` parameters with fp32 or 8-bit blockwise moments.
-double measure_optimizer(bool eight_bit, int threads, int64_t params, const ProgressFn& progress = {});
 
 }  // namespace lt

@@ -15,6 +15,7 @@
 #include "core/units.h"
 #include "exec/plan_adapter.h"
 #include "model/accounting.h"
+#include "optim/throughput.h"
 #include "plan/planner.h"
 #include "plan/report.h"
 
@@ -75,8 +76,8 @@ ResourceProfile default_profile(const TrainConfig& cfg, const ModelConfig& m, in
     // second), so the planner predicts the exposed optimizer time instead of treating it as unknown.
     const int threads = cfg.threads > 0 ? int(cfg.threads) : int(std::max(1u, std::thread::hardware_concurrency()));
     p.host_mem_bw = measure_host_bandwidth(threads, 256 * MiB);
-    p.opt_fp32_params_per_s = measure_optimizer(false, threads, 16 * MiB);
-    p.opt_8bit_params_per_s = measure_optimizer(true, threads, 16 * MiB);
+    p.opt_fp32_params_per_s = optim::measure_adamw_rate(false, threads, 16 * MiB);
+    p.opt_8bit_params_per_s = optim::measure_adamw_rate(true, threads, 16 * MiB);
   } else {
     p.name = "cpu-backend";
     p.source = "estimated at start by lazytrain train: CPU backend, device = host memory, copies = memcpy";

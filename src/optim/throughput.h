@@ -1,0 +1,12 @@
+// Measured throughput of the CPU optimizer's own kernels (fp32 or 8-bit moments), for resource
+// profiles: `lazytrain profile` and the profile `lazytrain train` measures at start.
+#pragma once
+#include <cstdint>
+
+namespace lt::optim {
+
+// AdamW over n parameters split across `threads` threads (the real kernels, the run-time ISA choice);
+// best of 3 repetitions, in parameters per second.
+double measure_adamw_rate(bool eight_bit, int threads, int64_t n);
+
+}  // namespace lt::optim
