@@ -380,11 +380,12 @@ json model_config_to_json(const ModelConfig& c) {
 
 namespace {
 
-ModelConfig qwen2_shape(const char* name, int64_t hidden, int64_t layers, int64_t heads, int64_t kv, int64_t ffn,
-                        int64_t vocab, bool tied, double theta = 1000000.0) {
+// The fields every preset sets from its shape; the family functions below add the rest.
+ModelConfig preset_shape(const char* name, Arch arch, int64_t hidden, int64_t layers, int64_t heads, int64_t kv,
+                         int64_t ffn, int64_t vocab, bool tied) {
   ModelConfig c;
   c.name = name;
-  c.arch = Arch::Qwen2;
+  c.arch = arch;
   c.hidden = hidden;
   c.layers = layers;
   c.heads = heads;
@@ -393,8 +394,14 @@ ModelConfig qwen2_shape(const char* name, int64_t hidden, int64_t layers, int64_
   c.ffn = ffn;
   c.vocab = vocab;
   c.tied = tied;
-  c.attn_bias = true;
   c.qk_norm = false;
+  return c;
+}
+
+ModelConfig qwen2_shape(const char* name, int64_t hidden, int64_t layers, int64_t heads, int64_t kv, int64_t ffn,
+                        int64_t vocab, bool tied, double theta = 1000000.0) {
+  ModelConfig c = preset_shape(name, Arch::Qwen2, hidden, layers, heads, kv, ffn, vocab, tied);
+  c.attn_bias = true;
   c.rms_eps = 1e-6;
   c.rope_theta = theta;
   c.max_position = 32768;
@@ -420,19 +427,8 @@ ModelConfig qwen3_shape(const char* name, int64_t hidden, int64_t layers, int64_
 
 ModelConfig llama3_shape(const char* name, int64_t hidden, int64_t layers, int64_t heads, int64_t kv, int64_t ffn,
                          int64_t vocab, bool tied) {
-  ModelConfig c;
-  c.name = name;
-  c.arch = Arch::Llama;
-  c.hidden = hidden;
-  c.layers = layers;
-  c.heads = heads;
-  c.kv_heads = kv;
-  c.head_dim = hidden / heads;
-  c.ffn = ffn;
-  c.vocab = vocab;
-  c.tied = tied;
+  ModelConfig c = preset_shape(name, Arch::Llama, hidden, layers, heads, kv, ffn, vocab, tied);
   c.attn_bias = false;
-  c.qk_norm = false;
   c.rms_eps = 1e-5;
   c.rope_theta = 500000.0;
   c.max_position = 131072;

@@ -11,25 +11,16 @@
 #include "backend/cuda/cuda_backend.h"
 #include "gpu_test_util.h"
 #include "io/safetensors.h"
+#include "../common/hf_fixture.h"
 
 using namespace lt;
 using namespace lt::gputest;
 
 namespace {
 
-const std::filesystem::path kFixtures = std::filesystem::path(LT_SOURCE_DIR) / "tests" / "fixtures" / "hf";
-
-std::vector<int32_t> read_ids(const SafetensorsFile& f, const std::string& name) {
-  const StTensor* t = f.find(name);
-  std::vector<int32_t> out(sz(t->numel()));
-  const uint8_t* p = f.raw(*t);
-  for (size_t i = 0; i < out.size(); ++i) {
-    int64_t v;
-    std::memcpy(&v, p + 8 * i, 8);
-    out[i] = int32_t(v);
-  }
-  return out;
-}
+using lt::testing::read_f32;
+using lt::testing::read_ids;
+const std::filesystem::path& kFixtures = lt::testing::kHfFixtures;
 
 void run_step(const std::string& name) {
   REQUIRE_GPU();

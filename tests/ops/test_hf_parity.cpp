@@ -9,6 +9,7 @@
 
 #include "backend/cpu/reference_model.h"
 #include "io/safetensors.h"
+#include "../common/hf_fixture.h"
 #include "model/model_config.h"
 #include "model/param_layout.h"
 
@@ -17,30 +18,9 @@ using namespace lt::cpu;
 
 namespace {
 
-const std::filesystem::path kFixtures = std::filesystem::path(LT_SOURCE_DIR) / "tests" / "fixtures" / "hf";
-
-std::vector<int32_t> read_ids(const SafetensorsFile& f, const std::string& name) {
-  const StTensor* t = f.find(name);
-  EXPECT_NE(t, nullptr) << name;
-  EXPECT_EQ(t->dtype, "I64") << name;
-  std::vector<int32_t> out(size_t(t->numel()));
-  const uint8_t* p = f.raw(*t);
-  for (size_t i = 0; i < out.size(); ++i) {
-    int64_t v;
-    std::memcpy(&v, p + 8 * i, 8);
-    out[i] = int32_t(v);
-  }
-  return out;
-}
-
-std::vector<float> read_f32(const SafetensorsFile& f, const std::string& name) {
-  const StTensor* t = f.find(name);
-  if (!t) ADD_FAILURE() << "tensor " << name << " missing from " << f.path();
-  if (!t) return {};
-  std::vector<float> out(size_t(t->numel()));
-  f.read_f32(*t, out.data());
-  return out;
-}
+using lt::testing::read_f32;
+using lt::testing::read_ids;
+const std::filesystem::path& kFixtures = lt::testing::kHfFixtures;
 
 struct Cmp {
   double cosine = 0, rel_norm_err = 0;
