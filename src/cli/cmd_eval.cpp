@@ -2,7 +2,7 @@
 #include <cstdio>
 
 #include "cli/commands.h"
-#include "train/inference_model.h"
+#include "cli/inference_options.h"
 #include "core/error.h"
 #include "data/dataset.h"
 #include "train/evaluate.h"
@@ -11,25 +11,22 @@ namespace lt::cli {
 
 void add_eval(CLI::App& app) {
   auto* sub = app.add_subcommand("eval", "Exact-match evaluation of a model directory or checkpoint on a JSONL test set");
-  struct Opts {
-    std::string model, tokenizer, dataset, template_name = "auto", output;
-    int64_t max_samples = 0, batch_size = 64, max_new_tokens = 64, threads = 0;
+  struct Opts : InferenceOptions {
+    std::string dataset, output;
+    int64_t max_samples = 0;
     uint64_t seed = 42;
   };
   auto o = std::make_shared<Opts>();
-  sub->add_option("--model", o->model, "model directory or checkpoint-<step> directory")->required();
+  o->batch_size = 64;
+  o->max_new_tokens = 64;
+  o->add_to(sub);
   sub->add_option("--dataset", o->dataset, "JSONL test set ({query,response}, alpaca, messages) or builtin:math-test")
       ->required();
-  sub->add_option("--tokenizer", o->tokenizer, "tokenizer.json or its directory (default: the model directory)");
-  sub->add_option("--template", o->template_name, "chat template: auto | chatml | llama3 | none");
   sub->add_option("--max-samples", o->max_samples, "evaluate at most N records (0 = all)");
-  sub->add_option("--batch-size", o->batch_size, "sequences decoded together");
-  sub->add_option("--max-new-tokens", o->max_new_tokens, "generation limit per sample");
   sub->add_option("--output", o->output, "per-sample results JSONL (default: <model>/eval_results.jsonl)");
   sub->add_option("--seed", o->seed, "seed for builtin data sets");
-  sub->add_option("--threads", o->threads, "CPU threads (0 = all)");
   sub->callback([o] {
-    train::LoadedModel m = train::load_model_for_inference(o->model, o->tokenizer, o->template_name, o->threads);
+    train::LoadedModel m = o->load();
     data::ReadOptions ro;
     ro.max_samples = o->max_samples;
     ro.seed = o->seed;

@@ -4,7 +4,7 @@
 #include <fstream>
 
 #include "cli/commands.h"
-#include "train/inference_model.h"
+#include "cli/inference_options.h"
 #include "core/error.h"
 #include "core/timer.h"
 #include "train/generate.h"
@@ -13,22 +13,18 @@ namespace lt::cli {
 
 void add_generate(CLI::App& app) {
   auto* sub = app.add_subcommand("generate", "Greedy generation from a model directory or checkpoint");
-  struct Opts {
-    std::string model, tokenizer, template_name = "auto", prompts_file;
+  struct Opts : InferenceOptions {
+    std::string prompts_file;
     std::vector<std::string> prompts;
-    int64_t max_new_tokens = 128, batch_size = 32, threads = 0;
     bool raw = false;
   };
   auto o = std::make_shared<Opts>();
-  sub->add_option("--model", o->model, "model directory or checkpoint-<step> directory")->required();
+  o->batch_size = 32;
+  o->max_new_tokens = 128;
+  o->add_to(sub);
   sub->add_option("--prompt,-p", o->prompts, "a user message (repeatable)");
   sub->add_option("--prompts-file", o->prompts_file, "one prompt per line");
-  sub->add_option("--tokenizer", o->tokenizer, "tokenizer.json or its directory (default: the model directory)");
-  sub->add_option("--template", o->template_name, "chat template: auto | chatml | llama3 | none");
   sub->add_flag("--raw", o->raw, "encode prompts as plain text (no chat template)");
-  sub->add_option("--max-new-tokens", o->max_new_tokens, "generation limit");
-  sub->add_option("--batch-size", o->batch_size, "sequences decoded together");
-  sub->add_option("--threads", o->threads, "CPU threads (0 = all)");
   sub->callback([o] {
     std::vector<std::string> prompts = o->prompts;
     if (!o->prompts_file.empty()) {
@@ -38,7 +34,7 @@ void add_generate(CLI::App& app) {
         if (!line.empty()) prompts.push_back(line);
     }
     LT_CHECK(!prompts.empty(), "generate: no prompt (use --prompt or --prompts-file)");
-    train::LoadedModel m = train::load_model_for_inference(o->model, o->tokenizer, o->template_name, o->threads);
+    train::LoadedModel m = o->load();
     std::vector<std::vector<int32_t>> ids;
     for (const auto& p : prompts)
       ids.push_back(o->raw ? m.tmpl.tokenizer().encode(p, true) : m.tmpl.encode_prompt({{"user", p}}));
