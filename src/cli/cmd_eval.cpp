@@ -37,11 +37,13 @@ void add_eval(CLI::App& app) {
     eo.max_new_tokens = o->max_new_tokens;
     eo.output_jsonl = o->output.empty() ? (std::filesystem::path(o->model) / "eval_results.jsonl").string() : o->output;
     eo.progress = true;
-    auto r = train::evaluate_exact_match(m.view(), m.tmpl, records, eo);
+    auto gen = o->make_generator(m, train::longest_prompt_tokens(m.tmpl, records), int64_t(records.size()));
+    auto r = train::evaluate_exact_match(*gen, m.tmpl, records, eo);
     std::printf("exact match: %.2f%% (%lld/%lld), %lld without an answer; %.1f s, %.0f generated tokens/s\n"
                 "per-sample results: %s\n",
                 100.0 * r.exact_match, (long long)r.correct, (long long)r.samples, (long long)r.no_answer, r.seconds,
                 r.seconds > 0 ? double(r.generated_tokens) / r.seconds : 0.0, eo.output_jsonl.c_str());
+    std::printf("%s\n", train::format_decode_stats(gen->describe(), gen->stats()).c_str());
   });
 }
 

@@ -6,7 +6,6 @@
 #include "cli/commands.h"
 #include "cli/inference_options.h"
 #include "core/error.h"
-#include "core/timer.h"
 #include "train/generate.h"
 
 namespace lt::cli {
@@ -38,23 +37,23 @@ void add_generate(CLI::App& app) {
     std::vector<std::vector<int32_t>> ids;
     for (const auto& p : prompts)
       ids.push_back(o->raw ? m.tmpl.tokenizer().encode(p, true) : m.tmpl.encode_prompt({{"user", p}}));
+    int64_t longest = 0;
+    for (const auto& p : ids) longest = std::max<int64_t>(longest, int64_t(p.size()));
+    auto gen = o->make_generator(m, longest, int64_t(ids.size()));
     train::GenerateOptions g;
     g.max_new_tokens = o->max_new_tokens;
     g.batch_size = o->batch_size;
     g.stop_ids = m.tmpl.stop_ids();
-    double t0 = now_seconds();
-    auto out = greedy_generate(m.view(), ids, g);
-    double dt = now_seconds() - t0;
-    int64_t n = 0;
+    auto out = gen->generate(ids, g);
     for (size_t i = 0; i < out.size(); ++i) {
-      n += int64_t(out[i].size());
       auto toks = out[i];
       if (!toks.empty() && std::find(g.stop_ids.begin(), g.stop_ids.end(), toks.back()) != g.stop_ids.end())
         toks.pop_back();
       std::printf("### prompt %zu: %s\n%s\n\n", i, prompts[i].c_str(), m.tmpl.tokenizer().decode(toks, true).c_str());
     }
-    std::fprintf(stderr, "generated %lld tokens in %.2f s (%.0f tokens/s, batch %lld, KV cache, CPU)\n", (long long)n,
-                 dt, dt > 0 ? double(n) / dt : 0.0, (long long)o->batch_size);
+    std::fflush(stdout);
+    std::fprintf(stderr, "%s (batch %lld)\n", train::format_decode_stats(gen->describe(), gen->stats()).c_str(),
+                 (long long)o->batch_size);
   });
 }
 

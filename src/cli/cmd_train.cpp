@@ -2,6 +2,7 @@
 #include <cstdio>
 
 #include "cli/commands.h"
+#include "cli/gpu_decode.h"
 #include "core/error.h"
 #include "train/config.h"
 #include "train/trainer.h"
@@ -77,6 +78,7 @@ void add_train(CLI::App& app) {
     train::TrainHooks hooks;
     hooks.make_backend = make_backend;
     hooks.probe_device = probe_device;
+    hooks.gpu_decode = gpu_decode_hooks();
     train::TrainResult r = train::run_training(c, hooks);
     if (r.interrupted) throw CLI::RuntimeError(130);
   });

@@ -1,10 +1,15 @@
 // Options shared by the decoding commands (`eval`, `generate`): which model, tokenizer and template,
-// and how decoding is batched. Each command sets its own defaults before registering them.
+// how decoding is batched, and where it runs (CPU, or the GPU with resident or streamed weights).
+// Each command sets its own defaults before registering them.
 #pragma once
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <string>
 
+#include "cli/gpu_decode.h"
+#include "train/decode_device.h"
 #include "train/inference_model.h"
 
 namespace lt::cli {
@@ -12,6 +17,8 @@ namespace lt::cli {
 struct InferenceOptions {
   std::string model, tokenizer, template_name = "auto";
   int64_t batch_size = 32, max_new_tokens = 64, threads = 0;
+  std::string device = "auto", weights = "auto";
+  double gpu_mem = 0;  // GiB
 
   void add_to(CLI::App* sub) {
     sub->add_option("--model", model, "model directory or checkpoint-<step> directory")->required();
@@ -20,8 +27,31 @@ struct InferenceOptions {
     sub->add_option("--batch-size", batch_size, "sequences decoded together");
     sub->add_option("--max-new-tokens", max_new_tokens, "generation limit per sequence");
     sub->add_option("--threads", threads, "CPU threads (0 = all)");
+    sub->add_option("--device", device, "auto | cpu | cuda (auto: the GPU when this build has CUDA and one is visible)")
+        ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+    sub->add_option("--gpu-mem", gpu_mem, "GPU memory cap in GiB for CUDA decoding (default: free device memory)")
+        ->check(CLI::NonNegativeNumber);
+    sub->add_option("--weights", weights,
+                    "CUDA decoding: auto | resident | streamed (auto: resident when weights + KV cache fit --gpu-mem)")
+        ->check(CLI::IsMember({"auto", "resident", "streamed"}));
   }
   train::LoadedModel load() const { return train::load_model_for_inference(model, tokenizer, template_name, threads); }
+
+  // Parsed and checked device options; the KV cache is sized for min(batch, n_prompts) sequences of
+  // longest_prompt + max_new_tokens tokens.
+  train::DecodeDeviceOptions decode_options(int64_t longest_prompt, int64_t n_prompts) const {
+    train::DecodeDeviceOptions o;
+    o.device = train::parse_decode_device(device);
+    o.weights = parse_weights_mode(weights);
+    o.gpu_mem_gib = gpu_mem;
+    o.max_batch = std::max<int64_t>(1, std::min(batch_size, n_prompts));
+    o.max_seq = std::max<int64_t>(1, longest_prompt + std::max<int64_t>(0, max_new_tokens));
+    return o;
+  }
+  std::unique_ptr<train::Generator> make_generator(const train::LoadedModel& m, int64_t longest_prompt,
+                                                   int64_t n_prompts) const {
+    return train::make_generator(m.view(), decode_options(longest_prompt, n_prompts), gpu_decode_hooks());
+  }
 };
 
 }  // namespace lt::cli

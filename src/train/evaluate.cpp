@@ -11,7 +11,19 @@
 
 namespace lt::train {
 
+int64_t longest_prompt_tokens(const data::ChatTemplate& tmpl, const std::vector<data::Record>& records) {
+  int64_t n = 0;
+  for (const auto& r : records) n = std::max<int64_t>(n, int64_t(tmpl.encode_prompt(r.prompt_messages()).size()));
+  return n;
+}
+
 EvalResult evaluate_exact_match(const ModelWeightsView& w, const data::ChatTemplate& tmpl,
+                                const std::vector<data::Record>& records, const EvalOptions& opt) {
+  auto gen = make_cpu_generator(w);
+  return evaluate_exact_match(*gen, tmpl, records, opt);
+}
+
+EvalResult evaluate_exact_match(Generator& generator, const data::ChatTemplate& tmpl,
                                 const std::vector<data::Record>& records, const EvalOptions& opt) {
   EvalResult res;
   const double t0 = now_seconds();
@@ -30,7 +42,7 @@ EvalResult evaluate_exact_match(const ModelWeightsView& w, const data::ChatTempl
     const size_t nb = std::min(chunk, records.size() - b0);
     std::vector<std::vector<int32_t>> prompts;
     for (size_t i = 0; i < nb; ++i) prompts.push_back(tmpl.encode_prompt(records[b0 + i].prompt_messages()));
-    auto gen = greedy_generate(w, prompts, g);
+    auto gen = generator.generate(prompts, g);
     for (size_t i = 0; i < nb; ++i) {
       const auto& rec = records[b0 + i];
       std::vector<int32_t> ids = gen[i];

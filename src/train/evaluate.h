@@ -26,7 +26,12 @@ struct EvalResult {
   int64_t generated_tokens = 0;
 };
 
+EvalResult evaluate_exact_match(Generator& gen, const data::ChatTemplate& tmpl,
+                                const std::vector<data::Record>& records, const EvalOptions& opt);
+// The same on the CPU.
 EvalResult evaluate_exact_match(const ModelWeightsView& w, const data::ChatTemplate& tmpl,
                                 const std::vector<data::Record>& records, const EvalOptions& opt);
+// Tokens of the longest prompt (chat template + generation prompt): sizes a GPU decoder's KV cache.
+int64_t longest_prompt_tokens(const data::ChatTemplate& tmpl, const std::vector<data::Record>& records);
 
 }  // namespace lt::train

@@ -6,6 +6,7 @@
 
 #include "backend/cpu/ops.h"
 #include "core/error.h"
+#include "core/timer.h"
 
 namespace lt::train {
 namespace {
@@ -133,8 +134,9 @@ std::vector<float> forward_logits(const ModelWeightsView& w, const std::vector<i
 
 std::vector<std::vector<int32_t>> greedy_generate(const ModelWeightsView& w,
                                                   const std::vector<std::vector<int32_t>>& prompts,
-                                                  const GenerateOptions& opt) {
+                                                  const GenerateOptions& opt, DecodeStats* stats) {
   const ModelConfig& c = *w.cfg;
+  DecodeStats st;
   LT_CHECK(w.units.size() == size_t(c.layers + 2), "generate: expected {} weight units, got {}", c.layers + 2,
            w.units.size());
   Decoder d(w);
@@ -148,6 +150,8 @@ std::vector<std::vector<int32_t>> greedy_generate(const ModelWeightsView& w,
     std::vector<float> x(nb * size_t(H)), logits(nb * size_t(V));
     std::vector<int32_t> next(nb);
     std::vector<bool> done(nb, false);
+    const double t0 = now_seconds();
+    st.sequences += int64_t(nb);
     // Prefill each prompt, then take its first generated token from the last row's logits.
     for (size_t i = 0; i < nb; ++i) {
       const auto& pr = prompts[b0 + i];
@@ -155,16 +159,23 @@ std::vector<std::vector<int32_t>> greedy_generate(const ModelWeightsView& w,
       int64_t cap = int64_t(pr.size()) + opt.max_new_tokens;
       LT_CHECK(cap <= c.max_position, "generate: prompt {} ({} tokens) + max_new_tokens {} exceeds max_position {}",
                b0 + i, pr.size(), opt.max_new_tokens, c.max_position);
+      st.prompt_tokens += int64_t(pr.size());
       auto last = d.prefill(pr, caches[i], cap);
       std::copy(last.begin(), last.end(), x.begin() + int64_t(i) * H);
     }
-    if (opt.max_new_tokens <= 0) continue;
+    if (opt.max_new_tokens <= 0) {
+      st.prefill_seconds += now_seconds() - t0;
+      continue;
+    }
     d.head(x.data(), int64_t(nb), logits.data());
     for (size_t i = 0; i < nb; ++i) {
       next[i] = argmax(&logits[i * size_t(V)], V);
       out[b0 + i].push_back(next[i]);
       if (is_stop(next[i])) done[i] = true;
     }
+    st.generated_tokens += int64_t(nb);
+    const double t1 = now_seconds();
+    st.prefill_seconds += t1 - t0;
     // Decode: all live sequences advance together.
     for (int64_t t = 1; t < opt.max_new_tokens; ++t) {
       std::vector<size_t> live;
@@ -198,9 +209,47 @@ std::vector<std::vector<int32_t>> greedy_generate(const ModelWeightsView& w,
         out[b0 + i].push_back(next[i]);
         if (is_stop(next[i])) done[i] = true;
       }
+      st.generated_tokens += n;
     }
+    st.decode_seconds += now_seconds() - t1;
+  }
+  if (stats) {
+    stats->sequences += st.sequences;
+    stats->prompt_tokens += st.prompt_tokens;
+    stats->generated_tokens += st.generated_tokens;
+    stats->prefill_seconds += st.prefill_seconds;
+    stats->decode_seconds += st.decode_seconds;
   }
   return out;
 }
+
+std::string format_decode_stats(const std::string& where, const DecodeStats& s) {
+  const double t = s.seconds();
+  const int64_t steps_tokens = s.generated_tokens - std::min(s.generated_tokens, s.sequences);
+  return fmt::format(
+      "decode on {}: {} sequences, {} tokens generated in {:.2f} s ({:.0f} tokens/s; decode steps {:.0f} tokens/s), "
+      "{} prompt tokens prefilled in {:.2f} s",
+      where, s.sequences, s.generated_tokens, t, t > 0 ? double(s.generated_tokens) / t : 0.0,
+      s.decode_seconds > 0 ? double(steps_tokens) / s.decode_seconds : 0.0, s.prompt_tokens, s.prefill_seconds);
+}
+
+namespace {
+class CpuGenerator final : public Generator {
+ public:
+  explicit CpuGenerator(const ModelWeightsView& w) : w_(w) {}
+  std::vector<std::vector<int32_t>> generate(const std::vector<std::vector<int32_t>>& prompts,
+                                             const GenerateOptions& opt) override {
+    return greedy_generate(w_, prompts, opt, &stats_);
+  }
+  std::string describe() const override { return "CPU (fp32, KV cache)"; }
+  DecodeStats stats() const override { return stats_; }
+
+ private:
+  ModelWeightsView w_;
+  DecodeStats stats_;
+};
+}  // namespace
+
+std::unique_ptr<Generator> make_cpu_generator(const ModelWeightsView& w) { return std::make_unique<CpuGenerator>(w); }
 
 }  // namespace lt::train

@@ -4,6 +4,8 @@
 // GEMM over the batch's rows; attention reads each sequence's own cache.
 #pragma once
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "model/model_config.h"
@@ -24,10 +26,33 @@ struct GenerateOptions {
   std::vector<int32_t> stop_ids;     // generation of a sequence ends after emitting one of these
 };
 
-// Returns the generated ids of each prompt (stop token included if emitted).
+
+// What a decoder did, summed over its generate() calls.
+struct DecodeStats {
+  int64_t sequences = 0, prompt_tokens = 0, generated_tokens = 0;
+  double prefill_seconds = 0;  // prompts through the model, first token chosen
+  double decode_seconds = 0;   // the steps after the first token
+  double seconds() const { return prefill_seconds + decode_seconds; }
+};
+// Returns the generated ids of each prompt (stop token included if emitted); adds to *stats if given.
 std::vector<std::vector<int32_t>> greedy_generate(const ModelWeightsView& w,
                                                   const std::vector<std::vector<int32_t>>& prompts,
-                                                  const GenerateOptions& opt);
+                                                  const GenerateOptions& opt, DecodeStats* stats = nullptr);
+
+// One line: "<where>: N tokens generated in S s (T tokens/s; decode steps D tokens/s), P prompt tokens".
+std::string format_decode_stats(const std::string& where, const DecodeStats& s);
+
+// A greedy decoder with greedy_generate's semantics, on some device (decode_device.h chooses).
+class Generator {
+ public:
+  virtual ~Generator() = default;
+  virtual std::vector<std::vector<int32_t>> generate(const std::vector<std::vector<int32_t>>& prompts,
+                                                     const GenerateOptions& opt) = 0;
+  virtual std::string describe() const = 0;  // "CPU (fp32, KV cache)", "cuda:0 (NVIDIA H200), weights resident, ..."
+  virtual DecodeStats stats() const = 0;
+};
+// greedy_generate on the CPU; borrows w's weights.
+std::unique_ptr<Generator> make_cpu_generator(const ModelWeightsView& w);
 
 // Logits [ids.size(), vocab] of one sequence by a full (non-incremental) forward; for tests.
 std::vector<float> forward_logits(const ModelWeightsView& w, const std::vector<int32_t>& ids);

@@ -213,7 +213,8 @@ TrainResult run_training(const TrainConfig& cfg, const TrainHooks& hooks) {
   ExecOptions eo;
   eo.nvme_dir = cfg.nvme_dir.empty() ? fs::path() : fs::path(cfg.nvme_dir);
   eo.timing = true;
-  Executor ex(ms.model, be, tp.exec, st, eo);
+  auto executor = std::make_unique<Executor>(ms.model, be, tp.exec, st, eo);
+  Executor& ex = *executor;
   ex.set_update_hook(&hook);
 
   // ---- bookkeeping ----
@@ -368,12 +369,27 @@ TrainResult run_training(const TrainConfig& cfg, const TrainHooks& hooks) {
     eopt.batch_size = cfg.per_device_eval_batch_size > 0 ? cfg.per_device_eval_batch_size : 64;
     eopt.max_new_tokens = cfg.max_new_tokens;
     eopt.output_jsonl = (out / "eval_results.jsonl").string();
-    EvalResult er = evaluate_exact_match(v, data.tmpl, records, eopt);
+    std::unique_ptr<Generator> gen;
+    if (bc.gpu && hooks.gpu_decode.built() && !records.empty()) {
+      // Decode on the GPU that trained: the executor's device buffers go back to the backend's arena,
+      // from which the decoder takes its weights, KV cache and workspace.
+      be.synchronize();
+      executor.reset();
+      DecodeDeviceOptions dopt;
+      dopt.device = DecodeDevice::Cuda;
+      dopt.max_batch = std::min<int64_t>(eopt.batch_size, int64_t(records.size()));
+      dopt.max_seq = longest_prompt_tokens(data.tmpl, records) + std::max<int64_t>(0, eopt.max_new_tokens);
+      gen = make_generator(v, dopt, hooks.gpu_decode, &be);
+    } else {
+      gen = make_cpu_generator(v);
+    }
+    EvalResult er = evaluate_exact_match(*gen, data.tmpl, records, eopt);
     result.exact_match = er.exact_match;
     result.eval_samples = er.samples;
     std::printf("eval: exact match %.2f%% (%lld/%lld) on %s in %.1f s; per-sample results in %s\n",
                 100.0 * er.exact_match, (long long)er.correct, (long long)er.samples, cfg.do_eval_dataset.c_str(),
                 er.seconds, eopt.output_jsonl.c_str());
+    std::printf("%s\n", format_decode_stats(gen->describe(), gen->stats()).c_str());
     logger.event(nlohmann::json{{"type", "exact_match"},
                                 {"step", ts.global_step},
                                 {"dataset", cfg.do_eval_dataset},

@@ -11,6 +11,7 @@
 
 #include "backend/backend.h"
 #include "train/config.h"
+#include "train/decode_device.h"
 #include "train/metrics.h"
 
 namespace lt::train {
@@ -36,6 +37,8 @@ struct DeviceProbe {
 struct TrainHooks {
   BackendFactory make_backend;            // null: CPU backend; `cuda` in the config then fails
   std::function<DeviceProbe(const TrainConfig&)> probe_device;  // null: CPU
+  GpuDecodeHooks gpu_decode;              // the final exact-match evaluation decodes on the GPU with these
+                                          // when training ran on a GPU backend (empty: on the CPU)
   int64_t stop_after_steps = -1;          // tests: behave as if SIGTERM arrived after this many steps of this run
   std::function<void(const StepMetrics&)> on_step;
   bool install_signal_handlers = true;

@@ -1,0 +1,9 @@
+// The CUDA decoder (src/backend/cuda/cuda_decoder.h) behind train::make_generator, for the commands
+// that decode (`generate`, `eval`, and `train`'s final evaluation). Empty hooks when this lazytrain
+// was built without the CUDA backend.
+#pragma once
+#include "train/decode_device.h"
+
+namespace lt::cli {
+train::GpuDecodeHooks gpu_decode_hooks();
+}  // namespace lt::cli
