@@ -60,6 +60,7 @@ struct CudaDecoder::Impl {
   uint16_t* slot[2] = {};                  // streamed
   uint16_t* host_layers = nullptr;         // streamed: pinned bf16 layers
   int64_t host_layers_bytes = 0;
+  bool layer0_ready = false;               // streamed: layer 0 is (being) uploaded into slot 0
   std::vector<int64_t> layer_off, layer_bytes;  // byte offsets in host_layers (streamed), sizes
   // KV cache + workspace block.
   char* kblock = nullptr;
@@ -171,23 +172,31 @@ void CudaDecoder::Impl::upload_layer(int64_t l) {
   LT_CUDA(cudaMemcpyAsync(slot[s], reinterpret_cast<const char*>(host_layers) + layer_off[size_t(l)],
                           size_t(layer_bytes[size_t(l)]), cudaMemcpyHostToDevice, copy));
   LT_CUDA(cudaEventRecord(up_done[s], copy));
-  cnt.bytes_uploaded += layer_bytes[size_t(l)];
 }
 
+// Streamed: layer l+1 is uploaded into the other slot while layer l computes; the copy into a slot
+// waits for the compute of the layer that used it before. Layer 0 of the next pass is uploaded as soon
+// as this pass's layers are done (it overlaps the head, the argmax and the host's bookkeeping).
 void CudaDecoder::Impl::forward_layers(int64_t T, bool prefill, int64_t max_len) {
   const int64_t L = c.layers;
-  if (streamed()) upload_layer(0);
+  if (streamed() && !layer0_ready) upload_layer(0);
+  layer0_ready = false;
   for (int64_t l = 0; l < L; ++l) {
     const uint16_t* w = nullptr;
     if (streamed()) {
       if (l + 1 < L) upload_layer(l + 1);  // overlaps this layer's compute
       LT_CUDA(cudaStreamWaitEvent(comp, up_done[l % 2], 0));
       w = slot[l % 2];
+      cnt.bytes_uploaded += layer_bytes[size_t(l)];
     } else {
       w = layer_dev[size_t(l)];
     }
     layer(l, w, T, prefill, max_len);
     if (streamed()) LT_CUDA(cudaEventRecord(comp_done[l % 2], comp));
+  }
+  if (streamed()) {
+    upload_layer(0);
+    layer0_ready = true;
   }
 }
 
@@ -415,6 +424,7 @@ double CudaDecoder::time_uploads_only(int passes) {
   Impl& m = *impl_;
   LT_CHECK(m.streamed(), "time_uploads_only: the decoder's weights are resident");
   LT_CUDA(cudaDeviceSynchronize());
+  m.layer0_ready = false;  // the slots are overwritten below
   cudaEvent_t e0, e1;
   LT_CUDA(cudaEventCreate(&e0));
   LT_CUDA(cudaEventCreate(&e1));
