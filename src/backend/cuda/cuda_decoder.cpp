@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <map>
 #include <thread>
 
 #include "backend/cpu/ops.h"
@@ -15,6 +17,7 @@
 #include "backend/cuda/kernels.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "core/timer.h"
 #include "core/units.h"
 
@@ -74,12 +77,15 @@ struct CudaDecoder::Impl {
   char* staging = nullptr;    // pinned: the per-pass tables
   int32_t* out_host = nullptr;  // pinned: ids, then the error flag
   std::unique_ptr<Gemm> gemm;
+  bool use_graphs = true;
+  std::map<int64_t, cudaGraphExec_t> graphs;  // decode steps by row count (resident weights)
   DecodeCounters cnt;
   std::vector<std::vector<float>> captured;
 
   ~Impl() {
     if (comp) cudaStreamSynchronize(comp);
     if (copy) cudaStreamSynchronize(copy);
+    clear_graphs();
     gemm.reset();
     void* k = kblock;
     dev_free(k);
@@ -117,10 +123,16 @@ struct CudaDecoder::Impl {
   void forward_layers(int64_t T, bool prefill, int64_t max_len);
   void layer(int64_t l, const uint16_t* w, int64_t T, bool prefill, int64_t max_len);
   void head(int64_t n, bool gather);
+  void finish_pass(int64_t n);
+  void enqueue_decode(int64_t n, int64_t max_len);
+  void decode_step(int64_t n, int64_t max_len);
+  void clear_graphs();
   void ensure_capacity(int64_t batch, int64_t seq);
 };
 
 void CudaDecoder::Impl::alloc_kv_workspace(const DecodeCapacity& cp) {
+  if (comp) LT_CUDA(cudaStreamSynchronize(comp));
+  clear_graphs();  // they hold the old workspace's pointers and grid sizes
   gemm.reset();
   if (kblock) {
     LT_CUDA(cudaStreamSynchronize(comp));
@@ -268,7 +280,7 @@ void CudaDecoder::Impl::layer(int64_t l, const uint16_t* w, int64_t T, bool pref
 }
 
 // Logits of n rows (the last row of each prompt when gather, else rows 0..n-1), their argmax, the ids
-// back to the host. Synchronizes.
+// and the error flag back to pinned host memory. Enqueues only (capturable into a CUDA graph).
 void CudaDecoder::Impl::head(int64_t n, bool gather) {
   const int64_t H = c.hidden, V = c.vocab;
   const void* src = at<void>(ws.x);
@@ -285,15 +297,74 @@ void CudaDecoder::Impl::head(int64_t n, bool gather) {
   argmax_rows(at<float>(ws.logits), n, V, at<int32_t>(ws.out_ids), comp);
   LT_CUDA(cudaMemcpyAsync(out_host, at<int32_t>(ws.out_ids), size_t(n) * 4, cudaMemcpyDeviceToHost, comp));
   LT_CUDA(cudaMemcpyAsync(out_host + cap.max_batch, at<int32_t>(ws.err), 4, cudaMemcpyDeviceToHost, comp));
+}
+
+// Waits for the pass; the ids are in out_host[0..n).
+void CudaDecoder::Impl::finish_pass(int64_t n) {
+  LT_CUDA(cudaStreamSynchronize(comp));
+  LT_CHECK(out_host[cap.max_batch] == 0, "generate: a token id is outside the model's vocabulary ({})", c.vocab);
   if (opt.capture_logits) {
-    std::vector<float> lg(size_t(n * V));
-    LT_CUDA(cudaMemcpyAsync(lg.data(), at<float>(ws.logits), lg.size() * 4, cudaMemcpyDeviceToHost, comp));
-    LT_CUDA(cudaStreamSynchronize(comp));
+    std::vector<float> lg(size_t(n * c.vocab));
+    LT_CUDA(cudaMemcpy(lg.data(), at<float>(ws.logits), lg.size() * 4, cudaMemcpyDeviceToHost));
     captured.push_back(std::move(lg));
   }
-  LT_CUDA(cudaStreamSynchronize(comp));
-  LT_CHECK(out_host[cap.max_batch] == 0, "generate: a token id is outside the model's vocabulary ({})", V);
   cnt.passes++;
+}
+
+void CudaDecoder::Impl::enqueue_decode(int64_t n, int64_t max_len) {
+  LT_CUDA(cudaMemcpyAsync(wsb, staging, size_t(ws.table_bytes), cudaMemcpyHostToDevice, comp));
+  embed_fwd(emb, at<int32_t>(ws.ids), n, c.hidden, c.vocab, at<void>(ws.x), at<int>(ws.err), comp);
+  forward_layers(n, false, max_len);
+  head(n, false);
+}
+
+void CudaDecoder::Impl::clear_graphs() {
+  for (auto& [n, g] : graphs) cudaGraphExecDestroy(g);
+  graphs.clear();
+}
+
+// A decode step of n rows. Resident weights: one CUDA graph per row count n, captured on first use and
+// replayed (the step is ~14 launches per layer; replaying them as a graph removes the per-launch host
+// cost). The graph's decode-attention grid covers the cache capacity (max_seq): the CTAs past a row's
+// length exit at once, and the split size is fixed, so results are those of the eager path bit for bit.
+void CudaDecoder::Impl::decode_step(int64_t n, int64_t max_len) {
+  if (use_graphs && !streamed()) {
+    auto it = graphs.find(n);
+    if (it == graphs.end()) {
+      cudaGraph_t g = nullptr;
+      cudaGraphExec_t ex = nullptr;
+      bool ok = false;
+      try {
+        LT_CUDA(cudaStreamBeginCapture(comp, cudaStreamCaptureModeThreadLocal));
+        try {
+          enqueue_decode(n, cap.max_seq);
+        } catch (...) {
+          cudaStreamEndCapture(comp, &g);
+          throw;
+        }
+        LT_CUDA(cudaStreamEndCapture(comp, &g));
+        LT_CUDA(cudaGraphInstantiate(&ex, g, 0));
+        ok = true;
+      } catch (const std::exception& e) {
+        log_warn("CUDA decoder: capturing a decode step as a CUDA graph failed ({}); launching kernels one by one",
+                 e.what());
+      }
+      if (g) cudaGraphDestroy(g);
+      cudaGetLastError();
+      if (!ok) {
+        use_graphs = false;
+        if (ex) cudaGraphExecDestroy(ex);
+        enqueue_decode(n, max_len);
+        return finish_pass(n);
+      }
+      it = graphs.emplace(n, ex).first;
+      cnt.graphs++;
+    }
+    LT_CUDA(cudaGraphLaunch(it->second, comp));
+  } else {
+    enqueue_decode(n, max_len);
+  }
+  finish_pass(n);
 }
 
 CudaDecoder::CudaDecoder(const ModelConfig& c, const ModelLayout& layout, const UnitSource& src,
@@ -397,6 +468,11 @@ CudaDecoder::CudaDecoder(const ModelConfig& c, const ModelLayout& layout, const 
       m.layer_dev.push_back(reinterpret_cast<const uint16_t*>(p + m.layer_off[size_t(l)]));
     }
   }
+  const char* env = std::getenv("LT_DECODE_GRAPHS");
+  m.use_graphs = o.cuda_graphs && !(env && std::string(env) == "0");
+  cuda::DecodeAttnDims ad;
+  ad.heads = c.heads, ad.kv_heads = c.kv_heads, ad.head_dim = c.head_dim;
+  decode_attention_setup(ad);  // shared-memory opt-in before any graph capture
   m.alloc_kv_workspace(cp);
 }
 
@@ -411,10 +487,12 @@ const std::vector<std::vector<float>>& CudaDecoder::captured_logits() const { re
 void CudaDecoder::clear_captured_logits() { impl_->captured.clear(); }
 int64_t CudaDecoder::streamed_bytes_per_pass() const { return impl_->host_layers_bytes; }
 
+bool CudaDecoder::uses_graphs() const { return impl_->use_graphs && !impl_->streamed(); }
+
 std::string CudaDecoder::describe() const {
   const Impl& m = *impl_;
-  std::string s = fmt::format("{}, weights {}, {} on the device", m.name, weights_mode_name(m.mode),
-                              format_bytes(double(device_bytes())));
+  std::string s = fmt::format("{}, weights {}{}, {} on the device", m.name, weights_mode_name(m.mode),
+                              uses_graphs() ? " (CUDA graphs)" : "", format_bytes(double(device_bytes())));
   if (m.streamed())
     s += fmt::format(" ({} of layers streamed from pinned host memory per pass)", format_bytes(double(m.host_layers_bytes)));
   return s;
@@ -496,6 +574,7 @@ std::vector<std::vector<int32_t>> CudaDecoder::generate(const std::vector<std::v
       embed_fwd(m.emb, m.at<int32_t>(m.ws.ids), T, c.hidden, c.vocab, m.at<void>(m.ws.x), m.at<int>(m.ws.err), m.comp);
       m.forward_layers(T, true, 0);
       m.head(j - i, true);
+      m.finish_pass(j - i);
       for (int64_t s = i; s < j; ++s) {
         const int32_t id = m.out_host[s - i];
         next[size_t(s)] = id;
@@ -532,10 +611,7 @@ std::vector<std::vector<int32_t>> CudaDecoder::generate(const std::vector<std::v
         dst[r] = s * cap_b + len[size_t(s)];
         max_len = std::max<int64_t>(max_len, lens[r]);
       }
-      LT_CUDA(cudaMemcpyAsync(m.wsb, m.staging, size_t(m.ws.table_bytes), cudaMemcpyHostToDevice, m.comp));
-      embed_fwd(m.emb, m.at<int32_t>(m.ws.ids), n, c.hidden, c.vocab, m.at<void>(m.ws.x), m.at<int>(m.ws.err), m.comp);
-      m.forward_layers(n, false, max_len);
-      m.head(n, false);
+      m.decode_step(n, max_len);
       for (int64_t r = 0; r < n; ++r) {
         const int64_t s = live[size_t(r)];
         len[size_t(s)]++;

@@ -39,6 +39,7 @@ struct DecoderOptions {
   int64_t max_batch = 32, max_seq = 256;  // KV-cache capacity (grows on demand when it fits)
   DeviceMemorySource memory;             // optional borrowed device memory (then gpu_mem_cap is ignored)
   bool capture_logits = false;           // tests: keep every pass's logits (fp32) on the host
+  bool cuda_graphs = true;               // replay resident decode steps as CUDA graphs (env LT_DECODE_GRAPHS=0: off)
 };
 
 // Fills dst (layout.units[unit].numel bf16 values, UnitLayout order) with that unit's weights.
@@ -49,6 +50,7 @@ UnitSource fp32_units(const ModelLayout& layout, std::vector<const float*> units
 struct DecodeCounters {
   int64_t sequences = 0, prompt_tokens = 0, generated_tokens = 0;
   int64_t passes = 0;             // forward passes (prefill passes + decode steps)
+  int64_t graphs = 0;             // decode-step CUDA graphs captured
   int64_t bytes_uploaded = 0;     // streamed layer bytes
   double prefill_seconds = 0, decode_seconds = 0;
 };
@@ -65,6 +67,7 @@ class CudaDecoder {
                                              int64_t batch_size, const std::vector<int32_t>& stop_ids);
 
   WeightsMode mode() const;
+  bool uses_graphs() const;
   std::string device_name() const;             // "cuda:0 (NVIDIA H200)"
   std::string describe() const;                // device, weights mode, device bytes
   int64_t device_bytes() const;                // what the decoder holds on the device

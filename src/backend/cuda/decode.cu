@@ -235,6 +235,16 @@ int64_t decode_attention_partial_floats(int64_t n, int64_t heads, int64_t head_d
   return n * heads * ns * (head_dim + 2);
 }
 
+void decode_attention_setup(const DecodeAttnDims& d) {
+  const int64_t G = d.heads / d.kv_heads;
+  const size_t smem = size_t(smem_floats(G, d.head_dim, tile_keys(d.head_dim))) * 4;
+  static size_t smem_opted_in = 48 * 1024;
+  if (smem > smem_opted_in) {
+    LT_CUDA(cudaFuncSetAttribute(decode_attn_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    smem_opted_in = smem;
+  }
+}
+
 void decode_attention(const DecodeAttnDims& d, const void* q, const void* k_cache, const void* v_cache,
                       const int64_t* row0, const int32_t* len, void* out, float* partial, cudaStream_t st) {
   if (d.n == 0) return;
@@ -246,11 +256,7 @@ void decode_attention(const DecodeAttnDims& d, const void* q, const void* k_cach
   const int64_t nsplit = (d.max_len + kDecodeSplitKeys - 1) / kDecodeSplitKeys;
   const int tile = tile_keys(d.head_dim);
   const size_t smem = size_t(smem_floats(G, d.head_dim, tile)) * 4;
-  static size_t smem_opted_in = 48 * 1024;
-  if (smem > smem_opted_in) {
-    LT_CUDA(cudaFuncSetAttribute(decode_attn_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    smem_opted_in = smem;
-  }
+  decode_attention_setup(d);
   float* part_acc = partial;
   float* part_ml = partial + d.n * d.heads * nsplit * d.head_dim;
   const dim3 grid(unsigned(nsplit), unsigned(d.kv_heads), unsigned(d.n));

@@ -24,6 +24,8 @@ struct DecodeAttnDims {
   float scale = 1.0f;
 };
 int64_t decode_attention_partial_floats(int64_t n, int64_t heads, int64_t head_dim, int64_t max_len);
+// Once per shape before CUDA-graph capture: opts the kernel into > 48 KiB of shared memory if needed.
+void decode_attention_setup(const DecodeAttnDims& d);
 void decode_attention(const DecodeAttnDims& d, const void* q, const void* k_cache, const void* v_cache,
                       const int64_t* row0, const int32_t* len, void* out, float* partial, cudaStream_t st);
 
