@@ -1,7 +1,7 @@
 // CPU optimizer throughput against measured memory bandwidth, in the same run and with the same threads.
 //
 //   bench_optim [--threads N] [--params N] [--units N] [--iters N] [--isa auto|scalar|avx2|avx512]
-//               [--stream-mib N] [--clock wall|cpu] [--fwd-ms X]
+//               [--stream-mib N] [--clock wall|cpu] [--fwd-ms X] [--in-cache]
 //
 // For each state format (fp32, 8-bit) the model is --units equal units of --params/--units elements (one
 // tensor each), updated through CpuAdamW (thread pool, chunking, bf16 copy) exactly as in training; the
@@ -230,6 +230,35 @@ std::pair<double, double> bench_overlap(StateFormat fmt, int threads, int64_t pa
   return {1e3 * best_exposed, 1e3 * span};
 }
 
+// Arithmetic cost per element with the data in cache: one thread calls the kernel of each ISA path
+// directly on `n` elements (64K: ~1 MB of state, inside L2), best of `reps` calls; ns per element.
+double in_cache_ns(Isa isa, bool q8, int64_t n, int reps) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> d(0.f, 1.f);
+  const auto N = static_cast<size_t>(n), B = static_cast<size_t>(n / kQ8Block);
+  AlignedBuffer<float> p(N), g(N), m(N), v(N), ms(B), vs(B);
+  AlignedBuffer<uint8_t> mq(N), vq(N);
+  AlignedBuffer<bf16_t> out(N);
+  for (int64_t i = 0; i < n; ++i) {
+    p.data()[i] = 0.02f * d(rng), g.data()[i] = 1e-3f * d(rng), m.data()[i] = 0, v.data()[i] = 0;
+    mq.data()[i] = 0, vq.data()[i] = 0;
+  }
+  for (int64_t b = 0; b < n / kQ8Block; ++b) ms.data()[b] = 0, vs.data()[b] = 0;
+  const auto sc = make_adamw_scalars(1e-5, 0.01, 0.9, 0.999, 1e-8, 10, 1.0f);
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    timespec a, b;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
+    if (q8)
+      adamw_q8(isa, sc, p.data(), g.data(), mq.data(), vq.data(), ms.data(), vs.data(), out.data(), n);
+    else
+      adamw_f32(isa, sc, p.data(), g.data(), m.data(), v.data(), out.data(), n);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
+    best = std::min(best, double(b.tv_sec - a.tv_sec) + 1e-9 * double(b.tv_nsec - a.tv_nsec));
+  }
+  return best / double(n) * 1e9;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -249,8 +278,19 @@ int main(int argc, char** argv) {
   app.add_option("--isa", isa_s, "kernel path: auto|scalar|avx2|avx512");
   app.add_option("--clock", clock_s, "wall: elapsed time; cpu: process CPU time / threads (shared machines)")
       ->check(CLI::IsMember({"wall", "cpu"}));
+  bool in_cache = false;
+  app.add_flag("--in-cache", in_cache, "only the arithmetic cost: ns/element of each ISA path, data in cache, 1 thread");
   CLI11_PARSE(app, argc, argv);
   try {
+    if (in_cache) {
+      fmt::print("in-cache cost, 65536 elements, 1 thread, best of 200 calls (thread CPU time), ns/element\n");
+      fmt::print("{:<8} {:>8} {:>8}\n", "path", "fp32", "8-bit");
+      for (Isa i : {Isa::Scalar, Isa::Avx2, Isa::Avx512})
+        if (isa_supported(i))
+          fmt::print("{:<8} {:>8.3f} {:>8.3f}\n", isa_name(i), in_cache_ns(i, false, 65536, 200),
+                     in_cache_ns(i, true, 65536, 200));
+      return 0;
+    }
     Isa isa = resolve_isa(parse_isa(isa_s));
     g_cpu_clock = clock_s == "cpu";
     g_threads = threads;

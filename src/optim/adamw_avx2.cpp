@@ -14,10 +14,11 @@ namespace lt::optim::detail {
 namespace {
 
 struct V {
-  __m256 decay, w1, beta2, w2, eps, bc2, nss, gs;
+  __m256 decay, w1, beta2, w2, eps, bc2, ibc2, nss, gs;
   explicit V(const AdamWScalars& s)
       : decay(_mm256_set1_ps(s.decay)), w1(_mm256_set1_ps(s.w1)), beta2(_mm256_set1_ps(s.beta2)),
         w2(_mm256_set1_ps(s.w2)), eps(_mm256_set1_ps(s.eps)), bc2(_mm256_set1_ps(s.bc2_sqrt)),
+        ibc2(_mm256_set1_ps(s.inv_bc2_sqrt)),
         nss(_mm256_set1_ps(s.neg_step_size)), gs(_mm256_set1_ps(s.grad_scale)) {}
 };
 
@@ -28,6 +29,15 @@ inline void step8(const V& c, __m256& p, __m256 gin, __m256& m, __m256& v) {
   v = _mm256_add_ps(_mm256_mul_ps(v, c.beta2), _mm256_mul_ps(_mm256_mul_ps(c.w2, g), g));
   __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(v), c.bc2), c.eps);
   p = _mm256_add_ps(pp, _mm256_div_ps(_mm256_mul_ps(c.nss, m), denom));
+}
+
+// The 8-bit path's update: the same operations as adamw_elem_q8.
+inline void step8_q8(const V& c, __m256& p, __m256 gin, __m256& m, __m256& v) {
+  __m256 g = _mm256_mul_ps(gin, c.gs);
+  m = _mm256_fmadd_ps(c.w1, _mm256_sub_ps(g, m), m);
+  v = _mm256_fmadd_ps(_mm256_mul_ps(c.w2, g), g, _mm256_mul_ps(v, c.beta2));
+  __m256 denom = _mm256_fmadd_ps(_mm256_sqrt_ps(v), c.ibc2, c.eps);
+  p = _mm256_fmadd_ps(p, c.decay, _mm256_div_ps(_mm256_mul_ps(c.nss, m), denom));
 }
 
 // 8 floats -> 8 bf16 in the low half of 8 int32 lanes (values <= 0xffff).
@@ -77,7 +87,7 @@ inline __m256i quant8(const QV<Signed>& q, __m256 y) {
   __m256i e = _mm256_setzero_si256();
   for (int t = 1; t < QV<Signed>::kBits; ++t)  // true lanes are -1
     e = _mm256_sub_epi32(e, _mm256_castps_si256(_mm256_cmp_ps(a, q.tops[t], _CMP_LT_OQ)));
-  __m256 cf = _mm256_add_ps(_mm256_mul_ps(a, _mm256_permutevar8x32_ps(q.inv, e)), _mm256_permutevar8x32_ps(q.off, e));
+  __m256 cf = _mm256_fmadd_ps(a, _mm256_permutevar8x32_ps(q.inv, e), _mm256_permutevar8x32_ps(q.off, e));
   __m256i code = _mm256_max_epi32(_mm256_cvtps_epi32(cf), _mm256_set1_epi32(1));
   __m256i zero = _mm256_castps_si256(_mm256_cmp_ps(a, q.zero_below, _CMP_LT_OQ));
   code = _mm256_andnot_si256(zero, code);
@@ -156,8 +166,8 @@ void adamw_q8_avx2(const AdamWScalars& s, float* p, const float* g, uint8_t* mq,
       __m256 m0 = dequant8(qm, mq + b0 + i, sm), m1 = dequant8(qm, mq + b0 + i + 8, sm);
       __m256 v0 = dequant8(qv, vq + b0 + i, sv), v1 = dequant8(qv, vq + b0 + i + 8, sv);
       __m256 p0 = _mm256_loadu_ps(pb + i), p1 = _mm256_loadu_ps(pb + i + 8);
-      step8(c, p0, _mm256_loadu_ps(gb + i), m0, v0);
-      step8(c, p1, _mm256_loadu_ps(gb + i + 8), m1, v1);
+      step8_q8(c, p0, _mm256_loadu_ps(gb + i), m0, v0);
+      step8_q8(c, p1, _mm256_loadu_ps(gb + i + 8), m1, v1);
       _mm256_storeu_ps(pb + i, p0);
       _mm256_storeu_ps(pb + i + 8, p1);
       if (out) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + b0 + i), pack16(bf16_lanes(p0), bf16_lanes(p1)));

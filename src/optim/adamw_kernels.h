@@ -10,6 +10,14 @@
 //   out = bf16(p)                             round to nearest even
 // The three paths (scalar, AVX2, AVX-512) perform the same IEEE operations in the same order (no FMA
 // contraction: lt_optim builds with -ffp-contract=off), so their results are bit-identical.
+//
+// The 8-bit path computes the same formulas with fused multiply-adds and a multiplication by
+// 1/sqrt(1-beta2^t) instead of the division (each result within about one ulp of the fp32 path's, far
+// below the error of the 8-bit states themselves): on a CPU core its update is bound by arithmetic,
+// and the divider (sqrt + two divisions per element) was its bottleneck. Written out:
+//   m = fma(1-beta1, g - m, m);  v = fma((1-beta2) * g, g, v * beta2)
+//   p = fma(p, 1 - lr*wd, (-(lr / (1-beta1^t)) * m) / fma(sqrt(v), 1/sqrt(1-beta2^t), eps))
+// All three paths compute exactly these operations (std::fma in the scalar path).
 #pragma once
 #include <cstdint>
 #include <string_view>
@@ -35,6 +43,7 @@ struct AdamWScalars {
   float w2 = 0.001f;        // 1 - beta2
   float eps = 1e-8f;
   float bc2_sqrt = 1;       // sqrt(1 - beta2^t)
+  float inv_bc2_sqrt = 1;   // 1 / sqrt(1 - beta2^t) (8-bit path)
   float neg_step_size = 0;  // -lr / (1 - beta1^t)
   float grad_scale = 1;     // clip coefficient
 };

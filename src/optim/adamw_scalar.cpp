@@ -26,7 +26,7 @@ void adamw_q8_scalar(const AdamWScalars& s, float* p, const float* g, uint8_t* m
     for (int64_t i = 0; i < len; ++i) {
       float mm = qm.decode[mq[b0 + i]] * sm;
       float vv = qv.decode[vq[b0 + i]] * sv;
-      adamw_elem(s, p[b0 + i], g[b0 + i], mm, vv);
+      adamw_elem_q8(s, p[b0 + i], g[b0 + i], mm, vv);
       if (out) out[b0 + i] = f32_to_bf16(p[b0 + i]);
       tm[i] = mm;
       tv[i] = vv;

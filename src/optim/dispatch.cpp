@@ -34,7 +34,7 @@ bool isa_supported(Isa i) {
     case Isa::Avx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-             __builtin_cpu_supports("avx512cd") &&
+             __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512vbmi") &&
              isa_supported(Isa::Avx2);
   }
   return false;
@@ -66,6 +66,7 @@ AdamWScalars make_adamw_scalars(double lr, double weight_decay, double beta1, do
   s.w2 = float(1.0 - beta2);
   s.eps = float(eps);
   s.bc2_sqrt = float(std::sqrt(bc2));
+  s.inv_bc2_sqrt = float(1.0 / std::sqrt(bc2));
   s.neg_step_size = float(-(lr / bc1));
   s.grad_scale = grad_scale;
   return s;

@@ -16,7 +16,7 @@
 // Quantising is arithmetic, not a search or a table gather (gathers are slow on many x86 CPUs). Within
 // decade e the levels are evenly spaced: level(c) = off_e + step_e * c for its codes c in [n_e, 2 n_e),
 // and the same line continued one step down gives decade e+1's top level 10^-(e+1) at c = n_e - 1.
-// So for |y| in [10^-(e+1), 10^-e) the nearest code is round(|y| / step_e - off_e / step_e), always a
+// So for |y| in [10^-(e+1), 10^-e) the nearest code is round(fma(|y|, 1 / step_e, -off_e / step_e)), always a
 // valid code of decade e or the top of e+1, with no clamping. The decade is the count of decade tops
 // above |y|. Nearest up to float rounding when |y| is within ~1e-5 of a spacing of a midpoint.
 // Dequantising evaluates top_e - step_e * (2 n_e - 1 - c): the same float expression that defines the
@@ -65,13 +65,13 @@ inline uint8_t quantize_one(const QuantMap& q, float y) {
   std::memcpy(&a, &abits, 4);
   int e = 0;
   for (int t = 1; t < q.mag_bits; ++t) e += a < q.top[t] ? 1 : 0;
-  float cf = a * q.inv_step[e] + q.code_off[e];
+  float cf = std::fma(a, q.inv_step[e], q.code_off[e]);
   // Round to nearest even without a libm call: adding 1.5 * 2^23 leaves the rounded integer in the
   // low mantissa bits (exact for |cf| < 2^22), as cvtps2dq does in the vector paths.
   constexpr float kRound = 12582912.0f;
   int32_t code = int32_t((cf + kRound) - kRound);
-  code = code > 1 ? code : 1;             // bottom decade: its line reaches below level 1
-  if (a < q.zero_below) code = 0;
+  // Bottom decade: its line reaches below level 1, so clamp up to 1; below zero_below the code is 0.
+  code = a >= q.zero_below ? (code > 1 ? code : 1) : 0;
   if (q.is_signed) code |= int32_t((bits >> 31) << 7);
   return uint8_t(code);
 }
