@@ -132,6 +132,50 @@ Bandwidth measure_bandwidth(int threads, int64_t mib, int iters) {
   return bw;
 }
 
+// The 8-bit update's memory traffic with no arithmetic: read p, g, m8, v8; write p, m8, v8 and a bf16
+// copy (18 B/param as counted above), with ordinary or non-temporal stores for the bf16 copy. Bounds what
+// the 8-bit kernel could reach on this machine if its arithmetic were free. GB/s, best of `iters`.
+__attribute__((target("avx2"))) void q8_traffic(float* p, const float* g, uint8_t* mq, uint8_t* vq, uint16_t* out,
+                                                int64_t s, int64_t e, bool nt) {
+  for (int64_t i = s; i < e; i += 32) {  // s, e multiples of 32; out 64-byte aligned
+    __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(mq + i));
+    __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(vq + i));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(mq + i), _mm256_add_epi8(a, b));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(vq + i), _mm256_sub_epi8(a, b));
+    for (int64_t k = 0; k < 32; k += 16) {
+      __m256 p0 = _mm256_add_ps(_mm256_loadu_ps(p + i + k), _mm256_loadu_ps(g + i + k));
+      __m256 p1 = _mm256_add_ps(_mm256_loadu_ps(p + i + k + 8), _mm256_loadu_ps(g + i + k + 8));
+      _mm256_storeu_ps(p + i + k, p0);
+      _mm256_storeu_ps(p + i + k + 8, p1);
+      __m256i o = _mm256_castps_si256(_mm256_add_ps(p0, p1));  // 16 bf16 worth of bytes
+      if (nt) _mm256_stream_si256(reinterpret_cast<__m256i*>(out + i + k), o);
+      else _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i + k), o);
+    }
+  }
+}
+std::pair<double, double> measure_q8_traffic(int threads, int64_t n, int iters) {
+  n = n / (32 * threads) * (32 * threads);
+  AlignedBuffer<float> p(static_cast<size_t>(n)), g(static_cast<size_t>(n));
+  AlignedBuffer<uint8_t> mq(static_cast<size_t>(n)), vq(static_cast<size_t>(n));
+  AlignedBuffer<uint16_t> out(static_cast<size_t>(n));
+  float* pp = p.data();
+  float* pg = g.data();
+  uint8_t* pm = mq.data();
+  uint8_t* pv = vq.data();
+  uint16_t* po = out.data();
+  parallel_for(threads, n, [=](int64_t s, int64_t e) {
+    for (int64_t i = s; i < e; ++i) pp[i] = 1, pg[i] = 1e-9f, pm[i] = 0, pv[i] = 0, po[i] = 0;
+  });
+  double best[2] = {0, 0};
+  for (int it = 0; it < iters; ++it)
+    for (int nt = 0; nt < 2; ++nt) {
+      double t0 = clock_now();
+      parallel_for(threads, n, [=](int64_t s, int64_t e) { q8_traffic(pp, pg, pm, pv, po, s, e, nt == 1); });
+      best[nt] = std::max(best[nt], 18.0 * double(n) / (clock_now() - t0) * 1e-9);
+    }
+  return {best[0], best[1]};
+}
+
 struct Result {
   double params_per_s = 0;
   double bytes_per_param = 0;
@@ -299,6 +343,12 @@ int main(int argc, char** argv) {
     fmt::print("memory bandwidth: copy {:.1f}, triad {:.1f}, update-like rmw {:.1f} GB/s ({} MiB arrays); "
                "reference = best {:.1f} GB/s\n",
                bw.copy_gbs, bw.triad_gbs, bw.rmw_gbs, stream_mib, bw.best());
+    if (__builtin_cpu_supports("avx2")) {
+      auto [plain, nt] = measure_q8_traffic(threads, std::min<int64_t>(params, int64_t(64) << 20), iters);
+      fmt::print("8-bit update's data movement alone (no arithmetic): {:.1f} GB/s ({:.1f}% of bw); "
+                 "with non-temporal bf16 stores {:.1f} GB/s ({:.1f}%)\n",
+                 plain, 100 * plain / bw.best(), nt, 100 * nt / bw.best());
+    }
     fmt::print("{:<6} {:>12} {:>11} {:>8} {:>10} {:>12}\n", "format", "Mparams/s", "bytes/param", "GB/s",
                "% of bw", "ns/param/thr");
     for (StateFormat f : {StateFormat::F32, StateFormat::Q8}) {
