@@ -122,6 +122,12 @@ int32_t argmax(const float* row, int64_t n) {
 
 }  // namespace
 
+ModelWeightsView view_of(const ModelWeights& w) {
+  ModelWeightsView v{&w.config, &w.layout, {}};
+  for (const auto& u : w.units) v.units.push_back(u.data());
+  return v;
+}
+
 std::vector<float> forward_logits(const ModelWeightsView& w, const std::vector<int32_t>& ids) {
   Decoder d(w);
   SeqCache cache;

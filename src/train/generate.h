@@ -10,6 +10,7 @@
 
 #include "model/model_config.h"
 #include "model/param_layout.h"
+#include "model/weights.h"
 
 namespace lt::train {
 
@@ -19,6 +20,8 @@ struct ModelWeightsView {
   const ModelLayout* layout = nullptr;
   std::vector<const float*> units;
 };
+// The view of loaded weights (every unit of `w`).
+ModelWeightsView view_of(const ModelWeights& w);
 
 struct GenerateOptions {
   int64_t max_new_tokens = 64;

@@ -12,11 +12,7 @@ namespace lt::train {
 struct LoadedModel {
   ModelWeights weights;
   data::ChatTemplate tmpl;
-  ModelWeightsView view() const {
-    ModelWeightsView v{&weights.config, &weights.layout, {}};
-    for (const auto& u : weights.units) v.units.push_back(u.data());
-    return v;
-  }
+  ModelWeightsView view() const { return view_of(weights); }
 };
 
 LoadedModel load_model_for_inference(const std::string& model_dir, const std::string& tokenizer,

@@ -140,11 +140,7 @@ TEST(DecodeKernels, ArgmaxMatchesMaxElementWithTiesAndNaN) {
 
 struct Model {
   ModelWeights w;
-  train::ModelWeightsView view() const {
-    train::ModelWeightsView v{&w.config, &w.layout, {}};
-    for (const auto& u : w.units) v.units.push_back(u.data());
-    return v;
-  }
+  train::ModelWeightsView view() const { return train::view_of(w); }
   std::vector<const float*> ptrs() const {
     std::vector<const float*> p;
     for (const auto& u : w.units) p.push_back(u.data());

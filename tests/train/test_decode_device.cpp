@@ -15,11 +15,7 @@ using namespace lt::train;
 
 namespace {
 
-ModelWeightsView view(const ModelWeights& m) {
-  ModelWeightsView v{&m.config, &m.layout, {}};
-  for (const auto& u : m.units) v.units.push_back(u.data());
-  return v;
-}
+ModelWeightsView view(const ModelWeights& m) { return view_of(m); }
 
 struct FakeGpuGenerator final : Generator {
   std::vector<std::vector<int32_t>> generate(const std::vector<std::vector<int32_t>>& p, const GenerateOptions&) override {

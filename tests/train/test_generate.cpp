@@ -10,11 +10,7 @@ using namespace lt;
 using namespace lt::train;
 
 namespace {
-ModelWeightsView view(const ModelWeights& m) {
-  ModelWeightsView v{&m.config, &m.layout, {}};
-  for (const auto& u : m.units) v.units.push_back(u.data());
-  return v;
-}
+ModelWeightsView view(const ModelWeights& m) { return view_of(m); }
 }  // namespace
 
 // The incremental (KV-cache, batched) path must pick the same tokens as a full forward over the
