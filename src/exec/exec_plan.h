@@ -34,6 +34,10 @@ struct WindowFigures {
   double nvme_read = 0;   // NVMe reads busy
   double nvme_write = 0;  // NVMe writes busy
   double exposed = 0;     // compute waited for a transfer (or the optimizer) before this window ran
+  // Measured only: the part of `exposed` during which the host was blocked waiting for a unit's
+  // optimizer update (the transfer it gates could not be issued yet). exposed - exposed_optimizer is
+  // the time compute waited for transfers proper.
+  double exposed_optimizer = 0;
 };
 
 struct ExecPlan {

@@ -105,7 +105,7 @@ class MicroBatchRun {
     const double t1 = now_seconds();
     waited_[size_t(unit)] = 1;
     update_wait_ += t1 - t0;
-    I.add_span(kTrackHost, OpLabel{"optimizer.wait", cur_w_, int32_t(unit)}, 0, t0, t1, mbi_);
+    I.add_span(kTrackHost, OpLabel{kOptimizerWaitLabel, cur_w_, int32_t(unit)}, 0, t0, t1, mbi_);
   }
 
   // ---- weights
@@ -639,12 +639,14 @@ StepResult Executor::train_step(const std::vector<MicroBatch>& mbs) {
       I.trace_windows.push_back(ws);
       for (auto& w : ws) {
         res.exposed_s += w.measured.exposed;
+        res.exposed_optimizer_s += w.measured.exposed_optimizer;
         res.totals.compute += w.measured.compute;
         res.totals.h2d += w.measured.h2d;
         res.totals.d2h += w.measured.d2h;
         res.totals.nvme_read += w.measured.nvme_read;
         res.totals.nvme_write += w.measured.nvme_write;
         res.totals.exposed += w.measured.exposed;
+        res.totals.exposed_optimizer += w.measured.exposed_optimizer;
       }
       if (m + 1 == nmb) res.windows = std::move(ws);
       if (I.pool->grown() > 0) {

@@ -70,6 +70,7 @@ struct StepResult {
   double forward_s = 0, backward_s = 0;  // wall time of the (last micro-batch's) forward incl. head / backward
   double update_wait_s = 0;  // time forward waited for the previous step's optimizer updates
   double exposed_s = 0;      // sum over windows and micro-batches of measured exposed time
+  double exposed_optimizer_s = 0;  // the part of exposed_s while the host waited for optimizer updates
   WindowFigures totals;      // measured lane busy times and exposed time, summed over windows and micro-batches
   double predicted_exposed_s = 0;
   std::vector<WindowStats> windows;

@@ -15,6 +15,9 @@
 namespace lt {
 
 // Tracks beyond the backend's lanes, for traces.
+// Label of the host spans during which the executor waits for a unit's optimizer update.
+inline constexpr const char* kOptimizerWaitLabel = "optimizer.wait";
+
 enum ExtraTrack : int { kTrackNvmeRead = kNumLanes, kTrackNvmeWrite, kTrackHost, kTrackWindows, kNumTracks };
 
 struct TraceSpan {

@@ -116,6 +116,7 @@ std::string to_json_line(const StepMetrics& m) {
   if (m.exposed_transfer_pred_s >= 0) j["exposed_transfer_pred_s"] = m.exposed_transfer_pred_s;
   if (m.exposed_optimizer_s >= 0) j["exposed_optimizer_s"] = m.exposed_optimizer_s;
   if (m.exposed_optimizer_pred_s >= 0) j["exposed_optimizer_pred_s"] = m.exposed_optimizer_pred_s;
+  if (m.optimizer_wait_s >= 0) j["optimizer_wait_s"] = m.optimizer_wait_s;
   return j.dump();
 }
 

@@ -28,8 +28,11 @@ struct StepMetrics {
   double hfu = 0;            // hfu_tflops / peak
   int64_t peak_gpu_bytes = -1;   // -1 when not on a GPU
   int64_t host_rss_bytes = 0;    // VmHWM
-  double exposed_transfer_s = -1, exposed_transfer_pred_s = -1;   // -1: not available
+  // Compute-lane idle time, split by cause (executor instrumentation): waiting for transfers, and
+  // waiting while the host was blocked on a unit's CPU optimizer update. -1: not available.
+  double exposed_transfer_s = -1, exposed_transfer_pred_s = -1;
   double exposed_optimizer_s = -1, exposed_optimizer_pred_s = -1;
+  double optimizer_wait_s = -1;  // host time blocked on optimizer updates (may overlap queued GPU work)
 };
 
 // FLOP counts for one optimizer step of `tokens` tokens (batch x seq x micro-batches).

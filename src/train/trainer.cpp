@@ -316,10 +316,12 @@ TrainResult run_training(const TrainConfig& cfg, const TrainHooks& hooks) {
     fill_throughput(m, flops, peak);
     m.peak_gpu_bytes = bc.gpu ? r.peak_device : -1;
     m.host_rss_bytes = host_peak_rss_bytes();
-    m.exposed_transfer_s = r.exposed_s;
-    m.exposed_transfer_pred_s = r.predicted_exposed_s > 0 ? r.predicted_exposed_s : tp.predicted_exposed_transfer_s;
-    m.exposed_optimizer_s = r.update_wait_s;
+    m.exposed_transfer_s = std::max(0.0, r.exposed_s - r.exposed_optimizer_s);
+    // The plan's per-window predictions include optimizer waits; the planner's split does not.
+    m.exposed_transfer_pred_s = tp.predicted_exposed_transfer_s >= 0 ? tp.predicted_exposed_transfer_s : r.predicted_exposed_s;
+    m.exposed_optimizer_s = r.exposed_optimizer_s;
     m.exposed_optimizer_pred_s = tp.predicted_exposed_optimizer_s;
+    m.optimizer_wait_s = r.update_wait_s;
     if (hooks.on_step) hooks.on_step(m);
     if (ts.global_step % cfg.logging_steps == 0 || ts.global_step == total_steps || ts.global_step == 1)
       logger.log(m);

@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <thread>
+#include <chrono>
 #include <nlohmann/json.hpp>
 
 #include "backend/cpu/cpu_backend.h"
@@ -98,6 +100,54 @@ TEST(ExecRing, BeladyReusesResidentLayersAndPrefetches) {
       EXPECT_LE(r2.evict_after[u], int64_t(u) - 2) << "load " << u << " cannot be prefetched";
     }
   }
+}
+
+// A hook whose wait() blocks: the compute lane idles while the host waits, and that idle time is
+// charged to the optimizer, not to transfers.
+class SlowUpdateHook final : public UpdateHook {
+ public:
+  explicit SlowUpdateHook(double seconds) : s_(seconds) {}
+  void grad_ready(int64_t, double) override {}
+  void wait(int64_t) override {
+    if (s_ > 0) std::this_thread::sleep_for(std::chrono::duration<double>(s_));
+  }
+
+ private:
+  double s_;
+};
+
+TEST(ExecInstrumentation, OptimizerWaitsAreChargedToTheOptimizer) {
+  auto c = test::tiny_config(Arch::Qwen2, 4, false);
+  CpuBackendOptions bo;
+  bo.threads = 1;
+  auto run = [&](double sleep_s) {
+    CpuBackend be(c, bo);
+    HostState st(be);
+    test::random_weights(be.layout(), st, 8);
+    ExecPlan p = ExecPlan::keep_all(c.layers, 2, 8);
+    Executor ex(c, be, p, st);
+    SlowUpdateHook hook(sleep_s);
+    ex.set_update_hook(&hook);
+    auto b = test::random_batch(c, 2, 8, 8);
+    return ex.train_step({{b.ids.data(), b.targets.data(), nullptr, nullptr}});
+  };
+  const double sleep_s = 0.02;
+  auto slow = run(sleep_s);
+  // Every unit's update is awaited once per step (embedding, layers, head); the waits before a unit's
+  // first use leave the compute lane idle.
+  EXPECT_GT(slow.update_wait_s, double(c.layers) * sleep_s * 0.9);
+  EXPECT_GT(slow.exposed_optimizer_s, sleep_s * 0.9) << "idle compute during optimizer waits";
+  EXPECT_LE(slow.exposed_optimizer_s, slow.exposed_s + 1e-12);
+  EXPECT_LE(slow.exposed_optimizer_s, slow.update_wait_s + 1e-3);
+  double per_window = 0;
+  for (auto& w : slow.windows) {
+    EXPECT_LE(w.measured.exposed_optimizer, w.measured.exposed + 1e-12) << "window " << w.index;
+    per_window += w.measured.exposed_optimizer;
+  }
+  EXPECT_NEAR(per_window, slow.exposed_optimizer_s, 1e-9);
+  EXPECT_NEAR(slow.totals.exposed_optimizer, slow.exposed_optimizer_s, 1e-9);
+  auto fast = run(0.0);
+  EXPECT_LT(fast.exposed_optimizer_s, 0.005) << "no optimizer wait, nothing charged to it";
 }
 
 TEST(ExecInstrumentation, WindowsTraceAndExposedTime) {
