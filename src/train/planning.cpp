@@ -76,8 +76,8 @@ ResourceProfile default_profile(const TrainConfig& cfg, const ModelConfig& m, in
     // second), so the planner predicts the exposed optimizer time instead of treating it as unknown.
     const int threads = cfg.threads > 0 ? int(cfg.threads) : int(std::max(1u, std::thread::hardware_concurrency()));
     p.host_mem_bw = measure_host_bandwidth(threads, 256 * MiB);
-    p.opt_fp32_params_per_s = optim::measure_adamw_rate(false, threads, 16 * MiB);
-    p.opt_8bit_params_per_s = optim::measure_adamw_rate(true, threads, 16 * MiB);
+    p.opt_fp32_params_per_s = optim::measure_adamw_rate(false, threads, 32 * MiB);
+    p.opt_8bit_params_per_s = optim::measure_adamw_rate(true, threads, 32 * MiB);
   } else {
     p.name = "cpu-backend";
     p.source = "estimated at start by lazytrain train: CPU backend, device = host memory, copies = memcpy";
