@@ -227,7 +227,7 @@ void adamw_f32_avx512(const AdamWScalars& s, float* p, const float* g, float* m,
 
 // Software prefetch of the block kPrefetchBlocks ahead: a block is ~1 us of arithmetic per core, and
 // with all cores busy the hardware prefetchers alone left part of each block's misses exposed
-// (measured on the GPU host's 16 cores: 8-bit update 79-89 % -> 94 % of bandwidth with NT stores).
+// (measured on the GPU host's 16 cores: 8-bit update 77-89 % without, 94 % with both it and the NT stores).
 constexpr int64_t kPrefetchBlocks = 4;
 inline void prefetch_block(const float* p, const float* g, const uint8_t* mq, const uint8_t* vq, int64_t at,
                            int64_t n) {
@@ -251,7 +251,7 @@ void adamw_q8_avx512(const AdamWScalars& s, float* p, const float* g, uint8_t* m
   const V c(s);
   alignas(64) float tm[kQ8Block], tv[kQ8Block];
   // The bf16 copy is only written here (the GPU upload reads it later): non-temporal stores skip the
-  // read-for-ownership of its lines (measured: 8-bit update 79-89 % -> 94 % of bandwidth on 16 cores
+  // read-for-ownership of its lines (measured: 8-bit update 77-89 % -> 94 % of bandwidth on 16 cores
   // together with the prefetch). They need 64-byte alignment, which pinned buffers have.
   const bool nt = out && reinterpret_cast<uintptr_t>(out) % 64 == 0;
   for (int64_t b0 = 0, blk = 0; b0 < n; b0 += kQ8Block, ++blk) {
