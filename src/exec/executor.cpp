@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "backend/cpu/reference.h"
@@ -430,7 +431,16 @@ void MicroBatchRun::run() {
     be.copy(Lane::H2D, I.emb_w.data(), I.st.stream(0), I.emb_w.bytes(), lab("w.h2d", 0));
     emb_ready_ = be.record(Lane::H2D);
   };
+  // Tied, non-resident embedding: look the rows up on the GPU from the device copy the LM head needs
+  // anyway (uploaded at the start of the forward). LT_EXEC_HOST_EMBED_LOOKUP=1 restores the host
+  // lookup (the copy then travels with the head), for A/B measurements.
+  static const bool host_lookup_env = [] {
+    const char* e = std::getenv("LT_EXEC_HOST_EMBED_LOOKUP");
+    return e && e[0] == '1';
+  }();
+  const bool gpu_lookup = I.emb_on_device && !(host_lookup_env && !P.embedding_resident);
   auto upload_head = [&] {
+    if (!P.embedding_resident && I.emb_on_device && !gpu_lookup) upload_emb();
     wait_update(L + 1);
     be.copy(Lane::H2D, I.head_w.data(), I.st.stream(L + 1), I.head_w.bytes(), lab("w.h2d", int32_t(L + 1)));
     head_ready_ = be.record(Lane::H2D);
@@ -445,10 +455,10 @@ void MicroBatchRun::run() {
     if (j == L - 1 && !P.head_resident && mbi_ == 0) upload_head();
     if (j == 0) {
       xbuf_[0] = I.pool->acquire(Lane::Compute);
-      if (I.emb_on_device) {
+      if (gpu_lookup) {
         // Tied weights keep a device copy of the embedding for the LM head even when it is not resident:
         // upload it now (once per step) and look the rows up on the GPU. The host gather it replaces took
-        // ~74 ms per step on Qwen2.5-3B (32K random 4 KiB rows) against ~12 ms for the upload.
+        // ~74 ms per micro-batch on Qwen2.5-3B (32K random 4 KiB rows) against ~12 ms for the upload.
         if (!P.embedding_resident && mbi_ == 0) upload_emb();
         be.wait(Lane::Compute, emb_ready_);
         be.embed_forward(I.emb_w.data(), I.d_ids.as<int32_t>(), T, X(xbuf_[0]), lab("embed.fwd", 0));
