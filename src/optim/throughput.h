@@ -6,8 +6,8 @@
 namespace lt::optim {
 
 // AdamW over n parameters split across `threads` threads (the real kernels, the run-time ISA choice);
-// best of 5 repetitions (threads started and memory touched outside the timing), in parameters per
-// second.
+// median of 5 repetitions (threads started and memory touched outside the timing), in parameters
+// per second.
 double measure_adamw_rate(bool eight_bit, int threads, int64_t n);
 
 }  // namespace lt::optim
