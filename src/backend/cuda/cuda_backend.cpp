@@ -63,12 +63,7 @@ struct CudaBackend::Impl {
 CudaBackend::CudaBackend(const ModelConfig& c, CudaBackendOptions o) : Backend(c), impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.opt = o;
-  int n_dev = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n_dev);
-  if (e != cudaSuccess || n_dev == 0)
-    fail("CUDA backend: no usable GPU ({})", e == cudaSuccess ? "no devices" : cudaGetErrorString(e));
-  LT_CHECK(o.device >= 0 && o.device < n_dev, "CUDA backend: device {} requested, {} present", o.device, n_dev);
-  LT_CUDA(cudaSetDevice(o.device));
+  cuda::select_device(o.device, "CUDA backend");
   LT_CUDA(cudaGetDeviceProperties(&m.prop, o.device));
   LT_CUDA(cudaFree(nullptr));  // create the context before measuring free memory
   size_t free_b = 0, total_b = 0;

@@ -381,12 +381,7 @@ CudaDecoder::CudaDecoder(const ModelConfig& c, const ModelLayout& layout, const 
            "CUDA decoder: unsupported shape (head_dim {} must be a multiple of 8 up to 256, hidden {} a multiple of "
            "8, heads {} a multiple of kv_heads {}, group x head_dim <= 4096)",
            c.head_dim, c.hidden, c.heads, c.kv_heads);
-  int n_dev = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n_dev);
-  if (e != cudaSuccess || n_dev == 0)
-    fail("CUDA decoder: no usable GPU ({})", e == cudaSuccess ? "no devices" : cudaGetErrorString(e));
-  LT_CHECK(o.device >= 0 && o.device < n_dev, "CUDA decoder: device {} requested, {} present", o.device, n_dev);
-  LT_CUDA(cudaSetDevice(o.device));
+  select_device(o.device, "CUDA decoder");
   cudaDeviceProp prop{};
   LT_CUDA(cudaGetDeviceProperties(&prop, o.device));
   m.name = fmt::format("cuda:{} ({})", o.device, prop.name);

@@ -17,4 +17,13 @@ void fail_cublas(int status, const char* what, const char* file, int line) {
 
 void fail_msg(const char* msg, const char* file, int line) { fail("CUDA backend: {} (at {}:{})", msg, file, line); }
 
+void select_device(int device, const char* who) {
+  int n_dev = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n_dev);
+  if (e != cudaSuccess || n_dev == 0)
+    fail("{}: no usable GPU ({})", who, e == cudaSuccess ? "no devices" : cudaGetErrorString(e));
+  LT_CHECK(device >= 0 && device < n_dev, "{}: device {} requested, {} present", who, device, n_dev);
+  LT_CUDA(cudaSetDevice(device));
+}
+
 }  // namespace lt::cuda

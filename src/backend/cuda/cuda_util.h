@@ -11,6 +11,9 @@ namespace lt::cuda {
 [[noreturn]] void fail_cublas(int status, const char* what, const char* file, int line);
 // Throws lt::Error with a plain message (for .cu files, which cannot use fmt-based LT_CHECK).
 [[noreturn]] void fail_msg(const char* msg, const char* file, int line);
+// Makes `device` current for the calling thread after checking that it exists; errors name `who`
+// ("CUDA backend", "CUDA decoder") and say why no GPU is usable.
+void select_device(int device, const char* who);
 
 }  // namespace lt::cuda
 
