@@ -42,8 +42,9 @@ inline void step16(const V& c, __m512& p, __m512 gin, __m512& m, __m512& v) {
 }
 
 // The 8-bit path's update: the same operations as adamw_elem_q8.
+template <bool Scaled>
 inline void step16_q8(const V& c, __m512& p, __m512 gin, __m512& m, __m512& v) {
-  __m512 g = _mm512_mul_ps(gin, c.gs);
+  __m512 g = Scaled ? _mm512_mul_ps(gin, c.gs) : gin;  // grad_scale 1 (no clipping): g * 1 == g
   m = _mm512_fmadd_ps(c.w1, _mm512_sub_ps(g, m), m);
   v = _mm512_fmadd_ps(_mm512_mul_ps(c.w2, g), g, _mm512_mul_ps(v, c.beta2));
   __m512 denom = _mm512_fmadd_ps(_mm512_sqrt_ps(v), c.ibc2, c.eps);
@@ -99,8 +100,8 @@ inline __m512i bf16_rounded(__m512 x) {
   __m512i u = _mm512_castps_si512(x);
   __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
   __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
-  __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-  return _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(u, _mm512_set1_epi32(0x400000)));
+  // NaN lanes (vfpclassps: quiet 0x01 | signalling 0x80) take u | 0x400000 (ternary logic B | C).
+  return _mm512_mask_ternarylogic_epi32(r, _mm512_fpclass_ps_mask(x, 0x81), u, _mm512_set1_epi32(0x400000), 0xEE);
 }
 inline __m512i to_bf16x2(__m512 x0, __m512 x1) {
   const __m512i odd = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29, 27, 25, 23,
@@ -225,25 +226,18 @@ void adamw_f32_avx512(const AdamWScalars& s, float* p, const float* g, float* m,
   }
 }
 
-// Software prefetch of the block kPrefetchBlocks ahead: a block is ~1 us of arithmetic per core, and
-// with all cores busy the hardware prefetchers alone left part of each block's misses exposed
-// (measured on the GPU host's 16 cores: 8-bit update 77-89 % without, 94 % with both it and the NT stores).
+// Software prefetch kPrefetchBlocks blocks ahead, spread over the block's passes (the codes' lines in
+// the decode pass, p's and g's in the update loop): a block is ~0.3 us of arithmetic per core, and the
+// hardware prefetchers alone left part of the misses exposed. Issuing all 40 lines at the block start
+// instead gained nothing (fill buffers full); spread, it took the 2-thread update here from
+// 1.42-1.46 to 1.25-1.29 ns/param/thread (two of three paired runs).
 constexpr int64_t kPrefetchBlocks = 4;
-inline void prefetch_block(const float* p, const float* g, const uint8_t* mq, const uint8_t* vq, int64_t at,
-                           int64_t n) {
-  if (at + kQ8Block > n) return;
-  for (int64_t i = 0; i < kQ8Block; i += 16) {
-    _mm_prefetch(reinterpret_cast<const char*>(p + at + i), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(g + at + i), _MM_HINT_T0);
-  }
-  for (int64_t i = 0; i < kQ8Block; i += 64) {
-    _mm_prefetch(reinterpret_cast<const char*>(mq + at + i), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(vq + at + i), _MM_HINT_T0);
-  }
-}
+constexpr int64_t kPrefetchAhead = kPrefetchBlocks * kQ8Block;
 
-void adamw_q8_avx512(const AdamWScalars& s, float* p, const float* g, uint8_t* mq, uint8_t* vq, float* ms,
-                     float* vs, bf16_t* out, int64_t n) {
+namespace {
+template <bool Scaled>
+void q8_kernel(const AdamWScalars& s, float* p, const float* g, uint8_t* mq, uint8_t* vq, float* ms, float* vs,
+               bf16_t* out, int64_t n) {
   static const QV<true> qm(signed_dynamic_map());
   static const QV<false> qv(unsigned_dynamic_map());
   static const DecodePlanes<true> dm(signed_dynamic_map());
@@ -260,7 +254,12 @@ void adamw_q8_avx512(const AdamWScalars& s, float* p, const float* g, uint8_t* m
       adamw_q8_scalar(s, p + b0, g + b0, mq + b0, vq + b0, ms + blk, vs + blk, out ? out + b0 : nullptr, len);
       break;
     }
-    prefetch_block(p, g, mq, vq, b0 + kPrefetchBlocks * kQ8Block, n);
+    const bool pf = b0 + kPrefetchAhead + kQ8Block <= n;
+    if (pf)
+      for (int64_t i = 0; i < kQ8Block; i += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(mq + b0 + kPrefetchAhead + i), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(vq + b0 + kPrefetchAhead + i), _MM_HINT_T0);
+      }
     // Three passes over the block through L1-resident temporaries, each with few live constants (one
     // fused loop kept ~45 vector constants live and spilled them on every iteration).
     for (int64_t i = 0; i < kQ8Block; i += 64) dequant64(dm, mq + b0 + i, _mm512_set1_ps(ms[blk]), tm + i);
@@ -269,11 +268,17 @@ void adamw_q8_avx512(const AdamWScalars& s, float* p, const float* g, uint8_t* m
     float* pb = p + b0;
     const float* gb = g + b0;
     for (int64_t i = 0; i < kQ8Block; i += 32) {
+      if (pf) {
+        _mm_prefetch(reinterpret_cast<const char*>(pb + kPrefetchAhead + i), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(pb + kPrefetchAhead + i + 16), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(gb + kPrefetchAhead + i), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(gb + kPrefetchAhead + i + 16), _MM_HINT_T0);
+      }
       __m512 m0 = _mm512_load_ps(tm + i), m1 = _mm512_load_ps(tm + i + 16);
       __m512 v0 = _mm512_load_ps(tv + i), v1 = _mm512_load_ps(tv + i + 16);
       __m512 p0 = _mm512_loadu_ps(pb + i), p1 = _mm512_loadu_ps(pb + i + 16);
-      step16_q8(c, p0, _mm512_loadu_ps(gb + i), m0, v0);
-      step16_q8(c, p1, _mm512_loadu_ps(gb + i + 16), m1, v1);
+      step16_q8<Scaled>(c, p0, _mm512_loadu_ps(gb + i), m0, v0);
+      step16_q8<Scaled>(c, p1, _mm512_loadu_ps(gb + i + 16), m1, v1);
       _mm512_storeu_ps(pb + i, p0);
       _mm512_storeu_ps(pb + i + 16, p1);
       if (nt) _mm512_stream_si512(reinterpret_cast<__m512i*>(out + b0 + i), to_bf16x2(p0, p1));
@@ -293,6 +298,13 @@ void adamw_q8_avx512(const AdamWScalars& s, float* p, const float* g, uint8_t* m
     quant_block(qv, tv, iv, vq + b0);
   }
   if (nt) _mm_sfence();
+}
+}  // namespace
+
+void adamw_q8_avx512(const AdamWScalars& s, float* p, const float* g, uint8_t* mq, uint8_t* vq, float* ms,
+                     float* vs, bf16_t* out, int64_t n) {
+  if (s.grad_scale == 1.0f) q8_kernel<false>(s, p, g, mq, vq, ms, vs, out, n);
+  else q8_kernel<true>(s, p, g, mq, vq, ms, vs, out, n);
 }
 
 double sumsq_avx512(const float* g, int64_t n) {

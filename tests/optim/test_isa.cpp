@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "helpers.h"
 #include "optim/adamw_kernels.h"
@@ -85,4 +86,35 @@ TEST(Isa, ParseAndResolve) {
   EXPECT_THROW(parse_isa("sse9"), lt::Error);
   EXPECT_EQ(resolve_isa(Isa::Scalar), Isa::Scalar);
   EXPECT_NE(resolve_isa(Isa::Auto), Isa::Auto);
+}
+
+// The bf16 copy equals lt::f32_to_bf16 of the new master for special values too: quiet and signalling
+// NaNs with payloads, infinities, zeros, denormals and exact rounding ties (lr 0 keeps p as it is).
+TEST(Isa, Bf16CopyOfSpecialValues) {
+  std::vector<uint32_t> bits = {0x7fc00000u, 0xffc00001u, 0x7f800001u, 0x7fbfffffu, 0xff800100u, 0x7f800000u,
+                                0xff800000u, 0x00000000u, 0x80000000u, 0x00000001u, 0x807fffffu, 0x3f808000u,
+                                0x3f818000u, 0x3f80ffffu, 0xbf808001u, 0x7f7fffffu, 0x3f800000u};
+  const int64_t n = 512 + 37;  // two full 8-bit blocks and a partial one; vector bodies and tails
+  for (bool q8 : {false, true})
+    for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512}) {
+      if (!isa_supported(isa)) continue;
+      const auto N = static_cast<size_t>(n);
+      std::vector<float> p(N), g(N, 0.0f), m(N, 0.0f), v(N, 0.0f);
+      for (int64_t i = 0; i < n; ++i) {
+        uint32_t b = bits[size_t(i) % bits.size()];
+        std::memcpy(&p[size_t(i)], &b, 4);
+      }
+      std::vector<uint8_t> mq(N, 0), vq(N, 0);
+      std::vector<float> ms(3, 0.0f), vs(3, 0.0f);
+      AlignedBuffer<lt::bf16_t> out(N);
+      AdamWScalars s = make_adamw_scalars(0.0, 0.0, 0.9, 0.999, 1e-8, 1, 1.0f);
+      if (q8)
+        adamw_q8(isa, s, p.data(), g.data(), mq.data(), vq.data(), ms.data(), vs.data(), out.data(), n);
+      else
+        adamw_f32(isa, s, p.data(), g.data(), m.data(), v.data(), out.data(), n);
+      for (int64_t i = 0; i < n; ++i)
+        ASSERT_EQ(out.data()[i], lt::f32_to_bf16(p[size_t(i)]))
+            << isa_name(isa) << (q8 ? " q8" : " f32") << " element " << i << " bits " << std::hex
+            << bits[size_t(i) % bits.size()];
+    }
 }
