@@ -423,24 +423,16 @@ void MicroBatchRun::run() {
   be.wait(Lane::Compute, be.record(Lane::H2D));
   if (mbi_ == 0) be.fill_zero(Lane::Compute, I.d_scal.data(), I.d_scal.bytes(), lab("scalars.zero", -1));
 
-  // Embedding and head weights: uploaded once per step (head in F_{L-1} when not resident).
-  // With a host embedding and tied weights, the device copy of the embedding serves only the LM head,
-  // so it travels with the head.
+  // Embedding and head weights: uploaded once per step (head in F_{L-1} when not resident). With the
+  // host lookup forced on tied weights (LT_EXEC_HOST_EMBED_LOOKUP), the embedding's device copy serves
+  // only the LM head and travels with it.
   auto upload_emb = [&] {
     wait_update(0);
     be.copy(Lane::H2D, I.emb_w.data(), I.st.stream(0), I.emb_w.bytes(), lab("w.h2d", 0));
     emb_ready_ = be.record(Lane::H2D);
   };
-  // Tied, non-resident embedding: look the rows up on the GPU from the device copy the LM head needs
-  // anyway (uploaded at the start of the forward). LT_EXEC_HOST_EMBED_LOOKUP=1 restores the host
-  // lookup (the copy then travels with the head), for A/B measurements.
-  static const bool host_lookup_env = [] {
-    const char* e = std::getenv("LT_EXEC_HOST_EMBED_LOOKUP");
-    return e && e[0] == '1';
-  }();
-  const bool gpu_lookup = I.emb_on_device && !(host_lookup_env && !P.embedding_resident);
   auto upload_head = [&] {
-    if (!P.embedding_resident && I.emb_on_device && !gpu_lookup) upload_emb();
+    if (!P.embedding_resident && I.emb_on_device && !I.emb_dev) upload_emb();
     wait_update(L + 1);
     be.copy(Lane::H2D, I.head_w.data(), I.st.stream(L + 1), I.head_w.bytes(), lab("w.h2d", int32_t(L + 1)));
     head_ready_ = be.record(Lane::H2D);
@@ -455,10 +447,10 @@ void MicroBatchRun::run() {
     if (j == L - 1 && !P.head_resident && mbi_ == 0) upload_head();
     if (j == 0) {
       xbuf_[0] = I.pool->acquire(Lane::Compute);
-      if (gpu_lookup) {
-        // Tied weights keep a device copy of the embedding for the LM head even when it is not resident:
-        // upload it now (once per step) and look the rows up on the GPU. The host gather it replaces took
-        // ~74 ms per micro-batch on Qwen2.5-3B (32K random 4 KiB rows) against ~12 ms for the upload.
+      if (I.emb_dev) {
+        // Resident, or tied (embedding_on_device): a non-resident tied embedding is uploaded once per step,
+        // here, and looked up on the GPU; its backward also runs there (B_0). The host gather this replaces
+        // took ~74 ms per micro-batch on Qwen2.5-3B (32K random 4 KiB rows) against ~12 ms of upload.
         if (!P.embedding_resident && mbi_ == 0) upload_emb();
         be.wait(Lane::Compute, emb_ready_);
         be.embed_forward(I.emb_w.data(), I.d_ids.as<int32_t>(), T, X(xbuf_[0]), lab("embed.fwd", 0));
@@ -567,7 +559,7 @@ void MicroBatchRun::run() {
         be.layer_backward(j, wt, g, row(X(xbuf_[size_t(j)]), r0), row(X(dy_), r0), row(X(dx), r0), dw,
                           lab("bwd", int32_t(j)));
       });
-      if (j == 0 && P.embedding_resident)
+      if (j == 0 && I.emb_dev)
         be.embed_backward(I.d_ids.as<int32_t>(), T, X(dx), I.emb_g.data(), lab("embed.bwd", 0));
       end_use();
       const Event ev = use_done_[size_t(use_ - 1)];
@@ -581,7 +573,7 @@ void MicroBatchRun::run() {
   }
   // Embedding gradient: on the device (resident or tied head), plus the host lookup's backward.
   cur_w_ = w - 1;
-  if (P.embedding_resident) {
+  if (I.emb_dev) {
     offload_grad(0, I.emb_g.data(), lay.embedding().numel);
   } else {  // finished on the host (Executor::train_step): dx0, and the tied head's LM gradient
     be.wait(Lane::D2H, be.record(Lane::Compute));
@@ -644,7 +636,7 @@ StepResult Executor::train_step(const std::vector<MicroBatch>& mbs) {
       be_.synchronize();
       run.finish();
       I.sink_worker->drain();
-      if (!plan_.embedding_resident) I.host_embedding_backward(mbs[size_t(m)].ids, m == 0, m + 1 == nmb);
+      if (!I.emb_dev) I.host_embedding_backward(mbs[size_t(m)].ids, m == 0, m + 1 == nmb);
       const double t_end = now_seconds();
       I.collect_backend_spans(m);
       res.forward_s = run.t_forward_end - t_mb;
@@ -695,7 +687,7 @@ StepResult Executor::train_step(const std::vector<MicroBatch>& mbs) {
   res.rows = T * nmb;
   double total = 0;
   for (int64_t u = 0; u < L + 2; ++u) {
-    const bool host = nmb > 1 || (u == 0 && !plan_.embedding_resident);
+    const bool host = nmb > 1 || (u == 0 && !I.emb_dev);
     const double s = host ? I.host_sumsq[size_t(u)] : sc[2 + u];
     state_.sumsq(u) = s;
     total += s;

@@ -45,7 +45,8 @@ struct Executor::Impl {
   std::vector<ExecPlan::Traffic> traffic;  // effective, per boundary
   std::vector<int64_t> block_end;          // for a checkpoint s: the e of its block
   RingSchedule ring_sched, eval_sched;
-  bool emb_on_device = true;
+  bool emb_on_device = true;  // device buffers for the embedding (resident, or tied: the LM head reads it)
+  bool emb_dev = true;        // lookup and backward of the embedding on the device (embedding_on_device)
 
   // device
   std::vector<Buffer> ring;

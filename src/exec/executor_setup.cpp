@@ -1,6 +1,7 @@
 // Executor setup: plan-derived sizes, the allocation of every buffer (so that a plan that does not fit
 // is refused before running), teardown, and host-side helpers.
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "backend/cpu/reference.h"
@@ -49,6 +50,14 @@ int64_t count_act_buffers(const ExecPlan& p) {
   return best;
 }
 
+bool embedding_on_device(const ModelConfig& c, const ExecPlan& p) {
+  static const bool host_lookup = [] {
+    const char* e = std::getenv("LT_EXEC_HOST_EMBED_LOOKUP");
+    return e && e[0] == '1';
+  }();
+  return p.embedding_resident || (c.tied && !host_lookup);
+}
+
 ExecMemory executor_memory(const ModelConfig& c, const ExecPlan& p, BackendDTypes dt, int64_t workspace_bytes) {
   const auto lay = model_layout(c);
   const int64_t L = c.layers, T = p.batch * p.seq;
@@ -59,7 +68,7 @@ ExecMemory executor_memory(const ModelConfig& c, const ExecPlan& p, BackendDType
              count_act_buffers(p) * A + workspace_bytes;
   if (p.embedding_resident || c.tied) m.device += lay.embedding().numel * (w + g);
   m.pinned = 4 * T * 4 + (2 + L + 2) * 8;
-  if (!p.embedding_resident) m.pinned += 2 * A + (c.tied ? lay.embedding().numel * g : 0);
+  if (!embedding_on_device(c, p)) m.pinned += 2 * A + (c.tied ? lay.embedding().numel * g : 0);
   int64_t n_cpu = 0, n_nvme = 0;
   for (int64_t i = 0; i < L; ++i) {
     n_cpu += p.tier[size_t(i)] == CkptTier::Cpu;
@@ -100,7 +109,8 @@ Executor::Impl::Impl(Executor& e) : ex(e), be(e.be_), P(e.plan_), st(e.state_), 
   for (int64_t i = 0; i < L; ++i)
     if (P.tier[size_t(i)] == CkptTier::Cpu || P.tier[size_t(i)] == CkptTier::Nvme) traffic[size_t(i)] = effective_traffic(P, i);
   emb_on_device = P.embedding_resident || c.tied;
-  if (!P.embedding_resident)
+  emb_dev = embedding_on_device(c, P);
+  if (!emb_dev)
     LT_CHECK(dt.act == dt.weight, "executor: host embedding needs activation dtype {} == weight dtype {}",
              dtype_name(dt.act), dtype_name(dt.weight));
   // Weight-use sequences.
@@ -157,7 +167,7 @@ void Executor::Impl::allocate() {
   p_pos = Buffer(be, MemKind::Pinned, ib, "batch.staging");
   p_seg = Buffer(be, MemKind::Pinned, ib, "batch.staging");
   p_scal = Buffer(be, MemKind::Pinned, (2 + L + 2) * 8, "scalars");
-  if (!P.embedding_resident) {
+  if (!emb_dev) {
     p_x0 = Buffer(be, MemKind::Pinned, A, "embedding.host_io");
     p_dx0 = Buffer(be, MemKind::Pinned, A, "embedding.host_io");
     if (c.tied) p_embg = Buffer(be, MemKind::Pinned, lay.embedding().numel * int64_t(g_sz), "embedding.host_io");
