@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <initializer_list>
 #include <chrono>
+#include <memory>
 #include <random>
 #include <utility>
 #include <thread>
@@ -182,35 +183,54 @@ struct Result {
   double exposed_ms = 0;
 };
 
-Result bench_format(StateFormat fmt, int threads, int64_t params, int units, int iters, Isa isa) {
-  int64_t per = (params / units + kQ8Block - 1) / kQ8Block * kQ8Block;
+// `units` units of one tensor each (params/units elements, rounded up to whole 8-bit blocks) in format
+// `fmt`, their masters and gradients (noise-valued) and page-aligned bf16 copies, as in training.
+struct UnitsUnderTest {
+  int64_t per = 0;
+  std::unique_ptr<CpuAdamW> opt;
+  std::vector<std::vector<float>> p, g;
+  std::vector<AlignedBuffer<bf16_t>> out;  // page-aligned like pinned memory
+  UnitBuffers buffers(int u) { return {p[size_t(u)].data(), g[size_t(u)].data(), out[size_t(u)].data()}; }
+};
+
+UnitsUnderTest make_units(StateFormat fmt, int threads, int64_t params, int units, Isa isa) {
+  UnitsUnderTest t;
+  t.per = (params / units + kQ8Block - 1) / kQ8Block * kQ8Block;
   std::vector<UnitSpec> specs;
   for (int u = 0; u < units; ++u) {
     UnitSpec s;
-    s.numel = per;
-    s.tensors.push_back(TensorSpec{fmt::format("unit{}.weight", u), 0, per, 0, fmt});
+    s.numel = t.per;
+    s.tensors.push_back(TensorSpec{fmt::format("unit{}.weight", u), 0, t.per, 0, fmt});
     specs.push_back(s);
   }
   AdamWConfig cfg;
   cfg.threads = threads;
   cfg.isa = isa;
   cfg.max_grad_norm = 1.0f;
-  CpuAdamW opt(specs, cfg);
-  std::vector<std::vector<float>> p(static_cast<size_t>(units)), g(static_cast<size_t>(units));
-  std::vector<AlignedBuffer<bf16_t>> out(static_cast<size_t>(units));  // page-aligned like pinned memory
+  t.opt = std::make_unique<CpuAdamW>(specs, cfg);
+  t.p.resize(static_cast<size_t>(units));
+  t.g.resize(static_cast<size_t>(units));
+  t.out.resize(static_cast<size_t>(units));
   std::mt19937 rng(1);
   std::normal_distribution<float> d(0.f, 1.f);
   std::vector<float> noise(4096);
   for (auto& x : noise) x = d(rng);
   for (int u = 0; u < units; ++u) {
-    p[size_t(u)].resize(size_t(per));
-    g[size_t(u)].resize(size_t(per));
-    out[size_t(u)].reset(size_t(per));
-    for (int64_t i = 0; i < per; ++i) {
-      p[size_t(u)][size_t(i)] = noise[size_t(i & 4095)] * 0.02f;
-      g[size_t(u)][size_t(i)] = noise[size_t((i * 7 + u) & 4095)] * 1e-3f;
+    t.p[size_t(u)].resize(size_t(t.per));
+    t.g[size_t(u)].resize(size_t(t.per));
+    t.out[size_t(u)].reset(size_t(t.per));
+    for (int64_t i = 0; i < t.per; ++i) {
+      t.p[size_t(u)][size_t(i)] = noise[size_t(i & 4095)] * 0.02f;
+      t.g[size_t(u)][size_t(i)] = noise[size_t((i * 7 + u) & 4095)] * 1e-3f;
     }
   }
+  return t;
+}
+
+Result bench_format(StateFormat fmt, int threads, int64_t params, int units, int iters, Isa isa) {
+  UnitsUnderTest t = make_units(fmt, threads, params, units, isa);
+  CpuAdamW& opt = *t.opt;
+  const int64_t per = t.per;
   Result r;
   double best = 1e30;
   for (int it = 0; it < iters + 1; ++it) {  // the first step also faults in the state pages
@@ -218,7 +238,7 @@ Result bench_format(StateFormat fmt, int threads, int64_t params, int units, int
     double exposed0 = opt.stats().exposed_wait_s;
     opt.begin_step(1e-4f);
     for (int u = 0; u < units; ++u) opt.add_grad_sumsq(u, 0.25 / units);
-    for (int u = 0; u < units; ++u) opt.submit(u, {p[size_t(u)].data(), g[size_t(u)].data(), out[size_t(u)].data()});
+    for (int u = 0; u < units; ++u) opt.submit(u, t.buffers(u));
     opt.wait_all();
     double dt = clock_now() - t0;
     if (it > 0 && dt < best) {
@@ -237,30 +257,13 @@ Result bench_format(StateFormat fmt, int threads, int64_t params, int units, int
 // (blocked in wait) per step and the update's span, in ms.
 std::pair<double, double> bench_overlap(StateFormat fmt, int threads, int64_t params, int units, double fwd_ms,
                                         int iters, Isa isa) {
-  int64_t per = (params / units + kQ8Block - 1) / kQ8Block * kQ8Block;
-  std::vector<UnitSpec> specs;
-  for (int u = 0; u < units; ++u) {
-    UnitSpec s;
-    s.numel = per;
-    s.tensors.push_back(TensorSpec{fmt::format("unit{}.weight", u), 0, per, 0, fmt});
-    specs.push_back(s);
-  }
-  AdamWConfig cfg;
-  cfg.threads = threads;
-  cfg.isa = isa;
-  CpuAdamW opt(specs, cfg);
-  std::vector<std::vector<float>> p(static_cast<size_t>(units)), g(static_cast<size_t>(units));
-  std::vector<AlignedBuffer<bf16_t>> out(static_cast<size_t>(units));  // page-aligned like pinned memory
-  for (int u = 0; u < units; ++u) {
-    p[size_t(u)].assign(size_t(per), 0.01f);
-    g[size_t(u)].assign(size_t(per), 1e-3f);
-    out[size_t(u)].reset(size_t(per));
-  }
+  UnitsUnderTest t = make_units(fmt, threads, params, units, isa);
+  CpuAdamW& opt = *t.opt;
   double best_exposed = 1e30, span = 0;
   for (int it = 0; it < iters + 1; ++it) {
     opt.begin_step(1e-4f);
     for (int u = units - 1; u >= 0; --u) {  // backward order
-      opt.submit(u, {p[size_t(u)].data(), g[size_t(u)].data(), out[size_t(u)].data()});
+      opt.submit(u, t.buffers(u));
       opt.add_grad_sumsq(u, 1e-6);
     }
     double t0 = now_seconds(), e0 = opt.stats().exposed_wait_s;
