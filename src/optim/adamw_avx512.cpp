@@ -1,15 +1,12 @@
-// AVX-512 kernels (16 floats per vector). Compiled with a target pragma and chosen at run time, so the
-// library still runs on CPUs without AVX-512. The path needs AVX-512 VBMI (Ice Lake, Sapphire Rapids,
-// Zen 4 and later: the 8-bit decoder's byte permutes); Skylake-X/Cascade Lake take the AVX2 path.
-// All headers are included BEFORE the pragma so that no inline function of a shared header is emitted
-// with AVX-512 code.
+// AVX-512 kernels (16 floats per vector): fp32 AdamW and the sum of squares. Compiled with a target
+// pragma and chosen at run time, so the library still runs on CPUs without AVX-512 (F/BW/DQ/VL/CD);
+// the 8-bit kernel, which also needs VBMI, is in adamw_q8_avx512.cpp. All shared headers are
+// included BEFORE the pragma so that no inline function of theirs is emitted with AVX-512 code;
+// adamw_avx512_common.h is AVX-512 only and comes after it.
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
-#include <cstdlib>
-#include <cstdint>
 
 #include "optim/adamw_elem.h"
 
@@ -17,183 +14,11 @@
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12 false positive in avx512fintrin.h
 #pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512cd,avx512vbmi,avx2,fma,bmi2")
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512cd,avx2,fma,bmi2")
+
+#include "optim/adamw_avx512_common.h"
 
 namespace lt::optim::detail {
-namespace {
-
-struct V {
-  __m512 decay, w1, beta2, w2, eps, bc2, ibc2, nss, gs;
-  explicit V(const AdamWScalars& s)
-      : decay(_mm512_set1_ps(s.decay)), w1(_mm512_set1_ps(s.w1)), beta2(_mm512_set1_ps(s.beta2)),
-        w2(_mm512_set1_ps(s.w2)), eps(_mm512_set1_ps(s.eps)), bc2(_mm512_set1_ps(s.bc2_sqrt)),
-        ibc2(_mm512_set1_ps(s.inv_bc2_sqrt)),
-        nss(_mm512_set1_ps(s.neg_step_size)), gs(_mm512_set1_ps(s.grad_scale)) {}
-};
-
-// Same operation order as adamw_elem.
-inline void step16(const V& c, __m512& p, __m512 gin, __m512& m, __m512& v) {
-  __m512 g = _mm512_mul_ps(gin, c.gs);
-  __m512 pp = _mm512_mul_ps(p, c.decay);
-  m = _mm512_add_ps(m, _mm512_mul_ps(c.w1, _mm512_sub_ps(g, m)));
-  v = _mm512_add_ps(_mm512_mul_ps(v, c.beta2), _mm512_mul_ps(_mm512_mul_ps(c.w2, g), g));
-  __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(v), c.bc2), c.eps);
-  p = _mm512_add_ps(pp, _mm512_div_ps(_mm512_mul_ps(c.nss, m), denom));
-}
-
-// The 8-bit path's update: the same operations as adamw_elem_q8.
-template <bool Scaled>
-inline void step16_q8(const V& c, __m512& p, __m512 gin, __m512& m, __m512& v) {
-  __m512 g = Scaled ? _mm512_mul_ps(gin, c.gs) : gin;  // grad_scale 1 (no clipping): g * 1 == g
-  m = _mm512_fmadd_ps(c.w1, _mm512_sub_ps(g, m), m);
-  v = _mm512_fmadd_ps(_mm512_mul_ps(c.w2, g), g, _mm512_mul_ps(v, c.beta2));
-  __m512 denom = _mm512_fmadd_ps(_mm512_sqrt_ps(v), c.ibc2, c.eps);
-  p = _mm512_fmadd_ps(p, c.decay, _mm512_div_ps(_mm512_mul_ps(c.nss, m), denom));
-}
-
-// f32 -> bf16, round to nearest even, NaN kept quiet (as lt::f32_to_bf16).
-inline __m256i to_bf16(__m512 x) {
-  __m512i u = _mm512_castps_si512(x);
-  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-  __m512i abs = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
-  __mmask16 nan = _mm512_cmpgt_epu32_mask(abs, _mm512_set1_epi32(0x7f800000));
-  __m512i q = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-  r = _mm512_mask_mov_epi32(r, nan, q);
-  return _mm512_cvtepi32_epi16(r);
-}
-
-// The map's decade tables in registers (indexed with lane permutes: no gathers).
-template <bool Signed>
-struct QV {
-  static constexpr int kBits = Signed ? 7 : 8;
-  static constexpr int kBinBase = 127 - 31;  // binade index 0 = [2^-31, 2^-30), 31 = [1, 2)
-  __m512 inv, off, zero_below, bnd;
-  __m512i ecand_lo, ecand_hi;
-  explicit QV(const QuantMap& q) {
-    // Quantiser tables: 8 entries in the low lanes, indexed by decade.
-    inv = _mm512_zextps256_ps512(_mm256_loadu_ps(q.inv_step));
-    off = _mm512_zextps256_ps512(_mm256_loadu_ps(q.code_off));
-    zero_below = _mm512_set1_ps(q.zero_below);
-    // bnd[e] = the decade top just above decade e's values (+inf above decade 0).
-    alignas(64) float b[16] = {};
-    b[0] = INFINITY;
-    for (int t = 1; t < kBits; ++t) b[t] = q.top[t];
-    bnd = _mm512_load_ps(b);
-    // Decade of each binade's lower end 2^k; a binade holds at most one decade top (they are a factor
-    // 10 apart), so the decade of a is ecand[k] or one less: ecand[k] = #{t : 2^k < top[t]}.
-    alignas(64) int32_t ec[32];
-    for (int k = 0; k < 32; ++k) {
-      float lo = std::ldexp(1.0f, k + kBinBase - 127);
-      int e = 0;
-      for (int t = 1; t < kBits; ++t) e += lo < q.top[t] ? 1 : 0;
-      ec[k] = e;
-    }
-    ecand_lo = _mm512_load_si512(ec);
-    ecand_hi = _mm512_load_si512(ec + 16);
-  }
-};
-
-// Two vectors of f32 -> 32 bf16 (same rounding as to_bf16): round in place in 32-bit lanes, then one
-// word permute collects the high halves.
-inline __m512i bf16_rounded(__m512 x) {
-  __m512i u = _mm512_castps_si512(x);
-  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
-  // NaN lanes (vfpclassps: quiet 0x01 | signalling 0x80) take u | 0x400000 (ternary logic B | C).
-  return _mm512_mask_ternarylogic_epi32(r, _mm512_fpclass_ps_mask(x, 0x81), u, _mm512_set1_epi32(0x400000), 0xEE);
-}
-inline __m512i to_bf16x2(__m512 x0, __m512 x1) {
-  const __m512i odd = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29, 27, 25, 23,
-                                       21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
-  return _mm512_permutex2var_epi16(bf16_rounded(x0), odd, bf16_rounded(x1));
-}
-
-// Nearest code of 16 values y, as int32 lanes: the same result as quantize_one (its decade count
-// #{t : a < top[t]} is found here from the binade's decade and one comparison).
-template <bool Signed>
-inline __m512i quant16(const QV<Signed>& q, __m512 y) {
-  __m512i bits = _mm512_castps_si512(y);
-  __m512i abits = _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff));
-  __m512 a = _mm512_castsi512_ps(abits);
-  // Binade = exponent field; the permute reads its low 5 bits (kBinBase = 96 -> 0, exponent 127 -> 31;
-  // |y| <= 1 + rounding never goes above). Below 2^-31 the low bits wrap: the unsigned map clamps
-  // there; for the signed map those values are below zero_below and get code 0 regardless.
-  __m512i bin = _mm512_srli_epi32(abits, 23);
-  if (!Signed) bin = _mm512_max_epu32(bin, _mm512_set1_epi32(QV<Signed>::kBinBase));
-  __m512i e = _mm512_permutex2var_epi32(q.ecand_lo, bin, q.ecand_hi);
-  __mmask16 up = _mm512_cmp_ps_mask(a, _mm512_permutexvar_ps(e, q.bnd), _CMP_GE_OQ);
-  e = _mm512_mask_sub_epi32(e, up, e, _mm512_set1_epi32(1));
-  __m512 cf = _mm512_fmadd_ps(a, _mm512_permutexvar_ps(e, q.inv), _mm512_permutexvar_ps(e, q.off));
-  __mmask16 live = _mm512_cmp_ps_mask(a, q.zero_below, _CMP_GE_OQ);
-  __m512i code = _mm512_maskz_max_epi32(live, _mm512_cvtps_epi32(cf), _mm512_set1_epi32(1));
-  if (Signed)  // sign bit 31 of y -> bit 7 of the code
-    code = _mm512_ternarylogic_epi32(code, _mm512_srli_epi32(bits, 24), _mm512_set1_epi32(0x80), 0xF8);
-  return code;
-}
-
-// The dword permutation that transposes 4x4 blocks of 4-byte groups (its own inverse): it maps the
-// lane order of the unpack/pack instruction sequences below to element order.
-inline __m512i transpose4x4_idx() { return _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0); }
-
-// 64 codes of 4 x 16 int32 lanes (values 0..255), in element order -> 64 bytes.
-inline __m512i pack64(__m512i c0, __m512i c1, __m512i c2, __m512i c3) {
-  __m512i w01 = _mm512_packus_epi32(c0, c1), w23 = _mm512_packus_epi32(c2, c3);
-  return _mm512_permutexvar_epi32(transpose4x4_idx(), _mm512_packus_epi16(w01, w23));
-}
-
-// Codes of a block's kQ8Block values x * inv (x 64-byte aligned).
-template <bool Signed>
-inline void quant_block(const QV<Signed>& q, const float* x, __m512 inv, uint8_t* codes) {
-  for (int64_t i = 0; i < kQ8Block; i += 64) {
-    __m512i c[4];
-    for (int k = 0; k < 4; ++k) c[k] = quant16(q, _mm512_mul_ps(_mm512_load_ps(x + i + 16 * k), inv));
-    _mm512_storeu_si512(codes + i, pack64(c[0], c[1], c[2], c[3]));
-  }
-}
-
-// Byte-plane decode tables (AVX-512 VBMI): byte k of the fp32 bits of decode[c], for each code c.
-// The signed map decodes c & 0x7f through 128-entry planes and takes the sign from bit 7.
-template <bool Signed>
-struct DecodePlanes {
-  static constexpr int kEntries = Signed ? 128 : 256;
-  __m512i plane[4][kEntries / 64];
-  explicit DecodePlanes(const QuantMap& q) {
-    alignas(64) uint8_t b[4][256];
-    for (int c = 0; c < kEntries; ++c) {
-      uint32_t u;
-      std::memcpy(&u, &q.decode[c], 4);
-      for (int k = 0; k < 4; ++k) b[k][c] = uint8_t(u >> (8 * k));
-    }
-    for (int k = 0; k < 4; ++k)
-      for (int h = 0; h < kEntries / 64; ++h) plane[k][h] = _mm512_load_si512(b[k] + 64 * h);
-  }
-};
-
-// 64 codes -> 64 values * scale (64-byte aligned out), in element order; bit-identical to QuantMap::decode[c] * scale.
-template <bool Signed>
-inline void dequant64(const DecodePlanes<Signed>& t, const uint8_t* codes, __m512 scale, float* out) {
-  // Pre-permute the codes so that the unpack sequence below leaves the values in element order.
-  __m512i c = _mm512_permutexvar_epi32(transpose4x4_idx(), _mm512_loadu_si512(codes));
-  __m512i pl[4];
-  if (Signed) {  // vpermi2b reads the low 7 index bits: c & 0x7f
-    for (int k = 0; k < 4; ++k) pl[k] = _mm512_permutex2var_epi8(t.plane[k][0], c, t.plane[k][1]);
-    pl[3] = _mm512_ternarylogic_epi32(pl[3], c, _mm512_set1_epi8(int8_t(0x80)), 0xF8);  // | (c & 0x80)
-  } else {
-    __mmask64 hi = _mm512_movepi8_mask(c);
-    for (int k = 0; k < 4; ++k)
-      pl[k] = _mm512_mask_blend_epi8(hi, _mm512_permutex2var_epi8(t.plane[k][0], c, t.plane[k][1]),
-                                     _mm512_permutex2var_epi8(t.plane[k][2], c, t.plane[k][3]));
-  }
-  __m512i lo01 = _mm512_unpacklo_epi8(pl[0], pl[1]), hi01 = _mm512_unpackhi_epi8(pl[0], pl[1]);
-  __m512i lo23 = _mm512_unpacklo_epi8(pl[2], pl[3]), hi23 = _mm512_unpackhi_epi8(pl[2], pl[3]);
-  _mm512_store_ps(out, _mm512_mul_ps(_mm512_castsi512_ps(_mm512_unpacklo_epi16(lo01, lo23)), scale));
-  _mm512_store_ps(out + 16, _mm512_mul_ps(_mm512_castsi512_ps(_mm512_unpackhi_epi16(lo01, lo23)), scale));
-  _mm512_store_ps(out + 32, _mm512_mul_ps(_mm512_castsi512_ps(_mm512_unpacklo_epi16(hi01, hi23)), scale));
-  _mm512_store_ps(out + 48, _mm512_mul_ps(_mm512_castsi512_ps(_mm512_unpackhi_epi16(hi01, hi23)), scale));
-}
-
-}  // namespace
 
 void adamw_f32_avx512(const AdamWScalars& s, float* p, const float* g, float* m, float* v, bf16_t* out,
                       int64_t n) {
@@ -224,87 +49,6 @@ void adamw_f32_avx512(const AdamWScalars& s, float* p, const float* g, float* m,
     adamw_elem(s, p[i], g[i], m[i], v[i]);
     if (out) out[i] = f32_to_bf16(p[i]);
   }
-}
-
-// Software prefetch kPrefetchBlocks blocks ahead, spread over the block's passes (the codes' lines in
-// the decode pass, p's and g's in the update loop): a block is ~0.3 us of arithmetic per core, and the
-// hardware prefetchers alone left part of the misses exposed. Issuing all 40 lines at the block start
-// instead gained nothing (fill buffers full); spread, it took the 2-thread update here from
-// 1.42-1.46 to 1.25-1.29 ns/param/thread (two of three paired runs).
-constexpr int64_t kPrefetchBlocks = 4;
-constexpr int64_t kPrefetchAhead = kPrefetchBlocks * kQ8Block;
-
-namespace {
-template <bool Scaled>
-void q8_kernel(const AdamWScalars& s, float* p, const float* g, uint8_t* mq, uint8_t* vq, float* ms, float* vs,
-               bf16_t* out, int64_t n) {
-  static const QV<true> qm(signed_dynamic_map());
-  static const QV<false> qv(unsigned_dynamic_map());
-  static const DecodePlanes<true> dm(signed_dynamic_map());
-  static const DecodePlanes<false> dv(unsigned_dynamic_map());
-  const V c(s);
-  alignas(64) float tm[kQ8Block], tv[kQ8Block];
-  // The bf16 copy is only written here (the GPU upload reads it later): non-temporal stores skip the
-  // read-for-ownership of its lines (measured: 8-bit update 77-89 % -> 94 % of bandwidth on 16 cores
-  // together with the prefetch). They need 64-byte alignment, which pinned buffers have.
-  const bool nt = out && reinterpret_cast<uintptr_t>(out) % 64 == 0;
-  for (int64_t b0 = 0, blk = 0; b0 < n; b0 += kQ8Block, ++blk) {
-    int64_t len = std::min<int64_t>(kQ8Block, n - b0);
-    if (len < kQ8Block) {  // partial last block: scalar (identical arithmetic)
-      adamw_q8_scalar(s, p + b0, g + b0, mq + b0, vq + b0, ms + blk, vs + blk, out ? out + b0 : nullptr, len);
-      break;
-    }
-    const bool pf = b0 + kPrefetchAhead + kQ8Block <= n;
-    if (pf)
-      for (int64_t i = 0; i < kQ8Block; i += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(mq + b0 + kPrefetchAhead + i), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(vq + b0 + kPrefetchAhead + i), _MM_HINT_T0);
-      }
-    // Three passes over the block through L1-resident temporaries, each with few live constants (one
-    // fused loop kept ~45 vector constants live and spilled them on every iteration).
-    for (int64_t i = 0; i < kQ8Block; i += 64) dequant64(dm, mq + b0 + i, _mm512_set1_ps(ms[blk]), tm + i);
-    for (int64_t i = 0; i < kQ8Block; i += 64) dequant64(dv, vq + b0 + i, _mm512_set1_ps(vs[blk]), tv + i);
-    __m512 am = _mm512_setzero_ps(), av = _mm512_setzero_ps();
-    float* pb = p + b0;
-    const float* gb = g + b0;
-    for (int64_t i = 0; i < kQ8Block; i += 32) {
-      if (pf) {
-        _mm_prefetch(reinterpret_cast<const char*>(pb + kPrefetchAhead + i), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(pb + kPrefetchAhead + i + 16), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(gb + kPrefetchAhead + i), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(gb + kPrefetchAhead + i + 16), _MM_HINT_T0);
-      }
-      __m512 m0 = _mm512_load_ps(tm + i), m1 = _mm512_load_ps(tm + i + 16);
-      __m512 v0 = _mm512_load_ps(tv + i), v1 = _mm512_load_ps(tv + i + 16);
-      __m512 p0 = _mm512_loadu_ps(pb + i), p1 = _mm512_loadu_ps(pb + i + 16);
-      step16_q8<Scaled>(c, p0, _mm512_loadu_ps(gb + i), m0, v0);
-      step16_q8<Scaled>(c, p1, _mm512_loadu_ps(gb + i + 16), m1, v1);
-      _mm512_storeu_ps(pb + i, p0);
-      _mm512_storeu_ps(pb + i + 16, p1);
-      if (nt) _mm512_stream_si512(reinterpret_cast<__m512i*>(out + b0 + i), to_bf16x2(p0, p1));
-      else if (out) _mm512_storeu_si512(out + b0 + i, to_bf16x2(p0, p1));
-      _mm512_store_ps(tm + i, m0);
-      _mm512_store_ps(tm + i + 16, m1);
-      _mm512_store_ps(tv + i, v0);
-      _mm512_store_ps(tv + i + 16, v1);
-      am = _mm512_range_ps(am, _mm512_range_ps(m0, m1, 0x0B), 0x0B);  // max of |.|, sign cleared
-      av = _mm512_max_ps(av, _mm512_max_ps(v0, v1));
-    }
-    float amax = _mm512_reduce_max_ps(am), vmax = _mm512_reduce_max_ps(av);
-    ms[blk] = amax;
-    vs[blk] = vmax;
-    const __m512 im = _mm512_set1_ps(block_inv(amax)), iv = _mm512_set1_ps(block_inv(vmax));
-    quant_block(qm, tm, im, mq + b0);
-    quant_block(qv, tv, iv, vq + b0);
-  }
-  if (nt) _mm_sfence();
-}
-}  // namespace
-
-void adamw_q8_avx512(const AdamWScalars& s, float* p, const float* g, uint8_t* mq, uint8_t* vq, float* ms,
-                     float* vs, bf16_t* out, int64_t n) {
-  if (s.grad_scale == 1.0f) q8_kernel<false>(s, p, g, mq, vq, ms, vs, out, n);
-  else q8_kernel<true>(s, p, g, mq, vq, ms, vs, out, n);
 }
 
 double sumsq_avx512(const float* g, int64_t n) {

@@ -7,6 +7,12 @@
 #include "optim/adamw_kernels.h"
 
 namespace lt::optim {
+namespace {
+bool avx512_vbmi() {
+  static const bool has = __builtin_cpu_supports("avx512vbmi");
+  return has;
+}
+}  // namespace
 
 const char* isa_name(Isa i) {
   switch (i) {
@@ -34,8 +40,7 @@ bool isa_supported(Isa i) {
     case Isa::Avx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-             __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512vbmi") &&
-             isa_supported(Isa::Avx2);
+             __builtin_cpu_supports("avx512cd") && isa_supported(Isa::Avx2);
   }
   return false;
 }
@@ -84,7 +89,9 @@ void adamw_f32(Isa isa, const AdamWScalars& s, float* p, const float* g, float* 
 void adamw_q8(Isa isa, const AdamWScalars& s, float* p, const float* g, uint8_t* mq, uint8_t* vq, float* ms,
               float* vs, bf16_t* out, int64_t n) {
   switch (resolve_isa(isa)) {
-    case Isa::Avx512: return detail::adamw_q8_avx512(s, p, g, mq, vq, ms, vs, out, n);
+    case Isa::Avx512:  // the 8-bit kernel also needs VBMI; without it AVX2 (bit-identical results)
+      if (avx512_vbmi()) return detail::adamw_q8_avx512(s, p, g, mq, vq, ms, vs, out, n);
+      return detail::adamw_q8_avx2(s, p, g, mq, vq, ms, vs, out, n);
     case Isa::Avx2: return detail::adamw_q8_avx2(s, p, g, mq, vq, ms, vs, out, n);
     default: return detail::adamw_q8_scalar(s, p, g, mq, vq, ms, vs, out, n);
   }

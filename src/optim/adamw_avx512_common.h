@@ -1,0 +1,61 @@
+// AVX-512 pieces shared by the fp32 and 8-bit kernels (adamw_avx512.cpp, adamw_q8_avx512.cpp). Include
+// it only AFTER a `#pragma GCC target` that enables AVX-512 F/BW/DQ/VL: everything here has internal
+// linkage, so each of those files gets its own copy compiled for its own target.
+#pragma once
+#include <immintrin.h>
+
+#include "optim/adamw_kernels.h"
+
+namespace lt::optim::detail {
+namespace {
+
+struct V {
+  __m512 decay, w1, beta2, w2, eps, bc2, ibc2, nss, gs;
+  explicit V(const AdamWScalars& s)
+      : decay(_mm512_set1_ps(s.decay)), w1(_mm512_set1_ps(s.w1)), beta2(_mm512_set1_ps(s.beta2)),
+        w2(_mm512_set1_ps(s.w2)), eps(_mm512_set1_ps(s.eps)), bc2(_mm512_set1_ps(s.bc2_sqrt)),
+        ibc2(_mm512_set1_ps(s.inv_bc2_sqrt)),
+        nss(_mm512_set1_ps(s.neg_step_size)), gs(_mm512_set1_ps(s.grad_scale)) {}
+};
+
+// Same operation order as adamw_elem.
+inline void step16(const V& c, __m512& p, __m512 gin, __m512& m, __m512& v) {
+  __m512 g = _mm512_mul_ps(gin, c.gs);
+  __m512 pp = _mm512_mul_ps(p, c.decay);
+  m = _mm512_add_ps(m, _mm512_mul_ps(c.w1, _mm512_sub_ps(g, m)));
+  v = _mm512_add_ps(_mm512_mul_ps(v, c.beta2), _mm512_mul_ps(_mm512_mul_ps(c.w2, g), g));
+  __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(v), c.bc2), c.eps);
+  p = _mm512_add_ps(pp, _mm512_div_ps(_mm512_mul_ps(c.nss, m), denom));
+}
+
+// The 8-bit path's update: the same operations as adamw_elem_q8.
+template <bool Scaled>
+inline void step16_q8(const V& c, __m512& p, __m512 gin, __m512& m, __m512& v) {
+  __m512 g = Scaled ? _mm512_mul_ps(gin, c.gs) : gin;  // grad_scale 1 (no clipping): g * 1 == g
+  m = _mm512_fmadd_ps(c.w1, _mm512_sub_ps(g, m), m);
+  v = _mm512_fmadd_ps(_mm512_mul_ps(c.w2, g), g, _mm512_mul_ps(v, c.beta2));
+  __m512 denom = _mm512_fmadd_ps(_mm512_sqrt_ps(v), c.ibc2, c.eps);
+  p = _mm512_fmadd_ps(p, c.decay, _mm512_div_ps(_mm512_mul_ps(c.nss, m), denom));
+}
+
+// f32 -> bf16 rounded to nearest even in 32-bit lanes (the result is in the high halves); NaN kept quiet
+// (as lt::f32_to_bf16).
+inline __m512i bf16_rounded(__m512 x) {
+  __m512i u = _mm512_castps_si512(x);
+  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+  // NaN lanes (vfpclassps: quiet 0x01 | signalling 0x80) take u | 0x400000 (ternary logic B | C).
+  return _mm512_mask_ternarylogic_epi32(r, _mm512_fpclass_ps_mask(x, 0x81), u, _mm512_set1_epi32(0x400000), 0xEE);
+}
+// Two vectors of f32 -> 32 bf16: one word permute collects the high halves.
+inline __m512i to_bf16x2(__m512 x0, __m512 x1) {
+  const __m512i odd = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29, 27, 25, 23,
+                                       21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+  return _mm512_permutex2var_epi16(bf16_rounded(x0), odd, bf16_rounded(x1));
+}
+
+// One vector of f32 -> 16 bf16.
+inline __m256i to_bf16(__m512 x) { return _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_rounded(x), 16)); }
+
+}  // namespace
+}  // namespace lt::optim::detail
