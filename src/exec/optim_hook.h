@@ -19,7 +19,7 @@
 namespace lt {
 
 struct OptimizerSetup {
-  float lr = 1e-3f, weight_decay = 0.0f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  float weight_decay = 0.0f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
   float max_grad_norm = 1.0f;
   int threads = 0;
   optim::OptimizerKind kind = optim::OptimizerKind::AdamW;

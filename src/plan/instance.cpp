@@ -29,9 +29,9 @@ double Instance::R(int s, int e) const {
   return r;
 }
 
-namespace {
-// Moments of one tensor: fp32 m and v, or 8-bit m and v with one fp32 absmax per 256 elements each.
 double moment_bytes(int64_t n, bool q8) { return q8 ? 2.0 * double(n) + 2.0 * 4.0 * double((n + 255) / 256) : 8.0 * double(n); }
+
+namespace {
 
 double unit_opt_time(const UnitLayout& u, const std::set<std::string>& q8, double r32, double r8) {
   double t = 0;

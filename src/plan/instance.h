@@ -20,6 +20,10 @@
 
 namespace lt {
 
+// Optimizer-moment bytes of a tensor of n elements: fp32 m and v (8 B each element), or 8-bit codes
+// with one fp32 absmax per 256 elements for each moment.
+double moment_bytes(int64_t n, bool q8);
+
 struct Instance {
   int L = 0;
   int micro_batches = 1;  // per optimizer step; the optimizer overlaps the first micro-batch only

@@ -37,7 +37,7 @@ std::vector<std::string> choose_8bit(const ModelConfig& c, const std::string& mo
   for (auto& t : elig) {
     if (need <= dram_budget) break;
     out.push_back(t.name);
-    need -= 8.0 * double(t.numel) - (2.0 * double(t.numel) + 8.0 * double((t.numel + 255) / 256));
+    need -= moment_bytes(t.numel, false) - moment_bytes(t.numel, true);
   }
   return out;
 }
@@ -168,10 +168,11 @@ PlanOutcome make_plan(const PlanRequest& r) {
     }
   }
   if (r.planner == "milp") {
-    const Plan* warm = dp.feasible ? &out.candidates.front().plan : nullptr;
     // Warm start from the best feasible candidate so far.
+    const Candidate* best = nullptr;
     for (auto& cd : out.candidates)
-      if (cd.feasible && (!warm || cd.sim.pred.step_s < simulate(in, *warm).pred.step_s)) warm = &cd.plan;
+      if (cd.feasible && (!best || cd.sim.pred.step_s < best->sim.pred.step_s)) best = &cd;
+    const Plan* warm = best ? &best->plan : nullptr;
     auto ms = solve_milp(in, r.milp, warm);
     out.milp = ms;
     if (ms.feasible) {

@@ -120,6 +120,7 @@ TrainingPlan make_training_plan(const TrainConfig& cfg, const ModelConfig& model
   // Planner names: the config's "all-cpu" is the planner's "cpu-all"; "megatrain" means K = 4.
   r.planner = cfg.planner == "all-cpu" ? "cpu-all" : cfg.planner == "megatrain" ? "megatrain:4" : cfg.planner;
   r.optimizer = cfg.optimizer;
+  r.micro_batches = int(cfg.gradient_accumulation_steps);  // predictions per optimizer step, as measured
   r.compare = false;
   const double t0 = now_seconds();
   PlanOutcome o = make_plan(r);

@@ -164,7 +164,6 @@ TrainResult run_training(const TrainConfig& cfg, const TrainHooks& hooks) {
   ms.initial.units.clear();  // the host state owns the weights from here
 
   OptimizerSetup os;
-  os.lr = float(cfg.learning_rate);
   os.weight_decay = float(cfg.weight_decay);
   os.beta1 = float(cfg.adam_beta1);
   os.beta2 = float(cfg.adam_beta2);
@@ -317,8 +316,7 @@ TrainResult run_training(const TrainConfig& cfg, const TrainHooks& hooks) {
     m.peak_gpu_bytes = bc.gpu ? r.peak_device : -1;
     m.host_rss_bytes = host_peak_rss_bytes();
     m.exposed_transfer_s = std::max(0.0, r.exposed_s - r.exposed_optimizer_s);
-    // The plan's per-window predictions include optimizer waits; the planner's split does not.
-    m.exposed_transfer_pred_s = tp.predicted_exposed_transfer_s >= 0 ? tp.predicted_exposed_transfer_s : r.predicted_exposed_s;
+    m.exposed_transfer_pred_s = tp.predicted_exposed_transfer_s;  // the planner's split (the windows' include waits)
     m.exposed_optimizer_s = r.exposed_optimizer_s;
     m.exposed_optimizer_pred_s = tp.predicted_exposed_optimizer_s;
     m.optimizer_wait_s = r.update_wait_s;
