@@ -423,16 +423,14 @@ void MicroBatchRun::run() {
   be.wait(Lane::Compute, be.record(Lane::H2D));
   if (mbi_ == 0) be.fill_zero(Lane::Compute, I.d_scal.data(), I.d_scal.bytes(), lab("scalars.zero", -1));
 
-  // Embedding and head weights: uploaded once per step (head in F_{L-1} when not resident). With the
-  // host lookup forced on tied weights (LT_EXEC_HOST_EMBED_LOOKUP), the embedding's device copy serves
-  // only the LM head and travels with it.
+  // Embedding and head weights: uploaded once per step (head in F_{L-1} when not resident; a tied,
+  // non-resident embedding at the start of the forward, below).
   auto upload_emb = [&] {
     wait_update(0);
     be.copy(Lane::H2D, I.emb_w.data(), I.st.stream(0), I.emb_w.bytes(), lab("w.h2d", 0));
     emb_ready_ = be.record(Lane::H2D);
   };
   auto upload_head = [&] {
-    if (!P.embedding_resident && I.emb_on_device && !I.emb_dev) upload_emb();
     wait_update(L + 1);
     be.copy(Lane::H2D, I.head_w.data(), I.st.stream(L + 1), I.head_w.bytes(), lab("w.h2d", int32_t(L + 1)));
     head_ready_ = be.record(Lane::H2D);
@@ -447,7 +445,7 @@ void MicroBatchRun::run() {
     if (j == L - 1 && !P.head_resident && mbi_ == 0) upload_head();
     if (j == 0) {
       xbuf_[0] = I.pool->acquire(Lane::Compute);
-      if (I.emb_dev) {
+      if (I.emb_on_device) {
         // Resident, or tied (embedding_on_device): a non-resident tied embedding is uploaded once per step,
         // here, and looked up on the GPU; its backward also runs there (B_0). The host gather this replaces
         // took ~74 ms per micro-batch on Qwen2.5-3B (32K random 4 KiB rows) against ~12 ms of upload.
@@ -559,7 +557,7 @@ void MicroBatchRun::run() {
         be.layer_backward(j, wt, g, row(X(xbuf_[size_t(j)]), r0), row(X(dy_), r0), row(X(dx), r0), dw,
                           lab("bwd", int32_t(j)));
       });
-      if (j == 0 && I.emb_dev)
+      if (j == 0 && I.emb_on_device)
         be.embed_backward(I.d_ids.as<int32_t>(), T, X(dx), I.emb_g.data(), lab("embed.bwd", 0));
       end_use();
       const Event ev = use_done_[size_t(use_ - 1)];
@@ -571,14 +569,14 @@ void MicroBatchRun::run() {
       gslot_free_[k] = last_grad_d2h_;
     }
   }
-  // Embedding gradient: on the device (resident or tied head), plus the host lookup's backward.
+  // Embedding gradient: on the device (resident or tied), else finished on the host from dx0
+  // (Executor::train_step).
   cur_w_ = w - 1;
-  if (I.emb_dev) {
+  if (I.emb_on_device) {
     offload_grad(0, I.emb_g.data(), lay.embedding().numel);
-  } else {  // finished on the host (Executor::train_step): dx0, and the tied head's LM gradient
+  } else {
     be.wait(Lane::D2H, be.record(Lane::Compute));
     be.copy(Lane::D2H, I.p_dx0.data(), X(dy_), I.A, lab("dx0.d2h", 0));
-    if (I.c.tied) be.copy(Lane::D2H, I.p_embg.data(), I.emb_g.data(), I.emb_g.bytes(), lab("grad.d2h", 0));
   }
   const Event last = be.record(Lane::Compute);
   I.pool->release(dy_, {last});
@@ -636,7 +634,7 @@ StepResult Executor::train_step(const std::vector<MicroBatch>& mbs) {
       be_.synchronize();
       run.finish();
       I.sink_worker->drain();
-      if (!I.emb_dev) I.host_embedding_backward(mbs[size_t(m)].ids, m == 0, m + 1 == nmb);
+      if (!I.emb_on_device) I.host_embedding_backward(mbs[size_t(m)].ids, m == 0, m + 1 == nmb);
       const double t_end = now_seconds();
       I.collect_backend_spans(m);
       res.forward_s = run.t_forward_end - t_mb;
@@ -687,7 +685,7 @@ StepResult Executor::train_step(const std::vector<MicroBatch>& mbs) {
   res.rows = T * nmb;
   double total = 0;
   for (int64_t u = 0; u < L + 2; ++u) {
-    const bool host = nmb > 1 || (u == 0 && !I.emb_dev);
+    const bool host = nmb > 1 || (u == 0 && !I.emb_on_device);
     const double s = host ? I.host_sumsq[size_t(u)] : sc[2 + u];
     state_.sumsq(u) = s;
     total += s;

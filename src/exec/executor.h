@@ -85,10 +85,10 @@ struct StepResult {
 // (docs/executor.md, "Device memory"). The planner's HBM model should count the same.
 int64_t count_act_buffers(const ExecPlan& p);
 
-// Whether the embedding's lookup and backward run on the device: when the plan keeps it resident, or
-// when the weights are tied (the LM head needs its device copy anyway: uploading it once per step
-// replaces a host gather and a host scatter-add of the whole table). LT_EXEC_HOST_EMBED_LOOKUP=1
-// keeps a non-resident tied embedding on the host, for A/B measurements.
+// Whether the embedding has device buffers and its lookup and backward run on the device: when the
+// plan keeps it resident, or when the weights are tied (the LM head needs its device copy anyway:
+// uploading it once per step replaces a host gather and a host scatter-add of the whole table).
+// Otherwise (untied, not resident) both run on the host and only boundary 0 crosses PCIe.
 bool embedding_on_device(const ModelConfig& c, const ExecPlan& p);
 
 // Bytes the executor allocates for a plan (what its constructor reserves), so that a planner or a

@@ -45,8 +45,7 @@ struct Executor::Impl {
   std::vector<ExecPlan::Traffic> traffic;  // effective, per boundary
   std::vector<int64_t> block_end;          // for a checkpoint s: the e of its block
   RingSchedule ring_sched, eval_sched;
-  bool emb_on_device = true;  // device buffers for the embedding (resident, or tied: the LM head reads it)
-  bool emb_dev = true;        // lookup and backward of the embedding on the device (embedding_on_device)
+  bool emb_on_device = true;  // embedding_on_device(): device buffers, lookup and backward on the device
 
   // device
   std::vector<Buffer> ring;
@@ -55,7 +54,7 @@ struct Executor::Impl {
   Buffer d_ids, d_tgt, d_pos, d_seg, d_scal;  // d_scal: loss_sum, n_tokens, sumsq[units]
   std::unique_ptr<ActPool> pool;
   // pinned
-  Buffer p_ids, p_tgt, p_pos, p_seg, p_scal, p_x0, p_dx0, p_embg;
+  Buffer p_ids, p_tgt, p_pos, p_seg, p_scal, p_x0, p_dx0;
   std::vector<Buffer> cpu_ckpt;  // per boundary (cpu tier only)
   std::vector<Buffer> wstage, rstage;
   std::vector<Buffer> gslab;  // grad staging for accumulation / dtype conversion (lazy)

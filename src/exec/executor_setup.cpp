@@ -50,13 +50,7 @@ int64_t count_act_buffers(const ExecPlan& p) {
   return best;
 }
 
-bool embedding_on_device(const ModelConfig& c, const ExecPlan& p) {
-  static const bool host_lookup = [] {
-    const char* e = std::getenv("LT_EXEC_HOST_EMBED_LOOKUP");
-    return e && e[0] == '1';
-  }();
-  return p.embedding_resident || (c.tied && !host_lookup);
-}
+bool embedding_on_device(const ModelConfig& c, const ExecPlan& p) { return p.embedding_resident || c.tied; }
 
 ExecMemory executor_memory(const ModelConfig& c, const ExecPlan& p, BackendDTypes dt, int64_t workspace_bytes) {
   const auto lay = model_layout(c);
@@ -66,9 +60,9 @@ ExecMemory executor_memory(const ModelConfig& c, const ExecPlan& p, BackendDType
   ExecMemory m;
   m.device = p.ring * ln * w + 2 * ln * g + lay.head().numel * (w + g) + 4 * T * 4 + (2 + L + 2) * 8 +
              count_act_buffers(p) * A + workspace_bytes;
-  if (p.embedding_resident || c.tied) m.device += lay.embedding().numel * (w + g);
+  if (embedding_on_device(c, p)) m.device += lay.embedding().numel * (w + g);
   m.pinned = 4 * T * 4 + (2 + L + 2) * 8;
-  if (!embedding_on_device(c, p)) m.pinned += 2 * A + (c.tied ? lay.embedding().numel * g : 0);
+  if (!embedding_on_device(c, p)) m.pinned += 2 * A;  // host lookup: boundary 0 and its gradient
   int64_t n_cpu = 0, n_nvme = 0;
   for (int64_t i = 0; i < L; ++i) {
     n_cpu += p.tier[size_t(i)] == CkptTier::Cpu;
@@ -108,9 +102,8 @@ Executor::Impl::Impl(Executor& e) : ex(e), be(e.be_), P(e.plan_), st(e.state_), 
   traffic.resize(size_t(L + 1));
   for (int64_t i = 0; i < L; ++i)
     if (P.tier[size_t(i)] == CkptTier::Cpu || P.tier[size_t(i)] == CkptTier::Nvme) traffic[size_t(i)] = effective_traffic(P, i);
-  emb_on_device = P.embedding_resident || c.tied;
-  emb_dev = embedding_on_device(c, P);
-  if (!emb_dev)
+  emb_on_device = embedding_on_device(c, P);
+  if (!emb_on_device)
     LT_CHECK(dt.act == dt.weight, "executor: host embedding needs activation dtype {} == weight dtype {}",
              dtype_name(dt.act), dtype_name(dt.weight));
   // Weight-use sequences.
@@ -167,10 +160,9 @@ void Executor::Impl::allocate() {
   p_pos = Buffer(be, MemKind::Pinned, ib, "batch.staging");
   p_seg = Buffer(be, MemKind::Pinned, ib, "batch.staging");
   p_scal = Buffer(be, MemKind::Pinned, (2 + L + 2) * 8, "scalars");
-  if (!emb_dev) {
+  if (!emb_on_device) {
     p_x0 = Buffer(be, MemKind::Pinned, A, "embedding.host_io");
     p_dx0 = Buffer(be, MemKind::Pinned, A, "embedding.host_io");
-    if (c.tied) p_embg = Buffer(be, MemKind::Pinned, lay.embedding().numel * int64_t(g_sz), "embedding.host_io");
   }
   cpu_ckpt.resize(size_t(L + 1));
   for (int64_t i = 0; i < L; ++i)
@@ -208,22 +200,17 @@ void Executor::Impl::collect_backend_spans(int32_t mb) {
   for (auto& s : be.take_spans()) add_span(int(s.lane), s.label, s.bytes, s.t0, s.t1, mb);
 }
 
-// The embedding's gradient of one micro-batch when the lookup runs on the host, formed in the same
-// order as on the device (tied: LM-head gradient first, then the lookup's scatter-add), then
-// assigned to (first micro-batch) or added into the host gradient.
+// The embedding's gradient of one micro-batch when the lookup runs on the host (untied weights, not
+// resident: embedding_on_device), formed in the same order as on the device (the lookup's
+// scatter-add in token order), then assigned to (first micro-batch) or added into the host gradient.
 void Executor::Impl::host_embedding_backward(const int32_t* ids, bool assign, bool last) {
-  // g = (assign ? 0 : g) + e, e = (tied ? the head's gradient of the matrix : 0) + scatter of dx by token.
-  // Only the rows that tokens hit get scatter terms; every other row is a plain (parallel) add. A
-  // 152k x 4k vocabulary makes this ~600M floats per step, so no full-size temporary and no serial pass.
-  // The arithmetic per element is that of cpu::embed_backward on a copy of the head's gradient
-  // (h + dx_t1 + dx_t2 ... in token order, then added to g), so results are unchanged bit for bit.
+  // g = (assign ? 0 : g) + e, e = scatter of dx by token. Only the rows that tokens hit get scatter
+  // terms; every other row is a plain (parallel) add. A 152k x 4k vocabulary makes this ~600M floats
+  // per step, so no full-size temporary and no serial pass. The arithmetic per element is that of
+  // cpu::embed_backward (0 + dx_t1 + dx_t2 ... in token order, then added to g), bit for bit.
   const int64_t H = c.hidden, V = c.vocab, n = st.numel(0);
   float* g = st.grad(0);
-  auto head_row = [&](int64_t r, float* out) {
-    if (!c.tied) { std::fill(out, out + H, 0.0f); return; }
-    if (g_sz == 4) std::memcpy(out, p_embg.as<float>() + r * H, size_t(H) * 4);
-    else for (int64_t k = 0; k < H; ++k) out[k] = bf16_to_f32(p_embg.as<bf16_t>()[r * H + k]);
-  };
+  auto zero_row = [&](int64_t, float* out) { std::fill(out, out + H, 0.0f); };
   // Rows hit by tokens, accumulated in token order into a compact buffer.
   std::vector<int32_t> slot(size_t(V), -1);
   std::vector<int32_t> rows;
@@ -235,7 +222,7 @@ void Executor::Impl::host_embedding_backward(const int32_t* ids, bool assign, bo
       slot[size_t(r)] = int32_t(rows.size());
       rows.push_back(r);
       acc.resize(acc.size() + size_t(H));
-      head_row(r, acc.data() + acc.size() - size_t(H));
+      zero_row(r, acc.data() + acc.size() - size_t(H));
     }
     float* e = acc.data() + size_t(slot[size_t(r)]) * size_t(H);
     if (act_sz == 2) {
@@ -259,7 +246,7 @@ void Executor::Impl::host_embedding_backward(const int32_t* ids, bool assign, bo
     for (int64_t r = b * rows_per_block; r < r1; ++r) {
       const float* e;
       if (slot[size_t(r)] >= 0) e = acc.data() + size_t(slot[size_t(r)]) * size_t(H);
-      else { head_row(r, tmp.data()); e = tmp.data(); }
+      else { zero_row(r, tmp.data()); e = tmp.data(); }
       float* gr = g + r * H;
       for (int64_t k = 0; k < H; ++k) {
         gr[k] = assign ? e[k] : gr[k] + e[k];

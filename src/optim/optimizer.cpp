@@ -77,8 +77,8 @@ CpuAdamW::CpuAdamW(std::vector<UnitSpec> units, AdamWConfig cfg)
 }
 
 void CpuAdamW::zero_states() {
-  // Zero the moments in chunks on the workers: faster than one thread for tens of GB, and the pages are
-  // first touched by the threads that will update them.
+  // Zero the moments in chunks on the workers: faster than one thread for tens of GB. (Pages are first
+  // touched by whichever worker takes a chunk: the pool has no affinity, so this is not NUMA placement.)
   std::mutex mu;
   std::condition_variable cv;
   int64_t left = 0;
