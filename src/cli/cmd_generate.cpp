@@ -47,8 +47,7 @@ void add_generate(CLI::App& app) {
     auto out = gen->generate(ids, g);
     for (size_t i = 0; i < out.size(); ++i) {
       auto toks = out[i];
-      if (!toks.empty() && std::find(g.stop_ids.begin(), g.stop_ids.end(), toks.back()) != g.stop_ids.end())
-        toks.pop_back();
+      train::strip_stop(toks, g.stop_ids);
       std::printf("### prompt %zu: %s\n%s\n\n", i, prompts[i].c_str(), m.tmpl.tokenizer().decode(toks, true).c_str());
     }
     std::fflush(stdout);

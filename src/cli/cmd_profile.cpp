@@ -8,6 +8,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/host_memory.h"
 #include "core/timer.h"
 #include "core/units.h"
 #include "model/model_config.h"
@@ -19,20 +20,7 @@
 
 namespace lt::cli {
 
-namespace {
 using namespace lt::optim;
-
-int64_t mem_available() {
-  std::ifstream f("/proc/meminfo");
-  std::string k;
-  int64_t v;
-  std::string unit;
-  while (f >> k >> v >> unit)
-    if (k == "MemAvailable:") return v * 1024;
-  return 0;
-}
-
-}  // namespace
 
 void add_profile(CLI::App& app) {
   struct Opts {
@@ -66,7 +54,7 @@ void add_profile(CLI::App& app) {
 
     p.host_mem_bw = measure_host_bandwidth(threads, 256 * MiB, say);
     say(fmt::format("  host memory {:.1f} GB/s (read+write)", p.host_mem_bw / 1e9));
-    p.dram_bytes = !o->host_mem.empty() ? parse_bytes(o->host_mem) : int64_t(0.9 * double(mem_available()));
+    p.dram_bytes = !o->host_mem.empty() ? parse_bytes(o->host_mem) : int64_t(0.9 * double(mem_available_bytes()));
     say(fmt::format("  DRAM budget {}", format_bytes(double(p.dram_bytes))));
 
     if (!o->skip_nvme) {

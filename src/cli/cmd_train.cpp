@@ -20,8 +20,7 @@ namespace {
 train::BackendChoice make_backend(const ModelConfig& m, const train::TrainConfig& c, int64_t device_budget,
                                   int64_t host_budget) {
 #ifdef LT_HAVE_CUDA
-  int n = 0;
-  bool have_gpu = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  const bool have_gpu = cuda_device_visible();
   if (c.backend == "cuda") LT_CHECK(have_gpu, "backend: 'cuda' requested but no CUDA device is visible");
   if (have_gpu && c.backend != "cpu") {
     CudaBackendOptions o;
@@ -39,8 +38,7 @@ train::BackendChoice make_backend(const ModelConfig& m, const train::TrainConfig
 train::DeviceProbe probe_device(const train::TrainConfig& c) {
   train::DeviceProbe p;
 #ifdef LT_HAVE_CUDA
-  int n = 0;
-  bool have_gpu = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  const bool have_gpu = cuda_device_visible();
   if (c.backend == "cuda") LT_CHECK(have_gpu, "backend: 'cuda' requested but no CUDA device is visible");
   if (have_gpu && c.backend != "cpu") {
     cudaDeviceProp prop{};

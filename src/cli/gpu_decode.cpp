@@ -69,13 +69,19 @@ class CudaGenerator final : public train::Generator {
 }  // namespace
 #endif
 
+bool cuda_device_visible() {
+#ifdef LT_HAVE_CUDA
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+#else
+  return false;
+#endif
+}
+
 train::GpuDecodeHooks gpu_decode_hooks() {
   train::GpuDecodeHooks h;
 #ifdef LT_HAVE_CUDA
-  h.gpu_visible = [] {
-    int n = 0;
-    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-  };
+  h.gpu_visible = cuda_device_visible;
   h.make = [](const train::ModelWeightsView& w, const train::DecodeDeviceOptions& o,
               Backend* borrow) -> std::unique_ptr<train::Generator> {
     return std::make_unique<CudaGenerator>(w, o, borrow);

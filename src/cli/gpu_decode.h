@@ -6,4 +6,6 @@
 
 namespace lt::cli {
 train::GpuDecodeHooks gpu_decode_hooks();
+// This build has the CUDA backend and a CUDA device is visible.
+bool cuda_device_visible();
 }  // namespace lt::cli

@@ -344,21 +344,27 @@ class MicroBatchRun {
     Backend* bp = &be;
     slab_busy_[k] = I.sink_worker->submit([=] {
       bp->host_wait(ev);
-      double ss = 0;
+      // dst = (assign ? 0 : dst) + src (fp32 slabs never assign: micro-batch 0 goes direct); the fp64
+      // sum of squares only on the last micro-batch.
+      auto accumulate = [&](auto load, bool with_sumsq) {
+        double ss = 0;
+        for (int64_t e = 0; e < numel; ++e) {
+          dst[e] = (assign ? 0.0f : dst[e]) + load(e);
+          if (with_sumsq) ss += double(dst[e]) * double(dst[e]);
+        }
+        return ss;
+      };
+      auto run = [&](auto load) {
+        if (sumsq) *sumsq = accumulate(load, true);
+        else accumulate(load, false);
+      };
       if (bf16) {
         auto* s = static_cast<const bf16_t*>(src);
-        for (int64_t e = 0; e < numel; ++e) {
-          dst[e] = (assign ? 0.0f : dst[e]) + bf16_to_f32(s[e]);
-          ss += double(dst[e]) * double(dst[e]);
-        }
+        run([s](int64_t e) { return bf16_to_f32(s[e]); });
       } else {
         auto* s = static_cast<const float*>(src);
-        for (int64_t e = 0; e < numel; ++e) {
-          dst[e] = assign ? s[e] : dst[e] + s[e];
-          ss += double(dst[e]) * double(dst[e]);
-        }
+        run([s](int64_t e) { return s[e]; });
       }
-      if (sumsq) *sumsq = ss;
     });
   }
   int slab_next_ = 0;

@@ -47,9 +47,7 @@ EvalResult evaluate_exact_match(Generator& generator, const data::ChatTemplate& 
       const auto& rec = records[b0 + i];
       std::vector<int32_t> ids = gen[i];
       res.generated_tokens += int64_t(ids.size());
-      // Drop the stop token before decoding.
-      if (!ids.empty() && std::find(g.stop_ids.begin(), g.stop_ids.end(), ids.back()) != g.stop_ids.end())
-        ids.pop_back();
+      strip_stop(ids, g.stop_ids);
       std::string text = tmpl.tokenizer().decode(ids, true);
       std::string reference = rec.reference();
       auto pred = extract_answer(text);

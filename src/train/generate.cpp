@@ -122,6 +122,10 @@ int32_t argmax(const float* row, int64_t n) {
 
 }  // namespace
 
+void strip_stop(std::vector<int32_t>& ids, const std::vector<int32_t>& stop_ids) {
+  if (!ids.empty() && std::find(stop_ids.begin(), stop_ids.end(), ids.back()) != stop_ids.end()) ids.pop_back();
+}
+
 ModelWeightsView view_of(const ModelWeights& w) {
   ModelWeightsView v{&w.config, &w.layout, {}};
   for (const auto& u : w.units) v.units.push_back(u.data());

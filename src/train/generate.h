@@ -37,6 +37,9 @@ struct DecodeStats {
   double decode_seconds = 0;   // the steps after the first token
   double seconds() const { return prefill_seconds + decode_seconds; }
 };
+// Drops a trailing stop token (one of stop_ids) from generated ids, before decoding them to text.
+void strip_stop(std::vector<int32_t>& ids, const std::vector<int32_t>& stop_ids);
+
 // Returns the generated ids of each prompt (stop token included if emitted); adds to *stats if given.
 std::vector<std::vector<int32_t>> greedy_generate(const ModelWeightsView& w,
                                                   const std::vector<std::vector<int32_t>>& prompts,

@@ -10,6 +10,7 @@
 
 #include "backend/cpu/ops.h"
 #include "core/error.h"
+#include "core/host_memory.h"
 #include "core/log.h"
 #include "core/timer.h"
 #include "core/units.h"
@@ -22,14 +23,10 @@
 namespace lt::train {
 namespace {
 
-int64_t mem_available_bytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  int64_t kb = 0;
-  std::string unit;
-  while (in >> key >> kb >> unit)
-    if (key == "MemAvailable:") return kb * 1024;
-  return 8 * GiB;
+// MemAvailable, or 8 GiB when /proc/meminfo cannot be read.
+int64_t available_or_default() {
+  const int64_t b = mem_available_bytes();
+  return b > 0 ? b : 8 * GiB;
 }
 
 int64_t free_disk_bytes(const std::string& dir) {
@@ -58,7 +55,7 @@ double measure_cpu_gemm_flops(const ModelConfig& m) {
 ResourceProfile default_profile(const TrainConfig& cfg, const ModelConfig& m, int64_t batch, int64_t seq,
                                 bool on_gpu) {
   ResourceProfile p;
-  const int64_t avail = mem_available_bytes();
+  const int64_t avail = available_or_default();
   p.dram_bytes = cfg.host_mem.empty() ? avail : parse_bytes(cfg.host_mem);
   p.nvme_dir = cfg.nvme_dir;
   p.nvme_bytes = cfg.nvme_dir.empty() ? 0 : (cfg.nvme_mem.empty() ? free_disk_bytes(cfg.nvme_dir) : parse_bytes(cfg.nvme_mem));

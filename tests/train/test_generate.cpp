@@ -37,7 +37,9 @@ TEST_P(GenerateArch, KvCacheMatchesFullForward) {
       int32_t best = int32_t(std::max_element(row, row + c.vocab) - row);
       std::vector<float> sorted(row, row + c.vocab);
       std::sort(sorted.rbegin(), sorted.rend());
-      if (sorted[0] - sorted[1] > 1e-4f) EXPECT_EQ(gen[i][t], best) << "prompt " << i << " token " << t;
+      if (sorted[0] - sorted[1] > 1e-4f) {
+        EXPECT_EQ(gen[i][t], best) << "prompt " << i << " token " << t;
+      }
     }
   }
 }
