@@ -39,7 +39,7 @@ struct StateFile {
     for (size_t u = 0; u < expect.size(); ++u)
       for (const auto& t : expect[u].tensors) {
         pos[u].push_back(at);
-        for (int k : part_kinds(t.format)) at += part_bytes(k, t.numel);
+        at += optim::state_bytes(t.numel, t.format);
       }
     in.verify_payload();
   }
