@@ -188,8 +188,9 @@ struct Result {
 struct UnitsUnderTest {
   int64_t per = 0;
   std::unique_ptr<CpuAdamW> opt;
-  std::vector<std::vector<float>> p, g;
-  std::vector<AlignedBuffer<bf16_t>> out;  // page-aligned like pinned memory
+  // Allocated like the trainer's pinned host buffers (huge-page backed where the kernel allows).
+  std::vector<AlignedBuffer<float>> p, g;
+  std::vector<AlignedBuffer<bf16_t>> out;
   UnitBuffers buffers(int u) { return {p[size_t(u)].data(), g[size_t(u)].data(), out[size_t(u)].data()}; }
 };
 
@@ -216,8 +217,8 @@ UnitsUnderTest make_units(StateFormat fmt, int threads, int64_t params, int unit
   std::vector<float> noise(4096);
   for (auto& x : noise) x = d(rng);
   for (int u = 0; u < units; ++u) {
-    t.p[size_t(u)].resize(size_t(t.per));
-    t.g[size_t(u)].resize(size_t(t.per));
+    t.p[size_t(u)].reset(size_t(t.per), false);
+    t.g[size_t(u)].reset(size_t(t.per), false);
     t.out[size_t(u)].reset(size_t(t.per));
     for (int64_t i = 0; i < t.per; ++i) {
       t.p[size_t(u)][size_t(i)] = noise[size_t(i & 4095)] * 0.02f;

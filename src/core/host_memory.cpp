@@ -1,5 +1,9 @@
 #include "core/host_memory.h"
 
+#include <sys/mman.h>
+
+#include <cstdint>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 
@@ -12,6 +16,24 @@ int64_t mem_available_bytes() {
   while (in >> key >> kb >> unit)
     if (key == "MemAvailable:") return kb * 1024;
   return 0;
+}
+
+void advise_huge_pages(void* p, size_t bytes) {
+#ifdef MADV_HUGEPAGE
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t lo = (a + kHugePage - 1) / kHugePage * kHugePage, hi = (a + bytes) / kHugePage * kHugePage;
+  if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
+#else
+  (void)p, (void)bytes;
+#endif
+}
+
+void* aligned_host_alloc(size_t bytes) {
+  if (bytes < kHugePageMin) return std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  const size_t len = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+  void* p = std::aligned_alloc(kHugePage, len);
+  if (p) advise_huge_pages(p, len);
+  return p;
 }
 
 }  // namespace lt

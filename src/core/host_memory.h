@@ -1,10 +1,23 @@
-// Host memory facts from /proc.
+// Host memory facts from /proc, and transparent huge pages for large streamed buffers.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 namespace lt {
 
 // MemAvailable from /proc/meminfo in bytes; 0 when it cannot be read.
 int64_t mem_available_bytes();
+
+// Buffers that the optimizer and the transfers stream through (masters, gradients, states, bf16
+// copies) are hundreds of MiB; with 4 KiB pages every 4 KiB of each stream costs a TLB walk and restarts
+// the hardware prefetcher. kHugePage-aligned allocations of at least kHugePageMin get 2 MiB pages
+// where the kernel allows them (transparent huge pages in "madvise" or "always" mode).
+constexpr size_t kHugePage = size_t(2) << 20;
+constexpr size_t kHugePageMin = size_t(4) << 20;
+// madvise(MADV_HUGEPAGE) on the whole 2 MiB pages inside [p, p + bytes); best effort (errors ignored).
+void advise_huge_pages(void* p, size_t bytes);
+// 64-byte aligned (kHugePage-aligned and advised when bytes >= kHugePageMin) heap memory, or null.
+// Free with std::free.
+void* aligned_host_alloc(size_t bytes);
 
 }  // namespace lt

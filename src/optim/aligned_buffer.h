@@ -1,4 +1,5 @@
 // 64-byte aligned heap array, zero-initialised by default (optimizer states: large, never resized).
+// Large ones get transparent huge pages (core/host_memory.h).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -6,6 +7,8 @@
 #include <cstring>
 #include <new>
 #include <utility>
+
+#include "core/host_memory.h"
 
 namespace lt::optim {
 
@@ -33,8 +36,8 @@ class AlignedBuffer {
     p_ = nullptr;
     n_ = n;
     if (n == 0) return;
-    size_t bytes = (n * sizeof(T) + 63) / 64 * 64;
-    p_ = static_cast<T*>(std::aligned_alloc(64, bytes));
+    const size_t bytes = n * sizeof(T);
+    p_ = static_cast<T*>(aligned_host_alloc(bytes));
     if (!p_) throw std::bad_alloc();
     if (zero) std::memset(static_cast<void*>(p_), 0, bytes);
   }

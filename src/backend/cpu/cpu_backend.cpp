@@ -13,6 +13,7 @@
 
 #include "backend/cpu/reference.h"
 #include "core/error.h"
+#include "core/host_memory.h"
 #include "core/timer.h"
 
 namespace lt {
@@ -173,7 +174,8 @@ Allocation CpuBackend::alloc(MemKind k, int64_t bytes, const std::string& tag) {
   mem_.reserve(k, bytes, tag);
   const size_t align = k == MemKind::Pinned ? 4096 : 256;
   const size_t rounded = (size_t(bytes) + align - 1) / align * align;
-  void* p = std::aligned_alloc(align, rounded);
+  // Large buffers (masters, gradients, bf16 copies that the optimizer streams) get huge pages.
+  void* p = rounded >= kHugePageMin ? aligned_host_alloc(rounded) : std::aligned_alloc(align, rounded);
   if (!p) {
     mem_.release(k, bytes, tag);
     fail("cpu backend: out of host memory allocating {} bytes for '{}'", bytes, tag);

@@ -9,6 +9,7 @@
 
 #include "backend/cuda/cuda_util.h"
 #include "core/error.h"
+#include "core/host_memory.h"
 #include "core/units.h"
 
 namespace lt::cuda {
@@ -107,6 +108,7 @@ void* pinned_alloc(int64_t bytes, int64_t already_pinned) {
   if (p == MAP_FAILED)
     fail("pinned memory: cannot map {} of host memory (already pinned by lazytrain: {})", format_bytes(double(len)),
          format_bytes(double(already_pinned)));
+  if (len >= kHugePageMin) advise_huge_pages(p, len);  // before cudaHostRegister faults the pages in
   const cudaError_t e = cudaHostRegister(p, len, cudaHostRegisterPortable);
   if (e != cudaSuccess) {
     cudaGetLastError();
