@@ -86,10 +86,18 @@ inline __m512i pack64(__m512i c0, __m512i c1, __m512i c2, __m512i c3) {
   return _mm512_permutexvar_epi32(transpose4x4_idx(), _mm512_packus_epi16(w01, w23));
 }
 
-// Codes of a block's kQ8Block values x * inv (x 64-byte aligned).
+// Two consecutive cache lines into L1.
+inline void prefetch2(const char* a) {
+  _mm_prefetch(a, _MM_HINT_T0);
+  _mm_prefetch(a + 64, _MM_HINT_T0);
+}
+
+// Codes of a block's kQ8Block values x * inv (x 64-byte aligned); also prefetches the kQ8Block bytes at
+// `ahead` (a later block's codes) when not null, one line per 64 codes.
 template <bool Signed>
-inline void quant_block(const QV<Signed>& q, const float* x, __m512 inv, uint8_t* codes) {
+inline void quant_block(const QV<Signed>& q, const float* x, __m512 inv, uint8_t* codes, const uint8_t* ahead) {
   for (int64_t i = 0; i < kQ8Block; i += 64) {
+    if (ahead) _mm_prefetch(reinterpret_cast<const char*>(ahead + i), _MM_HINT_T0);
     __m512i c[4];
     for (int k = 0; k < 4; ++k) c[k] = quant16(q, _mm512_mul_ps(_mm512_load_ps(x + i + 16 * k), inv));
     _mm512_storeu_si512(codes + i, pack64(c[0], c[1], c[2], c[3]));
@@ -194,26 +202,27 @@ void q8_kernel(const AdamWScalars& s, float* p, const float* g, uint8_t* mq, uin
       adamw_q8_scalar(s, p + b0, g + b0, mq + b0, vq + b0, ms + blk, vs + blk, out ? out + b0 : nullptr, len);
       break;
     }
+    // The block kPrefetchBlocks ahead: its 40 lines are requested evenly over all five passes (p's in
+    // the two decode passes, g's in the update, the codes in the requantisation), so that misses stay
+    // in flight while the core computes instead of bunching in the update pass.
     const bool pf = b0 + kPrefetchAhead + kQ8Block <= n;
-    if (pf)
-      for (int64_t i = 0; i < kQ8Block; i += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(mq + b0 + kPrefetchAhead + i), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(vq + b0 + kPrefetchAhead + i), _MM_HINT_T0);
-      }
+    const char* pp = reinterpret_cast<const char*>(p + b0 + kPrefetchAhead);
+    const char* pg = reinterpret_cast<const char*>(g + b0 + kPrefetchAhead);
     // Three passes over the block through L1-resident temporaries, each with few live constants (one
     // fused loop kept ~45 vector constants live and spilled them on every iteration).
-    for (int64_t i = 0; i < kQ8Block; i += 64) dequant64(dm, mq + b0 + i, _mm512_set1_ps(ms[blk]), tm + i);
-    for (int64_t i = 0; i < kQ8Block; i += 64) dequant64_lines(dv, vq + b0 + i, _mm512_set1_ps(vs[blk]), tv + i);
+    for (int64_t i = 0; i < kQ8Block; i += 64) {
+      if (pf) prefetch2(pp + 2 * i);  // i = 0, 64, 128, 192: p's lines 0-7 (of 16)
+      dequant64(dm, mq + b0 + i, _mm512_set1_ps(ms[blk]), tm + i);
+    }
+    for (int64_t i = 0; i < kQ8Block; i += 64) {
+      if (pf) prefetch2(pp + 512 + 2 * i);  // p's lines 8-15
+      dequant64_lines(dv, vq + b0 + i, _mm512_set1_ps(vs[blk]), tv + i);
+    }
     __m512 am = _mm512_setzero_ps(), av = _mm512_setzero_ps();
     float* pb = p + b0;
     const float* gb = g + b0;
     for (int64_t i = 0; i < kQ8Block; i += 32) {
-      if (pf) {
-        _mm_prefetch(reinterpret_cast<const char*>(pb + kPrefetchAhead + i), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(pb + kPrefetchAhead + i + 16), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(gb + kPrefetchAhead + i), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(gb + kPrefetchAhead + i + 16), _MM_HINT_T0);
-      }
+      if (pf) prefetch2(pg + 4 * i);  // g's 16 lines, 2 per iteration
       __m512 m0 = _mm512_load_ps(tm + i), m1 = _mm512_load_ps(tm + i + 16);
       __m512 v0 = _mm512_load_ps(tv + i), v1 = _mm512_load_ps(tv + i + 16);
       __m512 p0 = _mm512_loadu_ps(pb + i), p1 = _mm512_loadu_ps(pb + i + 16);
@@ -234,8 +243,8 @@ void q8_kernel(const AdamWScalars& s, float* p, const float* g, uint8_t* mq, uin
     ms[blk] = amax;
     vs[blk] = vmax;
     const __m512 im = _mm512_set1_ps(block_inv(amax)), iv = _mm512_set1_ps(block_inv(vmax));
-    quant_block(qm, tm, im, mq + b0);
-    quant_block(qv, tv, iv, vq + b0);
+    quant_block(qm, tm, im, mq + b0, pf ? mq + b0 + kPrefetchAhead : nullptr);
+    quant_block(qv, tv, iv, vq + b0, pf ? vq + b0 + kPrefetchAhead : nullptr);
   }
   if (nt) _mm_sfence();
 }
