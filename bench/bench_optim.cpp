@@ -1,6 +1,6 @@
 // CPU optimizer throughput against measured memory bandwidth, in the same run and with the same threads.
 //
-//   bench_optim [--threads N] [--params N] [--units N] [--iters N] [--isa auto|scalar|avx2|avx512]
+//   bench_optim [--threads N] [--params N] [--units N] [--iters N] [--rounds N] [--isa auto|scalar|avx2|avx512]
 //               [--stream-mib N] [--clock wall|cpu] [--fwd-ms X] [--in-cache]
 //
 // For each state format (fp32, 8-bit) the model is --units equal units of --params/--units elements (one
@@ -12,7 +12,13 @@
 //                                              (+ 8 B of block scales per 256 elements, read and written)
 //   GB/s, % of bw   bytes/param * params/s, and its share of the best bandwidth measured in this run
 // Bandwidth: copy, triad and an update-like read-modify-write over 4 arrays of --stream-mib MiB each
-// (see measure_bandwidth); the reference is the best of the three (the most conservative share).
+// (see BandwidthTest); the reference is the best of the three (the most conservative share).
+// Rounds: on a shared machine other tenants' memory traffic comes and goes over seconds, so the
+// reference and the updates are measured in --rounds interleaved rounds (reference, data movement,
+// fp32, 8-bit; each with --iters steps) and each figure is its best over the rounds, as STREAM reports
+// its best trial. The share in each round (update / reference measured seconds apart) is printed too.
+// All arrays (bandwidth test, masters, gradients, states, bf16 copies) are allocated alike: 64-byte
+// aligned and on transparent huge pages where the kernel allows, as the trainer's buffers are.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -102,36 +108,45 @@ void rmw_plain(float* a, float* b, float* c, const float* d, int64_t s, int64_t 
 
 // STREAM-like copy (a = b, 8 B/elem), triad (a = b + s*c, 12 B/elem) and an update-like read-modify-write
 // (a += d, b += d, c += d: 4 streams read, 3 written, 28 B/elem), each split over `threads` threads.
-// Bytes are counted as STREAM does (no write-allocate traffic). Best of `iters`.
-Bandwidth measure_bandwidth(int threads, int64_t mib, int iters) {
-  int64_t n = mib * (1 << 20) / int64_t(sizeof(float));
-  std::vector<float> a(static_cast<size_t>(n)), b(static_cast<size_t>(n)), c(static_cast<size_t>(n)),
-      d(static_cast<size_t>(n));
-  // First touch by the same split of threads as the measurement (NUMA placement).
-  parallel_for(threads, n, [&](int64_t s, int64_t e) {
-    for (int64_t i = s; i < e; ++i) a[size_t(i)] = 0, b[size_t(i)] = 1, c[size_t(i)] = 2, d[size_t(i)] = 1e-9f;
-  });
-  float* pa = a.data();
-  float* pb = b.data();
-  float* pc = c.data();
-  const float* pd = d.data();
-  const bool avx2 = __builtin_cpu_supports("avx2");
-  Bandwidth bw;
-  auto timed = [&](auto body) {
-    double t0 = clock_now();
-    parallel_for(threads, n, body);
-    return clock_now() - t0;
-  };
-  for (int it = 0; it < iters; ++it) {
-    double tc = timed([=](int64_t s, int64_t e) { avx2 ? copy_avx2(pa, pb, s, e) : copy_plain(pa, pb, s, e); });
-    double tt = timed([=](int64_t s, int64_t e) { avx2 ? triad_avx2(pa, pb, pc, s, e) : triad_plain(pa, pb, pc, s, e); });
-    double tr = timed([=](int64_t s, int64_t e) { avx2 ? rmw_avx2(pa, pb, pc, pd, s, e) : rmw_plain(pa, pb, pc, pd, s, e); });
-    bw.copy_gbs = std::max(bw.copy_gbs, 8.0 * double(n) / tc * 1e-9);
-    bw.triad_gbs = std::max(bw.triad_gbs, 12.0 * double(n) / tt * 1e-9);
-    bw.rmw_gbs = std::max(bw.rmw_gbs, 28.0 * double(n) / tr * 1e-9);
+// Bytes are counted as STREAM does (no write-allocate traffic). trial() runs each kernel once and keeps
+// the best rates seen.
+class BandwidthTest {
+ public:
+  BandwidthTest(int threads, int64_t mib) : threads_(threads), n_(mib * (1 << 20) / int64_t(sizeof(float))) {
+    for (auto* buf : {&a_, &b_, &c_, &d_}) buf->reset(size_t(n_), false);
+    float *pa = a_.data(), *pb = b_.data(), *pc = c_.data(), *pd = d_.data();
+    // First touch by the same split of threads as the measurement (NUMA placement).
+    parallel_for(threads_, n_, [=](int64_t s, int64_t e) {
+      for (int64_t i = s; i < e; ++i) pa[i] = 0, pb[i] = 1, pc[i] = 2, pd[i] = 1e-9f;
+    });
   }
-  return bw;
-}
+  Bandwidth trial() {
+    float *pa = a_.data(), *pb = b_.data(), *pc = c_.data();
+    const float* pd = d_.data();
+    const bool avx2 = __builtin_cpu_supports("avx2");
+    auto timed = [&](auto body) {
+      double t0 = clock_now();
+      parallel_for(threads_, n_, body);
+      return clock_now() - t0;
+    };
+    const double n = double(n_);
+    Bandwidth now;
+    now.copy_gbs = 8.0 * n / timed([=](int64_t s, int64_t e) { avx2 ? copy_avx2(pa, pb, s, e) : copy_plain(pa, pb, s, e); }) * 1e-9;
+    now.triad_gbs = 12.0 * n / timed([=](int64_t s, int64_t e) { avx2 ? triad_avx2(pa, pb, pc, s, e) : triad_plain(pa, pb, pc, s, e); }) * 1e-9;
+    now.rmw_gbs = 28.0 * n / timed([=](int64_t s, int64_t e) { avx2 ? rmw_avx2(pa, pb, pc, pd, s, e) : rmw_plain(pa, pb, pc, pd, s, e); }) * 1e-9;
+    best_.copy_gbs = std::max(best_.copy_gbs, now.copy_gbs);
+    best_.triad_gbs = std::max(best_.triad_gbs, now.triad_gbs);
+    best_.rmw_gbs = std::max(best_.rmw_gbs, now.rmw_gbs);
+    return now;
+  }
+  const Bandwidth& best() const { return best_; }
+
+ private:
+  int threads_;
+  int64_t n_;
+  AlignedBuffer<float> a_, b_, c_, d_;
+  Bandwidth best_;
+};
 
 // The 8-bit update's memory traffic with no arithmetic: read p, g, m8, v8; write p, m8, v8 and a bf16
 // copy (18 B/param as counted above), with ordinary or non-temporal stores for the bf16 copy. Bounds what
@@ -154,33 +169,38 @@ __attribute__((target("avx2"))) void q8_traffic(float* p, const float* g, uint8_
     }
   }
 }
-std::pair<double, double> measure_q8_traffic(int threads, int64_t n, int iters) {
-  n = n / (32 * threads) * (32 * threads);
-  AlignedBuffer<float> p(static_cast<size_t>(n)), g(static_cast<size_t>(n));
-  AlignedBuffer<uint8_t> mq(static_cast<size_t>(n)), vq(static_cast<size_t>(n));
-  AlignedBuffer<uint16_t> out(static_cast<size_t>(n));
-  float* pp = p.data();
-  float* pg = g.data();
-  uint8_t* pm = mq.data();
-  uint8_t* pv = vq.data();
-  uint16_t* po = out.data();
-  parallel_for(threads, n, [=](int64_t s, int64_t e) {
-    for (int64_t i = s; i < e; ++i) pp[i] = 1, pg[i] = 1e-9f, pm[i] = 0, pv[i] = 0, po[i] = 0;
-  });
-  double best[2] = {0, 0};
-  for (int it = 0; it < iters; ++it)
+// Runs q8_traffic over buffers allocated once; trial() returns {ordinary, non-temporal} GB/s of one pass each.
+class Q8TrafficTest {
+ public:
+  Q8TrafficTest(int threads, int64_t n) : threads_(threads), n_(n / (32 * threads) * (32 * threads)) {
+    p_.reset(size_t(n_), false), g_.reset(size_t(n_), false), mq_.reset(size_t(n_), false);
+    vq_.reset(size_t(n_), false), out_.reset(size_t(n_), false);
+    float *pp = p_.data(), *pg = g_.data();
+    uint8_t *pm = mq_.data(), *pv = vq_.data();
+    uint16_t* po = out_.data();
+    parallel_for(threads_, n_, [=](int64_t s, int64_t e) {
+      for (int64_t i = s; i < e; ++i) pp[i] = 1, pg[i] = 1e-9f, pm[i] = 0, pv[i] = 0, po[i] = 0;
+    });
+  }
+  std::pair<double, double> trial() {
+    double gbs[2] = {0, 0};
+    float *pp = p_.data(), *pg = g_.data();
+    uint8_t *pm = mq_.data(), *pv = vq_.data();
+    uint16_t* po = out_.data();
     for (int nt = 0; nt < 2; ++nt) {
       double t0 = clock_now();
-      parallel_for(threads, n, [=](int64_t s, int64_t e) { q8_traffic(pp, pg, pm, pv, po, s, e, nt == 1); });
-      best[nt] = std::max(best[nt], 18.0 * double(n) / (clock_now() - t0) * 1e-9);
+      parallel_for(threads_, n_, [=](int64_t s, int64_t e) { q8_traffic(pp, pg, pm, pv, po, s, e, nt == 1); });
+      gbs[nt] = 18.0 * double(n_) / (clock_now() - t0) * 1e-9;
     }
-  return {best[0], best[1]};
-}
+    return {gbs[0], gbs[1]};
+  }
 
-struct Result {
-  double params_per_s = 0;
-  double bytes_per_param = 0;
-  double exposed_ms = 0;
+ private:
+  int threads_;
+  int64_t n_;
+  AlignedBuffer<float> p_, g_;
+  AlignedBuffer<uint8_t> mq_, vq_;
+  AlignedBuffer<uint16_t> out_;
 };
 
 // `units` units of one tensor each (params/units elements, rounded up to whole 8-bit blocks) in format
@@ -191,6 +211,7 @@ struct UnitsUnderTest {
   // Allocated like the trainer's pinned host buffers (huge-page backed where the kernel allows).
   std::vector<AlignedBuffer<float>> p, g;
   std::vector<AlignedBuffer<bf16_t>> out;
+  bool warm = false;  // a step has run (the state pages are faulted in)
   UnitBuffers buffers(int u) { return {p[size_t(u)].data(), g[size_t(u)].data(), out[size_t(u)].data()}; }
 };
 
@@ -228,30 +249,26 @@ UnitsUnderTest make_units(StateFormat fmt, int threads, int64_t params, int unit
   return t;
 }
 
-Result bench_format(StateFormat fmt, int threads, int64_t params, int units, int iters, Isa isa) {
-  UnitsUnderTest t = make_units(fmt, threads, params, units, isa);
+// `iters` optimizer steps over t (the first step ever also faults the state pages in); best step time in
+// seconds.
+double best_step_s(UnitsUnderTest& t, int iters) {
   CpuAdamW& opt = *t.opt;
-  const int64_t per = t.per;
-  Result r;
+  const int units = int(t.p.size());
   double best = 1e30;
-  for (int it = 0; it < iters + 1; ++it) {  // the first step also faults in the state pages
+  for (int it = 0; it < iters + (t.warm ? 0 : 1); ++it) {
     double t0 = clock_now();
-    double exposed0 = opt.stats().exposed_wait_s;
     opt.begin_step(1e-4f);
     for (int u = 0; u < units; ++u) opt.add_grad_sumsq(u, 0.25 / units);
     for (int u = 0; u < units; ++u) opt.submit(u, t.buffers(u));
     opt.wait_all();
     double dt = clock_now() - t0;
-    if (it > 0 && dt < best) {
-      best = dt;
-      r.exposed_ms = 1e3 * (opt.stats().exposed_wait_s - exposed0);
-    }
+    if (t.warm) best = std::min(best, dt);
+    t.warm = true;
   }
-  int64_t total = per * units;
-  r.params_per_s = double(total) / best;
-  r.bytes_per_param = fmt == StateFormat::F32 ? 30.0 : 18.0 + 16.0 / double(kQ8Block);
-  return r;
+  return best;
 }
+
+double bytes_per_param(StateFormat fmt) { return fmt == StateFormat::F32 ? 30.0 : 18.0 + 16.0 / double(kQ8Block); }
 
 // Overlap: after "backward" (all partial sums known) the next step's forward consumes the units in
 // order, each taking fwd_ms of (simulated, GPU-side) compute after wait(u). Returns the exposed time
@@ -319,7 +336,10 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "worker threads (optimizer pool and bandwidth test)");
   app.add_option("--params", params, "parameters updated per step (all units)");
   app.add_option("--units", units, "units (layers) the parameters are split into");
-  app.add_option("--iters", iters, "timed repetitions (best is reported)");
+  app.add_option("--iters", iters, "timed optimizer steps per round (best is reported)");
+  int rounds = 3;
+  app.add_option("--rounds", rounds, "interleaved rounds of reference, data movement, fp32 and 8-bit (best of all)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--stream-mib", stream_mib, "MiB per array of the bandwidth test");
   double fwd_ms = 0;
   app.add_option("--fwd-ms", fwd_ms, "also simulate overlap: next forward takes this many ms per unit (0: skip)");
@@ -342,25 +362,47 @@ int main(int argc, char** argv) {
     Isa isa = resolve_isa(parse_isa(isa_s));
     g_cpu_clock = clock_s == "cpu";
     g_threads = threads;
-    Bandwidth bw = measure_bandwidth(threads, stream_mib, iters);
-    fmt::print("threads {}  isa {}  params {} in {} units  clock {}\n", threads, isa_name(isa), params, units, clock_s);
+    fmt::print("threads {}  isa {}  params {} in {} units  clock {}  {} rounds of {} steps\n", threads, isa_name(isa),
+               params, units, clock_s, rounds, iters);
+    BandwidthTest bw(threads, stream_mib);
+    const bool avx2 = __builtin_cpu_supports("avx2");
+    std::unique_ptr<Q8TrafficTest> traffic;
+    if (avx2) traffic = std::make_unique<Q8TrafficTest>(threads, std::min<int64_t>(params, int64_t(64) << 20));
+    const StateFormat formats[2] = {StateFormat::F32, StateFormat::Q8};
+    UnitsUnderTest uut[2] = {make_units(formats[0], threads, params, units, isa),
+                             make_units(formats[1], threads, params, units, isa)};
+    double best_s[2] = {1e30, 1e30}, plain = 0, nt = 0;
+    std::vector<double> round_share[2];
+    for (int r = 0; r < rounds; ++r) {
+      const double ref = bw.trial().best();
+      if (traffic) {
+        auto [a, b] = traffic->trial();
+        plain = std::max(plain, a), nt = std::max(nt, b);
+      }
+      for (int f = 0; f < 2; ++f) {
+        const double s = best_step_s(uut[f], iters);
+        best_s[f] = std::min(best_s[f], s);
+        const double gbs = double(uut[f].per * units) * bytes_per_param(formats[f]) / s * 1e-9;
+        round_share[f].push_back(100 * gbs / ref);
+      }
+    }
+    const Bandwidth& b = bw.best();
     fmt::print("memory bandwidth: copy {:.1f}, triad {:.1f}, update-like rmw {:.1f} GB/s ({} MiB arrays); "
                "reference = best {:.1f} GB/s\n",
-               bw.copy_gbs, bw.triad_gbs, bw.rmw_gbs, stream_mib, bw.best());
-    if (__builtin_cpu_supports("avx2")) {
-      auto [plain, nt] = measure_q8_traffic(threads, std::min<int64_t>(params, int64_t(64) << 20), iters);
+               b.copy_gbs, b.triad_gbs, b.rmw_gbs, stream_mib, b.best());
+    if (traffic)
       fmt::print("8-bit update's data movement alone (no arithmetic): {:.1f} GB/s ({:.1f}% of bw); "
                  "with non-temporal bf16 stores {:.1f} GB/s ({:.1f}%)\n",
-                 plain, 100 * plain / bw.best(), nt, 100 * nt / bw.best());
-    }
-    fmt::print("{:<6} {:>12} {:>11} {:>8} {:>10} {:>12}\n", "format", "Mparams/s", "bytes/param", "GB/s",
-               "% of bw", "ns/param/thr");
-    for (StateFormat f : {StateFormat::F32, StateFormat::Q8}) {
-      Result r = bench_format(f, threads, params, units, iters, isa);
-      double gbs = r.params_per_s * r.bytes_per_param * 1e-9;
-      fmt::print("{:<6} {:>12.1f} {:>11.2f} {:>8.1f} {:>9.1f}% {:>12.2f}\n", state_format_name(f),
-                 r.params_per_s * 1e-6, r.bytes_per_param, gbs, 100 * gbs / bw.best(),
-                 1e9 * threads / r.params_per_s);
+                 plain, 100 * plain / b.best(), nt, 100 * nt / b.best());
+    fmt::print("{:<6} {:>12} {:>11} {:>8} {:>10} {:>12}   {}\n", "format", "Mparams/s", "bytes/param", "GB/s",
+               "% of bw", "ns/param/thr", "% of bw in each round (that round's reference)");
+    for (int f = 0; f < 2; ++f) {
+      const double pps = double(uut[f].per * units) / best_s[f];
+      const double gbs = pps * bytes_per_param(formats[f]) * 1e-9;
+      std::string rs;
+      for (double x : round_share[f]) rs += fmt::format(" {:.1f}", x);
+      fmt::print("{:<6} {:>12.1f} {:>11.2f} {:>8.1f} {:>9.1f}% {:>12.2f}  {}\n", state_format_name(formats[f]),
+                 pps * 1e-6, bytes_per_param(formats[f]), gbs, 100 * gbs / b.best(), 1e9 * threads / pps, rs);
     }
     if (fwd_ms > 0) {
       fmt::print("overlap: forward of each of {} units takes {} ms after wait(u) (wall clock)\n", units, fwd_ms);

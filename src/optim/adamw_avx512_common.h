@@ -29,21 +29,29 @@ inline void step16(const V& c, __m512& p, __m512 gin, __m512& m, __m512& v) {
   p = _mm512_add_ps(pp, _mm512_div_ps(_mm512_mul_ps(c.nss, m), denom));
 }
 
-// The 8-bit path's update: m and v exactly as adamw_elem_q8; the square root and the division from the
-// hardware estimates vrsqrt14ps / vrcp14ps (relative error < 2^-14 each, so the step's relative error is
-// below 2^-13 = 1.2e-4, against the percent-level error of the 8-bit moments themselves). The divider
-// (sqrt + div: ~21 cycles per 16 elements here) was the largest single cost of the 8-bit update, and
-// Newton refinements of the estimates cost 5 more operations per vector for no measurable benefit.
+// The 8-bit path's update in two stages: m and v exactly as adamw_elem_q8, then the step with the square
+// root and the division from the hardware estimates vrsqrt14ps / vrcp14ps (relative error < 2^-14 each,
+// so the step's relative error is below 2^-13 = 1.2e-4, against the percent-level error of the 8-bit
+// moments themselves). The divider (sqrt + div: ~21 cycles per 16 elements here) was the largest single
+// cost of the 8-bit update; Newton refinements of the estimates cost 5 more operations per vector.
+// The kernel runs stage A one vector pair ahead of stage B (software pipelining): each stage's
+// dependency chain is half the whole, so fewer waiting operations fill the scheduler.
+struct Q8Moments {
+  __m512 m, v, denom;
+};
 template <bool Scaled>
-inline void step16_q8(const V& c, __m512& p, __m512 gin, __m512& m, __m512& v) {
+inline Q8Moments q8_stage_a(const V& c, __m512 gin, __m512 m, __m512 v) {
   __m512 g = Scaled ? _mm512_mul_ps(gin, c.gs) : gin;  // grad_scale 1 (no clipping): g * 1 == g
   m = _mm512_fmadd_ps(c.w1, _mm512_sub_ps(g, m), m);
   v = _mm512_fmadd_ps(_mm512_mul_ps(c.w2, g), g, _mm512_mul_ps(v, c.beta2));
   // sqrt(v) ~ v * rsqrt(v); the estimate is taken of max(v, FLT_MIN) so that v = 0 (a stored zero) gives
   // 0 * finite = 0, not 0 * inf.
   __m512 s = _mm512_mul_ps(v, _mm512_rsqrt14_ps(_mm512_max_ps(v, c.tiny)));
-  __m512 denom = _mm512_fmadd_ps(s, c.ibc2, c.eps);  // >= eps > 0
-  p = _mm512_fmadd_ps(p, c.decay, _mm512_mul_ps(_mm512_mul_ps(c.nss, m), _mm512_rcp14_ps(denom)));
+  return {m, v, _mm512_fmadd_ps(s, c.ibc2, c.eps)};  // denom >= eps > 0
+}
+// p * (1 - lr*wd) + (-(lr / (1-beta1^t)) * m) / denom.
+inline __m512 q8_stage_b(const V& c, __m512 p, const Q8Moments& a) {
+  return _mm512_fmadd_ps(p, c.decay, _mm512_mul_ps(_mm512_mul_ps(c.nss, a.m), _mm512_rcp14_ps(a.denom)));
 }
 
 // f32 -> bf16 rounded to nearest even in 32-bit lanes (the result is in the high halves); NaN kept quiet

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <tuple>
+#include <utility>
 
 #include "optim/adamw_elem.h"
 
@@ -221,23 +223,30 @@ void q8_kernel(const AdamWScalars& s, float* p, const float* g, uint8_t* mq, uin
     __m512 am = _mm512_setzero_ps(), av = _mm512_setzero_ps();
     float* pb = p + b0;
     const float* gb = g + b0;
+    // The update: stage A (moments, denominator) of the next vector pair runs ahead of stage B (step,
+    // master, bf16 copy) of this one (adamw_avx512_common.h).
+    auto stage_a = [&](int64_t i) {
+      return std::pair{q8_stage_a<Scaled>(c, _mm512_loadu_ps(gb + i), _mm512_load_ps(tm + i), _mm512_load_ps(tv + i)),
+                       q8_stage_a<Scaled>(c, _mm512_loadu_ps(gb + i + 16), _mm512_load_ps(tm + i + 16),
+                                          _mm512_load_ps(tv + i + 16))};
+    };
+    auto [a0, a1] = stage_a(0);
     for (int64_t i = 0; i < kQ8Block; i += 32) {
       if (pf) prefetch2(pg + 4 * i);  // g's 16 lines, 2 per iteration
-      __m512 m0 = _mm512_load_ps(tm + i), m1 = _mm512_load_ps(tm + i + 16);
-      __m512 v0 = _mm512_load_ps(tv + i), v1 = _mm512_load_ps(tv + i + 16);
-      __m512 p0 = _mm512_loadu_ps(pb + i), p1 = _mm512_loadu_ps(pb + i + 16);
-      step16_q8<Scaled>(c, p0, _mm512_loadu_ps(gb + i), m0, v0);
-      step16_q8<Scaled>(c, p1, _mm512_loadu_ps(gb + i + 16), m1, v1);
+      Q8Moments n0 = a0, n1 = a1;
+      if (i + 32 < kQ8Block) std::tie(n0, n1) = stage_a(i + 32);
+      __m512 p0 = q8_stage_b(c, _mm512_loadu_ps(pb + i), a0), p1 = q8_stage_b(c, _mm512_loadu_ps(pb + i + 16), a1);
       _mm512_storeu_ps(pb + i, p0);
       _mm512_storeu_ps(pb + i + 16, p1);
       if (nt) _mm512_stream_si512(reinterpret_cast<__m512i*>(out + b0 + i), to_bf16x2(p0, p1));
       else if (out) _mm512_storeu_si512(out + b0 + i, to_bf16x2(p0, p1));
-      _mm512_store_ps(tm + i, m0);
-      _mm512_store_ps(tm + i + 16, m1);
-      _mm512_store_ps(tv + i, v0);
-      _mm512_store_ps(tv + i + 16, v1);
-      am = _mm512_range_ps(am, _mm512_range_ps(m0, m1, 0x0B), 0x0B);  // max of |.|, sign cleared
-      av = _mm512_max_ps(av, _mm512_max_ps(v0, v1));
+      _mm512_store_ps(tm + i, a0.m);
+      _mm512_store_ps(tm + i + 16, a1.m);
+      _mm512_store_ps(tv + i, a0.v);
+      _mm512_store_ps(tv + i + 16, a1.v);
+      am = _mm512_range_ps(am, _mm512_range_ps(a0.m, a1.m, 0x0B), 0x0B);  // max of |.|, sign cleared
+      av = _mm512_max_ps(av, _mm512_max_ps(a0.v, a1.v));
+      a0 = n0, a1 = n1;
     }
     float amax = _mm512_reduce_max_ps(am), vmax = _mm512_reduce_max_ps(av);
     ms[blk] = amax;
