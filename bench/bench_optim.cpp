@@ -337,7 +337,7 @@ int main(int argc, char** argv) {
   app.add_option("--params", params, "parameters updated per step (all units)");
   app.add_option("--units", units, "units (layers) the parameters are split into");
   app.add_option("--iters", iters, "timed optimizer steps per round (best is reported)");
-  int rounds = 3;
+  int rounds = 5;
   app.add_option("--rounds", rounds, "interleaved rounds of reference, data movement, fp32 and 8-bit (best of all)")
       ->check(CLI::PositiveNumber);
   app.add_option("--stream-mib", stream_mib, "MiB per array of the bandwidth test");
