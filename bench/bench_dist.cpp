@@ -43,7 +43,7 @@ using namespace lt;
 struct Args {
   std::string model = "qwen2.5-0.5b", optimizer = "adamw", backend = "cpu", plan_file, worlds = "1,2";
   int64_t layers = 0, hidden = 0, ffn = 0, vocab = 0, batch = 1, seq = 128, gpu_mem = 0;
-  int micro = 2, steps = 3, warmup = 1, opt_threads = 1;
+  int micro = 2, steps = 3, warmup = 1, opt_threads = 0;
   int init_threads = 0;  // 0: hardware concurrency / ranks on the host
   bool verify = false;
 };
@@ -212,7 +212,9 @@ int main(int argc, char** argv) {
   app.add_option("--steps", a.steps, "timed steps")->capture_default_str();
   app.add_option("--warmup", a.warmup, "untimed steps")->capture_default_str();
   app.add_option("--optimizer", a.optimizer, "adamw | adamw8bit")->capture_default_str();
-  app.add_option("--opt-threads", a.opt_threads, "optimizer threads per rank")->capture_default_str();
+  app.add_option("--opt-threads", a.opt_threads,
+                 "optimizer threads per rank (0: under lazytrain launch the host's cores / ranks, else 1)")
+      ->capture_default_str();
   app.add_option("--world", a.worlds, "threads mode: world sizes to run, e.g. 1,2,4")->capture_default_str();
   app.add_option("--backend", a.backend, "cpu (threads mode) | cuda (under lazytrain launch)")->capture_default_str();
   app.add_option("--plan", a.plan_file, "cuda: plan JSON from `lazytrain plan -o` (batch/seq taken from it)");
@@ -223,6 +225,9 @@ int main(int argc, char** argv) {
     const ModelConfig c = model_of(a);
     const dist::DistEnv env = dist::dist_env_from_environment();
     a.init_threads = std::max(1, int(std::thread::hardware_concurrency()) / std::max(1, env.world));
+    // A launched rank updates its optimizer shard with its share of the host's cores, as the trainer
+    // does; one thread made run 18's 7B steps optimizer-bound (docs/distributed.md).
+    if (a.opt_threads <= 0) a.opt_threads = env.launched ? a.init_threads : 1;
     if (env.launched) {
 #ifdef LT_HAVE_NCCL
       LT_CHECK(a.backend == "cuda" && !a.plan_file.empty(), "bench_dist: under lazytrain launch use --backend cuda --plan FILE");
