@@ -31,11 +31,12 @@ inline void step8(const V& c, __m256& p, __m256 gin, __m256& m, __m256& v) {
   p = _mm256_add_ps(pp, _mm256_div_ps(_mm256_mul_ps(c.nss, m), denom));
 }
 
-// The 8-bit path's update: the same operations as adamw_elem_q8.
-inline void step8_q8(const V& c, __m256& p, __m256 gin, __m256& m, __m256& v) {
+// The 8-bit path's update: the same operations as adamw_elem_q8. In: m = decoded code (unscaled), v =
+// decoded code * beta2 * block scale; out: the new m and v.
+inline void step8_q8(const V& c, __m256 b1s, __m256& p, __m256 gin, __m256& m, __m256& v) {
   __m256 g = _mm256_mul_ps(gin, c.gs);
-  m = _mm256_fmadd_ps(c.w1, _mm256_sub_ps(g, m), m);
-  v = _mm256_fmadd_ps(_mm256_mul_ps(c.w2, g), g, _mm256_mul_ps(v, c.beta2));
+  m = _mm256_fmadd_ps(b1s, m, _mm256_mul_ps(c.w1, g));
+  v = _mm256_fmadd_ps(_mm256_mul_ps(c.w2, g), g, v);
   __m256 denom = _mm256_fmadd_ps(_mm256_sqrt_ps(v), c.ibc2, c.eps);
   p = _mm256_fmadd_ps(p, c.decay, _mm256_div_ps(_mm256_mul_ps(c.nss, m), denom));
 }
@@ -158,16 +159,17 @@ void adamw_q8_avx2(const AdamWScalars& s, float* p, const float* g, uint8_t* mq,
       adamw_q8_scalar(s, p + b0, g + b0, mq + b0, vq + b0, ms + blk, vs + blk, out ? out + b0 : nullptr, len);
       break;
     }
-    const __m256 sm = _mm256_set1_ps(ms[blk]), sv = _mm256_set1_ps(vs[blk]);
+    const __m256 b1s = _mm256_set1_ps(s.beta1 * ms[blk]), b2s = _mm256_set1_ps(s.beta2 * vs[blk]);
+    const __m256 one = _mm256_set1_ps(1.0f);
     __m256 am = _mm256_setzero_ps(), av = _mm256_setzero_ps();
     float* pb = p + b0;
     const float* gb = g + b0;
     for (int64_t i = 0; i < kQ8Block; i += 16) {
-      __m256 m0 = dequant8(qm, mq + b0 + i, sm), m1 = dequant8(qm, mq + b0 + i + 8, sm);
-      __m256 v0 = dequant8(qv, vq + b0 + i, sv), v1 = dequant8(qv, vq + b0 + i + 8, sv);
+      __m256 m0 = dequant8(qm, mq + b0 + i, one), m1 = dequant8(qm, mq + b0 + i + 8, one);  // x * 1 is exact
+      __m256 v0 = dequant8(qv, vq + b0 + i, b2s), v1 = dequant8(qv, vq + b0 + i + 8, b2s);
       __m256 p0 = _mm256_loadu_ps(pb + i), p1 = _mm256_loadu_ps(pb + i + 8);
-      step8_q8(c, p0, _mm256_loadu_ps(gb + i), m0, v0);
-      step8_q8(c, p1, _mm256_loadu_ps(gb + i + 8), m1, v1);
+      step8_q8(c, b1s, p0, _mm256_loadu_ps(gb + i), m0, v0);
+      step8_q8(c, b1s, p1, _mm256_loadu_ps(gb + i + 8), m1, v1);
       _mm256_storeu_ps(pb + i, p0);
       _mm256_storeu_ps(pb + i + 8, p1);
       if (out) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + b0 + i), pack16(bf16_lanes(p0), bf16_lanes(p1)));

@@ -39,11 +39,13 @@ inline void step16(const V& c, __m512& p, __m512 gin, __m512& m, __m512& v) {
 struct Q8Moments {
   __m512 m, v, denom;
 };
+// In: dm = m's decoded code (unscaled), vb = v's decoded code * beta2 * its block scale, b1s = beta1 *
+// m's block scale (adamw_kernels.h): the block scales cost no separate multiplication.
 template <bool Scaled>
-inline Q8Moments q8_stage_a(const V& c, __m512 gin, __m512 m, __m512 v) {
+inline Q8Moments q8_stage_a(const V& c, __m512 b1s, __m512 gin, __m512 dm, __m512 vb) {
   __m512 g = Scaled ? _mm512_mul_ps(gin, c.gs) : gin;  // grad_scale 1 (no clipping): g * 1 == g
-  m = _mm512_fmadd_ps(c.w1, _mm512_sub_ps(g, m), m);
-  v = _mm512_fmadd_ps(_mm512_mul_ps(c.w2, g), g, _mm512_mul_ps(v, c.beta2));
+  __m512 m = _mm512_fmadd_ps(b1s, dm, _mm512_mul_ps(c.w1, g));
+  __m512 v = _mm512_fmadd_ps(_mm512_mul_ps(c.w2, g), g, vb);
   // sqrt(v) ~ v * rsqrt(v); the estimate is taken of max(v, FLT_MIN) so that v = 0 (a stored zero) gives
   // 0 * finite = 0, not 0 * inf.
   __m512 s = _mm512_mul_ps(v, _mm512_rsqrt14_ps(_mm512_max_ps(v, c.tiny)));

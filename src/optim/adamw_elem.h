@@ -23,15 +23,15 @@ inline void adamw_elem(const AdamWScalars& s, float& p, float g_in, float& m, fl
   v = vv;
 }
 
-// The 8-bit path's element update (adamw_kernels.h: fused multiply-adds, no division by bc2_sqrt).
-inline void adamw_elem_q8(const AdamWScalars& s, float& p, float g_in, float& m, float& v) {
+// The 8-bit path's element update (adamw_kernels.h): dm is m's decoded code (unscaled), b1s = beta1 *
+// (m's block scale), vb = v's decoded code * (beta2 * v's block scale). Writes the new m and v.
+inline void adamw_elem_q8(const AdamWScalars& s, float& p, float g_in, float dm, float b1s, float vb, float& m,
+                          float& v) {
   float g = g_in * s.grad_scale;
-  float mm = std::fma(s.w1, g - m, m);
-  float vv = std::fma(s.w2 * g, g, v * s.beta2);
-  float denom = std::fma(std::sqrt(vv), s.inv_bc2_sqrt, s.eps);
-  p = std::fma(p, s.decay, (s.neg_step_size * mm) / denom);
-  m = mm;
-  v = vv;
+  m = std::fma(b1s, dm, s.w1 * g);
+  v = std::fma(s.w2 * g, g, vb);
+  float denom = std::fma(std::sqrt(v), s.inv_bc2_sqrt, s.eps);
+  p = std::fma(p, s.decay, (s.neg_step_size * m) / denom);
 }
 
 inline float block_inv(float amax) { return amax > 0.0f ? 1.0f / amax : 0.0f; }

@@ -11,13 +11,16 @@
 // The three paths (scalar, AVX2, AVX-512) perform the same IEEE operations in the same order (no FMA
 // contraction: lt_optim builds with -ffp-contract=off), so their results are bit-identical.
 //
-// The 8-bit path computes the same formulas with fused multiply-adds and a multiplication by
-// 1/sqrt(1-beta2^t) instead of the division (each result within about one ulp of the fp32 path's, far
-// below the error of the 8-bit states themselves): on a CPU core its update is bound by arithmetic,
-// and the divider (sqrt + two divisions per element) was its bottleneck. Written out:
-//   m = fma(1-beta1, g - m, m);  v = fma((1-beta2) * g, g, v * beta2)
+// The 8-bit path computes the same formulas with fused multiply-adds, the moments' block scales folded
+// into the decay factors, and a multiplication by 1/sqrt(1-beta2^t) instead of the division (each
+// result within about one ulp of the fp32 path's, far below the error of the 8-bit states themselves):
+// on a CPU core its update is bound by arithmetic. With dm, dv the decoded codes (QuantMap::decode) and
+// sm, sv the blocks' absmax scales (m = dm * sm, v = dv * sv):
+//   m = fma(beta1 * sm, dm, (1-beta1) * g);  v = fma((1-beta2) * g, g, dv * (beta2 * sv))
 //   p = fma(p, 1 - lr*wd, (-(lr / (1-beta1^t)) * m) / fma(sqrt(v), 1/sqrt(1-beta2^t), eps))
-// All three paths compute exactly these operations (std::fma in the scalar path).
+// The scalar and AVX2 paths compute exactly these operations (std::fma in the scalar path); the
+// AVX-512 path computes m and v the same way and takes sqrt and 1/x from hardware estimates
+// (adamw_avx512_common.h).
 #pragma once
 #include <cstdint>
 #include <string_view>
@@ -39,6 +42,7 @@ Isa resolve_isa(Isa requested);
 struct AdamWScalars {
   float decay = 1;          // 1 - lr*wd
   float w1 = 0.1f;          // 1 - beta1
+  float beta1 = 0.9f;       // 8-bit path: beta1 * (block scale of m)
   float beta2 = 0.999f;
   float w2 = 0.001f;        // 1 - beta2
   float eps = 1e-8f;

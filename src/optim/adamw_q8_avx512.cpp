@@ -60,7 +60,8 @@ struct QV {
 template <bool Signed>
 inline __m512i quant16(const QV<Signed>& q, __m512 y) {
   __m512i bits = _mm512_castps_si512(y);
-  __m512i abits = _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff));
+  // v >= +0 always (a square's moving average), so the unsigned map needs no absolute value.
+  __m512i abits = Signed ? _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)) : bits;
   __m512 a = _mm512_castsi512_ps(abits);
   // Binade = exponent field; the permute reads its low 5 bits (kBinBase = 96 -> 0, exponent 127 -> 31;
   // |y| <= 1 + rounding never goes above). Below 2^-31 the low bits wrap: the unsigned map clamps
@@ -151,9 +152,9 @@ inline void dequant64_lines(const DecodeLines& t, const uint8_t* codes, __m512 s
   }
 }
 
-// 64 codes -> 64 values * scale (64-byte aligned out), in element order; bit-identical to QuantMap::decode[c] * scale.
+// 64 codes -> their 64 levels (64-byte aligned out), in element order; bit-identical to QuantMap::decode[c].
 template <bool Signed>
-inline void dequant64(const DecodePlanes<Signed>& t, const uint8_t* codes, __m512 scale, float* out) {
+inline void dequant64(const DecodePlanes<Signed>& t, const uint8_t* codes, float* out) {
   // Pre-permute the codes so that the unpack sequence below leaves the values in element order.
   __m512i c = _mm512_permutexvar_epi32(transpose4x4_idx(), _mm512_loadu_si512(codes));
   __m512i pl[4];
@@ -168,10 +169,10 @@ inline void dequant64(const DecodePlanes<Signed>& t, const uint8_t* codes, __m51
   }
   __m512i lo01 = _mm512_unpacklo_epi8(pl[0], pl[1]), hi01 = _mm512_unpackhi_epi8(pl[0], pl[1]);
   __m512i lo23 = _mm512_unpacklo_epi8(pl[2], pl[3]), hi23 = _mm512_unpackhi_epi8(pl[2], pl[3]);
-  _mm512_store_ps(out, _mm512_mul_ps(_mm512_castsi512_ps(_mm512_unpacklo_epi16(lo01, lo23)), scale));
-  _mm512_store_ps(out + 16, _mm512_mul_ps(_mm512_castsi512_ps(_mm512_unpackhi_epi16(lo01, lo23)), scale));
-  _mm512_store_ps(out + 32, _mm512_mul_ps(_mm512_castsi512_ps(_mm512_unpacklo_epi16(hi01, hi23)), scale));
-  _mm512_store_ps(out + 48, _mm512_mul_ps(_mm512_castsi512_ps(_mm512_unpackhi_epi16(hi01, hi23)), scale));
+  _mm512_store_si512(out, _mm512_unpacklo_epi16(lo01, lo23));
+  _mm512_store_si512(out + 16, _mm512_unpackhi_epi16(lo01, lo23));
+  _mm512_store_si512(out + 32, _mm512_unpacklo_epi16(hi01, hi23));
+  _mm512_store_si512(out + 48, _mm512_unpackhi_epi16(hi01, hi23));
 }
 
 }  // namespace
@@ -210,15 +211,18 @@ void q8_kernel(const AdamWScalars& s, float* p, const float* g, uint8_t* mq, uin
     const bool pf = b0 + kPrefetchAhead + kQ8Block <= n;
     const char* pp = reinterpret_cast<const char*>(p + b0 + kPrefetchAhead);
     const char* pg = reinterpret_cast<const char*>(g + b0 + kPrefetchAhead);
+    // The blocks' scales enter as factors of beta1 and beta2 (adamw_kernels.h): m is decoded unscaled,
+    // v times beta2 * its scale.
+    const __m512 b1s = _mm512_set1_ps(s.beta1 * ms[blk]), b2s = _mm512_set1_ps(s.beta2 * vs[blk]);
     // Three passes over the block through L1-resident temporaries, each with few live constants (one
     // fused loop kept ~45 vector constants live and spilled them on every iteration).
     for (int64_t i = 0; i < kQ8Block; i += 64) {
       if (pf) prefetch2(pp + 2 * i);  // i = 0, 64, 128, 192: p's lines 0-7 (of 16)
-      dequant64(dm, mq + b0 + i, _mm512_set1_ps(ms[blk]), tm + i);
+      dequant64(dm, mq + b0 + i, tm + i);
     }
     for (int64_t i = 0; i < kQ8Block; i += 64) {
       if (pf) prefetch2(pp + 512 + 2 * i);  // p's lines 8-15
-      dequant64_lines(dv, vq + b0 + i, _mm512_set1_ps(vs[blk]), tv + i);
+      dequant64_lines(dv, vq + b0 + i, b2s, tv + i);
     }
     __m512 am = _mm512_setzero_ps(), av = _mm512_setzero_ps();
     float* pb = p + b0;
@@ -226,9 +230,10 @@ void q8_kernel(const AdamWScalars& s, float* p, const float* g, uint8_t* mq, uin
     // The update: stage A (moments, denominator) of the next vector pair runs ahead of stage B (step,
     // master, bf16 copy) of this one (adamw_avx512_common.h).
     auto stage_a = [&](int64_t i) {
-      return std::pair{q8_stage_a<Scaled>(c, _mm512_loadu_ps(gb + i), _mm512_load_ps(tm + i), _mm512_load_ps(tv + i)),
-                       q8_stage_a<Scaled>(c, _mm512_loadu_ps(gb + i + 16), _mm512_load_ps(tm + i + 16),
-                                          _mm512_load_ps(tv + i + 16))};
+      return std::pair{
+          q8_stage_a<Scaled>(c, b1s, _mm512_loadu_ps(gb + i), _mm512_load_ps(tm + i), _mm512_load_ps(tv + i)),
+          q8_stage_a<Scaled>(c, b1s, _mm512_loadu_ps(gb + i + 16), _mm512_load_ps(tm + i + 16),
+                             _mm512_load_ps(tv + i + 16))};
     };
     auto [a0, a1] = stage_a(0);
     for (int64_t i = 0; i < kQ8Block; i += 32) {

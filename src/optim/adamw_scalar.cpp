@@ -21,12 +21,11 @@ void adamw_q8_scalar(const AdamWScalars& s, float* p, const float* g, uint8_t* m
   float tm[kQ8Block], tv[kQ8Block];
   for (int64_t b0 = 0, blk = 0; b0 < n; b0 += kQ8Block, ++blk) {
     int64_t len = std::min<int64_t>(kQ8Block, n - b0);
-    float sm = ms[blk], sv = vs[blk];
+    const float b1s = s.beta1 * ms[blk], b2s = s.beta2 * vs[blk];
     float am = 0.0f, av = 0.0f;
     for (int64_t i = 0; i < len; ++i) {
-      float mm = qm.decode[mq[b0 + i]] * sm;
-      float vv = qv.decode[vq[b0 + i]] * sv;
-      adamw_elem_q8(s, p[b0 + i], g[b0 + i], mm, vv);
+      float mm, vv;
+      adamw_elem_q8(s, p[b0 + i], g[b0 + i], qm.decode[mq[b0 + i]], b1s, qv.decode[vq[b0 + i]] * b2s, mm, vv);
       if (out) out[b0 + i] = f32_to_bf16(p[b0 + i]);
       tm[i] = mm;
       tv[i] = vv;

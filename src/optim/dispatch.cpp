@@ -67,6 +67,7 @@ AdamWScalars make_adamw_scalars(double lr, double weight_decay, double beta1, do
   double bc2 = 1.0 - std::pow(beta2, double(step));
   s.decay = float(1.0 - lr * weight_decay);
   s.w1 = float(1.0 - beta1);
+  s.beta1 = float(beta1);
   s.beta2 = float(beta2);
   s.w2 = float(1.0 - beta2);
   s.eps = float(eps);
