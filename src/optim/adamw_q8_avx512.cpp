@@ -177,11 +177,10 @@ inline void dequant64(const DecodePlanes<Signed>& t, const uint8_t* codes, float
 
 }  // namespace
 
-// Software prefetch kPrefetchBlocks blocks ahead, spread over the block's passes (the codes' lines in
-// the decode pass, p's and g's in the update loop): a block is ~0.3 us of arithmetic per core, and the
-// hardware prefetchers alone left part of the misses exposed. Issuing all 40 lines at the block start
-// instead gained nothing (fill buffers full); spread, it took the 2-thread update here from
-// 1.42-1.46 to 1.25-1.29 ns/param/thread (two of three paired runs).
+// Software prefetch kPrefetchBlocks blocks ahead, spread over all of the block's passes (see the kernel):
+// a block is ~0.2 us of arithmetic per core, and the hardware prefetchers alone left part of the misses
+// exposed (12-15 % slower without). Issuing all 40 lines at the block start gained nothing (fill buffers
+// full); 2 to 16 blocks ahead, or into L2 instead of L1, measured the same.
 constexpr int64_t kPrefetchBlocks = 4;
 constexpr int64_t kPrefetchAhead = kPrefetchBlocks * kQ8Block;
 
