@@ -29,10 +29,13 @@ void advise_huge_pages(void* p, size_t bytes) {
 }
 
 void* aligned_host_alloc(size_t bytes) {
-  if (bytes < kHugePageMin) return std::aligned_alloc(64, (bytes + 63) / 64 * 64);
-  const size_t len = (bytes + kHugePage - 1) / kHugePage * kHugePage;
-  void* p = std::aligned_alloc(kHugePage, len);
-  if (p) advise_huge_pages(p, len);
+  const size_t len = (bytes + 63) / 64 * 64;
+  if (bytes < kHugePageMin) return std::aligned_alloc(64, len);
+  // 2 MiB aligned, not rounded up: only the whole 2 MiB pages inside get huge pages, so the tail of
+  // each buffer (4 KiB pages) adds no resident memory.
+  void* p = nullptr;
+  if (posix_memalign(&p, kHugePage, len) != 0) return nullptr;
+  advise_huge_pages(p, len);
   return p;
 }
 
