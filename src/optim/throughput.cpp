@@ -16,7 +16,7 @@ namespace lt::optim {
 // The optimizer's kernels over n parameters split across threads. The threads are started once and
 // first-touch their own slices; each repetition is timed between two barriers, so thread start-up and
 // page faults are not counted (an earlier version timed the thread start-up too, which halved the
-// 8-bit rate on 16 cores). The median of 5 repetitions is returned. The buffers are 64-byte aligned
+// 8-bit rate on 16 cores). The median of 7 repetitions is returned. The buffers are 64-byte aligned
 // like the trainer's pinned ones (the kernels' aligned-store paths).
 double measure_adamw_rate(bool q8, int threads, int64_t n) {
   threads = std::max(1, threads);
@@ -35,7 +35,7 @@ double measure_adamw_rate(bool q8, int threads, int64_t n) {
   }
   const Isa isa = resolve_isa(Isa::Auto);
   const auto sc = make_adamw_scalars(1e-5, 0.01, 0.9, 0.999, 1e-8, 1, 1.0f);
-  constexpr int kReps = 5;
+  constexpr int kReps = 7;
   std::barrier sync(threads + 1);
   std::vector<std::thread> ts;
   for (int t = 0; t < threads; ++t) {
