@@ -96,9 +96,9 @@ inline __m256i quant8(const QV<Signed>& q, __m256 y) {
   return code;
 }
 
-// 8 codes -> values * scale: the same operations that built QuantMap::decode.
+// 8 codes -> their levels: the same operations that built QuantMap::decode.
 template <bool Signed>
-inline __m256 dequant8(const QV<Signed>& q, const uint8_t* codes, __m256 scale) {
+inline __m256 dequant8(const QV<Signed>& q, const uint8_t* codes) {
   __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes)));
   __m256i mc = Signed ? _mm256_and_si256(c, _mm256_set1_epi32(0x7f)) : c;
   __m256i e = _mm256_setzero_si256();
@@ -111,7 +111,7 @@ inline __m256 dequant8(const QV<Signed>& q, const uint8_t* codes, __m256 scale) 
   val = _mm256_andnot_ps(_mm256_castsi256_ps(is_zero), val);
   if (Signed)
     val = _mm256_castsi256_ps(_mm256_or_si256(_mm256_castps_si256(val), _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x80)), 24)));
-  return _mm256_mul_ps(val, scale);
+  return val;
 }
 
 inline float hmax(__m256 x) {
@@ -160,13 +160,12 @@ void adamw_q8_avx2(const AdamWScalars& s, float* p, const float* g, uint8_t* mq,
       break;
     }
     const __m256 b1s = _mm256_set1_ps(s.beta1 * ms[blk]), b2s = _mm256_set1_ps(s.beta2 * vs[blk]);
-    const __m256 one = _mm256_set1_ps(1.0f);
     __m256 am = _mm256_setzero_ps(), av = _mm256_setzero_ps();
     float* pb = p + b0;
     const float* gb = g + b0;
     for (int64_t i = 0; i < kQ8Block; i += 16) {
-      __m256 m0 = dequant8(qm, mq + b0 + i, one), m1 = dequant8(qm, mq + b0 + i + 8, one);  // x * 1 is exact
-      __m256 v0 = dequant8(qv, vq + b0 + i, b2s), v1 = dequant8(qv, vq + b0 + i + 8, b2s);
+      __m256 m0 = dequant8(qm, mq + b0 + i), m1 = dequant8(qm, mq + b0 + i + 8);
+      __m256 v0 = _mm256_mul_ps(dequant8(qv, vq + b0 + i), b2s), v1 = _mm256_mul_ps(dequant8(qv, vq + b0 + i + 8), b2s);
       __m256 p0 = _mm256_loadu_ps(pb + i), p1 = _mm256_loadu_ps(pb + i + 8);
       step8_q8(c, b1s, p0, _mm256_loadu_ps(gb + i), m0, v0);
       step8_q8(c, b1s, p1, _mm256_loadu_ps(gb + i + 8), m1, v1);
