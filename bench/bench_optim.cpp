@@ -355,8 +355,9 @@ int main(int argc, char** argv) {
       fmt::print("{:<8} {:>8} {:>8}\n", "path", "fp32", "8-bit");
       for (Isa i : {Isa::Scalar, Isa::Avx2, Isa::Avx512})
         if (isa_supported(i))
-          fmt::print("{:<8} {:>8.3f} {:>8.3f}\n", isa_name(i), in_cache_ns(i, false, 65536, 200),
-                     in_cache_ns(i, true, 65536, 200));
+          fmt::print("{:<8} {:>8.3f} {:>8.3f}{}\n", isa_name(i), in_cache_ns(i, false, 65536, 200),
+                     in_cache_ns(i, true, 65536, 200),
+                     i == Isa::Avx512 && !q8_avx512_kernel_available() ? "  (8-bit: the AVX2 kernel, no VBMI)" : "");
       return 0;
     }
     Isa isa = resolve_isa(parse_isa(isa_s));

@@ -2,7 +2,6 @@
 // NVMe O_DIRECT write/read on --nvme-dir, CPU AdamW throughput (the optimizer's own kernels, fp32 and
 // 8-bit moments); GPU fields through the CUDA backend's registered profiler, else from --preset.
 #include <cstdio>
-#include <fstream>
 #include <thread>
 #include <vector>
 

@@ -44,8 +44,7 @@ struct InferenceOptions {
     o.device = train::parse_decode_device(device);
     o.weights = parse_weights_mode(weights);
     o.gpu_mem_gib = gpu_mem;
-    o.max_batch = std::max<int64_t>(1, std::min(batch_size, n_prompts));
-    o.max_seq = std::max<int64_t>(1, longest_prompt + std::max<int64_t>(0, max_new_tokens));
+    o.size_for(batch_size, n_prompts, longest_prompt, max_new_tokens);
     return o;
   }
   std::unique_ptr<train::Generator> make_generator(const train::LoadedModel& m, int64_t longest_prompt,

@@ -28,9 +28,9 @@ void advise_huge_pages(void* p, size_t bytes) {
 #endif
 }
 
-void* aligned_host_alloc(size_t bytes) {
-  const size_t len = (bytes + 63) / 64 * 64;
-  if (bytes < kHugePageMin) return std::aligned_alloc(64, len);
+void* aligned_host_alloc(size_t bytes, size_t align) {
+  const size_t len = (bytes + align - 1) / align * align;
+  if (bytes < kHugePageMin) return std::aligned_alloc(align, len);
   // 2 MiB aligned, not rounded up: only the whole 2 MiB pages inside get huge pages, so the tail of
   // each buffer (4 KiB pages) adds no resident memory.
   void* p = nullptr;

@@ -16,8 +16,8 @@ constexpr size_t kHugePage = size_t(2) << 20;
 constexpr size_t kHugePageMin = size_t(4) << 20;
 // madvise(MADV_HUGEPAGE) on the whole 2 MiB pages inside [p, p + bytes); best effort (errors ignored).
 void advise_huge_pages(void* p, size_t bytes);
-// 64-byte aligned heap memory (from kHugePageMin up: kHugePage-aligned, its whole 2 MiB pages advised),
-// or null. Free with std::free.
-void* aligned_host_alloc(size_t bytes);
+// `align`-aligned heap memory (a power of two, default 64; from kHugePageMin up: kHugePage-aligned, its
+// whole 2 MiB pages advised), or null. Free with std::free.
+void* aligned_host_alloc(size_t bytes, size_t align = 64);
 
 }  // namespace lt

@@ -1,7 +1,6 @@
 // Executor setup: plan-derived sizes, the allocation of every buffer (so that a plan that does not fit
 // is refused before running), teardown, and host-side helpers.
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 
 #include "backend/cpu/reference.h"
@@ -210,8 +209,7 @@ void Executor::Impl::host_embedding_backward(const int32_t* ids, bool assign, bo
   // cpu::embed_backward (0 + dx_t1 + dx_t2 ... in token order, then added to g), bit for bit.
   const int64_t H = c.hidden, V = c.vocab, n = st.numel(0);
   float* g = st.grad(0);
-  auto zero_row = [&](int64_t, float* out) { std::fill(out, out + H, 0.0f); };
-  // Rows hit by tokens, accumulated in token order into a compact buffer.
+  // Rows hit by tokens, accumulated in token order into a compact buffer (resize zero-fills).
   std::vector<int32_t> slot(size_t(V), -1);
   std::vector<int32_t> rows;
   std::vector<float> acc;
@@ -222,7 +220,6 @@ void Executor::Impl::host_embedding_backward(const int32_t* ids, bool assign, bo
       slot[size_t(r)] = int32_t(rows.size());
       rows.push_back(r);
       acc.resize(acc.size() + size_t(H));
-      zero_row(r, acc.data() + acc.size() - size_t(H));
     }
     float* e = acc.data() + size_t(slot[size_t(r)]) * size_t(H);
     if (act_sz == 2) {
@@ -233,25 +230,27 @@ void Executor::Impl::host_embedding_backward(const int32_t* ids, bool assign, bo
       for (int64_t k = 0; k < H; ++k) e[k] += d[k];
     }
   }
-  // Every row: g = (assign ? 0 : g) + e. Sum of squares per fixed block of rows, added in block order,
-  // so the norm does not depend on the thread count.
+  // Every row: g = (assign ? 0 : g) + e; rows no token hit have e = 0, so they are zeroed (first
+  // micro-batch) or left as they are (g + 0 == g: these gradients are never -0). The sum of squares,
+  // needed only after the last micro-batch, per fixed block of rows added in block order, so the norm
+  // does not depend on the thread count.
   const int64_t rows_per_block = std::max<int64_t>(1, (int64_t(1) << 20) / std::max<int64_t>(H, 1));
   const int64_t nblocks = (V + rows_per_block - 1) / rows_per_block;
   std::vector<double> part(size_t(nblocks), 0.0);
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t b = 0; b < nblocks; ++b) {
-    std::vector<float> tmp(static_cast<size_t>(H));
     double ss = 0;
     const int64_t r1 = std::min(V, (b + 1) * rows_per_block);
     for (int64_t r = b * rows_per_block; r < r1; ++r) {
-      const float* e;
-      if (slot[size_t(r)] >= 0) e = acc.data() + size_t(slot[size_t(r)]) * size_t(H);
-      else { zero_row(r, tmp.data()); e = tmp.data(); }
       float* gr = g + r * H;
-      for (int64_t k = 0; k < H; ++k) {
-        gr[k] = assign ? e[k] : gr[k] + e[k];
-        ss += double(gr[k]) * double(gr[k]);
+      if (slot[size_t(r)] >= 0) {
+        const float* e = acc.data() + size_t(slot[size_t(r)]) * size_t(H);
+        for (int64_t k = 0; k < H; ++k) gr[k] = assign ? e[k] : gr[k] + e[k];
+      } else if (assign) {
+        std::fill(gr, gr + H, 0.0f);
       }
+      if (last)
+        for (int64_t k = 0; k < H; ++k) ss += double(gr[k]) * double(gr[k]);
     }
     part[size_t(b)] = ss;
   }

@@ -4,19 +4,22 @@
 #pragma once
 #include <immintrin.h>
 
+#include <limits>
+
 #include "optim/adamw_kernels.h"
 
 namespace lt::optim::detail {
 namespace {
 
 struct V {
-  __m512 decay, w1, beta2, w2, eps, bc2, ibc2, nss, gs, tiny;
+  __m512 decay, w1, beta2, w2, eps, bc2, ibc2, nss, gs, tiny, huge;
   explicit V(const AdamWScalars& s)
       : decay(_mm512_set1_ps(s.decay)), w1(_mm512_set1_ps(s.w1)), beta2(_mm512_set1_ps(s.beta2)),
         w2(_mm512_set1_ps(s.w2)), eps(_mm512_set1_ps(s.eps)), bc2(_mm512_set1_ps(s.bc2_sqrt)),
         ibc2(_mm512_set1_ps(s.inv_bc2_sqrt)),
         nss(_mm512_set1_ps(s.neg_step_size)), gs(_mm512_set1_ps(s.grad_scale)),
-        tiny(_mm512_set1_ps(1.17549435e-38f)) {}
+        tiny(_mm512_set1_ps(std::numeric_limits<float>::min())),
+        huge(_mm512_set1_ps(std::numeric_limits<float>::max())) {}
 };
 
 // Same operation order as adamw_elem.
@@ -46,9 +49,9 @@ inline Q8Moments q8_stage_a(const V& c, __m512 b1s, __m512 gin, __m512 dm, __m51
   __m512 g = Scaled ? _mm512_mul_ps(gin, c.gs) : gin;  // grad_scale 1 (no clipping): g * 1 == g
   __m512 m = _mm512_fmadd_ps(b1s, dm, _mm512_mul_ps(c.w1, g));
   __m512 v = _mm512_fmadd_ps(_mm512_mul_ps(c.w2, g), g, vb);
-  // sqrt(v) ~ v * rsqrt(v); the estimate is taken of max(v, FLT_MIN) so that v = 0 (a stored zero) gives
-  // 0 * finite = 0, not 0 * inf.
-  __m512 s = _mm512_mul_ps(v, _mm512_rsqrt14_ps(_mm512_max_ps(v, c.tiny)));
+  // sqrt(v) ~ v * rsqrt(v); the estimate is taken of v clamped to [FLT_MIN, FLT_MAX] so that v = 0 (a
+  // stored zero) gives 0 * finite = 0 and v = inf (an unclipped gradient above ~1e20) inf, not NaN.
+  __m512 s = _mm512_mul_ps(v, _mm512_rsqrt14_ps(_mm512_min_ps(_mm512_max_ps(v, c.tiny), c.huge)));
   return {m, v, _mm512_fmadd_ps(s, c.ibc2, c.eps)};  // denom >= eps > 0
 }
 // p * (1 - lr*wd) + (-(lr / (1-beta1^t)) * m) / denom.

@@ -33,6 +33,8 @@ enum class Isa { Auto, Scalar, Avx2, Avx512 };
 const char* isa_name(Isa i);        // "auto", "scalar", "avx2", "avx512"
 Isa parse_isa(const std::string_view s);  // throws lt::Error on an unknown name
 bool isa_supported(Isa i);          // this CPU can run the path
+// The AVX-512 8-bit kernel also needs VBMI; without it adamw_q8(Isa::Avx512, ...) runs the AVX2 kernel.
+bool q8_avx512_kernel_available();
 // Auto -> LT_OPTIM_ISA from the environment if set, else the best supported path. An explicit path
 // the CPU lacks throws lt::Error.
 Isa resolve_isa(Isa requested);
@@ -42,7 +44,7 @@ Isa resolve_isa(Isa requested);
 struct AdamWScalars {
   float decay = 1;          // 1 - lr*wd
   float w1 = 0.1f;          // 1 - beta1
-  float beta1 = 0.9f;       // 8-bit path: beta1 * (block scale of m)
+  float beta1 = 0.9f;       // beta1 (the 8-bit path multiplies it by m's block scale)
   float beta2 = 0.999f;
   float w2 = 0.001f;        // 1 - beta2
   float eps = 1e-8f;

@@ -1,6 +1,7 @@
 // The 8-bit AdamW kernel on AVX-512 with VBMI (Ice Lake, Sapphire Rapids, Zen 4 and later: the
 // decoder's byte permutes). Chosen at run time (dispatch.cpp); CPUs with AVX-512 but no VBMI
-// (Skylake-X, Cascade Lake) run the AVX2 8-bit kernel, which gives bit-identical results. Shared
+// (Skylake-X, Cascade Lake) run the AVX2 8-bit kernel (bit-identical to scalar; the moments also equal
+// this kernel's, the masters differ within its estimates' error). Shared
 // headers come BEFORE the pragma (see adamw_avx512.cpp).
 #include <immintrin.h>
 
@@ -8,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <tuple>
 #include <utility>
 

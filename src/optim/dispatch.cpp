@@ -87,11 +87,13 @@ void adamw_f32(Isa isa, const AdamWScalars& s, float* p, const float* g, float* 
   }
 }
 
+bool q8_avx512_kernel_available() { return isa_supported(Isa::Avx512) && avx512_vbmi(); }
+
 void adamw_q8(Isa isa, const AdamWScalars& s, float* p, const float* g, uint8_t* mq, uint8_t* vq, float* ms,
               float* vs, bf16_t* out, int64_t n) {
   switch (resolve_isa(isa)) {
-    case Isa::Avx512:  // the 8-bit kernel also needs VBMI; without it AVX2 (bit-identical results)
-      if (avx512_vbmi()) return detail::adamw_q8_avx512(s, p, g, mq, vq, ms, vs, out, n);
+    case Isa::Avx512:  // the 8-bit kernel also needs VBMI; without it AVX2 (bit-identical to scalar)
+      if (q8_avx512_kernel_available()) return detail::adamw_q8_avx512(s, p, g, mq, vq, ms, vs, out, n);
       return detail::adamw_q8_avx2(s, p, g, mq, vq, ms, vs, out, n);
     case Isa::Avx2: return detail::adamw_q8_avx2(s, p, g, mq, vq, ms, vs, out, n);
     default: return detail::adamw_q8_scalar(s, p, g, mq, vq, ms, vs, out, n);

@@ -6,7 +6,7 @@
 namespace lt::optim {
 
 // AdamW over n parameters split across `threads` threads (the real kernels, the run-time ISA choice);
-// median of 5 repetitions (threads started and memory touched outside the timing), in parameters
+// median of 7 repetitions (threads started and memory touched outside the timing), in parameters
 // per second.
 double measure_adamw_rate(bool eight_bit, int threads, int64_t n);
 

@@ -3,6 +3,7 @@
 // CLI hands in GpuDecodeHooks when the build has the CUDA backend (as it does for the training
 // backend, trainer.h), and this file only decides.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -23,6 +24,13 @@ struct DecodeDeviceOptions {
   double gpu_mem_gib = 0;                    // GPU memory cap in GiB; 0: the free device memory
   WeightsMode weights = WeightsMode::Auto;   // resident when they fit, else streamed
   int64_t max_batch = 32, max_seq = 256;     // KV-cache capacity to plan for (prompt + new tokens)
+
+  // Capacity for n_prompts prompts decoded `batch` at a time: min(batch, n_prompts) sequences of
+  // longest_prompt + max_new_tokens tokens (at least 1 each).
+  void size_for(int64_t batch, int64_t n_prompts, int64_t longest_prompt, int64_t max_new_tokens) {
+    max_batch = std::max<int64_t>(1, std::min(batch, n_prompts));
+    max_seq = std::max<int64_t>(1, longest_prompt + std::max<int64_t>(0, max_new_tokens));
+  }
 };
 
 // The CUDA side, set by the CLI when lazytrain is built with the CUDA backend (null members: not built).

@@ -377,8 +377,8 @@ TrainResult run_training(const TrainConfig& cfg, const TrainHooks& hooks) {
       executor.reset();
       DecodeDeviceOptions dopt;
       dopt.device = DecodeDevice::Cuda;
-      dopt.max_batch = std::min<int64_t>(eopt.batch_size, int64_t(records.size()));
-      dopt.max_seq = longest_prompt_tokens(data.tmpl, records) + std::max<int64_t>(0, eopt.max_new_tokens);
+      dopt.size_for(eopt.batch_size, int64_t(records.size()), longest_prompt_tokens(data.tmpl, records),
+                    eopt.max_new_tokens);
       gen = make_generator(v, dopt, hooks.gpu_decode, &be);
     } else {
       gen = make_cpu_generator(v);

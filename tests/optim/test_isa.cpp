@@ -88,7 +88,7 @@ TEST(Isa, PathsAreBitIdentical) {
 // the moments are bit-identical and the bf16 copy is the rounding of the AVX-512 master. Steps run from
 // the scalar path's state each time, with clipping (step 2), zeros and tiny gradients, 5 steps.
 TEST(Isa, Q8Avx512WithinEstimateError) {
-  if (!isa_supported(Isa::Avx512)) GTEST_SKIP() << "AVX-512 not available";
+  if (!q8_avx512_kernel_available()) GTEST_SKIP() << "the AVX-512 8-bit kernel (AVX-512 + VBMI) is not available";
   const int64_t n = 4096 + 77;
   const auto N = static_cast<size_t>(n), B = static_cast<size_t>((n + kQ8Block - 1) / kQ8Block);
   std::vector<float> p = randn(n, 11), ms(B, 0.0f), vs(B, 0.0f);

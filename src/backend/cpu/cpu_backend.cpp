@@ -175,7 +175,7 @@ Allocation CpuBackend::alloc(MemKind k, int64_t bytes, const std::string& tag) {
   const size_t align = k == MemKind::Pinned ? 4096 : 256;
   const size_t rounded = (size_t(bytes) + align - 1) / align * align;
   // Large buffers (masters, gradients, bf16 copies that the optimizer streams) get huge pages.
-  void* p = rounded >= kHugePageMin ? aligned_host_alloc(rounded) : std::aligned_alloc(align, rounded);
+  void* p = aligned_host_alloc(rounded, align);
   if (!p) {
     mem_.release(k, bytes, tag);
     fail("cpu backend: out of host memory allocating {} bytes for '{}'", bytes, tag);

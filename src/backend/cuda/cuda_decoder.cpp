@@ -302,7 +302,10 @@ void CudaDecoder::Impl::head(int64_t n, bool gather) {
 // Waits for the pass; the ids are in out_host[0..n).
 void CudaDecoder::Impl::finish_pass(int64_t n) {
   LT_CUDA(cudaStreamSynchronize(comp));
-  LT_CHECK(out_host[cap.max_batch] == 0, "generate: a token id is outside the model's vocabulary ({})", c.vocab);
+  if (out_host[cap.max_batch] != 0) {  // clear the device flag so the decoder stays usable after the error
+    LT_CUDA(cudaMemset(at<int>(ws.err), 0, 4));
+    fail("generate: a token id is outside the model's vocabulary ({})", c.vocab);
+  }
   if (opt.capture_logits) {
     std::vector<float> lg(size_t(n * c.vocab));
     LT_CUDA(cudaMemcpy(lg.data(), at<float>(ws.logits), lg.size() * 4, cudaMemcpyDeviceToHost));

@@ -238,11 +238,10 @@ int64_t decode_attention_partial_floats(int64_t n, int64_t heads, int64_t head_d
 void decode_attention_setup(const DecodeAttnDims& d) {
   const int64_t G = d.heads / d.kv_heads;
   const size_t smem = size_t(smem_floats(G, d.head_dim, tile_keys(d.head_dim))) * 4;
-  static size_t smem_opted_in = 48 * 1024;
-  if (smem > smem_opted_in) {
+  // The attribute is per device and setup runs once per decoder: set it each time the shape needs more
+  // than the default 48 KiB (a process-wide "already done" flag would miss a second GPU).
+  if (smem > 48 * 1024)
     LT_CUDA(cudaFuncSetAttribute(decode_attn_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    smem_opted_in = smem;
-  }
 }
 
 void decode_attention(const DecodeAttnDims& d, const void* q, const void* k_cache, const void* v_cache,
