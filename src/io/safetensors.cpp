@@ -141,22 +141,20 @@ StHeader parse_safetensors(const uint8_t* data, size_t size, const std::string& 
 }
 
 void convert_to_f32(const std::string& dtype, const uint8_t* src, int64_t n, float* out, const std::string& what) {
+  LT_CHECK(dtype == "F32" || dtype == "BF16" || dtype == "F16",
+           "{}: dtype {} cannot be loaded as floating-point weights (supported: F32, BF16, F16)", what, dtype);
+  // An empty tensor converts to nothing. Its pointers may be null (an empty vector's data()), and
+  // memcpy with a null pointer is undefined even for zero bytes (found by fuzz_safetensors).
+  if (n <= 0) return;
   if (dtype == "F32") {
     std::memcpy(out, src, size_t(n) * 4);
-  } else if (dtype == "BF16") {
-    for (int64_t i = 0; i < n; ++i) {
-      uint16_t h;
-      std::memcpy(&h, src + 2 * i, 2);
-      out[i] = bf16_to_f32(h);
-    }
-  } else if (dtype == "F16") {
-    for (int64_t i = 0; i < n; ++i) {
-      uint16_t h;
-      std::memcpy(&h, src + 2 * i, 2);
-      out[i] = f16_to_f32(h);
-    }
-  } else {
-    fail("{}: dtype {} cannot be loaded as floating-point weights (supported: F32, BF16, F16)", what, dtype);
+    return;
+  }
+  const bool bf16 = dtype == "BF16";
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, src + 2 * i, 2);
+    out[i] = bf16 ? bf16_to_f32(h) : f16_to_f32(h);
   }
 }
 

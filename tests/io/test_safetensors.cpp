@@ -146,3 +146,15 @@ TEST(SafetensorsFile, ReadsF16AndRejectsNonFloat) {
   expect_contains(error_of([&] { SafetensorsFile g(d / "none.safetensors"); }), {"none.safetensors", "cannot open"});
   fs::remove_all(d);
 }
+
+// An empty tensor (a zero in its shape) converts to nothing, even with null pointers (an empty
+// vector's data()); its dtype is still checked. fuzz_safetensors found the memcpy(null, ...) once.
+TEST(SafetensorsConvert, EmptyTensorTouchesNothingButChecksDtype) {
+  for (const char* dt : {"F32", "BF16", "F16"}) EXPECT_NO_THROW(convert_to_f32(dt, nullptr, 0, nullptr, "t"));
+  expect_contains(error_of([] { convert_to_f32("I64", nullptr, 0, nullptr, "empty 'e'"); }), {"empty 'e'", "I64"});
+  const uint16_t bf[2] = {f32_to_bf16(2.0f), f32_to_bf16(-3.0f)};
+  float out[2] = {};
+  convert_to_f32("BF16", reinterpret_cast<const uint8_t*>(bf), 2, out, "t");
+  EXPECT_EQ(out[0], 2.0f);
+  EXPECT_EQ(out[1], -3.0f);
+}
