@@ -66,16 +66,13 @@ inline __m128i pack8(__m256i a, __m256i b) {
 template <bool Signed>
 struct QV {
   static constexpr int kBits = Signed ? 7 : 8;
-  __m256 top, step, inv, off, zero_below;
-  __m256i topc;
+  __m256 step, base, inv, off;
   __m256 tops[8];
   explicit QV(const QuantMap& q) {
-    top = _mm256_loadu_ps(q.top);
     step = _mm256_loadu_ps(q.step);
+    base = _mm256_loadu_ps(q.base);
     inv = _mm256_loadu_ps(q.inv_step);
     off = _mm256_loadu_ps(q.code_off);
-    topc = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q.top_code));
-    zero_below = _mm256_set1_ps(q.zero_below);
     for (int t = 0; t < 8; ++t) tops[t] = _mm256_set1_ps(q.top[t]);
   }
 };
@@ -89,14 +86,12 @@ inline __m256i quant8(const QV<Signed>& q, __m256 y) {
   for (int t = 1; t < QV<Signed>::kBits; ++t)  // true lanes are -1
     e = _mm256_sub_epi32(e, _mm256_castps_si256(_mm256_cmp_ps(a, q.tops[t], _CMP_LT_OQ)));
   __m256 cf = _mm256_fmadd_ps(a, _mm256_permutevar8x32_ps(q.inv, e), _mm256_permutevar8x32_ps(q.off, e));
-  __m256i code = _mm256_max_epi32(_mm256_cvtps_epi32(cf), _mm256_set1_epi32(1));
-  __m256i zero = _mm256_castps_si256(_mm256_cmp_ps(a, q.zero_below, _CMP_LT_OQ));
-  code = _mm256_andnot_si256(zero, code);
-  if (Signed) code = _mm256_or_si256(code, _mm256_slli_epi32(_mm256_srli_epi32(bits, 31), 7));
-  return code;
+  __m256i code = _mm256_cvtps_epi32(cf);
+  if (Signed) return _mm256_or_si256(code, _mm256_slli_epi32(_mm256_srli_epi32(bits, 31), 7));
+  return _mm256_andnot_si256(_mm256_castps_si256(_mm256_cmp_ps(a, _mm256_setzero_ps(), _CMP_EQ_OQ)), code);
 }
 
-// 8 codes -> their levels: the same operations that built QuantMap::decode.
+// 8 codes -> their levels: the same operation that built QuantMap::decode, fma(step_e, c, base_e).
 template <bool Signed>
 inline __m256 dequant8(const QV<Signed>& q, const uint8_t* codes) {
   __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes)));
@@ -104,9 +99,8 @@ inline __m256 dequant8(const QV<Signed>& q, const uint8_t* codes) {
   __m256i e = _mm256_setzero_si256();
   for (int t = 1; t < QV<Signed>::kBits; ++t)
     e = _mm256_sub_epi32(e, _mm256_cmpgt_epi32(_mm256_set1_epi32(1 << (QV<Signed>::kBits - t)), mc));
-  __m256i j = _mm256_sub_epi32(_mm256_permutevar8x32_epi32(q.topc, e), mc);
-  __m256 val = _mm256_sub_ps(_mm256_permutevar8x32_ps(q.top, e),
-                             _mm256_mul_ps(_mm256_permutevar8x32_ps(q.step, e), _mm256_cvtepi32_ps(j)));
+  __m256 val = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(q.step, e), _mm256_cvtepi32_ps(mc),
+                               _mm256_permutevar8x32_ps(q.base, e));
   __m256i is_zero = _mm256_cmpeq_epi32(mc, _mm256_setzero_si256());
   val = _mm256_andnot_ps(_mm256_castsi256_ps(is_zero), val);
   if (Signed)

@@ -34,7 +34,7 @@ void adamw_f32_avx512(const AdamWScalars& s, float* p, const float* g, float* m,
     _mm512_storeu_ps(p + i + 16, p1);
     _mm512_storeu_ps(m + i + 16, m1);
     _mm512_storeu_ps(v + i + 16, v1);
-    if (out) _mm512_storeu_si512(out + i, to_bf16x2(p0, p1));
+    if (out) _mm512_storeu_si512(out + i, to_bf16x2<false>(p0, p1));
   }
   for (; i + 16 <= n; i += 16) {
     __m512 pv = _mm512_loadu_ps(p + i), mv = _mm512_loadu_ps(m + i), vv = _mm512_loadu_ps(v + i);

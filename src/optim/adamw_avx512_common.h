@@ -4,6 +4,7 @@
 #pragma once
 #include <immintrin.h>
 
+#include <cmath>
 #include <limits>
 
 #include "optim/adamw_kernels.h"
@@ -12,14 +13,19 @@ namespace lt::optim::detail {
 namespace {
 
 struct V {
-  __m512 decay, w1, beta2, w2, eps, bc2, ibc2, nss, gs, tiny, huge;
+  __m512 decay, w1, beta2, w2, eps, bc2, nss, gs;
+  // 8-bit path: the denominator divided by the step size, so that the step is m * rcp(denom / nss) with
+  // no separate multiplication (see q8_stage_a). A zero (or denormal) step size, e.g. lr = 0 in warm-up,
+  // makes that denominator -inf: its reciprocal is -0 and the step exactly 0.
+  __m512 ibc2n, epsn;
   explicit V(const AdamWScalars& s)
       : decay(_mm512_set1_ps(s.decay)), w1(_mm512_set1_ps(s.w1)), beta2(_mm512_set1_ps(s.beta2)),
         w2(_mm512_set1_ps(s.w2)), eps(_mm512_set1_ps(s.eps)), bc2(_mm512_set1_ps(s.bc2_sqrt)),
-        ibc2(_mm512_set1_ps(s.inv_bc2_sqrt)),
-        nss(_mm512_set1_ps(s.neg_step_size)), gs(_mm512_set1_ps(s.grad_scale)),
-        tiny(_mm512_set1_ps(std::numeric_limits<float>::min())),
-        huge(_mm512_set1_ps(std::numeric_limits<float>::max())) {}
+        nss(_mm512_set1_ps(s.neg_step_size)), gs(_mm512_set1_ps(s.grad_scale)) {
+    const bool live = std::fabs(s.neg_step_size) >= std::numeric_limits<float>::min();
+    ibc2n = _mm512_set1_ps(live ? s.inv_bc2_sqrt / s.neg_step_size : 0.0f);
+    epsn = _mm512_set1_ps(live ? s.eps / s.neg_step_size : -std::numeric_limits<float>::infinity());
+  }
 };
 
 // Same operation order as adamw_elem.
@@ -39,8 +45,11 @@ inline void step16(const V& c, __m512& p, __m512 gin, __m512& m, __m512& v) {
 // cost of the 8-bit update; Newton refinements of the estimates cost 5 more operations per vector.
 // The kernel runs stage A one vector pair ahead of stage B (software pipelining): each stage's
 // dependency chain is half the whole, so fewer waiting operations fill the scheduler.
+// The kernel is bound by the two vector ports (512-bit operations issue on ports 0 and 5 only), so each
+// operation saved per vector counts: the step size is folded into the denominator (denom / nss), and
+// the special cases of the square root are fixed up after it in one instruction.
 struct Q8Moments {
-  __m512 m, v, denom;
+  __m512 m, v, denom;  // denom: (sqrt(v) / sqrt(1 - beta2^t) + eps) / nss (negative, or -inf for nss 0)
 };
 // In: dm = m's decoded code (unscaled), vb = v's decoded code * beta2 * its block scale, b1s = beta1 *
 // m's block scale (adamw_kernels.h): the block scales cost no separate multiplication.
@@ -49,32 +58,45 @@ inline Q8Moments q8_stage_a(const V& c, __m512 b1s, __m512 gin, __m512 dm, __m51
   __m512 g = Scaled ? _mm512_mul_ps(gin, c.gs) : gin;  // grad_scale 1 (no clipping): g * 1 == g
   __m512 m = _mm512_fmadd_ps(b1s, dm, _mm512_mul_ps(c.w1, g));
   __m512 v = _mm512_fmadd_ps(_mm512_mul_ps(c.w2, g), g, vb);
-  // sqrt(v) ~ v * rsqrt(v); the estimate is taken of v clamped to [FLT_MIN, FLT_MAX] so that v = 0 (a
-  // stored zero) gives 0 * finite = 0 and v = inf (an unclipped gradient above ~1e20) inf, not NaN.
-  __m512 s = _mm512_mul_ps(v, _mm512_rsqrt14_ps(_mm512_min_ps(_mm512_max_ps(v, c.tiny), c.huge)));
-  return {m, v, _mm512_fmadd_ps(s, c.ibc2, c.eps)};  // denom >= eps > 0
+  // sqrt(v) ~ v * rsqrt(v), except v = 0 (a stored zero: 0 * inf) and v = +inf (an unclipped gradient
+  // above ~1e20: inf * 0), whose NaN vfixupimmps replaces by +0 and +inf (table: class "zero" -> token
+  // 8 (+0), class "+inf" -> token 1 (the source, v)). Denormal v is exact: vrsqrt14ps handles it.
+  __m512 s = _mm512_mul_ps(v, _mm512_rsqrt14_ps(v));
+  s = _mm512_fixupimm_ps(s, v, _mm512_set1_epi32(0x00100800), 0);
+  return {m, v, _mm512_fmadd_ps(s, c.ibc2n, c.epsn)};
 }
-// p * (1 - lr*wd) + (-(lr / (1-beta1^t)) * m) / denom.
+// p * (1 - lr*wd) + m * rcp(denom / nss) = p * (1 - lr*wd) + (-(lr / (1-beta1^t)) * m) / denom.
 inline __m512 q8_stage_b(const V& c, __m512 p, const Q8Moments& a) {
-  return _mm512_fmadd_ps(p, c.decay, _mm512_mul_ps(_mm512_mul_ps(c.nss, a.m), _mm512_rcp14_ps(a.denom)));
+  return _mm512_fmadd_ps(p, c.decay, _mm512_mul_ps(a.m, _mm512_rcp14_ps(a.denom)));
 }
 
 // f32 -> bf16 rounded to nearest even in 32-bit lanes (the result is in the high halves); NaN kept quiet
-// (as lt::f32_to_bf16).
+// (as lt::f32_to_bf16): u + 0x7fff, plus 1 where bit 16 (the bf16 lsb) is set.
 inline __m512i bf16_rounded(__m512 x) {
   __m512i u = _mm512_castps_si512(x);
-  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+  __m512i r = _mm512_add_epi32(u, _mm512_set1_epi32(0x7fff));
+  r = _mm512_mask_add_epi32(r, _mm512_test_epi32_mask(u, _mm512_set1_epi32(0x10000)), r, _mm512_set1_epi32(1));
   // NaN lanes take x quieted (u | 0x400000): vfixupimmps with the token 2 ("QNaN of the source") for the
   // quiet and signalling NaN classes and 0 ("keep the destination") for every other class. One
   // instruction instead of a class test (a port-5 compare) and a masked blend.
   return _mm512_castps_si512(_mm512_fixupimm_ps(_mm512_castsi512_ps(r), x, _mm512_set1_epi32(0x22), 0));
 }
-// Two vectors of f32 -> 32 bf16: one word permute collects the high halves.
+// Two vectors of f32 -> 32 bf16: one permute collects the high halves. Vbmi (only where the including
+// file's target has AVX-512 VBMI, as the 8-bit kernel's does): a byte permute (2 uops; the word permute
+// takes 3), bytes 4i+2 and 4i+3 of each lane i of x0 (indices 0-63), then of x1 (64-127).
+template <bool Vbmi>
 inline __m512i to_bf16x2(__m512 x0, __m512 x1) {
-  const __m512i odd = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29, 27, 25, 23,
-                                       21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
-  return _mm512_permutex2var_epi16(bf16_rounded(x0), odd, bf16_rounded(x1));
+  if constexpr (Vbmi) {
+    alignas(64) static constexpr int8_t kIdx[64] = {
+        2,  3,  6,  7,  10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31, 34, 35, 38, 39, 42, 43,
+        46, 47, 50, 51, 54, 55, 58, 59, 62, 63, 66, 67, 70, 71, 74, 75, 78, 79, 82, 83, 86, 87,
+        90, 91, 94, 95, 98, 99, 102, 103, 106, 107, 110, 111, 114, 115, 118, 119, 122, 123, 126, 127};
+    return _mm512_permutex2var_epi8(bf16_rounded(x0), _mm512_load_si512(kIdx), bf16_rounded(x1));
+  } else {
+    const __m512i odd = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29, 27,
+                                         25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+    return _mm512_permutex2var_epi16(bf16_rounded(x0), odd, bf16_rounded(x1));
+  }
 }
 
 // One vector of f32 -> 16 bf16.

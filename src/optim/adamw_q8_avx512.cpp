@@ -31,13 +31,12 @@ template <bool Signed>
 struct QV {
   static constexpr int kBits = Signed ? 7 : 8;
   static constexpr int kBinBase = 127 - 31;  // binade index 0 = [2^-31, 2^-30), 31 = [1, 2)
-  __m512 inv, off, zero_below, bnd;
+  __m512 inv, off, bnd;
   __m512i ecand_lo, ecand_hi;
   explicit QV(const QuantMap& q) {
     // Quantiser tables: 8 entries in the low lanes, indexed by decade.
     inv = _mm512_zextps256_ps512(_mm256_loadu_ps(q.inv_step));
     off = _mm512_zextps256_ps512(_mm256_loadu_ps(q.code_off));
-    zero_below = _mm512_set1_ps(q.zero_below);
     // bnd[e] = the decade top just above decade e's values (+inf above decade 0).
     alignas(64) float b[16] = {};
     b[0] = INFINITY;
@@ -58,27 +57,28 @@ struct QV {
 };
 
 // Nearest code of 16 values y, as int32 lanes: the same result as quantize_one (its decade count
-// #{t : a < top[t]} is found here from the binade's decade and one comparison).
+// #{t : a < top[t]} is found here from the binade's decade and one comparison). The bottom decade's
+// line does what a zero test did (quant8.h): signed, round(|y| / level 1) is 0 or 1; unsigned, always
+// 1, and min(code, bits of |y|) leaves an exact 0 at 0 (the bits of any |y| > 0 are >= 1, and >= 2^24
+// for every |y| above the bottom decade).
 template <bool Signed>
 inline __m512i quant16(const QV<Signed>& q, __m512 y) {
   __m512i bits = _mm512_castps_si512(y);
   // v >= +0 always (a square's moving average), so the unsigned map needs no absolute value.
   __m512i abits = Signed ? _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)) : bits;
   __m512 a = _mm512_castsi512_ps(abits);
-  // Binade = exponent field; the permute reads its low 5 bits (kBinBase = 96 -> 0, exponent 127 -> 31;
-  // |y| <= 1 + rounding never goes above). Below 2^-31 the low bits wrap: the unsigned map clamps
-  // there; for the signed map those values are below zero_below and get code 0 regardless.
-  __m512i bin = _mm512_srli_epi32(abits, 23);
-  if (!Signed) bin = _mm512_max_epu32(bin, _mm512_set1_epi32(QV<Signed>::kBinBase));
+  // Binade = exponent field, clamped below at 2^-31 (kBinBase: all of it in the bottom decade); the
+  // permute reads its low 5 bits (kBinBase = 96 -> 0, exponent 127 -> 31; |y| <= 1 + rounding never
+  // goes above).
+  __m512i bin = _mm512_max_epu32(_mm512_srli_epi32(abits, 23), _mm512_set1_epi32(QV<Signed>::kBinBase));
   __m512i e = _mm512_permutex2var_epi32(q.ecand_lo, bin, q.ecand_hi);
   __mmask16 up = _mm512_cmp_ps_mask(a, _mm512_permutexvar_ps(e, q.bnd), _CMP_GE_OQ);
   e = _mm512_mask_sub_epi32(e, up, e, _mm512_set1_epi32(1));
   __m512 cf = _mm512_fmadd_ps(a, _mm512_permutexvar_ps(e, q.inv), _mm512_permutexvar_ps(e, q.off));
-  __mmask16 live = _mm512_cmp_ps_mask(a, q.zero_below, _CMP_GE_OQ);
-  __m512i code = _mm512_maskz_max_epi32(live, _mm512_cvtps_epi32(cf), _mm512_set1_epi32(1));
+  __m512i code = _mm512_cvtps_epi32(cf);
   if (Signed)  // sign bit 31 of y -> bit 7 of the code
-    code = _mm512_ternarylogic_epi32(code, _mm512_srli_epi32(bits, 24), _mm512_set1_epi32(0x80), 0xF8);
-  return code;
+    return _mm512_ternarylogic_epi32(code, _mm512_srli_epi32(bits, 24), _mm512_set1_epi32(0x80), 0xF8);
+  return _mm512_min_epu32(code, abits);
 }
 
 // The dword permutation that transposes 4x4 blocks of 4-byte groups (its own inverse): it maps the
@@ -139,29 +139,28 @@ struct DecodePlanes {
   }
 };
 
-// The unsigned map (v) decoded arithmetically, as the table defines its levels: code c of decade e
-// (c in [n_e, 2 n_e), e = lzcnt(c) - 24) is top_e - step_e * j with j = 2 n_e - 1 - c = c ^ (2^32-1 >> lzcnt(c)).
-// Two 16-entry tables indexed by lzcnt & 15 (entry 0, for c = 0 and lzcnt 32, is 0). Cheaper than the
-// byte planes here: its 256 entries need two 2-uop vpermt2b and a blend per plane.
+// The unsigned map (v) decoded arithmetically, as the map defines its levels: code c of decade e
+// (c in [n_e, 2 n_e), e = lzcnt(c) - 24) is fma(step_e, c, base_e). Two 16-entry tables indexed by
+// lzcnt & 15 (entry 0, for c = 0 and lzcnt 32, is 0). Cheaper than the byte planes here: its 256
+// entries need two 2-uop vpermt2b and a blend per plane.
 struct DecodeLines {
-  __m512 top, step;
+  __m512 base, step;
   explicit DecodeLines(const QuantMap& q) {
-    alignas(64) float t[16] = {}, st[16] = {};
-    for (int e = 0; e < q.mag_bits; ++e) t[8 + e] = q.top[e], st[8 + e] = q.step[e];
-    top = _mm512_load_ps(t);
+    alignas(64) float b[16] = {}, st[16] = {};
+    for (int e = 0; e < q.mag_bits; ++e) b[8 + e] = q.base[e], st[8 + e] = q.step[e];
+    base = _mm512_load_ps(b);
     step = _mm512_load_ps(st);
   }
 };
 
 // 64 codes of the unsigned map -> 64 values * scale (64-byte aligned out); bit-identical to
-// QuantMap::decode[c] * scale (the table is built with the same float operations).
+// QuantMap::decode[c] * scale (the table is built with the same fma).
 inline void dequant64_lines(const DecodeLines& t, const uint8_t* codes, __m512 scale, float* out) {
   for (int k = 0; k < 4; ++k) {
     __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + 16 * k)));
     __m512i lz = _mm512_lzcnt_epi32(c);
-    __m512i j = _mm512_xor_si512(_mm512_srlv_epi32(_mm512_set1_epi32(-1), lz), c);
-    __m512 mag = _mm512_sub_ps(_mm512_permutexvar_ps(lz, t.top),
-                               _mm512_mul_ps(_mm512_permutexvar_ps(lz, t.step), _mm512_cvtepi32_ps(j)));
+    __m512 mag = _mm512_fmadd_ps(_mm512_permutexvar_ps(lz, t.step), _mm512_cvtepi32_ps(c),
+                                 _mm512_permutexvar_ps(lz, t.base));
     _mm512_store_ps(out + 16 * k, _mm512_mul_ps(mag, scale));
   }
 }
@@ -258,8 +257,8 @@ void q8_kernel(const AdamWScalars& s, float* p, const float* g, uint8_t* mq, uin
       __m512 p0 = q8_stage_b(c, _mm512_loadu_ps(pb + i), a0), p1 = q8_stage_b(c, _mm512_loadu_ps(pb + i + 16), a1);
       _mm512_storeu_ps(pb + i, p0);
       _mm512_storeu_ps(pb + i + 16, p1);
-      if (nt) _mm512_stream_si512(reinterpret_cast<__m512i*>(out + b0 + i), to_bf16x2(p0, p1));
-      else if (out) _mm512_storeu_si512(out + b0 + i, to_bf16x2(p0, p1));
+      if (nt) _mm512_stream_si512(reinterpret_cast<__m512i*>(out + b0 + i), to_bf16x2<true>(p0, p1));
+      else if (out) _mm512_storeu_si512(out + b0 + i, to_bf16x2<true>(p0, p1));
       _mm512_store_ps(tm + i, a0.m);
       _mm512_store_ps(tm + i + 16, a1.m);
       _mm512_store_ps(tv + i, a0.v);

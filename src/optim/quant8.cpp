@@ -14,24 +14,30 @@ QuantMap build_dynamic_map(bool is_signed) {
   q.mag_bits = is_signed ? 7 : 8;
   q.levels = 1 << q.mag_bits;
   // Magnitude code bits: E leading zeros, the indicator bit, R = mag_bits-1-E fraction bits k. Level
-  // 10^-E * (0.1 + 0.9 (k+1) / 2^R) = top - step * j with j = 2^R - 1 - k. More leading zeros = lower
+  // 10^-E * (0.1 + 0.9 (k+1) / 2^R), on the decade's line fma(step, c, base). More leading zeros = lower
   // decade, so codes order like their levels.
   for (int e = 0; e < q.mag_bits; ++e) {
     int n = 1 << (q.mag_bits - 1 - e);
     double top = std::pow(10.0, -e);
     q.top[e] = float(top);
     q.step[e] = float(0.9 * top / n);
+    q.base[e] = std::fma(-q.step[e], float(2 * n - 1), q.top[e]);
     q.inv_step[e] = float(1.0 / double(q.step[e]));
-    q.code_off[e] = float(8.0 * n / 9.0 - 1.0);
-    q.top_code[e] = 2 * n - 1;
-    for (int j = 0; j < n; ++j) q.mag[2 * n - 1 - j] = q.top[e] - q.step[e] * float(j);  // float ops: the definition
+    q.code_off[e] = float(-double(q.base[e]) / double(q.step[e]));
+    for (int c = n; c < 2 * n; ++c) q.mag[c] = std::fma(q.step[e], float(c), q.base[e]);  // the definition
   }
   q.mag[0] = 0.0f;
+  // Bottom decade (code 1 only): signed, the nearest of 0 and mag[1]; unsigned, mag[1] for any value > 0.
+  const int bottom = q.mag_bits - 1;
+  q.inv_step[bottom] = is_signed ? float(1.0 / double(q.mag[1])) : 0.0f;
+  q.code_off[bottom] = is_signed ? 0.0f : 1.0f;
   for (int i = 1; i < q.levels; ++i)
     LT_CHECK(q.mag[i] > q.mag[i - 1], "dynamic map: levels not increasing at {} ({} <= {})", i, q.mag[i],
              q.mag[i - 1]);
   LT_CHECK(q.mag[q.levels - 1] == 1.0f, "dynamic map: top level {} != 1", q.mag[q.levels - 1]);
-  q.zero_below = is_signed ? 0.5f * q.mag[1] : std::numeric_limits<float>::denorm_min();
+  for (int e = 0; e < q.mag_bits; ++e)
+    LT_CHECK(q.mag[2 * (1 << (q.mag_bits - 1 - e)) - 1] == q.top[e], "dynamic map: decade {} top {} != {}", e,
+             q.mag[2 * (1 << (q.mag_bits - 1 - e)) - 1], q.top[e]);
   for (int c = 0; c < 256; ++c) {
     if (is_signed)
       q.decode[c] = (c & 0x80) ? -q.mag[c & 0x7f] : q.mag[c & 0x7f];

@@ -14,14 +14,16 @@
 // below the smallest level L round up to it: error < absmax * L.
 //
 // Quantising is arithmetic, not a search or a table gather (gathers are slow on many x86 CPUs). Within
-// decade e the levels are evenly spaced: level(c) = off_e + step_e * c for its codes c in [n_e, 2 n_e),
-// and the same line continued one step down gives decade e+1's top level 10^-(e+1) at c = n_e - 1.
-// So for |y| in [10^-(e+1), 10^-e) the nearest code is round(fma(|y|, 1 / step_e, -off_e / step_e)), always a
-// valid code of decade e or the top of e+1, with no clamping. The decade is the count of decade tops
-// above |y|. Nearest up to float rounding when |y| is within ~1e-5 of a spacing of a midpoint.
-// Dequantising evaluates top_e - step_e * (2 n_e - 1 - c): the same float expression that defines the
-// table, so every path decodes bit-identically and the top level is exactly 1.
-//
+// decade e the levels are evenly spaced on a line: level(c) = base_e + step_e * c for its codes c in
+// [n_e, 2 n_e), and the same line continued one step down gives decade e+1's top level 10^-(e+1) at
+// c = n_e - 1. So for |y| in [10^-(e+1), 10^-e) the nearest code is round(fma(|y|, 1 / step_e, -base_e /
+// step_e)), always a valid code of decade e or the top of e+1, with no clamping. The decade is the count
+// of decade tops above |y|. The bottom decade (one code, 10^-(bits-1)) has its own line: nearest of 0 and
+// that level for the signed map (code = round(|y| / level)), always that level for the unsigned one (code
+// 1; only an exact 0 stays 0). Nearest up to float rounding when |y| is within ~1e-5 of a spacing of a
+// midpoint. A level is DEFINED as the float fma(step_e, c, base_e) (base_e itself the float
+// fma(-step_e, 2 n_e - 1, 10^-e)): one fused operation that every path evaluates alike, so all decode
+// bit-identically, and the top level comes out exactly 1 (build_dynamic_map checks it).
 // Second moment: a positive v never rounds to 0, only to the smallest level. A v stored as 0 next to a
 // non-zero m makes m / sqrt(v) explode for that element in later steps (the "zero-point problem" of
 // quantised second moments, Li et al. 2023).
@@ -38,16 +40,16 @@ struct QuantMap {
   int levels = 0;                   // 2^mag_bits magnitudes, ascending, mag[0] = 0
   float mag[256] = {};              // magnitude of each magnitude code
   float decode[256] = {};           // code -> value (sign applied for the signed map; 0x80 is -0)
-  // Decade e (0 .. mag_bits-1) holds codes [n_e, 2 n_e), n_e = 2^(mag_bits-1-e); code c is
-  // j = 2 n_e - 1 - c steps below the decade's top: mag = top[e] - step[e] * j.
+  // Decade e (0 .. mag_bits-1) holds codes [n_e, 2 n_e), n_e = 2^(mag_bits-1-e); code c's magnitude is
+  // fma(step[e], c, base[e]).
   float top[8] = {};                // 10^-e
   float step[8] = {};               // 0.9 * 10^-e / n_e
-  float inv_step[8] = {};           // 1 / step[e] (rounded)
-  float code_off[8] = {};           // -off_e / step_e = 8 n_e / 9 - 1: code = |y| * inv_step + code_off
-  int32_t top_code[8] = {};         // 2 n_e - 1
+  float base[8] = {};               // the line's value at c = 0: fma(-step, 2 n_e - 1, top)
+  // The quantiser's line per decade: code = round(fma(|y|, inv_step[e], code_off[e])). Bottom decade:
+  // signed 1 / level(1) and 0 (nearest of 0 and level 1), unsigned 0 and 1 (always code 1).
+  float inv_step[8] = {};
+  float code_off[8] = {};
   // Entries past the last decade stay 0 (the AVX-512 decoder relies on it for code 0).
-  float zero_below = 0;             // |y| < zero_below -> code 0 (signed: half the smallest level;
-                                    // unsigned: only 0 itself)
 };
 
 const QuantMap& signed_dynamic_map();    // for m
@@ -70,9 +72,8 @@ inline uint8_t quantize_one(const QuantMap& q, float y) {
   // low mantissa bits (exact for |cf| < 2^22), as cvtps2dq does in the vector paths.
   constexpr float kRound = 12582912.0f;
   int32_t code = int32_t((cf + kRound) - kRound);
-  // Bottom decade: its line reaches below level 1, so clamp up to 1; below zero_below the code is 0.
-  code = a >= q.zero_below ? (code > 1 ? code : 1) : 0;
   if (q.is_signed) code |= int32_t((bits >> 31) << 7);
+  else if (a == 0.0f) code = 0;  // the unsigned bottom line gives 1 for everything else below 10^-7
   return uint8_t(code);
 }
 inline float dequantize_one(const QuantMap& q, uint8_t code, float absmax) { return q.decode[code] * absmax; }
