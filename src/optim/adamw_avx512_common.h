@@ -16,14 +16,15 @@ struct V {
   __m512 decay, w1, beta2, w2, eps, bc2, nss, gs;
   // 8-bit path: the denominator divided by the step size, so that the step is m * rcp(denom / nss) with
   // no separate multiplication (see q8_stage_a). A zero (or denormal) step size, e.g. lr = 0 in warm-up,
-  // makes that denominator -inf: its reciprocal is -0 and the step exactly 0.
+  // makes that denominator -inf for every sqrt(v) in [0, +inf] (a finite negative factor, not 0, so that
+  // sqrt(v) = +inf gives -inf and not NaN): its reciprocal is -0 and the step exactly 0.
   __m512 ibc2n, epsn;
   explicit V(const AdamWScalars& s)
       : decay(_mm512_set1_ps(s.decay)), w1(_mm512_set1_ps(s.w1)), beta2(_mm512_set1_ps(s.beta2)),
         w2(_mm512_set1_ps(s.w2)), eps(_mm512_set1_ps(s.eps)), bc2(_mm512_set1_ps(s.bc2_sqrt)),
         nss(_mm512_set1_ps(s.neg_step_size)), gs(_mm512_set1_ps(s.grad_scale)) {
     const bool live = std::fabs(s.neg_step_size) >= std::numeric_limits<float>::min();
-    ibc2n = _mm512_set1_ps(live ? s.inv_bc2_sqrt / s.neg_step_size : 0.0f);
+    ibc2n = _mm512_set1_ps(live ? s.inv_bc2_sqrt / s.neg_step_size : -1.0f);
     epsn = _mm512_set1_ps(live ? s.eps / s.neg_step_size : -std::numeric_limits<float>::infinity());
   }
 };

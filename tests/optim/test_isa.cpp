@@ -127,6 +127,37 @@ TEST(Isa, Q8Avx512WithinEstimateError) {
               worst);
 }
 
+// The AVX-512 8-bit kernel folds the step size into the denominator (denom / nss): a zero step size (lr 0,
+// as at the start of a warm-up) must leave the masters exactly as they are, whatever the gradients,
+// and a second moment that overflows to +inf (an unclipped gradient above ~6e20) must give a zero step,
+// as on the exact path, not NaN.
+TEST(Isa, Q8Avx512ZeroStepSizeAndInfiniteSecondMoment) {
+  if (!q8_avx512_kernel_available()) GTEST_SKIP() << "the AVX-512 8-bit kernel (AVX-512 + VBMI) is not available";
+  const int64_t n = 2 * kQ8Block;
+  const auto N = static_cast<size_t>(n);
+  for (double lr : {0.0, 1e-3}) {
+    std::vector<float> p = randn(n, 3), g = randn(n, 4, 0.1f), ms(2, 0.0f), vs(2, 0.0f);
+    g[7] = 3e21f;  // (1 - beta2) * g * g overflows: v = +inf in block 0
+    std::vector<uint8_t> mq(N, 0), vq(N, 0);
+    AlignedBuffer<lt::bf16_t> out(N);
+    const std::vector<float> p0 = p;
+    std::vector<float> p_ref = p, ms_ref = ms, vs_ref = vs;
+    std::vector<uint8_t> mq_ref = mq, vq_ref = vq;
+    const AdamWScalars s = make_adamw_scalars(lr, 0.1, 0.9, 0.999, 1e-8, 1, 1.0f);
+    adamw_q8(Isa::Avx512, s, p.data(), g.data(), mq.data(), vq.data(), ms.data(), vs.data(), out.data(), n);
+    adamw_q8(Isa::Scalar, s, p_ref.data(), g.data(), mq_ref.data(), vq_ref.data(), ms_ref.data(), vs_ref.data(),
+             nullptr, n);
+    EXPECT_EQ(mq, mq_ref) << "lr " << lr;
+    EXPECT_EQ(vq, vq_ref) << "lr " << lr;
+    EXPECT_EQ(ms, ms_ref) << "lr " << lr;
+    EXPECT_EQ(vs, vs_ref) << "lr " << lr;
+    EXPECT_EQ(p[7], p0[7] * s.decay) << "lr " << lr << ": v = inf gives no step";
+    EXPECT_EQ(p[7], p_ref[7]) << "lr " << lr;
+    if (lr == 0.0)
+      for (size_t i = 0; i < N; ++i) ASSERT_EQ(p[i], p0[i]) << "lr 0 must leave element " << i << " as it is";
+  }
+}
+
 TEST(Isa, SumOfSquaresAgrees) {
   std::vector<float> g = randn(10007, 5);
   double ref = 0;
