@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "backend/decode_split.h"
 #include "core/error.h"
 #include "core/units.h"
 
@@ -75,8 +76,7 @@ DecodeWorkspace decode_workspace(const ModelConfig& c, const DecodeCapacity& cap
   w.xr = cv.take(B * H * 2);
   w.hn = cv.take(B * H * 2);
   w.logits = cv.take(B * c.vocab * 4);
-  const int64_t ns = (cap.max_seq + kDecodeAttnSplitKeys - 1) / kDecodeAttnSplitKeys;
-  w.partial = cv.take(B * c.heads * ns * (c.head_dim + 2) * 4);
+  w.partial = cv.take(decode_attention_partial_floats(B, c.heads, c.head_dim, cap.max_seq) * 4);
   w.gemm = cv.take(kDecodeGemmWorkspace);
   w.bytes = cv.used;
   return w;
@@ -98,6 +98,12 @@ DecodeMemory decode_memory(const ModelConfig& c, const ModelLayout& lay, const D
   return m;
 }
 
+void check_decode_fits(int64_t need, int64_t room, const std::string& what, const std::string& room_desc,
+                       const char* advice) {
+  LT_CHECK(need <= room, "does not fit: device short by {} {} (needs {}, {}); {}", format_bytes(double(need - room)),
+           what, format_bytes(double(need)), room_desc, advice);
+}
+
 WeightsChoice choose_weights_mode(const DecodeMemory& m, int64_t budget, WeightsMode asked) {
   WeightsChoice w;
   const int64_t res = m.resident(), str = m.streamed();
@@ -107,19 +113,18 @@ WeightsChoice choose_weights_mode(const DecodeMemory& m, int64_t budget, Weights
                        format_bytes(double(m.layer_max)), format_bytes(double(m.kv_cache)),
                        format_bytes(double(m.workspace)));
   };
+  const auto room = [&] { return fmt::format("budget {}; {}", format_bytes(double(budget)), detail()); };
   if (asked == WeightsMode::Resident || (asked == WeightsMode::Auto && res <= budget)) {
-    LT_CHECK(res <= budget,
-             "does not fit: device short by {} for resident weights (needs {}, budget {}; {}); use --weights "
-             "streamed, a smaller --batch-size, or raise --gpu-mem",
-             format_bytes(double(res - budget)), format_bytes(double(res)), format_bytes(double(budget)), detail());
+    if (res > budget)
+      check_decode_fits(res, budget, "for resident weights", room(),
+                        "use --weights streamed, a smaller --batch-size, or raise --gpu-mem");
     w.mode = WeightsMode::Resident;
     w.device_bytes = res;
     return w;
   }
-  LT_CHECK(str <= budget,
-           "does not fit: device short by {} even with streamed weights (needs {}, budget {}; {}); use a smaller "
-           "--batch-size or --max-new-tokens, or raise --gpu-mem",
-           format_bytes(double(str - budget)), format_bytes(double(str)), format_bytes(double(budget)), detail());
+  if (str > budget)
+    check_decode_fits(str, budget, "even with streamed weights", room(),
+                      "use a smaller --batch-size or --max-new-tokens, or raise --gpu-mem");
   w.mode = WeightsMode::Streamed;
   w.device_bytes = str;
   return w;

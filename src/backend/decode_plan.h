@@ -44,8 +44,6 @@ struct DecodeWorkspace {
   // Host staging of the per-pass tables (pinned): ids, pos, seg, len, dst_row, row0, last_rows.
   int64_t table_bytes = 0;
 };
-// Keys per split of the decode attention: equals cuda::kDecodeSplitKeys (checked where both are seen).
-constexpr int64_t kDecodeAttnSplitKeys = 128;
 constexpr int64_t kDecodeGemmWorkspace = int64_t(32) << 20;
 DecodeWorkspace decode_workspace(const ModelConfig& c, const DecodeCapacity& cap);
 
@@ -64,6 +62,10 @@ struct WeightsChoice {
   WeightsMode mode = WeightsMode::Resident;  // never Auto
   int64_t device_bytes = 0;                  // what the decoder allocates on the device
 };
+// Throws "does not fit: device short by <need - room> <what> (needs <need>, <room_desc>); <advice>" when
+// need > room: the decoder's one form of that error (its sizing here and its growth later).
+void check_decode_fits(int64_t need, int64_t room, const std::string& what, const std::string& room_desc,
+                       const char* advice);
 // Auto: resident when it fits `budget` bytes, else streamed. A forced mode must fit too. Throws
 // "does not fit: ..." naming the budget, what is needed and what to lower.
 WeightsChoice choose_weights_mode(const DecodeMemory& m, int64_t budget, WeightsMode asked);

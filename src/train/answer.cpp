@@ -45,7 +45,7 @@ std::optional<std::string> canonical_number(const std::string& s) {
   if (!any_digit) return std::nullopt;
   intpart.erase(0, std::min(intpart.find_first_not_of('0'), intpart.size()));
   while (!frac.empty() && frac.back() == '0') frac.pop_back();
-  if (intpart.empty()) intpart = "0";
+  if (intpart.empty()) intpart.assign(1, '0');  // not = "0": GCC 12 warns falsely there (-Wrestrict, PR 105329)
   std::string out = intpart;
   if (!frac.empty()) out += "." + frac;
   if (neg && out != "0") out = "-" + out;

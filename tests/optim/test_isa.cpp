@@ -153,8 +153,9 @@ TEST(Isa, Q8Avx512ZeroStepSizeAndInfiniteSecondMoment) {
     EXPECT_EQ(vs, vs_ref) << "lr " << lr;
     EXPECT_EQ(p[7], p0[7] * s.decay) << "lr " << lr << ": v = inf gives no step";
     EXPECT_EQ(p[7], p_ref[7]) << "lr " << lr;
-    if (lr == 0.0)
+    if (lr == 0.0) {
       for (size_t i = 0; i < N; ++i) ASSERT_EQ(p[i], p0[i]) << "lr 0 must leave element " << i << " as it is";
+    }
   }
 }
 

@@ -21,7 +21,6 @@
 #include "core/timer.h"
 #include "core/units.h"
 
-static_assert(lt::cuda::kDecodeSplitKeys == lt::kDecodeAttnSplitKeys, "decode_plan.h and decode.h disagree");
 
 namespace lt::cuda {
 
@@ -170,11 +169,11 @@ void CudaDecoder::Impl::ensure_capacity(int64_t batch, int64_t seq) {
   const DecodeCapacity cp = decode_capacity(std::max(batch, cap.max_batch), std::max(seq, cap.max_seq));
   const DecodeMemory m = decode_memory(c, lay, cp);
   const int64_t need = m.kv_cache + m.workspace, avail = budget - wblock_bytes;
-  LT_CHECK(need <= avail,
-           "does not fit: device short by {} for a KV cache of {} sequences x {} tokens and its workspace (needs {}, "
-           "{} left beside the {} weights); use a smaller --batch-size or --max-new-tokens, or raise --gpu-mem",
-           format_bytes(double(need - avail)), cp.max_batch, cp.max_seq, format_bytes(double(need)),
-           format_bytes(double(avail)), weights_mode_name(mode));
+  if (need > avail)
+    check_decode_fits(need, avail,
+                      fmt::format("for a KV cache of {} sequences x {} tokens and its workspace", cp.max_batch, cp.max_seq),
+                      fmt::format("{} left beside the {} weights", format_bytes(double(avail)), weights_mode_name(mode)),
+                      "use a smaller --batch-size or --max-new-tokens, or raise --gpu-mem");
   alloc_kv_workspace(cp);
 }
 

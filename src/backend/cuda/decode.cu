@@ -230,11 +230,6 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* log
 
 }  // namespace
 
-int64_t decode_attention_partial_floats(int64_t n, int64_t heads, int64_t head_dim, int64_t max_len) {
-  const int64_t ns = (max_len + kDecodeSplitKeys - 1) / kDecodeSplitKeys;
-  return n * heads * ns * (head_dim + 2);
-}
-
 void decode_attention_setup(const DecodeAttnDims& d) {
   const int64_t G = d.heads / d.kv_heads;
   const size_t smem = size_t(smem_floats(G, d.head_dim, tile_keys(d.head_dim))) * 4;

@@ -7,12 +7,13 @@
 
 #include <cstdint>
 
+#include "backend/decode_split.h"
+
 namespace lt::cuda {
 
-// Keys per split of the decode attention (flash-decoding): a sequence of len keys is cut into
-// ceil(len / kDecodeSplitKeys) independent pieces whose partial softmax states are combined by a
-// second kernel. Fixed, so that a row's result never depends on the other rows of the batch.
-constexpr int64_t kDecodeSplitKeys = 128;
+// The attention is split into pieces of kDecodeSplitKeys keys (flash-decoding; decode_split.h).
+using lt::decode_attention_partial_floats;
+using lt::kDecodeSplitKeys;
 
 // n query rows, one per sequence. q/out bf16 [n, heads*hd] (q after QK-norm and RoPE);
 // k_cache/v_cache bf16 rows of kv_heads*hd; row r attends to cache rows row0[r] .. row0[r]+len[r]-1
@@ -23,7 +24,6 @@ struct DecodeAttnDims {
   int64_t n = 0, heads = 0, kv_heads = 0, head_dim = 0, max_len = 0;
   float scale = 1.0f;
 };
-int64_t decode_attention_partial_floats(int64_t n, int64_t heads, int64_t head_dim, int64_t max_len);
 // Once per shape before CUDA-graph capture: opts the kernel into > 48 KiB of shared memory if needed.
 void decode_attention_setup(const DecodeAttnDims& d);
 void decode_attention(const DecodeAttnDims& d, const void* q, const void* k_cache, const void* v_cache,
