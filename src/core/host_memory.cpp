@@ -39,4 +39,28 @@ void* aligned_host_alloc(size_t bytes, size_t align) {
   return p;
 }
 
+namespace {
+size_t page_round(size_t bytes) { return (bytes + 4095) / 4096 * 4096; }
+}  // namespace
+
+void* host_map(size_t bytes) {
+  const size_t len = page_round(bytes);
+  const size_t slack = len >= kHugePageMin ? kHugePage : 0;
+  void* m = mmap(nullptr, len + slack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) return nullptr;
+  if (slack == 0) return m;
+  // Keep the 2 MiB-aligned `len` bytes inside the larger mapping; give the head and tail back.
+  const auto a = reinterpret_cast<uintptr_t>(m);
+  const uintptr_t start = (a + kHugePage - 1) / kHugePage * kHugePage;
+  if (start > a) munmap(m, start - a);
+  if (const uintptr_t end = a + len + slack; end > start + len) munmap(reinterpret_cast<void*>(start + len), end - start - len);
+  void* p = reinterpret_cast<void*>(start);
+  advise_huge_pages(p, len);
+  return p;
+}
+
+void host_unmap(void* p, size_t bytes) {
+  if (p) munmap(p, page_round(bytes));
+}
+
 }  // namespace lt

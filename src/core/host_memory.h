@@ -19,5 +19,11 @@ void advise_huge_pages(void* p, size_t bytes);
 // `align`-aligned heap memory (a power of two, default 64; from kHugePageMin up: kHugePage-aligned, its
 // whole 2 MiB pages advised), or null. Free with std::free.
 void* aligned_host_alloc(size_t bytes, size_t align = 64);
+// Anonymous private mapping of `bytes` rounded up to 4 KiB, or null. From kHugePageMin up it starts on a
+// 2 MiB boundary and its whole 2 MiB pages are advised (for buffers that cudaHostRegister pins: a
+// plain mmap is only 4 KiB-aligned and would lose up to one huge page at each end). Release with
+// host_unmap(p, bytes).
+void* host_map(size_t bytes);
+void host_unmap(void* p, size_t bytes);
 
 }  // namespace lt

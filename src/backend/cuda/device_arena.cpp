@@ -1,7 +1,6 @@
 #include "backend/cuda/device_arena.h"
 
 #include <cuda_runtime.h>
-#include <sys/mman.h>
 #include <sys/resource.h>
 
 #include <fstream>
@@ -104,15 +103,14 @@ std::string limit_str(rlim_t v) { return v == RLIM_INFINITY ? "unlimited" : form
 
 void* pinned_alloc(int64_t bytes, int64_t already_pinned) {
   const size_t len = size_t((bytes + 4095) / 4096 * 4096);
-  void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED)
+  void* p = host_map(len);  // huge pages advised before cudaHostRegister faults the pages in
+  if (!p)
     fail("pinned memory: cannot map {} of host memory (already pinned by lazytrain: {})", format_bytes(double(len)),
          format_bytes(double(already_pinned)));
-  if (len >= kHugePageMin) advise_huge_pages(p, len);  // before cudaHostRegister faults the pages in
   const cudaError_t e = cudaHostRegister(p, len, cudaHostRegisterPortable);
   if (e != cudaSuccess) {
     cudaGetLastError();
-    munmap(p, len);
+    host_unmap(p, len);
     rlimit rl{};
     getrlimit(RLIMIT_MEMLOCK, &rl);
     fail("pinned memory: cudaHostRegister of {} failed ({}). Already pinned by lazytrain: {}. Limits in force: "
@@ -128,9 +126,8 @@ void* pinned_alloc(int64_t bytes, int64_t already_pinned) {
 
 void pinned_free(void* p, int64_t bytes) {
   if (!p) return;
-  const size_t len = size_t((bytes + 4095) / 4096 * 4096);
   cudaHostUnregister(p);
-  munmap(p, len);
+  host_unmap(p, size_t(bytes));
 }
 
 }  // namespace lt::cuda
