@@ -86,13 +86,11 @@ struct CudaDecoder::Impl {
     if (copy) cudaStreamSynchronize(copy);
     clear_graphs();
     gemm.reset();
-    void* k = kblock;
-    dev_free(k);
-    void* w = wblock;
-    dev_free(w);
+    dev_free(kblock);
+    dev_free(wblock);
     if (host_layers) pinned_free(host_layers, host_layers_bytes);
-    if (staging) cudaFreeHost(staging);
-    if (out_host) cudaFreeHost(out_host);
+    host_free(staging);
+    host_free(out_host);
     for (int i = 0; i < 2; ++i) {
       if (up_done[i]) cudaEventDestroy(up_done[i]);
       if (comp_done[i]) cudaEventDestroy(comp_done[i]);
@@ -112,8 +110,14 @@ struct CudaDecoder::Impl {
   bool streamed() const { return mode == WeightsMode::Streamed; }
 
   void* dev_alloc(int64_t bytes, const char* tag) { return mem.alloc(bytes, tag); }
-  void dev_free(void*& p) {
+  template <typename T>
+  void dev_free(T*& p) {
     if (p) mem.release(p);
+    p = nullptr;
+  }
+  template <typename T>
+  static void host_free(T*& p) {  // cudaHostAlloc'd
+    if (p) cudaFreeHost(p);
     p = nullptr;
   }
 
@@ -130,23 +134,12 @@ struct CudaDecoder::Impl {
 };
 
 void CudaDecoder::Impl::alloc_kv_workspace(const DecodeCapacity& cp) {
-  if (comp) LT_CUDA(cudaStreamSynchronize(comp));
+  if (comp) LT_CUDA(cudaStreamSynchronize(comp));  // nothing in flight uses the old buffers
   clear_graphs();  // they hold the old workspace's pointers and grid sizes
   gemm.reset();
-  if (kblock) {
-    LT_CUDA(cudaStreamSynchronize(comp));
-    void* p = kblock;
-    dev_free(p);
-    kblock = nullptr;
-  }
-  if (staging) {
-    cudaFreeHost(staging);
-    staging = nullptr;
-  }
-  if (out_host) {
-    cudaFreeHost(out_host);
-    out_host = nullptr;
-  }
+  dev_free(kblock);
+  host_free(staging);
+  host_free(out_host);
   cap = cp;
   ws = decode_workspace(c, cap);
   const DecodeMemory m = decode_memory(c, lay, cap);
