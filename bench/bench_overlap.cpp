@@ -6,8 +6,10 @@
 // A streaming loop moves exactly the 8-bit update's bytes (read p, g, m8, v8; write p, m8, v8 and a
 // bf16 copy with non-temporal stores: 18 B/param) and does K extra 512-bit FMAs per 16 elements on
 // 12 independent accumulators: no dependency chains, no software prefetch, the hardware prefetchers'
-// favourite pattern. It is timed for K = 0 … 60 with the data in memory (--params elements) and in L1/L2
-// (32K elements, repeated), and the real 8-bit AdamW kernel in the same interleaved rounds. If memory
+// favourite pattern. It is timed for K = 0 … 60 with the data in memory (--params elements, --threads
+// threads) and in L1/L2 (32K elements, repeated, one thread: the arithmetic's cost per core; the
+// kernel's L2 prefetches run past a small range's end into a neighbour's), and the real 8-bit AdamW
+// kernel in the same interleaved rounds. If memory
 // and arithmetic overlapped perfectly, the loop's in-memory time would be the larger of its K = 0
 // in-memory time and its in-cache time; the gap to that is what the core loses. The kernel (about 61
 // vector operations per 16 elements) can be compared with the loop at K = 60.
@@ -117,17 +119,17 @@ int main(int argc, char** argv) {
     return 2;
   }
   const int64_t unit = int64_t(threads) * kQ8Block;
-  Arrays mem(params / unit * unit, threads), cache(std::max<int64_t>(32768 / unit, 1) * unit, threads);
+  Arrays mem(params / unit * unit, threads), cache(32768, 1);
   const int cache_reps = int(std::max<int64_t>(1, params / cache.n));
   std::vector<double> in_mem(kVariants, 1e30), in_cache(kVariants, 1e30);
   for (int r = 0; r < rounds; ++r)
     for (int v = 0; v < kVariants; ++v) {
       in_mem[size_t(v)] = std::min(in_mem[size_t(v)], time_variant(v, mem, threads, 1, r + 1));
-      in_cache[size_t(v)] = std::min(in_cache[size_t(v)], time_variant(v, cache, threads, cache_reps, r + 1));
+      in_cache[size_t(v)] = std::min(in_cache[size_t(v)], time_variant(v, cache, 1, cache_reps, r + 1));
     }
   const double base = in_mem[0];  // K = 0 in memory: the traffic alone
-  fmt::print("threads {}  params {} in memory, {} in cache  {} rounds (minimum)  ns/param/thread\n", threads, mem.n,
-             cache.n, rounds);
+  fmt::print("threads {}  params {} in memory, {} in cache (1 thread)  {} rounds (minimum)  ns/param/thread\n",
+             threads, mem.n, cache.n, rounds);
   fmt::print("{:<26} {:>9} {:>10} {:>8} {:>12} {:>14}\n", "loop", "in cache", "in memory", "GB/s", "if overlapped",
              "% of traffic");
   for (int v = 0; v < kVariants; ++v) {
