@@ -98,10 +98,10 @@ DecodeMemory decode_memory(const ModelConfig& c, const ModelLayout& lay, const D
   return m;
 }
 
-void check_decode_fits(int64_t need, int64_t room, const std::string& what, const std::string& room_desc,
-                       const char* advice) {
-  LT_CHECK(need <= room, "does not fit: device short by {} {} (needs {}, {}); {}", format_bytes(double(need - room)),
-           what, format_bytes(double(need)), room_desc, advice);
+void fail_decode_does_not_fit(int64_t need, int64_t room, const std::string& what, const std::string& room_desc,
+                              const std::string& advice) {
+  fail("does not fit: device short by {} {} (needs {}, {}); {}", format_bytes(double(need - room)), what,
+       format_bytes(double(need)), room_desc, advice);
 }
 
 WeightsChoice choose_weights_mode(const DecodeMemory& m, int64_t budget, WeightsMode asked) {
@@ -116,15 +116,15 @@ WeightsChoice choose_weights_mode(const DecodeMemory& m, int64_t budget, Weights
   const auto room = [&] { return fmt::format("budget {}; {}", format_bytes(double(budget)), detail()); };
   if (asked == WeightsMode::Resident || (asked == WeightsMode::Auto && res <= budget)) {
     if (res > budget)
-      check_decode_fits(res, budget, "for resident weights", room(),
-                        "use --weights streamed, a smaller --batch-size, or raise --gpu-mem");
+      fail_decode_does_not_fit(res, budget, "for resident weights", room(),
+                               "use --weights streamed, a smaller --batch-size, or raise --gpu-mem");
     w.mode = WeightsMode::Resident;
     w.device_bytes = res;
     return w;
   }
   if (str > budget)
-    check_decode_fits(str, budget, "even with streamed weights", room(),
-                      "use a smaller --batch-size or --max-new-tokens, or raise --gpu-mem");
+    fail_decode_does_not_fit(str, budget, "even with streamed weights", room(),
+                             "use a smaller --batch-size or --max-new-tokens, or raise --gpu-mem");
   w.mode = WeightsMode::Streamed;
   w.device_bytes = str;
   return w;

@@ -62,10 +62,10 @@ struct WeightsChoice {
   WeightsMode mode = WeightsMode::Resident;  // never Auto
   int64_t device_bytes = 0;                  // what the decoder allocates on the device
 };
-// Throws "does not fit: device short by <need - room> <what> (needs <need>, <room_desc>); <advice>" when
-// need > room: the decoder's one form of that error (its sizing here and its growth later).
-void check_decode_fits(int64_t need, int64_t room, const std::string& what, const std::string& room_desc,
-                       const char* advice);
+// Throws "does not fit: device short by <need - room> <what> (needs <need>, <room_desc>); <advice>":
+// the decoder's one form of that error (its sizing here and its growth later). Call it when need > room.
+[[noreturn]] void fail_decode_does_not_fit(int64_t need, int64_t room, const std::string& what,
+                                           const std::string& room_desc, const std::string& advice);
 // Auto: resident when it fits `budget` bytes, else streamed. A forced mode must fit too. Throws
 // "does not fit: ..." naming the budget, what is needed and what to lower.
 WeightsChoice choose_weights_mode(const DecodeMemory& m, int64_t budget, WeightsMode asked);

@@ -11,10 +11,13 @@ namespace lt {
 // on the other rows of the batch.
 constexpr int64_t kDecodeSplitKeys = 128;
 
+// Splits of a sequence of at most max_len keys.
+constexpr int64_t decode_attention_splits(int64_t max_len) { return (max_len + kDecodeSplitKeys - 1) / kDecodeSplitKeys; }
+
 // fp32 floats of the partial states for n rows of `heads` heads attending to at most max_len keys:
 // per split, head_dim accumulators plus the running max and sum.
 constexpr int64_t decode_attention_partial_floats(int64_t n, int64_t heads, int64_t head_dim, int64_t max_len) {
-  return n * heads * ((max_len + kDecodeSplitKeys - 1) / kDecodeSplitKeys) * (head_dim + 2);
+  return n * heads * decode_attention_splits(max_len) * (head_dim + 2);
 }
 
 }  // namespace lt

@@ -5,6 +5,7 @@
 // adamw_avx512_common.h is AVX-512 only and comes after it.
 #include <immintrin.h>
 
+#include <cmath>
 #include <limits>
 
 #include "optim/adamw_elem.h"

@@ -2,6 +2,8 @@
 // it only AFTER a `#pragma GCC target` that enables AVX-512 F/BW/DQ/VL: everything here has internal
 // linkage, so each of those files gets its own copy compiled for its own target.
 #pragma once
+// Both including files include these (and adamw_kernels.h) before their pragma already, so nothing
+// from them is compiled for the AVX-512 target here; listed for what this header uses.
 #include <immintrin.h>
 
 #include <cmath>
@@ -17,15 +19,20 @@ struct V {
   // 8-bit path: the denominator divided by the step size, so that the step is m * rcp(denom / nss) with
   // no separate multiplication (see q8_stage_a). A zero (or denormal) step size, e.g. lr = 0 in warm-up,
   // makes that denominator -inf for every sqrt(v) in [0, +inf] (a finite negative factor, not 0, so that
-  // sqrt(v) = +inf gives -inf and not NaN): its reciprocal is -0 and the step exactly 0.
+  // sqrt(v) = +inf gives -inf and not NaN): its reciprocal is -0 and the step exactly 0. (A step that
+  // small would change no master of magnitude above ~1e-30 anyway.)
   __m512 ibc2n, epsn;
   explicit V(const AdamWScalars& s)
       : decay(_mm512_set1_ps(s.decay)), w1(_mm512_set1_ps(s.w1)), beta2(_mm512_set1_ps(s.beta2)),
         w2(_mm512_set1_ps(s.w2)), eps(_mm512_set1_ps(s.eps)), bc2(_mm512_set1_ps(s.bc2_sqrt)),
         nss(_mm512_set1_ps(s.neg_step_size)), gs(_mm512_set1_ps(s.grad_scale)) {
-    const bool live = std::fabs(s.neg_step_size) >= std::numeric_limits<float>::min();
-    ibc2n = _mm512_set1_ps(live ? s.inv_bc2_sqrt / s.neg_step_size : -1.0f);
-    epsn = _mm512_set1_ps(live ? s.eps / s.neg_step_size : -std::numeric_limits<float>::infinity());
+    // A step size so small that a quotient overflows (|nss| below ~1e-37) counts as zero too: an
+    // infinite factor would turn sqrt(v) = 0 into NaN.
+    const float qb = s.inv_bc2_sqrt / s.neg_step_size, qe = s.eps / s.neg_step_size;
+    const bool live = std::fabs(s.neg_step_size) >= std::numeric_limits<float>::min() && std::isfinite(qb) &&
+                      std::isfinite(qe);
+    ibc2n = _mm512_set1_ps(live ? qb : -1.0f);
+    epsn = _mm512_set1_ps(live ? qe : -std::numeric_limits<float>::infinity());
   }
 };
 
@@ -50,7 +57,8 @@ inline void step16(const V& c, __m512& p, __m512 gin, __m512& m, __m512& v) {
 // operation saved per vector counts: the step size is folded into the denominator (denom / nss), and
 // the special cases of the square root are fixed up after it in one instruction.
 struct Q8Moments {
-  __m512 m, v, denom;  // denom: (sqrt(v) / sqrt(1 - beta2^t) + eps) / nss (negative, or -inf for nss 0)
+  __m512 m, v;
+  __m512 denom_nss;  // (sqrt(v) / sqrt(1 - beta2^t) + eps) / nss: negative, or -inf for a zero step size
 };
 // In: dm = m's decoded code (unscaled), vb = v's decoded code * beta2 * its block scale, b1s = beta1 *
 // m's block scale (adamw_kernels.h): the block scales cost no separate multiplication.
@@ -61,14 +69,14 @@ inline Q8Moments q8_stage_a(const V& c, __m512 b1s, __m512 gin, __m512 dm, __m51
   __m512 v = _mm512_fmadd_ps(_mm512_mul_ps(c.w2, g), g, vb);
   // sqrt(v) ~ v * rsqrt(v), except v = 0 (a stored zero: 0 * inf) and v = +inf (an unclipped gradient
   // above ~1e20: inf * 0), whose NaN vfixupimmps replaces by +0 and +inf (table: class "zero" -> token
-  // 8 (+0), class "+inf" -> token 1 (the source, v)). Denormal v is exact: vrsqrt14ps handles it.
+  // 8 (+0), class "+inf" -> token 1 (the source, v)). Denormal v is not flushed: vrsqrt14ps estimates it like any other.
   __m512 s = _mm512_mul_ps(v, _mm512_rsqrt14_ps(v));
   s = _mm512_fixupimm_ps(s, v, _mm512_set1_epi32(0x00100800), 0);
   return {m, v, _mm512_fmadd_ps(s, c.ibc2n, c.epsn)};
 }
 // p * (1 - lr*wd) + m * rcp(denom / nss) = p * (1 - lr*wd) + (-(lr / (1-beta1^t)) * m) / denom.
 inline __m512 q8_stage_b(const V& c, __m512 p, const Q8Moments& a) {
-  return _mm512_fmadd_ps(p, c.decay, _mm512_mul_ps(a.m, _mm512_rcp14_ps(a.denom)));
+  return _mm512_fmadd_ps(p, c.decay, _mm512_mul_ps(a.m, _mm512_rcp14_ps(a.denom_nss)));
 }
 
 // f32 -> bf16 rounded to nearest even in 32-bit lanes (the result is in the high halves); NaN kept quiet

@@ -34,7 +34,5 @@ inline void adamw_elem_q8(const AdamWScalars& s, float& p, float g_in, float dm,
   p = std::fma(p, s.decay, (s.neg_step_size * m) / denom);
 }
 
-inline float block_inv(float amax) { return amax > 0.0f ? 1.0f / amax : 0.0f; }
-
 }  // namespace
 }  // namespace lt::optim::detail

@@ -59,7 +59,7 @@ const QuantMap& unsigned_dynamic_map() {
 float quantize_block(const QuantMap& q, const float* x, int64_t n, uint8_t* codes) {
   float amax = 0;
   for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
-  float inv = amax > 0 ? 1.0f / amax : 0.0f;
+  const float inv = block_inv(amax);
   for (int64_t i = 0; i < n; ++i) codes[i] = quantize_one(q, x[i] * inv);
   return amax;
 }

@@ -16,7 +16,7 @@
 // Quantising is arithmetic, not a search or a table gather (gathers are slow on many x86 CPUs). Within
 // decade e the levels are evenly spaced on a line: level(c) = base_e + step_e * c for its codes c in
 // [n_e, 2 n_e), and the same line continued one step down gives decade e+1's top level 10^-(e+1) at
-// c = n_e - 1. So for |y| in [10^-(e+1), 10^-e) the nearest code is round(fma(|y|, 1 / step_e, -base_e /
+// c = n_e - 1 (up to a few ulps, which the rounding absorbs). So for |y| in [10^-(e+1), 10^-e) the nearest code is round(fma(|y|, 1 / step_e, -base_e /
 // step_e)), always a valid code of decade e or the top of e+1, with no clamping. The decade is the count
 // of decade tops above |y|. The bottom decade (one code, 10^-(bits-1)) has its own line: nearest of 0 and
 // that level for the signed map (code = round(|y| / level)), always that level for the unsigned one (code
@@ -26,11 +26,13 @@
 // bit-identically, and the top level comes out exactly 1 (build_dynamic_map checks it).
 // Second moment: a positive v never rounds to 0, only to the smallest level. A v stored as 0 next to a
 // non-zero m makes m / sqrt(v) explode for that element in later steps (the "zero-point problem" of
-// quantised second moments, Li et al. 2023).
+// quantised second moments, Li et al. 2023). The one exception is a whole block below FLT_MIN
+// (block_inv): there sqrt(v) < 1.1e-19 is far below eps, so 0 changes no step.
 #pragma once
 #include <cstdint>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 namespace lt::optim {
 
@@ -49,7 +51,6 @@ struct QuantMap {
   // signed 1 / level(1) and 0 (nearest of 0 and level 1), unsigned 0 and 1 (always code 1).
   float inv_step[8] = {};
   float code_off[8] = {};
-  // Entries past the last decade stay 0 (the AVX-512 decoder relies on it for code 0).
 };
 
 const QuantMap& signed_dynamic_map();    // for m
@@ -68,6 +69,9 @@ inline uint8_t quantize_one(const QuantMap& q, float y) {
   int e = 0;
   for (int t = 1; t < q.mag_bits; ++t) e += a < q.top[t] ? 1 : 0;
   float cf = std::fma(a, q.inv_step[e], q.code_off[e]);
+  // A non-finite y (an infinite moment times block_inv's 0 is NaN) gets code 0, which is what the
+  // vector paths' saturating packs make of it; converting NaN or inf to int is undefined in C++.
+  if (!(cf > -1.0f && cf < 256.0f)) return 0;
   // Round to nearest even without a libm call: adding 1.5 * 2^23 leaves the rounded integer in the
   // low mantissa bits (exact for |cf| < 2^22), as cvtps2dq does in the vector paths.
   constexpr float kRound = 12582912.0f;
@@ -77,6 +81,13 @@ inline uint8_t quantize_one(const QuantMap& q, float y) {
   return uint8_t(code);
 }
 inline float dequantize_one(const QuantMap& q, uint8_t code, float absmax) { return q.decode[code] * absmax; }
+
+// The factor a block's values are quantised with: 1 / absmax. A block whose absmax is below FLT_MIN
+// (1 / absmax would overflow), +inf or NaN gets 0, so all its codes are 0: a second moment that small has
+// sqrt(v) < 1.1e-19, far below any eps, and a first moment that small moves nothing. Every path uses it.
+inline float block_inv(float absmax) {
+  return absmax >= std::numeric_limits<float>::min() ? 1.0f / absmax : 0.0f;
+}
 
 // Whole-block helpers (tests, tools): absmax of x[0..n), then codes. Same arithmetic as the kernels.
 float quantize_block(const QuantMap& q, const float* x, int64_t n, uint8_t* codes);

@@ -135,7 +135,7 @@ TEST(Isa, Q8Avx512ZeroStepSizeAndInfiniteSecondMoment) {
   if (!q8_avx512_kernel_available()) GTEST_SKIP() << "the AVX-512 8-bit kernel (AVX-512 + VBMI) is not available";
   const int64_t n = 2 * kQ8Block;
   const auto N = static_cast<size_t>(n);
-  for (double lr : {0.0, 1e-3}) {
+  for (double lr : {0.0, 5e-39, 1e-3}) {  // 5e-39: lr / bias correction overflows the folded quotient
     std::vector<float> p = randn(n, 3), g = randn(n, 4, 0.1f), ms(2, 0.0f), vs(2, 0.0f);
     g[7] = 3e21f;  // (1 - beta2) * g * g overflows: v = +inf in block 0
     std::vector<uint8_t> mq(N, 0), vq(N, 0);
@@ -153,8 +153,75 @@ TEST(Isa, Q8Avx512ZeroStepSizeAndInfiniteSecondMoment) {
     EXPECT_EQ(vs, vs_ref) << "lr " << lr;
     EXPECT_EQ(p[7], p0[7] * s.decay) << "lr " << lr << ": v = inf gives no step";
     EXPECT_EQ(p[7], p_ref[7]) << "lr " << lr;
-    if (lr == 0.0) {
-      for (size_t i = 0; i < N; ++i) ASSERT_EQ(p[i], p0[i]) << "lr 0 must leave element " << i << " as it is";
+    if (lr < 1e-30) {
+      for (size_t i = 0; i < N; ++i) {
+        ASSERT_EQ(p[i], p0[i]) << "lr " << lr << " must leave element " << i << " as it is";
+        ASSERT_EQ(p[i], p_ref[i]) << "lr " << lr << " element " << i;
+      }
+    }
+  }
+}
+
+// Blocks whose scale falls below FLT_MIN (moments decaying under zero gradients for hundreds of steps):
+// 1 / absmax would overflow, so block_inv gives 0 and every path stores the block as zeros. All paths
+// agree on codes and scales, and in ordinary blocks a positive v never gets code 0.
+TEST(Isa, TinyBlockScalesAgreeAcrossPaths) {
+  const int64_t n = 3 * kQ8Block;
+  const auto N = static_cast<size_t>(n);
+  std::vector<uint8_t> mq0(N), vq0(N);
+  for (size_t i = 0; i < N; ++i) mq0[i] = uint8_t(i * 37 + 11), vq0[i] = uint8_t(1 + i % 255);
+  // Block 0: denormal scales, zero gradients; block 1: denormal scales, normal gradients; block 2: normal.
+  const std::vector<float> ms0 = {2e-39f, 2e-39f, 0.01f}, vs0 = {2e-39f, 2e-39f, 1e-4f};
+  std::vector<float> g = randn(n, 5, 0.01f);
+  std::fill(g.begin(), g.begin() + kQ8Block, 0.0f);
+  IsaRun ref;
+  bool have_ref = false;
+  for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512}) {
+    if (!isa_supported(isa)) continue;
+    IsaRun r;
+    r.p = randn(n, 6);
+    r.mq = mq0, r.vq = vq0, r.ms = ms0, r.vs = vs0;
+    AlignedBuffer<lt::bf16_t> out(N);
+    const AdamWScalars s = make_adamw_scalars(1e-4, 0.0, 0.9, 0.999, 1e-8, 50, 1.0f);
+    adamw_q8(isa, s, r.p.data(), g.data(), r.mq.data(), r.vq.data(), r.ms.data(), r.vs.data(), out.data(), n);
+    for (int64_t i = 0; i < kQ8Block; ++i) {
+      ASSERT_EQ(r.mq[size_t(i)] & 0x7f, 0) << isa_name(isa) << ": block 0 (scale below FLT_MIN) is stored as zeros (+-0), " << i;
+      ASSERT_EQ(r.vq[size_t(i)], 0) << isa_name(isa) << ": block 0, element " << i;
+    }
+    for (int64_t i = 2 * kQ8Block; i < n; ++i)
+      ASSERT_NE(r.vq[size_t(i)], 0) << isa_name(isa) << ": a positive v in an ordinary block got code 0, " << i;
+    if (!have_ref) {
+      ref = r;
+      have_ref = true;
+    } else {
+      expect_same_moments(ref, r, isa_name(isa));
+    }
+  }
+}
+
+// The bf16 copy with ordinary stores (an output that is not 64-byte aligned: no non-temporal stores)
+// equals the aligned one, and the masters and moments are the same.
+TEST(Isa, Q8UnalignedCopyMatchesAligned) {
+  const int64_t n = 4 * kQ8Block + 19;
+  const auto N = static_cast<size_t>(n), B = static_cast<size_t>((n + kQ8Block - 1) / kQ8Block);
+  for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512}) {
+    if (!isa_supported(isa)) continue;
+    for (int64_t offset : {int64_t(1), int64_t(3), int64_t(31)}) {
+      AlignedBuffer<lt::bf16_t> aligned(N), shifted(N + 64);
+      std::vector<float> pa = randn(n, 8), pb = pa, msa(B, 0.0f), vsa(B, 0.0f), msb = msa, vsb = vsa;
+      std::vector<uint8_t> mqa(N, 0), vqa(N, 0), mqb = mqa, vqb = vqa;
+      for (int t = 1; t <= 2; ++t) {
+        const std::vector<float> g = randn(n, 30 + t, 0.1f);
+        const AdamWScalars s = make_adamw_scalars(1e-3, 0.01, 0.9, 0.999, 1e-8, t, 1.0f);
+        adamw_q8(isa, s, pa.data(), g.data(), mqa.data(), vqa.data(), msa.data(), vsa.data(), aligned.data(), n);
+        adamw_q8(isa, s, pb.data(), g.data(), mqb.data(), vqb.data(), msb.data(), vsb.data(),
+                 shifted.data() + offset, n);
+      }
+      const std::string what = std::string(isa_name(isa)) + " offset " + std::to_string(offset);
+      EXPECT_EQ(pa, pb) << what;
+      EXPECT_EQ(mqa, mqb) << what;
+      EXPECT_EQ(vqa, vqb) << what;
+      for (size_t i = 0; i < N; ++i) ASSERT_EQ(aligned.data()[i], shifted.data()[size_t(offset) + i]) << what << " " << i;
     }
   }
 }

@@ -21,7 +21,6 @@
 #include "core/timer.h"
 #include "core/units.h"
 
-
 namespace lt::cuda {
 
 UnitSource fp32_units(const ModelLayout& layout, std::vector<const float*> units) {
@@ -163,10 +162,10 @@ void CudaDecoder::Impl::ensure_capacity(int64_t batch, int64_t seq) {
   const DecodeMemory m = decode_memory(c, lay, cp);
   const int64_t need = m.kv_cache + m.workspace, avail = budget - wblock_bytes;
   if (need > avail)
-    check_decode_fits(need, avail,
-                      fmt::format("for a KV cache of {} sequences x {} tokens and its workspace", cp.max_batch, cp.max_seq),
-                      fmt::format("{} left beside the {} weights", format_bytes(double(avail)), weights_mode_name(mode)),
-                      "use a smaller --batch-size or --max-new-tokens, or raise --gpu-mem");
+    fail_decode_does_not_fit(
+        need, avail, fmt::format("for a KV cache of {} sequences x {} tokens and its workspace", cp.max_batch, cp.max_seq),
+        fmt::format("{} left beside the {} weights", format_bytes(double(avail)), weights_mode_name(mode)),
+        "use a smaller --batch-size or --max-new-tokens, or raise --gpu-mem");
   alloc_kv_workspace(cp);
 }
 

@@ -247,7 +247,7 @@ void decode_attention(const DecodeAttnDims& d, const void* q, const void* k_cach
   const int64_t G = d.heads / d.kv_heads;
   LT_CUDA_REQUIRE(G * d.head_dim / 2 <= int64_t(kMaxPairs) * kThreads, "decode_attention: (heads/kv_heads)*head_dim > 4096");
   LT_CUDA_REQUIRE(d.max_len > 0 && d.n <= 65535 && d.kv_heads <= 65535, "decode_attention: bad max_len or grid");
-  const int64_t nsplit = (d.max_len + kDecodeSplitKeys - 1) / kDecodeSplitKeys;
+  const int64_t nsplit = decode_attention_splits(d.max_len);
   const int tile = tile_keys(d.head_dim);
   const size_t smem = size_t(smem_floats(G, d.head_dim, tile)) * 4;
   decode_attention_setup(d);

@@ -13,6 +13,7 @@ namespace lt::cuda {
 
 // The attention is split into pieces of kDecodeSplitKeys keys (flash-decoding; decode_split.h).
 using lt::decode_attention_partial_floats;
+using lt::decode_attention_splits;
 using lt::kDecodeSplitKeys;
 
 // n query rows, one per sequence. q/out bf16 [n, heads*hd] (q after QK-norm and RoPE);
