@@ -2,6 +2,8 @@
 # Builds the libFuzzer targets (clang, ASan+UBSan) into build-fuzz and runs each for a while over
 # a copy of the committed seed corpus. Exits non-zero if any target finds a crash.
 #   scripts/fuzz.sh [SECONDS]   (default 20: the safetensors target SECONDS, the config target SECONDS/4)
+# LT_FUZZ_SEED=N fixes libFuzzer's seed (the test command uses 1, so that CI replays the same inputs on
+# every run and a red CI means a change broke something); unset, each run explores anew.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-20}
@@ -24,7 +26,9 @@ run() {  # run TARGET CORPUS_DIR SECONDS [extra libFuzzer args]
   cp -n "$seeds"/* "$work"/ 2>/dev/null || true
   echo "fuzz: $target for ${secs}s"
   local log="$BUILD/fuzz-artifacts/$target.log" rc=0
-  "$FUZZ_BIN_DIR/$target" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=8192 \
+  local seed=()
+  [[ -n ${LT_FUZZ_SEED:-} ]] && seed=(-seed="$LT_FUZZ_SEED")
+  "$FUZZ_BIN_DIR/$target" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=8192 "${seed[@]}" \
     -print_final_stats=1 -artifact_prefix="$BUILD/fuzz-artifacts/$target-" "$@" "$work" >"$log" 2>&1 || rc=$?
   if (( rc != 0 )); then
     tail -n 60 "$log" >&2
