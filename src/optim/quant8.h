@@ -16,14 +16,15 @@
 // Quantising is arithmetic, not a search or a table gather (gathers are slow on many x86 CPUs). Within
 // decade e the levels are evenly spaced on a line: level(c) = base_e + step_e * c for its codes c in
 // [n_e, 2 n_e), and the same line continued one step down gives decade e+1's top level 10^-(e+1) at
-// c = n_e - 1 (up to a few ulps, which the rounding absorbs). So for |y| in [10^-(e+1), 10^-e) the nearest code is round(fma(|y|, 1 / step_e, -base_e /
-// step_e)), always a valid code of decade e or the top of e+1, with no clamping. The decade is the count
+// c = n_e - 1 (up to a few ulps, which the rounding absorbs). So for |y| in [10^-(e+1), 10^-e) the
+// nearest code is round(fma(|y|, 1 / step_e, -base_e / step_e)), always a valid code of decade e or the
+// top of e+1, with no clamping. The decade is the count
 // of decade tops above |y|. The bottom decade (one code, 10^-(bits-1)) has its own line: nearest of 0 and
 // that level for the signed map (code = round(|y| / level)), always that level for the unsigned one (code
 // 1; only an exact 0 stays 0). Nearest up to float rounding when |y| is within ~1e-5 of a spacing of a
 // midpoint. A level is DEFINED as the float fma(step_e, c, base_e) (base_e itself the float
 // fma(-step_e, 2 n_e - 1, 10^-e)): one fused operation that every path evaluates alike, so all decode
-// bit-identically, and the top level comes out exactly 1 (build_dynamic_map checks it).
+// bit-identically, and every decade's top, 1 included, comes out exact (build_dynamic_map checks it).
 // Second moment: a positive v never rounds to 0, only to the smallest level. A v stored as 0 next to a
 // non-zero m makes m / sqrt(v) explode for that element in later steps (the "zero-point problem" of
 // quantised second moments, Li et al. 2023). The one exception is a whole block below FLT_MIN

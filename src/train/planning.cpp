@@ -77,7 +77,7 @@ ResourceProfile default_profile(const TrainConfig& cfg, const ModelConfig& m, in
     // 128M parameters (~2 GB of buffers for a moment): with 32M the 8-bit rate read 4.3-7.1 Gparams/s
     // over five runs on one H200 host (runs 16-21) against 7.5-9.0 from bench_optim on 268M.
     // At most 1/32 of the available memory (18 B per parameter for the fp32 run).
-    const int64_t rate_n = std::clamp<int64_t>(mem_available_bytes() / 32 / 18, 8 * MiB, 128 * MiB);
+    const int64_t rate_n = std::clamp<int64_t>(avail / 32 / 18, 8 * MiB, 128 * MiB);
     p.opt_fp32_params_per_s = optim::measure_adamw_rate(false, threads, rate_n);
     p.opt_8bit_params_per_s = optim::measure_adamw_rate(true, threads, rate_n);
     log_info("profile: host memory {:.1f} GB/s (copy), CPU AdamW {:.0f} Mparams/s fp32, {:.0f} Mparams/s 8-bit ({} threads)",
