@@ -10,15 +10,26 @@ namespace lt {
 
 struct LayerCost {
   int64_t params = 0;                  // parameters of one decoder layer
-  double flops_fwd = 0;                // matmul + attention FLOPs of one layer forward (causal attention: half of S^2)
+  double flops_fwd = 0;                // matmul + mixer-core FLOPs of one layer forward (causal attention: half of S^2)
+  double flops_core_fwd = 0;           // the mixer-core part of flops_fwd (attention scores/PV, or conv + delta rule)
   double flops_bwd = 0;                // backward (2x the forward's matmuls + attention backward)
   int64_t boundary_bytes = 0;          // one boundary activation: tokens * hidden * act_bytes
   int64_t internal_bytes = 0;          // a layer's saved internals for backward (everything but its input boundary)
   int64_t workspace_bytes = 0;         // transient peak inside a layer's forward/backward beyond saved internals
 };
 
-// tokens = batch * seq. act_bytes: 2 for bf16, 4 for fp32.
+// Cost of one decoder layer of kind k (every layer of a kind costs the same). tokens = batch * seq.
+// act_bytes: 2 for bf16, 4 for fp32.
+LayerCost layer_cost(const ModelConfig& c, LayerKind k, int64_t batch, int64_t seq, int act_bytes = 2);
+// Cost of layer `layer` (its kind's).
+LayerCost layer_cost_at(const ModelConfig& c, int64_t layer, int64_t batch, int64_t seq, int act_bytes = 2);
+// Models whose layers are all alike (throws for hybrid models: use the per-kind forms).
 LayerCost layer_cost(const ModelConfig& c, int64_t batch, int64_t seq, int act_bytes = 2);
+// Sum over all decoder layers of forward and of backward FLOPs.
+struct LayersFlops {
+  double fwd = 0, bwd = 0;
+};
+LayersFlops all_layers_flops(const ModelConfig& c, int64_t batch, int64_t seq);
 
 // 6 * N * tokens, N = all parameters counted once (the paper's and MegaTrain's TFLOPS numerator).
 double model_flops_per_step(const ModelConfig& c, int64_t tokens);

@@ -67,7 +67,18 @@ void init_unit(const ModelConfig& c, const UnitLayout& u, float* buf, uint64_t s
   for (auto& p : u.params) {
     float* dst = buf + p.offset;
     if (is_norm(p)) {
-      std::fill(dst, dst + p.numel, 1.0f);
+      // Qwen3.5's RMSNorms scale by (1 + w) and start at w = 0; its gated norm (linear_attn.norm) by w = 1.
+      const bool plus_one = c.norm_plus_one && p.suffix != "linear_attn.norm.weight";
+      std::fill(dst, dst + p.numel, plus_one ? 0.0f : 1.0f);
+    } else if (p.suffix == "linear_attn.dt_bias") {
+      std::fill(dst, dst + p.numel, 1.0f);  // HF: ones
+    } else if (p.suffix == "linear_attn.A_log") {
+      // HF: log of uniform(0.01, 16) per value head (decay rates spread over three decades).
+      const uint64_t key = splitmix64(seed_key ^ hash_name(p.name));
+      for (int64_t i = 0; i < p.numel; ++i) {
+        const double u = double(splitmix64(key + uint64_t(i)) >> 11) * 0x1.0p-53;
+        dst[i] = float(std::log(0.01 + u * (16.0 - 0.01)));
+      }
     } else if (is_bias(p)) {
       // already zero
     } else {

@@ -8,18 +8,42 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "model/config_fields.h"
+#include "model/qwen35_config.h"
 
 namespace lt {
 
-using nlohmann::json;
+using config_detail::Fields;
+using config_detail::json;
+using config_detail::shown;
+using config_detail::type_name;
 
 const char* arch_hf_name(Arch a) {
   switch (a) {
     case Arch::Qwen2: return "Qwen2ForCausalLM";
     case Arch::Qwen3: return "Qwen3ForCausalLM";
     case Arch::Llama: return "LlamaForCausalLM";
+    case Arch::Qwen3_5: return "Qwen3_5ForCausalLM";
   }
   return "?";
+}
+
+int64_t ModelConfig::rotary_dim() const {
+  // transformers: dim = int(head_dim * partial_rotary_factor); inv_freq over arange(0, dim, 2).
+  return int64_t(double(head_dim) * partial_rotary) / 2 * 2;
+}
+
+bool ModelConfig::hybrid() const {
+  for (LayerKind k : layer_kinds)
+    if (k != LayerKind::Attention) return true;
+  return false;
+}
+
+int64_t ModelConfig::count(LayerKind k) const {
+  if (layer_kinds.empty()) return k == LayerKind::Attention ? layers : 0;
+  int64_t n = 0;
+  for (LayerKind x : layer_kinds) n += x == k;
+  return n;
 }
 
 namespace {
@@ -29,111 +53,24 @@ const char* arch_model_type(Arch a) {
     case Arch::Qwen2: return "qwen2";
     case Arch::Qwen3: return "qwen3";
     case Arch::Llama: return "llama";
+    case Arch::Qwen3_5: return "qwen3_5_text";
   }
   return "?";
 }
 
-constexpr const char* kSupportedArchs = "Qwen2ForCausalLM, Qwen3ForCausalLM, LlamaForCausalLM";
-
-std::string type_name(const json& v) {
-  switch (v.type()) {
-    case json::value_t::null: return "null";
-    case json::value_t::boolean: return "boolean";
-    case json::value_t::number_integer:
-    case json::value_t::number_unsigned: return "integer";
-    case json::value_t::number_float: return "number";
-    case json::value_t::string: return "string";
-    case json::value_t::array: return "array";
-    case json::value_t::object: return "object";
-    default: return "unknown";
-  }
-}
-
-std::string shown(const json& v) {
-  std::string s = v.dump();
-  if (s.size() > 60) s = s.substr(0, 57) + "...";
-  return s;
-}
-
-// Typed field access with messages of the form
-//   "<file>: field 'hidden_size': expected integer, got string "abc"".
-struct Fields {
-  const json& j;
-  const std::string& src;
-
-  const json* get(const char* k) const {
-    auto it = j.find(k);
-    return it == j.end() ? nullptr : &*it;
-  }
-  [[noreturn]] void bad(const char* k, const char* expected, const json& v) const {
-    fail("{}: field '{}': expected {}, got {} {}", src, k, expected, type_name(v), shown(v));
-  }
-  [[noreturn]] void missing(const char* k, const char* expected) const {
-    fail("{}: required field '{}' ({}) is missing", src, k, expected);
-  }
-  int64_t integer(const json& v, const char* k) const {
-    if (v.is_number_integer() || v.is_number_unsigned()) return v.get<int64_t>();
-    // 4096.0 written by some tools is still an integer value
-    if (v.is_number_float()) {
-      double d = v.get<double>();
-      if (std::fabs(d) < 9.0e18 && d == std::trunc(d)) return static_cast<int64_t>(d);
-    }
-    bad(k, "integer", v);
-  }
-  int64_t req_int(const char* k) const {
-    auto* v = get(k);
-    if (!v || v->is_null()) missing(k, "integer");
-    return integer(*v, k);
-  }
-  int64_t pos_int(const char* k) const {
-    int64_t x = req_int(k);
-    LT_CHECK(x > 0, "{}: field '{}': expected a positive integer, got {}", src, k, x);
-    return x;
-  }
-  int64_t opt_int(const char* k, int64_t dflt) const {
-    auto* v = get(k);
-    if (!v || v->is_null()) return dflt;
-    return integer(*v, k);
-  }
-  double number(const json& v, const char* k) const {
-    if (!v.is_number()) bad(k, "number", v);
-    return v.get<double>();
-  }
-  double opt_num(const char* k, double dflt) const {
-    auto* v = get(k);
-    if (!v || v->is_null()) return dflt;
-    return number(*v, k);
-  }
-  bool opt_bool(const char* k, bool dflt) const {
-    auto* v = get(k);
-    if (!v || v->is_null()) return dflt;
-    if (!v->is_boolean()) bad(k, "boolean", *v);
-    return v->get<bool>();
-  }
-  std::string opt_str(const char* k, const std::string& dflt) const {
-    auto* v = get(k);
-    if (!v || v->is_null()) return dflt;
-    if (!v->is_string()) bad(k, "string", *v);
-    return v->get<std::string>();
-  }
-  // Token ids: integer, null (-1), or a list of integers (first taken; eos often is a list).
-  int64_t token_id(const char* k, int64_t dflt) const {
-    auto* v = get(k);
-    if (!v) return dflt;
-    if (v->is_null()) return -1;
-    if (v->is_array()) {
-      if (v->empty()) return -1;
-      return integer((*v)[0], k);
-    }
-    return integer(*v, k);
-  }
-};
+constexpr const char* kSupportedArchs =
+    "Qwen2ForCausalLM, Qwen3ForCausalLM, LlamaForCausalLM, Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration";
 
 Arch parse_arch(const Fields& f) {
   static const std::map<std::string, Arch> by_class = {
-      {"Qwen2ForCausalLM", Arch::Qwen2}, {"Qwen3ForCausalLM", Arch::Qwen3}, {"LlamaForCausalLM", Arch::Llama}};
-  static const std::map<std::string, Arch> by_type = {
-      {"qwen2", Arch::Qwen2}, {"qwen3", Arch::Qwen3}, {"llama", Arch::Llama}};
+      {"Qwen2ForCausalLM", Arch::Qwen2},   {"Qwen3ForCausalLM", Arch::Qwen3},
+      {"LlamaForCausalLM", Arch::Llama},   {"Qwen3_5ForCausalLM", Arch::Qwen3_5},
+      {"Qwen3_5ForConditionalGeneration", Arch::Qwen3_5}};
+  static const std::map<std::string, Arch> by_type = {{"qwen2", Arch::Qwen2},
+                                                      {"qwen3", Arch::Qwen3},
+                                                      {"llama", Arch::Llama},
+                                                      {"qwen3_5", Arch::Qwen3_5},
+                                                      {"qwen3_5_text", Arch::Qwen3_5}};
   bool have = false;
   Arch arch = Arch::Qwen2;
   if (auto* a = f.get("architectures"); a && !a->is_null()) {
@@ -150,7 +87,7 @@ Arch parse_arch(const Fields& f) {
     if (!t->is_string()) f.bad("model_type", "string", *t);
     auto name = t->get<std::string>();
     auto it = by_type.find(name);
-    LT_CHECK(it != by_type.end(), "{}: field 'model_type': unsupported model type '{}' (supported: qwen2, qwen3, llama)",
+    LT_CHECK(it != by_type.end(), "{}: field 'model_type': unsupported model type '{}' (supported: qwen2, qwen3, llama, qwen3_5, qwen3_5_text)",
              f.src, name);
     LT_CHECK(!have || it->second == arch, "{}: field 'model_type' is '{}' but 'architectures' names {}", f.src, name,
              arch_hf_name(arch));
@@ -237,6 +174,7 @@ ModelConfig model_config_from_json(const json& j, const std::string& source) {
   ModelConfig c;
   c.name = source;
   c.arch = parse_arch(f);
+  if (c.arch == Arch::Qwen3_5) return qwen35_config_from_json(j, source);
 
   c.hidden = f.pos_int("hidden_size");
   c.layers = f.pos_int("num_hidden_layers");
@@ -321,6 +259,7 @@ ModelConfig load_model_config(const std::filesystem::path& dir_or_file) {
 }
 
 json model_config_to_json(const ModelConfig& c) {
+  if (c.arch == Arch::Qwen3_5) return qwen35_config_to_json(c);
   json j;
   j["architectures"] = json::array({arch_hf_name(c.arch)});
   j["model_type"] = arch_model_type(c.arch);
@@ -461,6 +400,14 @@ const std::vector<Preset>& presets() {
          c.rope_scaling.factor = 32.0;
          return c;
        }},
+      // Qwen3.5 / Qwen3.6 text decoders (hybrid: every 4th layer full attention); docs/model.md names the
+      // published config.json each comes from.
+      {"qwen3.6-27b", [] { return qwen35_preset("qwen3.6-27b", 5120, 64, 24, 4, 17408, 48, false); }},
+      {"qwen3.5-27b", [] { return qwen35_preset("qwen3.5-27b", 5120, 64, 24, 4, 17408, 48, false); }},
+      {"qwen3.5-9b", [] { return qwen35_preset("qwen3.5-9b", 4096, 32, 16, 4, 12288, 32, false); }},
+      {"qwen3.5-4b", [] { return qwen35_preset("qwen3.5-4b", 2560, 32, 16, 4, 9216, 32, true); }},
+      {"qwen3.5-2b", [] { return qwen35_preset("qwen3.5-2b", 2048, 24, 8, 2, 6144, 16, true); }},
+      {"qwen3.5-0.8b", [] { return qwen35_preset("qwen3.5-0.8b", 1024, 24, 8, 2, 3584, 16, true); }},
       // Tiny shapes for tests, fixtures and the demo (small vocab so they run in milliseconds).
       {"tiny-qwen2",
        [] {
@@ -473,6 +420,19 @@ const std::vector<Preset>& presets() {
       {"tiny-qwen3",
        [] {
          auto c = qwen3_shape("tiny-qwen3", 64, 2, 4, 2, 32, 128, 256, false);
+         c.rope_theta = 10000.0;
+         c.bos_token_id = c.eos_token_id = 1;
+         c.max_position = 2048;
+         c.rope_scaling.original_max_position_embeddings = 2048;
+         return c;
+       }},
+      {"tiny-qwen35",
+       [] {
+         // 3 linear + 1 full layer; more value than key heads; head dims 32 (full) and 16/24 (linear).
+         auto c = qwen35_preset("tiny-qwen35", 64, 4, 4, 2, 128, 4, true);
+         c.head_dim = 32;
+         c.linear = LinearAttnConfig{2, 4, 16, 24, 4};
+         c.vocab = 256;
          c.rope_theta = 10000.0;
          c.bos_token_id = c.eos_token_id = 1;
          c.max_position = 2048;

@@ -1,6 +1,7 @@
 #include "model/param_layout.h"
 
 #include "core/error.h"
+#include "model/mixer.h"
 
 namespace lt {
 
@@ -43,20 +44,10 @@ UnitLayout layer_unit_layout(const ModelConfig& c, int64_t layer) {
   Builder b;
   b.u.kind = UnitKind::Layer;
   b.u.layer = layer;
-  b.prefix = "model.layers." + std::to_string(layer) + ".";
-  const int64_t H = c.hidden, Q = c.q_dim(), KV = c.kv_dim();
+  b.prefix = c.text_prefix() + "layers." + std::to_string(layer) + ".";
+  const int64_t H = c.hidden;
   b.add("input_layernorm.weight", {H}, false, false);
-  b.add("self_attn.q_proj.weight", {Q, H}, true, true);
-  if (c.attn_bias) b.add("self_attn.q_proj.bias", {Q}, false, false);
-  b.add("self_attn.k_proj.weight", {KV, H}, true, true);
-  if (c.attn_bias) b.add("self_attn.k_proj.bias", {KV}, false, false);
-  b.add("self_attn.v_proj.weight", {KV, H}, true, true);
-  if (c.attn_bias) b.add("self_attn.v_proj.bias", {KV}, false, false);
-  if (c.qk_norm) {
-    b.add("self_attn.q_norm.weight", {c.head_dim}, false, false);
-    b.add("self_attn.k_norm.weight", {c.head_dim}, false, false);
-  }
-  b.add("self_attn.o_proj.weight", {H, Q}, true, true);
+  for (auto& p : mixer_spec(c.kind(layer)).params(c)) b.add(p.suffix, p.shape, p.decay, p.matrix);
   b.add("post_attention_layernorm.weight", {H}, false, false);
   b.add("mlp.gate_proj.weight", {c.ffn, H}, true, true);
   b.add("mlp.up_proj.weight", {c.ffn, H}, true, true);
@@ -67,14 +58,17 @@ UnitLayout layer_unit_layout(const ModelConfig& c, int64_t layer) {
 UnitLayout embedding_unit_layout(const ModelConfig& c) {
   Builder b;
   b.u.kind = UnitKind::Embedding;
-  b.add("model.embed_tokens.weight", {c.vocab, c.hidden}, true, true, true);
+  b.prefix = c.text_prefix();
+  b.add("embed_tokens.weight", {c.vocab, c.hidden}, true, true, true);
   return b.u;
 }
 
 UnitLayout head_unit_layout(const ModelConfig& c) {
   Builder b;
   b.u.kind = UnitKind::Head;
-  b.add("model.norm.weight", {c.hidden}, false, false);
+  b.prefix = c.text_prefix();
+  b.add("norm.weight", {c.hidden}, false, false);
+  b.prefix = "";
   if (!c.tied) b.add("lm_head.weight", {c.vocab, c.hidden}, true, true);
   return b.u;
 }

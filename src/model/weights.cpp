@@ -15,7 +15,7 @@ ModelWeights make_weights(const ModelConfig& c) {
 
 std::pair<int, const ParamInfo*> ModelWeights::find(const std::string& name) const {
   // Decoder-layer names go straight to their unit; others are in the embedding or head unit.
-  static const std::string lp = "model.layers.";
+  const std::string lp = config.text_prefix() + "layers.";
   if (name.rfind(lp, 0) == 0) {
     size_t dot = name.find('.', lp.size());
     if (dot == std::string::npos) return {-1, nullptr};

@@ -77,15 +77,15 @@ struct Decoder {
     const int64_t L = c.layers;
     const UnitLayout& hl = w.layout->head();
     std::vector<float> xn(size_t(n * c.hidden));
-    cpu::rmsnorm_fwd(x, w.units[size_t(L + 1)] + hl.find("model.norm.weight").offset, n, c.hidden, float(c.rms_eps),
+    cpu::rmsnorm_fwd(x, w.units[size_t(L + 1)] + hl.find("norm.weight").offset, n, c.hidden, float(c.rms_eps),
                      xn.data());
-    const float* lm = c.tied ? w.units[0] + w.layout->embedding().find("model.embed_tokens.weight").offset
+    const float* lm = c.tied ? w.units[0] + w.layout->embedding().find("embed_tokens.weight").offset
                              : w.units[size_t(L + 1)] + hl.find("lm_head.weight").offset;
     cpu::linear_fwd(xn.data(), lm, nullptr, n, c.hidden, c.vocab, logits);
   }
 
   void embed(const int32_t* ids, int64_t n, float* x) const {
-    const float* emb = w.units[0] + w.layout->embedding().find("model.embed_tokens.weight").offset;
+    const float* emb = w.units[0] + w.layout->embedding().find("embed_tokens.weight").offset;
     cpu::embedding_fwd(emb, c.vocab, c.hidden, ids, n, x);
   }
 

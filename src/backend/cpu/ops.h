@@ -38,6 +38,17 @@ void rmsnorm_fwd(const float* x, const float* w, int64_t n, int64_t d, float eps
 // dx written (or added when accumulate_dx); dw += (row order). dx may alias dy only if !accumulate_dx.
 void rmsnorm_bwd(const float* x, const float* w, const float* dy, int64_t n, int64_t d, float eps, float* dx,
                  float* dw, bool accumulate_dx = false);
+// The scale a norm applies for its stored weight: w itself, or (1 + w) in fp32 for models whose
+// RMSNorm is zero-centred (Qwen3.5: HF computes x_hat * (1.0 + w.float())). The gradient with respect
+// to w is the same in both cases, so the norm ops take the effective scale and accumulate dw as is.
+class NormScale {
+ public:
+  NormScale(const float* w, int64_t d, bool plus_one);
+  const float* get() const { return p_; }
+ private:
+  std::vector<float> buf_;
+  const float* p_;
+};
 
 // ---------------------------------------------------------------- Linear (BLAS)
 // y[n,out] = x[n,in] W[out,in]^T (+ b[out] if b != nullptr).
@@ -50,13 +61,18 @@ void linear_bwd(const float* x, const float* w, const float* dy, int64_t n, int6
 // ---------------------------------------------------------------- RoPE
 // Inverse frequencies [head_dim/2] as HF computes them (default, or rope_scaling type "llama3" as in
 // transformers' _compute_llama3_parameters). Throws lt::Error for unsupported scaling types.
+// The ModelConfig form covers partial RoPE: [rotary_dim/2] frequencies of the rotated part.
 std::vector<float> rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& scaling);
 std::vector<float> rope_inv_freq(const ModelConfig& c);
 // Rotates x [n, n_heads, head_dim] in place, row r at position pos[r] (HF rotate-half convention:
 // out[i] = x[i] cos - x[i+D/2] sin, out[i+D/2] = x[i+D/2] cos + x[i] sin, angle = pos * inv_freq[i]).
-void rope_fwd(float* x, int64_t n, int64_t n_heads, int64_t head_dim, const int32_t* pos, const float* inv_freq);
+// rot_dim (0 = head_dim): partial RoPE rotates the first rot_dim entries of each head (rotate-half
+// within them, Qwen3.5) and leaves the rest unchanged.
+void rope_fwd(float* x, int64_t n, int64_t n_heads, int64_t head_dim, const int32_t* pos, const float* inv_freq,
+              int64_t rot_dim = 0);
 // Backward of rope_fwd (the inverse rotation), in place on dx.
-void rope_bwd(float* dx, int64_t n, int64_t n_heads, int64_t head_dim, const int32_t* pos, const float* inv_freq);
+void rope_bwd(float* dx, int64_t n, int64_t n_heads, int64_t head_dim, const int32_t* pos, const float* inv_freq,
+              int64_t rot_dim = 0);
 
 // ---------------------------------------------------------------- QK-norm (Qwen3)
 // Per-head RMSNorm over head_dim, weight w [head_dim] shared by heads: x [n, n_heads, head_dim].

@@ -16,6 +16,13 @@ inline float row_rstd(const float* x, int64_t d, float eps) {
 }
 }  // namespace
 
+NormScale::NormScale(const float* w, int64_t d, bool plus_one) : p_(w) {
+  if (!plus_one) return;
+  buf_.resize(size_t(d));
+  for (int64_t i = 0; i < d; ++i) buf_[size_t(i)] = 1.0f + w[i];
+  p_ = buf_.data();
+}
+
 void rmsnorm_fwd(const float* x, const float* w, int64_t n, int64_t d, float eps, float* y) {
 #pragma omp parallel for schedule(static) if (n * d > 32768)
   for (int64_t r = 0; r < n; ++r) {

@@ -38,12 +38,16 @@ std::vector<float> rope_inv_freq(int64_t head_dim, double theta, const RopeScali
   return inv;
 }
 
-std::vector<float> rope_inv_freq(const ModelConfig& c) { return rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling); }
+std::vector<float> rope_inv_freq(const ModelConfig& c) {
+  return rope_inv_freq(c.rotary_dim(), c.rope_theta, c.rope_scaling);
+}
 
 namespace {
 template <bool kInverse>
-void rope_apply(float* x, int64_t n, int64_t n_heads, int64_t head_dim, const int32_t* pos, const float* inv_freq) {
-  const int64_t half = head_dim / 2;
+void rope_apply(float* x, int64_t n, int64_t n_heads, int64_t head_dim, int64_t rot_dim, const int32_t* pos,
+                const float* inv_freq) {
+  // Partial RoPE (Qwen3.5): the first rot_dim entries of each head rotate, the rest pass through.
+  const int64_t half = (rot_dim > 0 ? rot_dim : head_dim) / 2;
 #pragma omp parallel if (n * n_heads * head_dim > 65536)
   {
     std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
@@ -70,13 +74,15 @@ void rope_apply(float* x, int64_t n, int64_t n_heads, int64_t head_dim, const in
 }
 }  // namespace
 
-void rope_fwd(float* x, int64_t n, int64_t n_heads, int64_t head_dim, const int32_t* pos, const float* inv_freq) {
-  rope_apply<false>(x, n, n_heads, head_dim, pos, inv_freq);
+void rope_fwd(float* x, int64_t n, int64_t n_heads, int64_t head_dim, const int32_t* pos, const float* inv_freq,
+              int64_t rot_dim) {
+  rope_apply<false>(x, n, n_heads, head_dim, rot_dim, pos, inv_freq);
 }
 
-void rope_bwd(float* dx, int64_t n, int64_t n_heads, int64_t head_dim, const int32_t* pos, const float* inv_freq) {
+void rope_bwd(float* dx, int64_t n, int64_t n_heads, int64_t head_dim, const int32_t* pos, const float* inv_freq,
+              int64_t rot_dim) {
   // The rotation is orthogonal: its transpose is the rotation by -angle.
-  rope_apply<true>(dx, n, n_heads, head_dim, pos, inv_freq);
+  rope_apply<true>(dx, n, n_heads, head_dim, rot_dim, pos, inv_freq);
 }
 
 }  // namespace lt::cpu

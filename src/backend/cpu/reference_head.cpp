@@ -53,8 +53,9 @@ HeadResult head_forward_backward(const ModelConfig& c, const UnitLayout& head_la
   LT_CHECK(!grad || (d_head_w && d_lm_w), "head_forward_backward: dx given without d_head_w/d_lm_w");
   const int64_t H = c.hidden, V = c.vocab;
   const float eps = float(c.rms_eps);
-  const int64_t norm_off = head_lay.find("model.norm.weight").offset;
-  const float* norm_w = head_w + norm_off;
+  const int64_t norm_off = head_lay.find("norm.weight").offset;
+  const NormScale norm_scale(head_w + norm_off, H, c.norm_plus_one);
+  const float* norm_w = norm_scale.get();
 
   auto xn = std::make_unique_for_overwrite<float[]>(size_t(std::max<int64_t>(T * H, 1)));
   rmsnorm_fwd(x, norm_w, T, H, eps, xn.get());
@@ -93,7 +94,8 @@ HeadResult head_forward_backward(const ModelConfig& c, const UnitLayout& head_la
 void head_logits(const ModelConfig& c, const UnitLayout& head_lay, const float* head_w, const float* lm_w,
                  const float* x, const int64_t* rows, int64_t n_rows, float* out) {
   const int64_t H = c.hidden;
-  const float* norm_w = head_w + head_lay.find("model.norm.weight").offset;
+  const NormScale norm_scale(head_w + head_lay.find("norm.weight").offset, H, c.norm_plus_one);
+  const float* norm_w = norm_scale.get();
   std::vector<float> xn(static_cast<size_t>(std::max<int64_t>(n_rows * H, 1)));
   for (int64_t i = 0; i < n_rows; ++i) rmsnorm_fwd(x + rows[i] * H, norm_w, 1, H, float(c.rms_eps), &xn[size_t(i * H)]);
   sgemm(false, true, n_rows, c.vocab, H, 1.0f, xn.data(), H, lm_w, H, 0.0f, out, c.vocab);

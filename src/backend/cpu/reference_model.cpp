@@ -15,7 +15,7 @@ void check_units(const ModelConfig& c, const ModelLayout& layout, size_t n_w, si
 }
 
 const float* lm_matrix(const ModelConfig& c, const ModelLayout& layout, const std::vector<const float*>& w) {
-  if (c.tied) return w.front() + layout.embedding().find("model.embed_tokens.weight").offset;
+  if (c.tied) return w.front() + layout.embedding().find("embed_tokens.weight").offset;
   return w.back() + layout.head().find("lm_head.weight").offset;
 }
 }  // namespace
@@ -38,7 +38,7 @@ ModelStep model_forward_backward(const ModelConfig& c, const ModelLayout& layout
   std::vector<float> dx(grad ? size_t(T * H) : 0), dprev(grad ? size_t(T * H) : 0);
   float* d_lm = nullptr;
   if (grad)
-    d_lm = c.tied ? grads.front() + layout.embedding().find("model.embed_tokens.weight").offset
+    d_lm = c.tied ? grads.front() + layout.embedding().find("embed_tokens.weight").offset
                   : grads.back() + layout.head().find("lm_head.weight").offset;
   HeadResult hr = head_forward_backward(c, layout.head(), w.back(), lm_matrix(c, layout, w), targets, T,
                                         xs[size_t(L)].data(), scale, grad ? dx.data() : nullptr,

@@ -436,8 +436,8 @@ CudaDecoder::CudaDecoder(const ModelConfig& c, const ModelLayout& layout, const 
   m.emb = reinterpret_cast<const uint16_t*>(p);
   p += dm.embedding;
   put_unit(c.layers + 1, p);
-  m.head_w = reinterpret_cast<const uint16_t*>(p) + layout.head().find("model.norm.weight").offset;
-  m.lm_w = c.tied ? m.emb + layout.embedding().find("model.embed_tokens.weight").offset
+  m.head_w = reinterpret_cast<const uint16_t*>(p) + layout.head().find("norm.weight").offset;
+  m.lm_w = c.tied ? m.emb + layout.embedding().find("embed_tokens.weight").offset
                   : reinterpret_cast<const uint16_t*>(p) + layout.head().find("lm_head.weight").offset;
   p += dm.head;
   for (int64_t l = 0; l < c.layers; ++l) {

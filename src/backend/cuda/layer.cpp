@@ -297,7 +297,7 @@ void LayerEngine::head_loss(const UnitLayout& lay, const void* head_w, const voi
   float* logits = cv.take<float>(C * V);
   u16* dlog = cv.take<u16>(C * V);
   float* partial = cv.take<float>(norm_partial_floats(H));
-  const ParamInfo& nw = lay.find("model.norm.weight");
+  const ParamInfo& nw = lay.find("norm.weight");
   const u16* norm_w = static_cast<const u16*>(head_w) + nw.offset;
   rmsnorm_fwd(x, norm_w, T, H, eps, hn, nullptr, st);
   for (int64_t r0 = 0; r0 < T; r0 += C) {
@@ -331,7 +331,7 @@ void LayerEngine::head_logits(const UnitLayout& lay, const void* head_w, const v
   u16* xr = cv.take<u16>(n_rows * H);
   u16* hn = cv.take<u16>(n_rows * H);
   gather_rows(x, rows, n_rows, H, xr, st);
-  const u16* norm_w = static_cast<const u16*>(head_w) + lay.find("model.norm.weight").offset;
+  const u16* norm_w = static_cast<const u16*>(head_w) + lay.find("norm.weight").offset;
   rmsnorm_fwd(xr, norm_w, n_rows, H, float(c_.rms_eps), hn, nullptr, st);
   GemmArgs a;
   a.trans_b = true;
