@@ -385,6 +385,8 @@ TEST(GdnRule, ChunkedMatchesRecurrent) {
       {"beta near 1", {70, 1, 2, 16, 12, 32}, -3.0f, -1e-4f, 0.99f, 0.9999f},
       {"beta near 1, g near 0", {70, 1, 2, 16, 12, 32}, -1e-3f, -1e-7f, 0.99f, 0.9999f},
       {"chunk 1", {9, 1, 1, 4, 4, 1}, -3.0f, -1e-4f, 0.02f, 0.98f},
+      {"extreme decay g in [-300,-50) (exp underflows)", {40, 1, 2, 8, 8, 16}, -300.0f, -50.0f, 0.02f, 0.98f},
+      {"S=300 Hk=2 Hv=4 (threaded path)", {300, 2, 4, 16, 16, 64}, -3.0f, -1e-4f, 0.02f, 0.98f},
   };
   uint64_t seed = 200;
   for (const auto& c : cases) {
@@ -486,6 +488,8 @@ TEST(GdnRule, ChunkedBackwardMatchesRecurrent) {
       {"g near 0", {40, 1, 2, 8, 8, 16}, {}, -1e-3f, -1e-7f, 0.02f, 0.98f},
       {"beta near 0", {40, 1, 2, 8, 8, 16}, {}, -3.0f, -1e-4f, 1e-4f, 1e-2f},
       {"beta near 1", {40, 1, 2, 8, 8, 16}, {}, -3.0f, -1e-4f, 0.99f, 0.9999f},
+      {"extreme decay", {40, 1, 2, 8, 8, 16}, {10, 30}, -300.0f, -50.0f, 0.02f, 0.98f},
+      {"S=300 Hk=2 Hv=4 (threaded path)", {300, 2, 4, 16, 16, 64}, {100, 77, 123}, -3.0f, -1e-4f, 0.02f, 0.98f},
   };
   uint64_t seed = 500;
   for (const auto& c : cases) {

@@ -9,12 +9,12 @@
 //  (1) dDl_j  = sum_{i>=j} P[i,j] dO_i + Ge_j dS^T k_j        (o = P Dl + ...; S_end = ... + Ge_j k_j Dl_j^T)
 //  (2) intra-chunk output o_i += sum_{j<=i} P[i,j] Dl_j: with dP[i,j] = dO_i . Dl_j,
 //        dq~_i += sum_j dP[i,j] M[i,j] k_j,   dk_j += sum_i dP[i,j] M[i,j] q~_i,
-//        dgam_i += dP[i,j] P[i,j],  dgam_j -= dP[i,j] P[i,j]             (M[i,j] = exp(gam_i - gam_j))
+//        dgam_i += dP[i,j] P[i,j],  dgam_j -= dP[i,j] P[i,j]  for j < i    (M[i,j] = exp(gam_i - gam_j))
 //  (3) inter-chunk output o_i += G_i S0^T q~_i: with r_i = S0 dO_i,
 //        dq~_i += G_i r_i,   dgam_i += G_i (q~_i . r_i),   dS0 += sum_i G_i q~_i dO_i^T
 //  (4) end state S_end = G_last S0 + sum_j Ge_j k_j Dl_j^T: with r_j = dS Dl_j,
 //        dS0 += G_last dS,   dgam_last += G_last <S0, dS>,
-//        dk_j += Ge_j r_j,   dgam_last += Ge_j (k_j . r_j),   dgam_j -= Ge_j (k_j . r_j)
+//        dk_j += Ge_j r_j,   dgam_last += Ge_j (k_j . r_j),   dgam_j -= Ge_j (k_j . r_j)  (j < last)
 //  (5) Dl = U - W S0:  dU = dDl,  dW_i = -S0 dDl_i,  dS0 -= sum_i W_i dDl_i^T
 //  (6) UT transform X = (I+A)^-1 B for (X, B) = (U, diag(b) V) and (W, diag(b G) K): dB = (I+A)^-T dX by
 //      back substitution, Y_i = dX_i - sum_{j>i} A[j,i] Y_j (YU from dU, YW from dW), and
@@ -86,9 +86,11 @@ void output_grads(const ChunkWork& w, ChunkGrad& r, const float* S0, const float
     for (int64_t j = 0; j <= i; ++j) {
       const size_t ij = size_t(i * C + j);
       const double dp = dotd(&r.dO[size_t(i * Dv)], &w.Dl[size_t(j * Dv)], Dv), m = double(w.M[ij]);
-      const double x = dp * double(w.QK[ij]) * m;
-      r.dgam[size_t(i)] += x;
-      r.dgam[size_t(j)] -= x;
+      if (j < i) {  // M[i,i] = 1 does not depend on gam (skipping it avoids a cancellation)
+        const double x = dp * double(w.QK[ij]) * m;
+        r.dgam[size_t(i)] += x;
+        r.dgam[size_t(j)] -= x;
+      }
       for (int64_t d = 0; d < Dk; ++d) {
         r.dQ[size_t(i * Dk + d)] += dp * m * double(w.k[size_t(j * Dk + d)]);
         r.dK[size_t(j * Dk + d)] += dp * m * double(w.q[size_t(i * Dk + d)]);
@@ -116,9 +118,11 @@ void state_grads(const ChunkWork& w, ChunkGrad& r, const float* S0, const float*
     const double ge = double(w.Ge[size_t(j)]);
     matvec(dS, &w.Dl[size_t(j * Dv)], Dk, Dv, acc);
     for (int64_t d = 0; d < Dk; ++d) r.dK[size_t(j * Dk + d)] += ge * acc[d];
-    const double x = ge * dotdd(acc, &w.k[size_t(j * Dk)], Dk);
-    r.dgam[size_t(last)] += x;
-    r.dgam[size_t(j)] -= x;
+    if (j < last) {  // Ge[last] = 1 does not depend on gam
+      const double x = ge * dotdd(acc, &w.k[size_t(j * Dk)], Dk);
+      r.dgam[size_t(last)] += x;
+      r.dgam[size_t(j)] -= x;
+    }
   }
   for (int64_t i = 0; i < L; ++i) {  // (5)
     const float* dDli = &r.dDl[size_t(i * Dv)];
