@@ -78,7 +78,11 @@ void run_parity(const std::string& name) {
     max_err = std::max(max_err, std::fabs(double(logits[i]) - hf_logits[i]));
     max_abs = std::max(max_abs, std::fabs(double(hf_logits[i])));
   }
-  EXPECT_LE(max_err, 1e-5 * max_abs + 1e-6) << name << ": logits max abs error " << max_err << " (max |logit| " << max_abs << ")";
+  // Hybrid models: HF's fp32 delta rule (fp32 cumulative decays, fp32 triangular solve) rounds
+  // differently from the reference (double decays and dot products): 1e-5 of the largest logit is
+  // reached over 80 tokens, hence 3e-5 there.
+  const double logit_tol = c.hybrid() ? 3e-5 : 1e-5;
+  EXPECT_LE(max_err, logit_tol * max_abs + 1e-6) << name << ": logits max abs error " << max_err << " (max |logit| " << max_abs << ")";
 
   // Every parameter's gradient (tied: HF's embedding grad already includes the head's).
   int n_checked = 0;
@@ -108,3 +112,42 @@ TEST(HfParity, Qwen2BiasTied) { run_parity("qwen2_bias_tied"); }
 TEST(HfParity, Qwen3QkNormUntied) { run_parity("qwen3_qknorm_untied"); }
 TEST(HfParity, Llama3RopeScalingUntied) { run_parity("llama3_rope_untied"); }
 TEST(HfParity, Llama32MqaTied) { run_parity("llama32_mqa_tied"); }
+// Qwen3.5 hybrids (tools/make_hf_fixtures_qwen35.py, 2 x 80 tokens: two delta-rule chunks).
+TEST(HfParity, Qwen35Tied3to1) { run_parity("qwen35_tied_3to1"); }
+TEST(HfParity, Qwen35UntiedOddHeadsNot3to1) { run_parity("qwen35_untied_odd"); }
+TEST(HfParity, Qwen35HeadDim128Conv3) { run_parity("qwen35_hd128"); }
+
+// Packed samples in one row: lazytrain restarts the conv window and the recurrent state at the
+// segment start, so the packed row equals each sample run alone (HF's own run on the packed row,
+// whose torch path ignores packing in the linear layers, differs: the fixture records both).
+TEST(HfParity, Qwen35PackedRowEqualsSeparateSamplesAndHfLeaks) {
+  const auto dir = kFixtures / "qwen35_tied_3to1";
+  const ModelConfig c = load_model_config(dir);
+  const ModelLayout layout = model_layout(c);
+  SafetensorsFile model(dir / "model.safetensors"), fx(dir / "packed.safetensors");
+  UnitBuffers w(layout);
+  for (size_t u = 0; u < layout.units.size(); ++u)
+    for (auto& p : layout.units[u].params) model.read_f32(*model.find(p.name), w.units[u].data() + p.offset);
+  const auto ids = read_ids(fx, "packed.input_ids"), pos = read_ids(fx, "packed.positions");
+  const int64_t S = int64_t(ids.size());
+  std::vector<int32_t> seg(static_cast<size_t>(S));
+  for (int64_t t = 0; t < S; ++t) seg[size_t(t)] = t < 30 ? 0 : 1;
+  SeqGeometry geo;
+  geo.batch = 1;
+  geo.seq = S;
+  geo.positions = pos.data();
+  geo.segments = seg.data();
+  std::vector<float> logits(size_t(S * c.vocab));
+  model_logits(c, layout, w.cptrs(), ids.data(), geo, logits.data());
+  const auto sep = read_f32(fx, "packed.separate_logits"), hf = read_f32(fx, "packed.hf_logits");
+  double err = 0, mx = 0, leak = 0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    err = std::max(err, std::fabs(double(logits[i]) - sep[i]));
+    mx = std::max(mx, std::fabs(double(sep[i])));
+    leak = std::max(leak, std::fabs(double(hf[i]) - sep[i]));
+  }
+  EXPECT_LE(err, 3e-5 * mx + 1e-6) << "packed row vs separate samples";
+  EXPECT_GT(leak, 1e-2 * mx) << "the fixture should show HF's packed-row leak";
+  std::printf("[parity] qwen35 packed: max err vs separate %.2e (max |logit| %.3f); HF packed row differs by %.3f\n", err,
+              mx, leak);
+}
