@@ -47,6 +47,11 @@ bool ignorable(const std::string& name) {
 
 }  // namespace
 
+bool passthrough_tensor(const ModelConfig& c, const std::string& name) {
+  if (c.arch != Arch::Qwen3_5) return false;
+  return name.rfind("model.visual.", 0) == 0 || name.rfind("mtp.", 0) == 0;
+}
+
 std::vector<std::pair<std::string, std::string>> parse_safetensors_index(const std::string& text,
                                                                         const std::string& source) {
   json j;
@@ -179,7 +184,7 @@ void load_weights(const fs::path& dir, const ModelConfig& c, const ModelLayout& 
   }
   std::vector<std::string> extra;
   for (auto& n : store.names()) {
-    if (used.count(n) || ignorable(n)) continue;
+    if (used.count(n) || ignorable(n) || passthrough_tensor(c, n)) continue;
     if (n == "lm_head.weight" && c.tied) continue;  // tied: the head reads the embedding
     extra.push_back(n);
   }
@@ -244,12 +249,27 @@ void save_model(const fs::path& dir, const ModelConfig& c, const ModelLayout& la
   std::vector<StWriteTensor> all;
   for (size_t u = 0; u < layout.units.size(); ++u)
     for (auto& p : layout.units[u].params) all.push_back({p.name, p.shape, units[u] + p.offset});
+  // Pass-through tensors last (the writer puts raw tensors after converted ones in every shard).
+  std::unique_ptr<TensorStore> source;
+  if (!opt.passthrough_from.empty()) source = std::make_unique<TensorStore>(opt.passthrough_from);
+  int64_t n_passed = 0;
+  for (const std::string& n : source ? source->names() : std::vector<std::string>{}) {
+    if (!passthrough_tensor(c, n)) continue;
+    const TensorStore::Ref* r = source->find(n);
+    StWriteTensor t{n, r->tensor->shape, nullptr};
+    t.raw = r->file->raw(*r->tensor);
+    t.raw_dtype = r->tensor->dtype;
+    t.raw_bytes = r->tensor->numel() * int64_t(r->tensor->elem_size);
+    all.push_back(std::move(t));
+    ++n_passed;
+  }
   const int64_t es = int64_t(dtype_size(opt.dtype));
   std::vector<std::vector<StWriteTensor>> shards(1);
   int64_t cur = 0, total = 0;
   for (auto& t : all) {
     int64_t b = es;
     for (auto d : t.shape) b *= d;
+    if (t.raw) b = t.raw_bytes;
     if (!shards.back().empty() && cur + b > opt.max_shard_bytes) {
       shards.emplace_back();
       cur = 0;
@@ -270,8 +290,11 @@ void save_model(const fs::path& dir, const ModelConfig& c, const ModelLayout& la
     json idx = {{"metadata", {{"total_size", total}}}, {"weight_map", wm}};
     write_text(dir / kIndexName, idx.dump(2));
   }
+  if (n_passed > 0) log_info("{}: {} tensor(s) passed through unchanged from {}", dir.string(), n_passed,
+                             opt.passthrough_from.string());
   json cfg = model_config_to_json(c);
-  cfg["torch_dtype"] = cfg["dtype"] = opt.dtype == DType::BF16 ? "bfloat16" : "float32";
+  cfg["dtype"] = opt.dtype == DType::BF16 ? "bfloat16" : "float32";
+  if (!c.composite) cfg["torch_dtype"] = cfg["dtype"];
   write_text(dir / "config.json", cfg.dump(2));
   json gen = {{"_from_model_config", true}, {"transformers_version", cfg["transformers_version"]}};
   if (c.bos_token_id >= 0) gen["bos_token_id"] = c.bos_token_id;

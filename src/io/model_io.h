@@ -51,7 +51,7 @@ class TensorStore {
 // Loads weights of `c` from dir into unit buffers (units[i] has layout.units[i].numel floats; padding
 // is zeroed). Every expected tensor must be present with its exact shape (tied models may omit
 // lm_head.weight; if present it is ignored); any other tensor is an error (rotary inv_freq buffers
-// are ignored). Errors name the file, tensor, expected vs actual shape.
+// are ignored, and so are pass-through tensors). Errors name the file, tensor, expected vs actual shape.
 void load_weights(const std::filesystem::path& dir, const ModelConfig& c, const ModelLayout& layout,
                   const std::vector<float*>& units, int threads = 0);
 // config.json + weights.
@@ -60,7 +60,14 @@ ModelWeights load_model(const std::filesystem::path& dir, int threads = 0);
 struct SaveOptions {
   DType dtype = DType::BF16;          // F32 or BF16
   int64_t max_shard_bytes = 5 * GiB;  // a shard closes before it would exceed this (a bigger tensor gets its own)
+  // A model directory whose pass-through tensors (passthrough_tensor()) are copied unchanged, bytes and
+  // dtype, into the output, so that it loads in transformers as the class it came from. Empty: none.
+  std::filesystem::path passthrough_from;
 };
+
+// Tensors of a checkpoint that lazytrain loads past without training and writes back unchanged:
+// Qwen3.5/3.6's vision tower (model.visual.*) and multi-token-prediction layers (mtp.*).
+bool passthrough_tensor(const ModelConfig& c, const std::string& name);
 // Writes config.json, generation_config.json and the weights (HF names; tied models omit lm_head.weight).
 // Earlier model*.safetensors files and the index in dir are removed first so that no stale shard remains.
 void save_model(const std::filesystem::path& dir, const ModelConfig& c, const ModelLayout& layout,

@@ -204,13 +204,19 @@ void write_safetensors(const std::filesystem::path& path, const std::vector<StWr
   const size_t es = dtype_size(dtype);
   json h = json::object();
   uint64_t off = 0;
+  bool seen_raw = false;
   for (auto& t : tensors) {
     LT_CHECK(!h.contains(t.name) && t.name != "__metadata__", "{}: duplicate tensor name '{}'", path.string(),
              t.name);
+    LT_CHECK(t.raw || !seen_raw, "{}: tensor '{}': converted tensors must precede raw ones", path.string(), t.name);
+    seen_raw = seen_raw || t.raw;
     int64_t n = 1;
     for (auto d : t.shape) n *= d;
-    h[t.name] = {{"dtype", dtype_name(dtype)}, {"shape", t.shape}, {"data_offsets", {off, off + uint64_t(n) * es}}};
-    off += uint64_t(n) * es;
+    const uint64_t bytes = t.raw ? uint64_t(t.raw_bytes) : uint64_t(n) * es;
+    h[t.name] = {{"dtype", t.raw ? t.raw_dtype : std::string(dtype_name(dtype))},
+                 {"shape", t.shape},
+                 {"data_offsets", {off, off + bytes}}};
+    off += bytes;
   }
   if (!metadata.empty()) h["__metadata__"] = metadata;
   std::string hs = h.dump();
@@ -242,6 +248,7 @@ void write_safetensors(const std::filesystem::path& path, const std::vector<StWr
   };
   std::vector<Piece> pieces;
   for (auto& t : tensors) {
+    if (t.raw) continue;
     int64_t n = 1;
     for (auto d : t.shape) n *= d;
     if (dtype == DType::F32) {
@@ -260,6 +267,8 @@ void write_safetensors(const std::filesystem::path& path, const std::vector<StWr
     if (i + 1 < pieces.size()) pending = std::async(std::launch::async, convert, pieces[i + 1], &bufs[(i + 1) % 2]);
     put(bufs[i % 2].data(), size_t(pieces[i].n) * 2);  // on failure `put` throws; ~future joins the helper
   }
+  for (auto& t : tensors)
+    if (t.raw) put(t.raw, size_t(t.raw_bytes));
   // Durable before it gets the final name (checkpoints must survive a crash right after saving).
   if (std::fflush(f) != 0 || ::fsync(::fileno(f)) != 0) {
     int e = errno;

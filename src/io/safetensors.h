@@ -71,8 +71,14 @@ struct StWriteTensor {
   std::string name;
   std::vector<int64_t> shape;
   const float* data = nullptr;  // numel(shape) fp32 values
+  // Or raw bytes written unchanged with their own dtype (tensors passed through from another file,
+  // e.g. a vision tower lazytrain does not train). Raw tensors must come after all converted ones.
+  const uint8_t* raw = nullptr;
+  std::string raw_dtype;
+  int64_t raw_bytes = 0;
 };
-// Writes a .safetensors file with every tensor stored as `dtype` (F32 or BF16, round to nearest even).
+// Writes a .safetensors file with every converted tensor stored as `dtype` (F32 or BF16, round to
+// nearest even) and raw tensors as they are.
 // Written to <path>.tmp and renamed, so a crash never leaves a half file under the final name.
 void write_safetensors(const std::filesystem::path& path, const std::vector<StWriteTensor>& tensors, DType dtype,
                        const std::map<std::string, std::string>& metadata = {{"format", "pt"}});

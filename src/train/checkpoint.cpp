@@ -63,6 +63,7 @@ fs::path save_checkpoint(const fs::path& output_dir, const CheckpointContents& c
   // HF model directory (what transformers loads).
   SaveOptions so;
   so.dtype = c.save_fp32_model ? DType::F32 : DType::BF16;
+  so.passthrough_from = c.passthrough_from;
   save_model(d, *c.model, *c.layout, c.masters, so);
   if (!c.tokenizer_dir.empty() && fs::is_directory(c.tokenizer_dir)) {
     for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",

@@ -53,6 +53,7 @@ struct CheckpointContents {
   std::string config_yaml;
   fs::path tokenizer_dir;             // files copied from here (tokenizer*.json, vocab/merges, special_tokens_map)
   bool save_fp32_model = false;       // model dir weights in fp32 (else bf16)
+  fs::path passthrough_from;          // model dir whose untrained tensors are copied (SaveOptions)
 };
 
 // Writes output_dir/checkpoint-<step> atomically, then rotates to save_total_limit. Returns its path.

@@ -45,6 +45,8 @@ ModelConfig configured_model(const TrainConfig& cfg) {
     fail("model_overrides: invalid: {}", e.what());
   }
   for (auto it = ov.begin(); it != ov.end(); ++it) j[it.key()] = it.value();
+  // A new depth without a new layer list: the list follows from full_attention_interval (Qwen3.5).
+  if (ov.contains("num_hidden_layers") && !ov.contains("layer_types")) j.erase("layer_types");
   // head_dim follows hidden/heads unless given (HF derives it the same way for Qwen2/Llama).
   if (!ov.contains("head_dim") && (ov.contains("hidden_size") || ov.contains("num_attention_heads")) &&
       base.arch != Arch::Qwen3)
@@ -56,12 +58,13 @@ ModelConfig configured_model(const TrainConfig& cfg) {
 
 ModelSetup setup_model(const TrainConfig& cfg, const std::optional<fs::path>& resume) {
   fs::path tok_path = find_tokenizer(cfg, resume);
-  ModelSetup ms{data::load_tokenizer(tok_path.string()), tok_path, {}, {}, {}, false};
+  ModelSetup ms{data::load_tokenizer(tok_path.string()), tok_path, {}, {}, {}, false, {}};
   const auto& tok = ms.tokenizer.tokenizer;
   if (resume) {
     ms.model = load_model_config(*resume);
     ms.layout = model_layout(ms.model);
     ms.initial = make_weights(ms.model);  // overwritten by the checkpoint's fp32 masters
+    ms.weights_source = *resume;
     return ms;
   }
   ModelConfig c = configured_model(cfg);
@@ -75,6 +78,7 @@ ModelSetup setup_model(const TrainConfig& cfg, const std::optional<fs::path>& re
     ms.initial = load_model(cfg.model_name_or_path);
     ms.model = ms.initial.config;
     ms.pretrained = true;
+    ms.weights_source = cfg.model_name_or_path;
   } else {
     // Random initialisation: the vocabulary follows the tokenizer unless model_overrides sets it.
     bool vocab_given = !cfg.model_overrides.empty() &&

@@ -21,6 +21,9 @@ struct ModelSetup {
   ModelLayout layout;
   ModelWeights initial;                 // empty units when resuming (the checkpoint provides them)
   bool pretrained = false;              // weights came from safetensors
+  // The directory the weights came from (model dir or resumed checkpoint): checkpoints copy its
+  // pass-through tensors (Qwen3.5's vision tower and MTP layers) unchanged. Empty for random init.
+  std::filesystem::path weights_source;
 };
 
 // Where the tokenizer is: `tokenizer` if set, else the checkpoint being resumed, else the model

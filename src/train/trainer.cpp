@@ -233,6 +233,8 @@ TrainResult run_training(const TrainConfig& cfg, const TrainHooks& hooks) {
     cc.state = ts;
     cc.config_yaml = config_yaml;
     cc.tokenizer_dir = ms.tokenizer_dir;
+    // The newest checkpoint holds the pass-through tensors too (and survives rotation, unlike older ones).
+    cc.passthrough_from = result.last_checkpoint.empty() ? ms.weights_source : result.last_checkpoint;
     cc.save_fp32_model = cfg.save_dtype == "fp32";
     double t0 = now_seconds();
     fs::path p = save_checkpoint(out, cc, cfg.save_total_limit);
