@@ -14,8 +14,8 @@ Instance tiny() {
   in.beta = {3.0, 3.0};
   in.head_s = 2.0;
   in.A = 10;
-  in.P = 20;
-  in.G = 20;
+  in.P = {20, 20};
+  in.G = {20, 20};
   in.P_head = 40;
   in.G_head = 40;
   in.pro_h2d = 10;
@@ -27,8 +27,8 @@ Instance tiny() {
   in.bnw = 5;
   in.opt = {0, 0, 0, 0};
   in.ring = 40;
-  in.ws_fwd = 1;
-  in.ws_bwd = 2;
+  in.ws_fwd = {1, 1};
+  in.ws_bwd = {2, 2};
   in.ws_head = 3;
   in.ws_pro = 10;
   in.hbm_cap = 1000;
