@@ -83,18 +83,17 @@ class Dp {
                     // HBM of the block (i,e) beyond the ring: its backward slots B_j hold the resident
                     // boundaries, j-i regenerated ones and layer j's working set (B_i also the reload of
                     // pred(i)); its forward slots F_j hold the GPU boundaries < j, in/out and layer j's
-                    // workspace. Both maxima grow with e, so stop at the first e that does not fit.
+                    // workspace. Layer i's slots do not depend on e; a larger e adds layer e-1's, so
+                    // stop at the first e that does not fit.
                     const double room = in_.hbm_cap - in_.ring;
                     const double resident = in_.A * double(g + off(ti));
                     if (resident + in_.A * double(off(tp)) + in_.ws_bwd[size_t(i)] > room) continue;
                     if (in_.A * double(g - (ti == G) + 2) + in_.ws_fwd[size_t(i)] > room) continue;
-                    double bwd_peak = 0, fwd_peak = 0;  // over the block's layers i+1..e-1
                     for (int e = i + 1; e <= L_; ++e) {
-                      if (e - 1 > i) {
-                        bwd_peak = std::max(bwd_peak, in_.A * double(e - 1 - i) + in_.ws_bwd[size_t(e - 1)]);
-                        fwd_peak = std::max(fwd_peak, in_.ws_fwd[size_t(e - 1)]);
-                      }
-                      if (resident + bwd_peak > room || in_.A * double(g + 2) + fwd_peak > room) break;
+                      const size_t last = size_t(e - 1);
+                      if (e - 1 > i && (resident + in_.A * double(e - 1 - i) + in_.ws_bwd[last] > room ||
+                                        in_.A * double(g + 2) + in_.ws_fwd[last] > room))
+                        break;
                       if (ti == N && !tied_nvme_ok(L_, i, e)) continue;
                       double t = base + trans_cost(i, ti, tp, adj, rp, e);
                       if (e == L_) {

@@ -8,7 +8,9 @@
 #include "core/error.h"
 #include "plan/heuristics.h"
 #include "plan/instance.h"
+#include "model/model_config.h"
 #include "plan/plan.h"
+#include "plan/profile.h"
 #include "plan/simulator.h"
 
 namespace lt::test {
@@ -99,6 +101,32 @@ inline void make_hybrid(Instance& in, std::mt19937& rng, const std::vector<Layer
   in.G = in.P;
   in.ring = 2 * std::max(att.P, dn.P);
   in.hbm_cap = in.ring + in.max_ws_bwd() + A * (2 + (in.L + 1) * u(rng));
+}
+
+// A small instance of a real hybrid shape: tiny-qwen35 with L layers in a random kind order, costs from
+// the model accounting and the h200 profile; then the HBM cap and the PCIe/NVMe rates scaled so that
+// memory binds and transfers are comparable to compute (the tiny shape would otherwise fit anything).
+inline Instance tiny_hybrid_instance(std::mt19937& rng, int L) {
+  std::uniform_real_distribution<double> u(0, 1);
+  ModelConfig c = preset_config("tiny-qwen35");
+  c.layers = L;
+  c.layer_kinds = test_kinds(rng, L, true);
+  const auto prof = load_profile_file(std::string(LT_SOURCE_DIR) + "/configs/profiles/h200.json");
+  InstanceOptions o;
+  o.micro_batches = 1 + int(2 * u(rng));
+  Instance in = make_instance(c, 4, 64, prof, o);
+  const double bw = in.P[0] / in.rho[0] * (0.5 + u(rng));  // one layer's weights in about one forward
+  in.bh = bw;
+  in.bd = bw * (0.7 + 0.6 * u(rng));
+  in.bb = std::max(in.bh, in.bd) * 1.5;
+  in.bnr = in.bnw = bw * (0.3 + u(rng));
+  in.hbm_cap = in.ring + in.max_ws_bwd() + in.A * (2 + (L + 1) * u(rng));
+  in.dram_cap = in.dram_fixed + in.A * (L * u(rng));
+  in.nvme_cap = in.A * L;
+  in.staging = 1;
+  const double opt_scale = 1.5 * in.rho[0] * u(rng) / *std::max_element(in.opt.begin(), in.opt.end());
+  for (auto& t : in.opt) t *= opt_scale;  // the CPU optimizer comparable to a layer, per-unit ratios kept
+  return in;
 }
 
 // The best plan of the tied space by brute force, scored by the simulator: the step time with

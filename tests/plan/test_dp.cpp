@@ -44,5 +44,13 @@ TEST(PlanDp, OptimalOnHybridLayersVsBruteForce) {
   EXPECT_GE(feasible, 20);
 }
 
+// A real hybrid shape (tiny-qwen35's kinds in random orders, costs from the model accounting).
+TEST(PlanDp, OptimalOnRealHybridShapesVsBruteForce) {
+  std::mt19937 rng(29);
+  int feasible = 0;
+  for (int rep = 0; rep < 14; ++rep) feasible += expect_dp_optimal(test::tiny_hybrid_instance(rng, 2 + rep % 6), rep);
+  EXPECT_GE(feasible, 7);
+}
+
 }  // namespace
 }  // namespace lt

@@ -74,5 +74,13 @@ TEST(PlanMilp, HybridLayersObjectiveMatchesSimulatorAndBeatsBruteForce) {
               n.strictly_better);
 }
 
+// A real hybrid shape (tiny-qwen35's kinds in random orders, costs from the model accounting).
+TEST(PlanMilp, RealHybridShapesObjectiveMatchesSimulatorAndBeatsBruteForce) {
+  std::mt19937 rng(31);
+  MilpVsBrute n;
+  for (int rep = 0; rep < 14; ++rep) expect_milp_optimal(test::tiny_hybrid_instance(rng, 2 + rep % 6), rep, n);
+  EXPECT_GE(n.solved, 7);
+}
+
 }  // namespace
 }  // namespace lt
