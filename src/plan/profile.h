@@ -25,6 +25,9 @@ struct LayerTiming {
   double bwd_s = 0;  // one layer backward, excluding the re-run of its forward internals
 };
 
+// A timing of a layer of kind k of model c (the shape fields that kind is matched on) at batch x seq.
+LayerTiming layer_timing_for(const ModelConfig& c, LayerKind k, int64_t batch, int64_t seq, double fwd_s, double bwd_s);
+
 struct ResourceProfile {
   std::string name;
   std::string source;  // where the numbers come from (spec sheet, measurement, command line)

@@ -82,19 +82,7 @@ TEST(PlanHybrid, HomogeneousInstanceUnchanged) {
 }
 
 LayerTiming deltanet_timing(const ModelConfig& c, int64_t batch, int64_t seq, double fwd, double bwd) {
-  LayerTiming t;
-  t.kind = LayerKind::GatedDeltaNet;
-  t.hidden = c.hidden;
-  t.ffn = c.ffn;
-  t.linear_k_heads = c.linear.k_heads;
-  t.linear_v_heads = c.linear.v_heads;
-  t.linear_k_head_dim = c.linear.k_head_dim;
-  t.linear_v_head_dim = c.linear.v_head_dim;
-  t.batch = batch;
-  t.seq = seq;
-  t.fwd_s = fwd;
-  t.bwd_s = bwd;
-  return t;
+  return layer_timing_for(c, LayerKind::GatedDeltaNet, batch, seq, fwd, bwd);
 }
 
 TEST(PlanHybrid, MeasuredTimingsMatchByKind) {
@@ -114,17 +102,7 @@ TEST(PlanHybrid, MeasuredTimingsMatchByKind) {
   p.layer_timings.back() = deltanet_timing(c, 4, 2048, 0.01, 0.03);
   EXPECT_FALSE(layer_times(p, c, LayerKind::GatedDeltaNet, 8, 1024).measured);
   // An attention entry of the model's attention shape times only the attention layers.
-  LayerTiming t;
-  t.hidden = c.hidden;
-  t.ffn = c.ffn;
-  t.heads = c.heads;
-  t.kv_heads = c.kv_heads;
-  t.head_dim = c.head_dim;
-  t.batch = 8;
-  t.seq = 1024;
-  t.fwd_s = 0.005;
-  t.bwd_s = 0.009;
-  p.layer_timings = {t};
+  p.layer_timings = {layer_timing_for(c, LayerKind::Attention, 8, 1024, 0.005, 0.009)};
   EXPECT_TRUE(layer_times(p, c, LayerKind::Attention, 8, 1024).measured);
   EXPECT_FALSE(layer_times(p, c, LayerKind::GatedDeltaNet, 8, 1024).measured);
   // The planner's instance takes each layer's time from its kind.
