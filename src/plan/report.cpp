@@ -55,7 +55,7 @@ std::string kind_summary(const PlanRequest& r, const Instance& in) {
   return s;
 }
 
-// Per layer: kind, tier of its input boundary, its block, forward and backward time, weights.
+// Per layer (models mixing kinds): kind, tier of its input boundary, its block, forward and backward time, weights.
 std::string layer_table(const Instance& in, const Plan& p) {
   std::string s = fmt::format("\n  {:>5}  {:<9} {:<5} {:<9} {:>9} {:>9} {:>11}\n", "layer", "kind", "input", "block",
                               "fwd ms", "bwd ms", "weights");
@@ -113,7 +113,7 @@ std::string plan_report(const PlanRequest& r, const PlanOutcome& o) {
   s += fmt::format("  peaks: gpu {} of {}, dram {} of {}, nvme {} of {}\n", format_bytes(double(q.peak_hbm)),
                    format_bytes(in.hbm_cap), format_bytes(double(q.peak_dram)), format_bytes(in.dram_cap),
                    format_bytes(double(q.nvme_bytes)), format_bytes(in.nvme_cap));
-  s += layer_table(in, p);
+  if (r.model.hybrid()) s += layer_table(in, p);
   s += "\ncandidates (same simulator):\n";
   s += fmt::format("  {:<14} {:>10} {:>8} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11}  {}\n", "planner", "step ms", "TFLOPS",
                    "recompute", "exp h2d", "exp d2h", "exp nvme", "exp opt", "peak gpu", "checkpoints g/c/n");
