@@ -55,7 +55,7 @@ ExecMemory executor_memory(const ModelConfig& c, const ExecPlan& p, BackendDType
   const auto lay = model_layout(c);
   const int64_t L = c.layers, T = p.batch * p.seq;
   const int64_t w = int64_t(dtype_size(dt.weight)), g = int64_t(dtype_size(dt.grad)), a = int64_t(dtype_size(dt.act));
-  const int64_t A = T * c.hidden * a, Apad = io_round_up(A), ln = lay.layer(0).numel;
+  const int64_t A = T * c.hidden * a, Apad = io_round_up(A), ln = lay.max_layer_numel();
   ExecMemory m;
   m.device = p.ring * ln * w + 2 * ln * g + lay.head().numel * (w + g) + 4 * T * 4 + (2 + L + 2) * 8 +
              count_act_buffers(p) * A + workspace_bytes;
@@ -126,7 +126,7 @@ Executor::Impl::Impl(Executor& e) : ex(e), be(e.be_), P(e.plan_), st(e.state_), 
 
 void Executor::Impl::allocate() {
   const auto& lay = be.layout();
-  const int64_t layer_numel = lay.layer(0).numel;
+  const int64_t layer_numel = lay.max_layer_numel();  // ring slots hold any layer kind
   // NVMe capacity first: it is known without allocating.
   int64_t n_nvme = 0;
   for (int64_t i = 0; i < L; ++i) n_nvme += P.tier[size_t(i)] == CkptTier::Nvme;

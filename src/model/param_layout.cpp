@@ -1,5 +1,7 @@
 #include "model/param_layout.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "model/mixer.h"
 
@@ -78,6 +80,13 @@ ModelLayout model_layout(const ModelConfig& c) {
   m.units.push_back(embedding_unit_layout(c));
   for (int64_t i = 0; i < c.layers; ++i) m.units.push_back(layer_unit_layout(c, i));
   m.units.push_back(head_unit_layout(c));
+  return m;
+}
+
+int64_t ModelLayout::max_layer_numel() const {
+  int64_t m = 0;
+  for (auto& u : units)
+    if (u.kind == UnitKind::Layer) m = std::max(m, u.numel);
   return m;
 }
 

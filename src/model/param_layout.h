@@ -53,6 +53,9 @@ struct ModelLayout {
   const UnitLayout& head() const { return units.back(); }
   const UnitLayout& layer(int64_t i) const { return units[size_t(i + 1)]; }
   int64_t parameter_count() const;  // real parameters (no padding), tied counted once
+  // Largest decoder-layer buffer (elements): layers of different kinds differ (hybrid models), and the
+  // device's weight ring and gradient slots must hold any of them.
+  int64_t max_layer_numel() const;
 };
 ModelLayout model_layout(const ModelConfig& c);
 

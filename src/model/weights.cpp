@@ -31,7 +31,8 @@ std::pair<int, const ParamInfo*> ModelWeights::find(const std::string& name) con
     return {int(idx + 1), p};
   }
   for (int u : {0, int(layout.units.size()) - 1})
-    if (auto* p = layout.units[size_t(u)].try_find(name)) return {u, p};
+    for (auto& p : layout.units[size_t(u)].params)
+      if (p.name == name) return {u, &p};
   return {-1, nullptr};
 }
 

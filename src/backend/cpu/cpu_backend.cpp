@@ -194,7 +194,12 @@ int64_t CpuBackend::layer_workspace_bytes(int64_t tokens) const {
   // The reference keeps q, k, v, attention output, normed input and the three MLP activations of the
   // rows it works on, plus their gradients in backward: an upper estimate, in fp32.
   const auto& c = cfg_;
-  const int64_t per_row = 2 * (3 * c.hidden + c.q_dim() + 2 * c.kv_dim() + c.q_dim() + 3 * c.ffn);
+  int64_t per_row = 2 * (3 * c.hidden + c.q_dim() + 2 * c.kv_dim() + c.q_dim() + 3 * c.ffn);
+  if (c.count(LayerKind::GatedDeltaNet) > 0) {  // qkv before/after conv, q/k normalised, z, gates, rule output
+    const auto& l = c.linear;
+    per_row = std::max(per_row, 2 * (3 * c.hidden + 2 * l.conv_dim() + 4 * l.key_dim() + 3 * l.value_dim() +
+                                     4 * l.v_heads + 3 * c.ffn));
+  }
   return tokens * per_row * 4;
 }
 
