@@ -26,7 +26,9 @@ class Dp {
  public:
   Dp(const Instance& in, bool allow_cpu, bool allow_nvme, int cmax, int nmax)
       : in_(in), L_(in.L), allow_cpu_(allow_cpu), allow_nvme_(allow_nvme) {
-    const double room = in.hbm_cap - in.ring - in.ws_bwd;
+    // A state's GPU boundaries are resident in the backward slot of its own layer: the smallest layer
+    // working set bounds the count.
+    const double room = in.hbm_cap - in.ring - *std::min_element(in.ws_bwd.begin(), in.ws_bwd.end());
     gmax_ = std::clamp(int(std::floor(room / in.A)), 0, L_ + 1);
     cdim_ = (!allow_cpu || cmax >= L_ - 1) ? 1 : cmax + 1;
     ndim_ = (!allow_nvme || nmax >= L_ - 1) ? 1 : nmax + 1;
@@ -38,13 +40,18 @@ class Dp {
     pf_.assign(size_t(L_ + 1), 0);
     pb_.assign(size_t(L_ + 1), 0);
     for (int j = 0; j < L_; ++j) {
-      fstd_[size_t(j)] = in.slot_time(in.rho[size_t(j)], fh(j), 0, 0, 0);
-      bstd_[size_t(j)] = in.slot_time(in.beta[size_t(j)], bh(j), bd(j), 0, 0);
+      fstd_[size_t(j)] = in.slot_time(in.rho[size_t(j)], in.h_F(j), 0, 0, 0);
+      bstd_[size_t(j)] = in.slot_time(in.beta[size_t(j)], in.h_B(j), in.d_B(j), 0, 0);
       pf_[size_t(j + 1)] = pf_[size_t(j)] + fstd_[size_t(j)];
       pb_[size_t(j + 1)] = pb_[size_t(j)] + bstd_[size_t(j)];
     }
     prho_.assign(size_t(L_ + 1), 0);
-    for (int j = 0; j < L_; ++j) prho_[size_t(j + 1)] = prho_[size_t(j)] + in.rho[size_t(j)];
+    pP_.assign(size_t(L_ + 1), 0);
+    for (int j = 0; j < L_; ++j) {
+      prho_[size_t(j + 1)] = prho_[size_t(j)] + in.rho[size_t(j)];
+      pP_[size_t(j + 1)] = pP_[size_t(j)] + in.P[size_t(j)];
+    }
+    hstd_ = in.slot_time(in.head_s, in.h_H(), 0, 0, 0);
   }
 
   long long nstates() const { return (long long)(L_ + 1) * 3 * 4 * 2 * 2 * (gmax_ + 1) * cdim_ * ndim_; }
@@ -73,17 +80,24 @@ class Dp {
                     const long long s = idx(i, ti, tp, adj, rp, g, c, nn);
                     const double base = cost_[size_t(s)];
                     if (base == kInf) continue;
+                    // HBM of the block (i,e) beyond the ring: its backward slots B_j hold the resident
+                    // boundaries, j-i regenerated ones and layer j's working set (B_i also the reload of
+                    // pred(i)); its forward slots F_j hold the GPU boundaries < j, in/out and layer j's
+                    // workspace. Layer i's slots do not depend on e; a larger e adds layer e-1's, so
+                    // stop at the first e that does not fit.
+                    const double room = in_.hbm_cap - in_.ring;
+                    const double resident = in_.A * double(g + off(ti));
+                    if (resident + in_.A * double(off(tp)) + in_.ws_bwd[size_t(i)] > room) continue;
+                    if (in_.A * double(g - (ti == G) + 2) + in_.ws_fwd[size_t(i)] > room) continue;
                     for (int e = i + 1; e <= L_; ++e) {
-                      // Block (i,e) memory: grows with e, so stop at the first e that does not fit.
-                      const double resident = in_.A * double(g + off(ti));
-                      if (resident + in_.A * double(e - 1 - i) + in_.ws_bwd + in_.ring > in_.hbm_cap) break;
-                      if (resident + in_.A * double(off(tp)) + in_.ws_bwd + in_.ring > in_.hbm_cap) break;
+                      const size_t last = size_t(e - 1);
+                      if (e - 1 > i && (resident + in_.A * double(e - 1 - i) + in_.ws_bwd[last] > room ||
+                                        in_.A * double(g + 2) + in_.ws_fwd[last] > room))
+                        break;
                       if (ti == N && !tied_nvme_ok(L_, i, e)) continue;
                       double t = base + trans_cost(i, ti, tp, adj, rp, e);
                       if (e == L_) {
-                        const int gf = g - (i == L_ - 1 && ti == G);
-                        if (in_.A * gf + 2 * in_.A + in_.ws_fwd + in_.ring > in_.hbm_cap) continue;
-                        if (in_.A * double(g + off(ti)) + in_.A + in_.ws_head + in_.ring > in_.hbm_cap) continue;
+                        if (in_.A * double(g + off(ti)) + in_.A + in_.ws_head > room) continue;
                         if (t < best) {
                           best = t;
                           best_state = s;
@@ -106,7 +120,7 @@ class Dp {
                   }
     if (best_state < 0) return res;
     res.feasible = true;
-    res.value = double(in_.micro_batches) * (best + in_.pcie(in_.P + in_.pro_h2d, 0) + in_.pcie(0, in_.G + in_.epi_d2h));
+    res.value = double(in_.micro_batches) * (best + in_.prologue() + in_.epilogue());
     res.tier.assign(size_t(L_ + 1), Tier::None);
     res.tier[size_t(L_)] = Tier::Gpu;
     for (long long s = best_state; s >= 0; s = parent_[size_t(s)]) {
@@ -118,10 +132,6 @@ class Dp {
   }
 
  private:
-  double fh(int j) const { return j < L_ - 1 ? in_.P : in_.P_head; }
-  double bh(int j) const { return j > 0 ? in_.P : 0; }
-  double bd(int j) const { return j == L_ - 1 ? in_.G_head : in_.G; }
-
   long long idx(int i, int ti, int tp, int adj, int rp, int g, int c, int n) const {
     long long k = i;
     k = k * 3 + ti;
@@ -156,12 +166,12 @@ class Dp {
       Extra& x = ex[n++];
       x.slot = slot;
       if (slot < L_) {
-        x = {slot, in_.rho[size_t(slot)], fh(slot), 0, 0, 0};
+        x = {slot, in_.rho[size_t(slot)], in_.h_F(slot), 0, 0, 0};
       } else if (slot == L_) {
-        x = {slot, in_.head_s, in_.P, 0, 0, 0};
+        x = {slot, in_.head_s, in_.h_H(), 0, 0, 0};
       } else {
         const int j = 2 * L_ - slot;
-        x = {slot, in_.beta[size_t(j)], bh(j), bd(j), 0, 0};
+        x = {slot, in_.beta[size_t(j)], in_.h_B(j), in_.d_B(j), 0, 0};
       }
       return x;
     };
@@ -172,7 +182,7 @@ class Dp {
     if (e - i >= 2) {
       Extra& r = get(2 * L_ - (e - 1));
       r.C += prho_[size_t(e - 1)] - prho_[size_t(i)];
-      r.h += double(e - 1 - i) * in_.P;
+      r.h += pP_[size_t(e - 1)] - pP_[size_t(i)];
       if (tp == N) get(2 * L_ - (i + 1)).r += A;
     }
     {
@@ -184,13 +194,13 @@ class Dp {
       Extra& h = get(L_);
       if (off(ti)) h.h += A;
       if (i == L_ - 1 && tp == N) h.r += A;
-      sum += in_.slot_time(in_.head_s, in_.P, 0, 0, 0);  // H standard, replaced below
+      sum += hstd_;  // H standard, replaced below
     }
     for (int k = 0; k < n; ++k) {
       const Extra& x = ex[k];
       double std_t;
       if (x.slot < L_) std_t = fstd_[size_t(x.slot)];
-      else if (x.slot == L_) std_t = in_.slot_time(in_.head_s, in_.P, 0, 0, 0);
+      else if (x.slot == L_) std_t = hstd_;
       else std_t = bstd_[size_t(2 * L_ - x.slot)];
       sum += in_.slot_time(x.C, x.h, x.d, x.r, x.w) - std_t;
     }
@@ -201,7 +211,8 @@ class Dp {
   int L_;
   bool allow_cpu_, allow_nvme_;
   int gmax_ = 0, cdim_ = 1, ndim_ = 1, cmax_ = 0, nmax_ = 0;
-  std::vector<double> fstd_, bstd_, pf_, pb_, prho_;
+  std::vector<double> fstd_, bstd_, pf_, pb_, prho_, pP_;
+  double hstd_ = 0;
   std::vector<double> cost_;
   std::vector<long long> parent_;
 };

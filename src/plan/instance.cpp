@@ -29,6 +29,20 @@ double Instance::R(int s, int e) const {
   return r;
 }
 
+double Instance::R_bytes(int s, int e) const {
+  double b = 0;
+  for (int j = s; j <= e - 2; ++j) b += P[size_t(j)];
+  return b;
+}
+
+double Instance::max_ws_bwd() const { return *std::max_element(ws_bwd.begin(), ws_bwd.end()); }
+
+double Instance::block_floor(int s, int e) const {
+  double m = 0;
+  for (int j = s; j < e; ++j) m = std::max(m, ws_bwd[size_t(j)] + A * double(j - s));
+  return ring + m + A * (1 + (s > 0));
+}
+
 double moment_bytes(int64_t n, bool q8) { return q8 ? 2.0 * double(n) + 2.0 * 4.0 * double((n + 255) / 256) : 8.0 * double(n); }
 
 namespace {
@@ -57,38 +71,28 @@ double model_state_dram(const ModelConfig& c, const std::vector<std::string>& ei
   return bytes + 2.0 * 2.0 * largest_layer;
 }
 
-Instance make_instance(const ModelConfig& c, int64_t batch, int64_t seq, const ResourceProfile& prof,
-                       const InstanceOptions& o) {
-  LT_CHECK(batch >= 1 && seq >= 1, "plan: batch and seq must be >= 1, got {} and {}", batch, seq);
-  LT_CHECK(o.ring >= 2, "plan: ring must be >= 2, got {}", o.ring);
-  const int64_t chunk = o.chunk > 0 ? std::min(o.chunk, batch) : batch;
-  Instance in;
-  in.L = int(c.layers);
-  LT_CHECK(o.micro_batches >= 1, "plan: micro_batches must be >= 1, got {}", o.micro_batches);
-  in.micro_batches = o.micro_batches;
-  auto lt = layer_times(prof, c, batch, seq);
-  in.rho.assign(size_t(in.L), lt.fwd_s);
-  in.beta.assign(size_t(in.L), lt.fwd_s + lt.bwd_s);
-  in.head_s = lt.head_s;
+namespace {
 
-  auto full = layer_cost(c, batch, seq), part = layer_cost(c, chunk, seq);
-  auto lay = model_layout(c);
-  const double layer_params = double(unit_param_count(lay.layer(0)));
-  const double head_params = double(c.vocab * c.hidden + c.hidden);  // LM head matrix (tied: the embedding) + final norm
-  in.A = double(full.boundary_bytes);
-  in.P = 2.0 * layer_params;
-  in.G = 2.0 * layer_params;
-  in.P_head = 2.0 * head_params;
-  in.G_head = 2.0 * head_params;
-  in.pro_h2d = in.A;
-  in.epi_d2h = in.A;
-  in.bh = prof.h2d_bw;
-  in.bd = prof.d2h_bw;
-  in.bb = prof.both_bw;
-  in.bnr = prof.nvme_read_bw;
-  in.bnw = prof.nvme_write_bw;
+// What every layer of one kind shares: times at the whole batch, costs at the whole batch and at the chunk.
+struct KindCosts {
+  LayerTimes times;
+  LayerCost full, part;
+};
 
-  std::set<std::string> q8(o.optimizer_8bit.begin(), o.optimizer_8bit.end());
+std::vector<KindCosts> kind_costs(const ModelConfig& c, int64_t batch, int64_t chunk, int64_t seq,
+                                  const ResourceProfile& prof) {
+  std::vector<KindCosts> k(static_cast<size_t>(kNumLayerKinds));
+  for (int i = 0; i < kNumLayerKinds; ++i) {
+    const auto kind = LayerKind(i);
+    if (c.count(kind) == 0) continue;
+    k[size_t(i)] = {layer_times(prof, c, kind, batch, seq), layer_cost(c, kind, batch, seq), layer_cost(c, kind, chunk, seq)};
+  }
+  return k;
+}
+
+void set_optimizer_times(Instance& in, const ModelConfig& c, const ModelLayout& lay, const ResourceProfile& prof,
+                         const std::vector<std::string>& eight_bit) {
+  std::set<std::string> q8(eight_bit.begin(), eight_bit.end());
   const double r32 = prof.opt_fp32_params_per_s, r8 = prof.opt_8bit_params_per_s;
   for (int j = 0; j < in.L; ++j) in.opt.push_back(unit_opt_time(lay.layer(j), q8, r32, r8));
   if (c.tied) {
@@ -99,11 +103,57 @@ Instance make_instance(const ModelConfig& c, int64_t batch, int64_t seq, const R
     in.opt.push_back(unit_opt_time(lay.head(), q8, r32, r8));
     in.opt.push_back(unit_opt_time(lay.embedding(), q8, r32, r8));
   }
+}
 
+// Per-layer times, bytes and working sets, each from that layer's kind.
+void set_layers(Instance& in, const ModelConfig& c, const ModelLayout& lay, const std::vector<KindCosts>& kc, int ring) {
+  for (int j = 0; j < in.L; ++j) {
+    const auto& k = kc[size_t(c.kind(j))];
+    const double params = double(unit_param_count(lay.layer(j)));
+    in.kind.push_back(c.kind(j));
+    in.rho.push_back(k.times.fwd_s);
+    in.beta.push_back(k.times.fwd_s + k.times.bwd_s);
+    in.P.push_back(2.0 * params);
+    in.G.push_back(2.0 * params);
+    in.ws_fwd.push_back(double(k.part.workspace_bytes));
+  }
+  // The ring's buffers and the two gradient buffers of a backward slot (one being written, one in
+  // its D2H) are reused by every layer, so they must hold the largest layer.
+  const double Pmax = *std::max_element(in.P.begin(), in.P.end()), Gmax = *std::max_element(in.G.begin(), in.G.end());
+  in.ring = double(ring) * Pmax;
+  for (int j = 0; j < in.L; ++j) {
+    const auto& part = kc[size_t(c.kind(j))].part;
+    in.ws_bwd.push_back(double(part.internal_bytes + part.workspace_bytes) + 2.0 * in.A + 2.0 * Gmax);
+  }
+}
+
+}  // namespace
+
+Instance make_instance(const ModelConfig& c, int64_t batch, int64_t seq, const ResourceProfile& prof,
+                       const InstanceOptions& o) {
+  LT_CHECK(batch >= 1 && seq >= 1, "plan: batch and seq must be >= 1, got {} and {}", batch, seq);
+  LT_CHECK(o.ring >= 2, "plan: ring must be >= 2, got {}", o.ring);
+  LT_CHECK(o.micro_batches >= 1, "plan: micro_batches must be >= 1, got {}", o.micro_batches);
+  const int64_t chunk = o.chunk > 0 ? std::min(o.chunk, batch) : batch;
+  Instance in;
+  in.L = int(c.layers);
+  in.micro_batches = o.micro_batches;
+  in.head_s = head_time(prof, c, batch, seq);
+  in.A = double(batch * seq * c.hidden * 2);  // bf16 hidden state, the same for every kind
+  const auto lay = model_layout(c);
+  set_layers(in, c, lay, kind_costs(c, batch, chunk, seq, prof), o.ring);
+  const double head_params = double(c.vocab * c.hidden + c.hidden);  // LM head matrix (tied: the embedding) + final norm
+  in.P_head = 2.0 * head_params;
+  in.G_head = 2.0 * head_params;
+  in.pro_h2d = in.A;
+  in.epi_d2h = in.A;
+  in.bh = prof.h2d_bw;
+  in.bd = prof.d2h_bw;
+  in.bb = prof.both_bw;
+  in.bnr = prof.nvme_read_bw;
+  in.bnw = prof.nvme_write_bw;
+  set_optimizer_times(in, c, lay, prof, o.optimizer_8bit);
   in.hbm_cap = double(prof.hbm_bytes - prof.hbm_reserve);
-  in.ring = double(o.ring) * in.P;
-  in.ws_fwd = double(part.workspace_bytes);
-  in.ws_bwd = double(part.internal_bytes + part.workspace_bytes) + 2.0 * in.A + 2.0 * in.G;
   const int64_t head_chunk = std::min<int64_t>(o.head_chunk_tokens, batch * seq);
   in.ws_head = in.P_head + in.G_head + double(head_chunk_workspace_bytes(c, head_chunk)) + in.A;
   in.ws_pro = in.A;

@@ -24,16 +24,20 @@ namespace lt {
 // with one fp32 absmax per 256 elements for each moment.
 double moment_bytes(int64_t n, bool q8);
 
+// Layers need not be alike (hybrid models mix attention and Gated DeltaNet layers in any order): every
+// per-layer quantity is a vector indexed by layer. Boundaries are alike (A is the hidden state of every
+// kind), so tier capacities are still counts of boundaries.
 struct Instance {
   int L = 0;
   int micro_batches = 1;  // per optimizer step; the optimizer overlaps the first micro-batch only
+  std::vector<LayerKind> kind;  // per layer (empty: all Attention); display only, the costs below carry it
   std::vector<double> rho;   // forward time of layer j
   std::vector<double> beta;  // backward slot base time of layer j: its backward + re-run of its internals
   double head_s = 0;         // head slot compute
   // Bytes.
-  double A = 0;       // one boundary
-  double P = 0;       // one layer's bf16 weights (H2D per use)
-  double G = 0;       // one layer's gradient (D2H per backward)
+  double A = 0;              // one boundary
+  std::vector<double> P;     // layer j's bf16 weights (H2D per use)
+  std::vector<double> G;     // layer j's gradient (D2H per backward)
   double P_head = 0;  // head weights streamed in F_{L-1}
   double G_head = 0;  // head gradient, D2H in B_{L-1}
   double pro_h2d = 0; // prologue H2D besides layer 0's weights (boundary 0 from the CPU embedding)
@@ -44,9 +48,9 @@ struct Instance {
   std::vector<double> opt;
   // GPU memory, bytes. Usable = hbm cap - reserve.
   double hbm_cap = 0;
-  double ring = 0;     // weight ring (k * P)
-  double ws_fwd = 0;   // forward slot transient (layer workspace), besides input and output boundaries
-  double ws_bwd = 0;   // backward slot: internals + workspace + dY/dX + gradient buffers
+  double ring = 0;             // weight ring: k buffers of the largest layer (k * max_j P[j])
+  std::vector<double> ws_fwd;  // forward slot of layer j: transient (workspace), besides input and output boundaries
+  std::vector<double> ws_bwd;  // backward slot of layer j: its internals + workspace + dY/dX + gradient buffers
   double ws_head = 0;  // head slot: head weights + grads + logits chunk + dX
   double ws_pro = 0;   // prologue / epilogue
   // Host memory and NVMe, bytes.
@@ -59,11 +63,27 @@ struct Instance {
   int slot_F(int j) const { return j; }
   int slot_H() const { return L; }
   int slot_B(int j) const { return 2 * L - j; }
+  LayerKind kind_of(int j) const { return kind.empty() ? LayerKind::Attention : kind[size_t(j)]; }
   double pcie(double h, double d) const;
   double slot_time(double C, double h, double d, double r, double w) const;
   // Cumulative optimizer finish times: O(u) = sum of opt[0..u].
   std::vector<double> opt_done() const;
-  double R(int s, int e) const;  // block recompute time
+  double R(int s, int e) const;         // block recompute time: rho[s..e-2]
+  double R_bytes(int s, int e) const;   // weights the block's recompute loads: P[s..e-2]
+  // Mandatory traffic of the slot cost model (docs/planner.md): H2D in F_j (the next layer's weights,
+  // the head's after the last), in H (layer L-1's) and in B_j (layer j-1's); D2H in B_j (layer j+1's
+  // gradient, the head's for j = L-1).
+  double h_F(int j) const { return j < L - 1 ? P[size_t(j + 1)] : P_head; }
+  double h_H() const { return P[size_t(L - 1)]; }
+  double h_B(int j) const { return j > 0 ? P[size_t(j - 1)] : 0; }
+  double d_B(int j) const { return j < L - 1 ? G[size_t(j + 1)] : G_head; }
+  double prologue() const { return pcie(P[0] + pro_h2d, 0); }   // layer 0's weights + boundary 0
+  double epilogue() const { return pcie(0, G[0] + epi_d2h); }   // layer 0's gradient + boundary-0 gradient
+  // Largest per-layer working set: what every plan needs in some slot.
+  double max_ws_bwd() const;
+  // HBM a block (s,e) needs in its backward slots with nothing else resident: boundary 0, its start,
+  // its regenerated inner boundaries and the largest layer working set among them, plus the ring.
+  double block_floor(int s, int e) const;
 };
 
 struct InstanceOptions {

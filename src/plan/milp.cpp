@@ -149,8 +149,7 @@ struct Model {
     for (int s = 0; s < L; ++s)
       for (int e = s + 1; e <= L; ++e) {
         // Prune blocks whose working set cannot fit even with nothing else resident.
-        const double need = in.ring + in.ws_bwd + A * (1 + (s > 0) + (e - 1 - s));
-        if (need > in.hbm_cap) continue;
+        if (in.block_floor(s, e) > in.hbm_cap) continue;
         x[size_t(s)][size_t(e)] = lp.var(0, 1, 0, true, fmt::format("x_{}_{}", s, e));
       }
     const double cpu_room = in.dram_cap - in.dram_fixed;
@@ -269,7 +268,7 @@ struct Model {
     for (int w = 0; w < S; ++w) {
       T[size_t(w)] = lp.var(0, kInf, 0, false, fmt::format("T_{}", w));
       double wait = w < L ? O[size_t(w + 1 <= L - 1 ? w + 1 : L)] : 0;
-      if (w == 0) wait = std::max(wait, O[0] + in.pcie(in.P + in.pro_h2d, 0));
+      if (w == 0) wait = std::max(wait, O[0] + in.prologue());
       st[size_t(w)] = lp.var(wait, kInf, 0, false, fmt::format("st_{}", w));
     }
     end = lp.var(O[size_t(L + 1)], kInf, 1.0, false, "end");
@@ -278,7 +277,7 @@ struct Model {
       lp.row({{st[size_t(w)], 1}, {st[size_t(w - 1)], -1}, {T[size_t(w - 1)], -1}}, 0, kInf);
     {
       // end >= first micro-batch's end + (m-1) * (prologue + sum of slot times + epilogue)
-      const double pro = in.pcie(in.P + in.pro_h2d, 0), epi = in.pcie(0, in.G + in.epi_d2h);
+      const double pro = in.prologue(), epi = in.epilogue();
       const double k = double(in.micro_batches - 1);
       Expr e = {{end, 1}, {st[size_t(S - 1)], -1}, {T[size_t(S - 1)], -1}};
       if (k > 0)
@@ -301,19 +300,19 @@ struct Model {
       }
       if (w < L) {
         Cc = in.rho[size_t(w)];
-        hc = w < L - 1 ? in.P : in.P_head;
+        hc = in.h_F(w);
       } else if (w == L) {
         Cc = in.head_s;
-        hc = in.P;
+        hc = in.h_H();
       } else {
         const int j = 2 * L - w;
         Cc = in.beta[size_t(j)];
-        hc = j > 0 ? in.P : 0;
-        dc = j == L - 1 ? in.G_head : in.G;
+        hc = in.h_B(j);
+        dc = in.d_B(j);
         for (int s = 0; s < j; ++s)
           if (x[size_t(s)][size_t(j + 1)] >= 0) {
             Ce.emplace_back(x[size_t(s)][size_t(j + 1)], in.R(s, j + 1));
-            he.emplace_back(x[size_t(s)][size_t(j + 1)], double(j - s) * in.P);
+            he.emplace_back(x[size_t(s)][size_t(j + 1)], in.R_bytes(s, j + 1));
           }
       }
       const int t = T[size_t(w)];
@@ -341,7 +340,7 @@ struct Model {
           add(m, z(i), A);
           add(m, Dc(i, j - 1), -A);
         }
-        mc += 2 * A + in.ws_fwd;
+        mc += 2 * A + in.ws_fwd[size_t(j)];
       } else if (w == L) {
         for (int i = 1; i < L; ++i) {
           add(m, z(i), A);
@@ -356,7 +355,7 @@ struct Model {
           if (i < L) add(m, Hc(i, w), A);
         }
         if (j >= 1) m.emplace_back(u[size_t(j)], A);
-        mc += in.ws_bwd;
+        mc += in.ws_bwd[size_t(j)];
       }
       lp.label = fmt::format("hbm slot {}", w);
       lp.row(m, -kInf, in.hbm_cap - mc, 1.0 / A);

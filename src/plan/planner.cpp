@@ -228,9 +228,9 @@ PlanOutcome make_plan(const PlanRequest& r) {
       least = double(cd.sim.pred.peak_hbm);
       out.why = cd.why;
     }
-  const double floor_hbm = in.ring + in.ws_bwd + 3 * in.A;
+  const double floor_hbm = in.ring + in.max_ws_bwd() + 3 * in.A;
   if (out.why.empty() || floor_hbm > in.hbm_cap)
-    out.why = fmt::format("does not fit: gpu short by {} (needs {} for the weight ring, one layer's backward and 3 "
+    out.why = fmt::format("does not fit: gpu short by {} (needs {} for the weight ring, the largest layer's backward and 3 "
                           "boundaries at chunk {}, has {})", format_bytes(floor_hbm - in.hbm_cap), format_bytes(floor_hbm),
                           chunk, format_bytes(in.hbm_cap));
   return out;

@@ -31,6 +31,63 @@ int64_t bytes_field(const json& v, const std::string& src, const std::string& k)
   fail("{}: field '{}' must be a byte count (integer or string like \"80GiB\"), got {}", src, k, v.dump());
 }
 
+// The shape fields of a timing's kind: attention heads, or the Gated DeltaNet's linear_* shape.
+std::vector<std::pair<const char*, int64_t LayerTiming::*>> kind_shape_fields(LayerKind k) {
+  if (k == LayerKind::Attention)
+    return {{"heads", &LayerTiming::heads}, {"kv_heads", &LayerTiming::kv_heads}, {"head_dim", &LayerTiming::head_dim}};
+  return {{"linear_k_heads", &LayerTiming::linear_k_heads}, {"linear_v_heads", &LayerTiming::linear_v_heads},
+          {"linear_k_head_dim", &LayerTiming::linear_k_head_dim}, {"linear_v_head_dim", &LayerTiming::linear_v_head_dim}};
+}
+
+json timing_to_json(const LayerTiming& t) {
+  json e = {{"kind", layer_kind_hf_name(t.kind)}, {"hidden", t.hidden}, {"ffn", t.ffn}, {"batch", t.batch},
+            {"seq", t.seq}, {"fwd_s", t.fwd_s}, {"bwd_s", t.bwd_s}};
+  for (auto& [k, f] : kind_shape_fields(t.kind)) e[k] = t.*f;
+  return e;
+}
+
+// Strict: unknown keys are errors; the shape fields of the entry's kind are required, the other
+// kind's are optional (and ignored when matching).
+LayerTiming timing_from_json(const json& e, const std::string& where) {
+  static const std::set<std::string> known = {"kind", "hidden", "ffn", "heads", "kv_heads", "head_dim", "linear_k_heads",
+                                              "linear_v_heads", "linear_k_head_dim", "linear_v_head_dim", "batch", "seq",
+                                              "fwd_s", "bwd_s"};
+  LT_CHECK(e.is_object(), "{}: expected an object", where);
+  for (auto& [k, v] : e.items()) LT_CHECK(known.count(k), "{}: unknown field '{}'", where, k);
+  LayerTiming t;
+  if (e.contains("kind"))
+    LT_CHECK(e["kind"].is_string() && parse_layer_kind(e["kind"].get<std::string>(), &t.kind),
+             "{}: 'kind' must be \"full_attention\" or \"linear_attention\", got {}", where, e["kind"].dump());
+  auto gi = [&](const char* k, int64_t LayerTiming::*f, bool required) {
+    LT_CHECK(!required || e.contains(k), "{}: missing or non-integer '{}'", where, k);
+    if (!e.contains(k)) return;
+    LT_CHECK(e[k].is_number_integer(), "{}: missing or non-integer '{}'", where, k);
+    t.*f = e[k].get<int64_t>();
+  };
+  auto gd = [&](const char* k) {
+    LT_CHECK(e.contains(k) && e[k].is_number() && e[k].get<double>() > 0, "{}: missing or non-positive '{}'", where, k);
+    return e[k].get<double>();
+  };
+  for (LayerKind k : {LayerKind::Attention, LayerKind::GatedDeltaNet})
+    for (auto& [name, f] : kind_shape_fields(k)) gi(name, f, k == t.kind);
+  gi("hidden", &LayerTiming::hidden, true);
+  gi("ffn", &LayerTiming::ffn, true);
+  gi("batch", &LayerTiming::batch, true);
+  gi("seq", &LayerTiming::seq, true);
+  t.fwd_s = gd("fwd_s");
+  t.bwd_s = gd("bwd_s");
+  return t;
+}
+
+// Does a measured timing describe a layer of kind k of model c at sequence length seq?
+bool timing_matches(const LayerTiming& t, const ModelConfig& c, LayerKind k, int64_t seq) {
+  if (t.kind != k || t.hidden != c.hidden || t.ffn != c.ffn || t.seq != seq || t.batch <= 0) return false;
+  if (k == LayerKind::Attention) return t.heads == c.heads && t.kv_heads == c.kv_heads && t.head_dim == c.head_dim;
+  const auto& l = c.linear;
+  return t.linear_k_heads == l.k_heads && t.linear_v_heads == l.v_heads && t.linear_k_head_dim == l.k_head_dim &&
+         t.linear_v_head_dim == l.v_head_dim;
+}
+
 }  // namespace
 
 json profile_to_json(const ResourceProfile& p) {
@@ -54,10 +111,9 @@ json profile_to_json(const ResourceProfile& p) {
   j["opt_fp32_mparams_per_s"] = p.opt_fp32_params_per_s / kM;
   j["opt_8bit_mparams_per_s"] = p.opt_8bit_params_per_s / kM;
   j["gpu_measured"] = p.gpu_measured;
+  if (p.scan_flops > 0) j["scan_tflops"] = p.scan_flops / kTF;
   json lt = json::array();
-  for (auto& t : p.layer_timings)
-    lt.push_back({{"hidden", t.hidden}, {"ffn", t.ffn}, {"heads", t.heads}, {"kv_heads", t.kv_heads},
-                  {"head_dim", t.head_dim}, {"batch", t.batch}, {"seq", t.seq}, {"fwd_s", t.fwd_s}, {"bwd_s", t.bwd_s}});
+  for (auto& t : p.layer_timings) lt.push_back(timing_to_json(t));
   j["layer_timings"] = lt;
   return j;
 }
@@ -67,7 +123,7 @@ ResourceProfile profile_from_json(const json& j, const std::string& src) {
   static const std::set<std::string> known = {
       "name", "source", "hbm", "hbm_reserve", "dram", "nvme", "nvme_dir", "h2d_gbps", "d2h_gbps", "both_gbps",
       "nvme_read_gbps", "nvme_write_gbps", "host_mem_gbps", "gemm_tflops", "attn_tflops", "peak_tflops",
-      "opt_fp32_mparams_per_s", "opt_8bit_mparams_per_s", "gpu_measured", "layer_timings", "notes"};
+      "opt_fp32_mparams_per_s", "opt_8bit_mparams_per_s", "gpu_measured", "layer_timings", "notes", "scan_tflops"};
   for (auto& [k, v] : j.items()) LT_CHECK(known.count(k), "{}: unknown field '{}'", src, k);
   auto req = [&](const std::string& k) -> const json& {
     LT_CHECK(j.contains(k), "{}: missing field '{}'", src, k);
@@ -113,33 +169,12 @@ ResourceProfile profile_from_json(const json& j, const std::string& src) {
     LT_CHECK(j["gpu_measured"].is_boolean(), "{}: 'gpu_measured' must be a boolean", src);
     p.gpu_measured = j["gpu_measured"].get<bool>();
   }
+  if (j.contains("scan_tflops")) p.scan_flops = num("scan_tflops", kTF);
   if (j.contains("layer_timings")) {
     const json& a = j["layer_timings"];
     LT_CHECK(a.is_array(), "{}: 'layer_timings' must be an array", src);
-    for (size_t i = 0; i < a.size(); ++i) {
-      const json& e = a[i];
-      auto where = fmt::format("{}: layer_timings[{}]", src, i);
-      LT_CHECK(e.is_object(), "{}: expected an object", where);
-      LayerTiming t;
-      auto gi = [&](const char* k) {
-        LT_CHECK(e.contains(k) && e[k].is_number_integer(), "{}: missing or non-integer '{}'", where, k);
-        return e[k].get<int64_t>();
-      };
-      auto gd = [&](const char* k) {
-        LT_CHECK(e.contains(k) && e[k].is_number() && e[k].get<double>() > 0, "{}: missing or non-positive '{}'", where, k);
-        return e[k].get<double>();
-      };
-      t.hidden = gi("hidden");
-      t.ffn = gi("ffn");
-      t.heads = gi("heads");
-      t.kv_heads = gi("kv_heads");
-      t.head_dim = gi("head_dim");
-      t.batch = gi("batch");
-      t.seq = gi("seq");
-      t.fwd_s = gd("fwd_s");
-      t.bwd_s = gd("bwd_s");
-      p.layer_timings.push_back(t);
-    }
+    for (size_t i = 0; i < a.size(); ++i)
+      p.layer_timings.push_back(timing_from_json(a[i], fmt::format("{}: layer_timings[{}]", src, i)));
   }
   return p;
 }
@@ -194,25 +229,50 @@ ResourceProfile resolve_profile(const std::string& s) {
        "set LT_PROFILE_DIR to the folder holding them)", s, s);
 }
 
-LayerTimes layer_times(const ResourceProfile& p, const ModelConfig& c, int64_t batch, int64_t seq) {
-  LayerTimes r;
-  const int64_t tokens = batch * seq;
-  r.head_s = 3.0 * head_flops_fwd(c, tokens) / p.gemm_flops;
-  for (auto& t : p.layer_timings) {
-    if (t.hidden == c.hidden && t.ffn == c.ffn && t.heads == c.heads && t.kv_heads == c.kv_heads &&
-        t.head_dim == c.head_dim && t.seq == seq && t.batch > 0) {
-      // Same layer shape and sequence: time scales with the batch (tokens) at these sizes.
-      double k = double(batch) / double(t.batch);
-      r.fwd_s = t.fwd_s * k;
-      r.bwd_s = t.bwd_s * k;
-      r.measured = true;
-      return r;
-    }
+LayerTiming layer_timing_for(const ModelConfig& c, LayerKind k, int64_t batch, int64_t seq, double fwd_s, double bwd_s) {
+  LayerTiming t;
+  t.kind = k;
+  t.hidden = c.hidden;
+  t.ffn = c.ffn;
+  if (k == LayerKind::Attention) {
+    t.heads = c.heads;
+    t.kv_heads = c.kv_heads;
+    t.head_dim = c.head_dim;
+  } else {
+    t.linear_k_heads = c.linear.k_heads;
+    t.linear_v_heads = c.linear.v_heads;
+    t.linear_k_head_dim = c.linear.k_head_dim;
+    t.linear_v_head_dim = c.linear.v_head_dim;
   }
-  auto lc = layer_cost(c, batch, seq);
-  const double attn = 2.0 * double(batch) * double(seq) * double(seq) * double(c.q_dim());  // causal QK^T + PV
-  const double mm = lc.flops_fwd - attn;
-  r.fwd_s = mm / p.gemm_flops + attn / p.attn_flops;
+  t.batch = batch;
+  t.seq = seq;
+  t.fwd_s = fwd_s;
+  t.bwd_s = bwd_s;
+  return t;
+}
+
+double core_flops_rate(const ResourceProfile& p, LayerKind k) {
+  return k == LayerKind::GatedDeltaNet && p.scan_flops > 0 ? p.scan_flops : p.attn_flops;
+}
+
+double head_time(const ResourceProfile& p, const ModelConfig& c, int64_t batch, int64_t seq) {
+  return 3.0 * head_flops_fwd(c, batch * seq) / p.gemm_flops;
+}
+
+LayerTimes layer_times(const ResourceProfile& p, const ModelConfig& c, LayerKind k, int64_t batch, int64_t seq) {
+  LayerTimes r;
+  for (auto& t : p.layer_timings) {
+    if (!timing_matches(t, c, k, seq)) continue;
+    // Same layer kind, shape and sequence: time scales with the batch (tokens) at these sizes.
+    const double s = double(batch) / double(t.batch);
+    r.fwd_s = t.fwd_s * s;
+    r.bwd_s = t.bwd_s * s;
+    r.measured = true;
+    return r;
+  }
+  const auto lc = layer_cost(c, k, batch, seq);
+  const double core = lc.flops_core_fwd, mm = lc.flops_fwd - core;
+  r.fwd_s = mm / p.gemm_flops + core / core_flops_rate(p, k);
   r.bwd_s = 2.0 * r.fwd_s;
   return r;
 }

@@ -13,13 +13,20 @@
 
 namespace lt {
 
-// Per-layer times measured at one shape (the GPU profiler fills these).
+// Per-layer times measured at one shape (the GPU profiler fills these). A timing is for one layer
+// kind: attention entries match on heads/kv_heads/head_dim, Gated DeltaNet entries on the linear_*
+// shape (JSON "kind": "full_attention" (default, so older profiles load) or "linear_attention").
 struct LayerTiming {
+  LayerKind kind = LayerKind::Attention;
   int64_t hidden = 0, ffn = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  int64_t linear_k_heads = 0, linear_v_heads = 0, linear_k_head_dim = 0, linear_v_head_dim = 0;
   int64_t batch = 0, seq = 0;
   double fwd_s = 0;  // one layer forward
   double bwd_s = 0;  // one layer backward, excluding the re-run of its forward internals
 };
+
+// A timing of a layer of kind k of model c (the shape fields that kind is matched on) at batch x seq.
+LayerTiming layer_timing_for(const ModelConfig& c, LayerKind k, int64_t batch, int64_t seq, double fwd_s, double bwd_s);
 
 struct ResourceProfile {
   std::string name;
@@ -38,6 +45,7 @@ struct ResourceProfile {
   // Compute rates, FLOP/s (achieved, not peak).
   double gemm_flops = 0;  // bf16 dense GEMM
   double attn_flops = 0;  // attention (flash-style) counted as in model accounting
+  double scan_flops = 0;  // Gated DeltaNet core (conv + chunked delta rule); 0: not given, attn_flops is used
   double peak_flops = 0;  // dense bf16 peak, for MFU
   // CPU optimizer throughput, parameters/s (AdamW step incl. bf16 copy write).
   double opt_fp32_params_per_s = 0;
@@ -56,13 +64,18 @@ void save_profile(const ResourceProfile& p, const std::filesystem::path& path);
 ResourceProfile resolve_profile(const std::string& name_or_path);
 std::vector<std::string> profile_preset_names();
 
-// Layer forward/backward time at a shape: a matching measured LayerTiming, else estimated from
-// gemm_flops and attn_flops with the model accounting's FLOP counts.
+// Forward/backward time of one layer of kind k at a shape: a measured LayerTiming of that kind and
+// shape, else estimated from the model accounting's FLOP counts: matmuls at gemm_flops, the mixer
+// core at attn_flops (attention) or scan_flops (Gated DeltaNet; attn_flops when absent).
 struct LayerTimes {
-  double fwd_s = 0, bwd_s = 0, head_s = 0;  // head: final norm + LM head + CE, forward and backward
+  double fwd_s = 0, bwd_s = 0;
   bool measured = false;
 };
-LayerTimes layer_times(const ResourceProfile& p, const ModelConfig& c, int64_t batch, int64_t seq);
+LayerTimes layer_times(const ResourceProfile& p, const ModelConfig& c, LayerKind k, int64_t batch, int64_t seq);
+// Final norm + LM head + cross-entropy, forward and backward.
+double head_time(const ResourceProfile& p, const ModelConfig& c, int64_t batch, int64_t seq);
+// Achieved rate of a kind's mixer core (attn_flops, or scan_flops with attn_flops as the fallback).
+double core_flops_rate(const ResourceProfile& p, LayerKind k);
 
 // ---- measurement
 // GPU hook: the CUDA backend registers a function that fills hbm_bytes, h2d/d2h/both bandwidths,

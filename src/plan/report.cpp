@@ -10,6 +10,8 @@ namespace lt {
 
 namespace {
 
+constexpr const char* kDeltaNetColor = "#d4a017";  // GPU compute of a Gated DeltaNet layer (attention: the lane's blue)
+
 std::string ms(double s) { return fmt::format("{:.1f}", s * 1e3); }
 
 std::string tier_list(const Plan& p, Tier t) {
@@ -33,6 +35,38 @@ std::string xml_escape(const std::string& s) {
   return o;
 }
 
+// One line per layer kind: count, parameters and bf16 bytes of one layer, forward/backward time.
+std::string kind_summary(const PlanRequest& r, const Instance& in) {
+  std::string s = "layers:";
+  for (int k = 0; k < kNumLayerKinds; ++k)
+    if (r.model.count(LayerKind(k)) > 0)
+      s += fmt::format(" {} {}", r.model.count(LayerKind(k)), layer_kind_short_name(LayerKind(k)));
+  s += "\n";
+  for (int k = 0; k < kNumLayerKinds; ++k) {
+    const auto kind = LayerKind(k);
+    if (r.model.count(kind) == 0) continue;
+    int j = 0;
+    while (in.kind_of(j) != kind) ++j;
+    const auto t = layer_times(r.profile, r.model, kind, r.batch, r.seq);
+    s += fmt::format("  {:<9} x{:<3} {:.1f}M params each ({} bf16), fwd {} ms, bwd {} ms per layer ({})\n",
+                     layer_kind_short_name(kind), r.model.count(kind), in.P[size_t(j)] / 2e6, format_bytes(in.P[size_t(j)]),
+                     ms(in.rho[size_t(j)]), ms(in.beta[size_t(j)] - in.rho[size_t(j)]), t.measured ? "measured" : "estimated");
+  }
+  return s;
+}
+
+// Per layer (models mixing kinds): kind, tier of its input boundary, its block, forward and backward time, weights.
+std::string layer_table(const Instance& in, const Plan& p) {
+  std::string s = fmt::format("\n  {:>5}  {:<9} {:<5} {:<9} {:>9} {:>9} {:>11}\n", "layer", "kind", "input", "block",
+                              "fwd ms", "bwd ms", "weights");
+  for (const auto& b : p.blocks)
+    for (int j = b.start; j < b.end; ++j)
+      s += fmt::format("  {:>5}  {:<9} {:<5} {:<9} {:>9} {:>9} {:>11}\n", j, layer_kind_short_name(in.kind_of(j)),
+                       tier_name(p.tier[size_t(j)]), fmt::format("({},{})", b.start, b.end), ms(in.rho[size_t(j)]),
+                       ms(in.beta[size_t(j)] - in.rho[size_t(j)]), format_bytes(in.P[size_t(j)]));
+  return s;
+}
+
 }  // namespace
 
 std::string plan_report(const PlanRequest& r, const PlanOutcome& o) {
@@ -41,9 +75,10 @@ std::string plan_report(const PlanRequest& r, const PlanOutcome& o) {
   s += fmt::format("model {} ({} layers, hidden {}), batch {} x seq {} x {} micro-batches = {} tokens/step, profile {}\n",
                    r.model.name, r.model.layers, r.model.hidden, r.batch, r.seq, r.micro_batches,
                    r.batch * r.seq * r.micro_batches, r.profile.name);
-  s += fmt::format("caps: gpu {} (usable {}), dram {}, nvme {}; boundary {}, layer weights {} (bf16)\n",
+  s += fmt::format("caps: gpu {} (usable {}), dram {}, nvme {}; boundary {}, weight ring {} (largest layer x {})\n",
                    format_bytes(double(r.profile.hbm_bytes)), format_bytes(in.hbm_cap), format_bytes(in.dram_cap),
-                   format_bytes(in.nvme_cap), format_bytes(in.A), format_bytes(in.P));
+                   format_bytes(in.nvme_cap), format_bytes(in.A), format_bytes(in.ring), r.ring);
+  s += kind_summary(r, in);
   s += fmt::format("optimizer {}: {} tensors ({:.2f}B params) with 8-bit moments; model state in DRAM {}\n", r.optimizer,
                    o.eight_bit_tensors, double(o.eight_bit_params) / 1e9, format_bytes(in.dram_fixed));
   if (o.dp) s += fmt::format("dp: {} in {:.3f} s ({} states)\n", o.dp->feasible ? "feasible" : "infeasible", o.dp->solve_s, o.dp->states);
@@ -78,6 +113,7 @@ std::string plan_report(const PlanRequest& r, const PlanOutcome& o) {
   s += fmt::format("  peaks: gpu {} of {}, dram {} of {}, nvme {} of {}\n", format_bytes(double(q.peak_hbm)),
                    format_bytes(in.hbm_cap), format_bytes(double(q.peak_dram)), format_bytes(in.dram_cap),
                    format_bytes(double(q.nvme_bytes)), format_bytes(in.nvme_cap));
+  if (r.model.hybrid()) s += layer_table(in, p);
   s += "\ncandidates (same simulator):\n";
   s += fmt::format("  {:<14} {:>10} {:>8} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11}  {}\n", "planner", "step ms", "TFLOPS",
                    "recompute", "exp h2d", "exp d2h", "exp nvme", "exp opt", "peak gpu", "checkpoints g/c/n");
@@ -120,7 +156,7 @@ std::string timeline_svg(const SimResult& sim, const std::string& title) {
   for (auto& o : sim.ops) {
     const double y = top + int(o.lane) * lane_h + 4;
     const double x = left + o.t0 * k, w = std::max(0.5, (o.t1 - o.t0) * k);
-    const std::string fill = o.exposed ? "#e45756" : colors[int(o.lane)];
+    const std::string fill = o.exposed ? "#e45756" : o.kind == int(LayerKind::GatedDeltaNet) ? kDeltaNetColor : colors[int(o.lane)];
     s += fmt::format("<rect x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{:.1f}\" fill=\"{}\" stroke=\"white\" "
                      "stroke-width=\"0.3\"><title>{} {:.2f}-{:.2f} ms</title></rect>\n",
                      x, y, w, lane_h - 8, fill, xml_escape(o.label), o.t0 * 1e3, o.t1 * 1e3);
@@ -135,6 +171,10 @@ std::string timeline_svg(const SimResult& sim, const std::string& title) {
   }
   s += fmt::format("<text x=\"{}\" y=\"{}\" fill=\"#e45756\">red: GPU idle (exposed transfer or optimizer wait)</text>\n",
                    left, yb + 20);
+  if (std::any_of(sim.ops.begin(), sim.ops.end(), [](const SimOp& o) { return o.kind == int(LayerKind::GatedDeltaNet); }))
+    s += fmt::format("<text x=\"{}\" y=\"{}\">GPU compute: <tspan fill=\"{}\">blue: attention layer (A)</tspan>, "
+                     "<tspan fill=\"{}\">gold: Gated DeltaNet layer (D)</tspan></text>\n",
+                     left + 420, yb + 20, colors[0], kDeltaNetColor);
   s += "</svg>\n";
   return s;
 }

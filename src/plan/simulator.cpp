@@ -60,22 +60,22 @@ std::vector<SlotTraffic> plan_slot_traffic(const Instance& in, const Plan& p) {
   for (int j = 0; j < L; ++j) {
     auto& f = s[size_t(in.slot_F(j))];
     f.C = in.rho[size_t(j)];
-    f.h = j < L - 1 ? in.P : in.P_head;
+    f.h = in.h_F(j);
   }
   auto& hd = s[size_t(in.slot_H())];
   hd.C = in.head_s;
-  hd.h = in.P;
+  hd.h = in.h_H();
   for (auto& b : blocks_from_tiers(p.tier)) {
     for (int j = b.start; j < b.end; ++j) {
       auto& x = s[size_t(in.slot_B(j))];
       x.C = in.beta[size_t(j)];
-      x.h = j > 0 ? in.P : 0;
-      x.d = j == L - 1 ? in.G_head : in.G;
+      x.h = in.h_B(j);
+      x.d = in.d_B(j);
     }
     auto& first = s[size_t(in.slot_B(b.end - 1))];
     first.recompute = in.R(b.start, b.end);
     first.C += first.recompute;
-    first.h += double(b.end - 1 - b.start) * in.P;
+    first.h += in.R_bytes(b.start, b.end);
   }
   auto ws = window_slots(in, p);
   auto add = [&](const std::vector<Share>& v, double SlotTraffic::*lane) {
@@ -90,6 +90,17 @@ std::vector<SlotTraffic> plan_slot_traffic(const Instance& in, const Plan& p) {
   return s;
 }
 
+std::string slot_name(const Instance& in, int w) {
+  const int L = in.L;
+  if (w == L) return "H";
+  const int j = w < L ? w : 2 * L - w;
+  std::string n = fmt::format("{}{}", w < L ? 'F' : 'B', j);
+  // Mixed kinds: the layer's kind as a letter (A attention, D DeltaNet).
+  const bool mixed = std::any_of(in.kind.begin(), in.kind.end(), [&](LayerKind k) { return k != in.kind.front(); });
+  if (mixed) n += in.kind_of(j) == LayerKind::Attention ? " A" : " D";
+  return n;
+}
+
 SimResult simulate(const Instance& in, const Plan& p, bool record_ops) {
   validate_plan(p);
   SimResult R;
@@ -100,8 +111,8 @@ SimResult simulate(const Instance& in, const Plan& p, bool record_ops) {
   // ---- time
   const auto O = in.opt_done();  // O[j] layer j, O[L] head, O[L+1] embedding
   auto& pr = R.pred;
-  auto op = [&](SimLane l, double a, double b, std::string lab, bool ex = false) {
-    if (record_ops && b > a) R.ops.push_back({l, a, b, std::move(lab), ex});
+  auto op = [&](SimLane l, double a, double b, std::string lab, bool ex = false, int kind = -1) {
+    if (record_ops && b > a) R.ops.push_back({l, a, b, std::move(lab), ex, kind});
   };
   if (record_ops) {
     double t = 0;
@@ -112,7 +123,7 @@ SimResult simulate(const Instance& in, const Plan& p, bool record_ops) {
     }
   }
   double t = O[0];
-  const double pro = in.pcie(in.P + in.pro_h2d, 0);
+  const double pro = in.prologue();
   op(SimLane::H2D, t, t + pro, "layer 0 + boundary 0");
   op(SimLane::Compute, 0, t + pro, "wait (optimizer, prologue)", true);
   pr.exposed_optimizer_s += O[0];
@@ -145,9 +156,9 @@ SimResult simulate(const Instance& in, const Plan& p, bool record_ops) {
     pr.compute_s += x.C - x.recompute;
     pr.recompute_s += x.recompute;
     if (record_ops) {
-      std::string name = w < L ? fmt::format("F{}", w) : (w == L ? "H" : fmt::format("B{}", 2 * L - w));
+      std::string name = slot_name(in, w);
       if (x.recompute > 0) name += "+R";
-      op(SimLane::Compute, start, start + x.C, name);
+      op(SimLane::Compute, start, start + x.C, name, false, w == L ? -1 : int(in.kind_of(w < L ? w : 2 * L - w)));
       op(SimLane::Compute, start + x.C, start + T, name + " stall", true);
       op(SimLane::H2D, start, start + (x.h > 0 ? tp : 0), name);
       op(SimLane::D2H, start, start + (x.d > 0 ? tp : 0), name);
@@ -157,7 +168,7 @@ SimResult simulate(const Instance& in, const Plan& p, bool record_ops) {
     t = start + T;
     t_no_opt += T;
   }
-  const double epi = in.pcie(0, in.G + in.epi_d2h);
+  const double epi = in.epilogue();
   op(SimLane::D2H, t, t + epi, "layer 0 grad + boundary-0 grad");
   op(SimLane::Compute, t, t + epi, "epilogue", true);
   pr.exposed_d2h_s += epi;
@@ -247,14 +258,14 @@ SimResult simulate(const Instance& in, const Plan& p, bool record_ops) {
     if (w < L) {
       const int j = w;
       for (int i = 0; i < j; ++i) m += in.A * present(i, w);
-      m += 2 * in.A + in.ws_fwd;
+      m += 2 * in.A + in.ws_fwd[size_t(j)];
     } else if (w == L) {
       for (int i = 0; i < L; ++i) m += in.A * present(i, w);
       m += in.A + in.ws_head;
     } else {
       const int j = 2 * L - w, s = bo.start[size_t(j)];
       for (int i = 0; i <= s; ++i) m += in.A * present(i, w);
-      m += in.A * double(j - s) + in.ws_bwd;
+      m += in.A * double(j - s) + in.ws_bwd[size_t(j)];
     }
     R.slot_hbm[size_t(w)] = m;
     peak = std::max(peak, m);

@@ -21,6 +21,7 @@ struct SimOp {
   double t0 = 0, t1 = 0;
   std::string label;
   bool exposed = false;  // compute lane: time the GPU waited
+  int kind = -1;         // compute lane: LayerKind of the slot's layer (-1: not a layer slot)
 };
 
 struct SlotTraffic {
@@ -40,6 +41,8 @@ struct SimResult {
 
 // Per-slot traffic of a plan (compute, mandatory and checkpoint bytes).
 std::vector<SlotTraffic> plan_slot_traffic(const Instance& in, const Plan& p);
+// Display name of slot w: "F3", "H", "B3" (with " A" / " D" for the layer kind when kinds are mixed).
+std::string slot_name(const Instance& in, int w);
 // Slot of each plan window (plan_windows order).
 std::vector<int> window_slots(const Instance& in, const Plan& p);
 

@@ -2,7 +2,6 @@
 
 #include <cmath>
 
-#include "core/error.h"
 #include "plan/dp.h"
 #include "plan/simulator.h"
 #include "plan_test_util.h"
@@ -10,41 +9,47 @@
 namespace lt {
 namespace {
 
-// Brute force over every path x tier assignment with tied windows; the DP must find the optimum of
-// that space, and its value must equal the simulator's step time without optimizer waits.
+// The DP must find the optimum of the tied space (brute force over every path x tier assignment),
+// and its value must equal the simulator's step time without optimizer waits. Returns feasibility.
+bool expect_dp_optimal(const Instance& in, int rep) {
+  const auto bf = test::best_tied_plan(in, true);
+  auto dp = solve_dp(in);
+  EXPECT_EQ(dp.feasible, std::isfinite(bf.best)) << "rep " << rep;
+  if (!dp.feasible || !std::isfinite(bf.best)) return false;
+  EXPECT_NEAR(dp.value, bf.best, 1e-9 * bf.best) << "rep " << rep << " L " << in.L;
+  auto r = simulate(in, test::plan_for(in, dp.tier));
+  EXPECT_TRUE(r.fits) << r.violation;
+  EXPECT_NEAR(r.step_no_opt_s, dp.value, 1e-9 * dp.value) << "rep " << rep;
+  return true;
+}
+
 TEST(PlanDp, OptimalInTiedSpaceVsBruteForce) {
   std::mt19937 rng(7);
+  int feasible = 0;
+  for (int rep = 0; rep < 56; ++rep) feasible += expect_dp_optimal(test::random_instance(rng, 2 + rep % 7, false), rep);
+  EXPECT_GE(feasible, 20);
+}
+
+// Unlike layers (attention / DeltaNet weights, times and working sets), in Qwen3.5's 3:1 pattern
+// and in random orders: the per-layer memory checks and transfer sizes must match the simulator's.
+TEST(PlanDp, OptimalOnHybridLayersVsBruteForce) {
+  std::mt19937 rng(17);
   int feasible = 0;
   for (int rep = 0; rep < 56; ++rep) {
     const int L = 2 + rep % 7;  // 2..8
     Instance in = test::random_instance(rng, L, false);
-    double best = INFINITY;
-    test::for_all_tiers(L, [&](const std::vector<Tier>& t) {
-      if (!in.allow_nvme)
-        for (auto x : t)
-          if (x == Tier::Nvme) return;
-      Plan p;
-      try {
-        p = test::plan_for(in, t);
-      } catch (const Error&) {
-        return;  // nvme boundary without a write window
-      }
-      auto r = simulate(in, p);
-      if (r.fits && r.step_no_opt_s < best) {
-        best = r.step_no_opt_s;
-        if (getenv("DBG")) fprintf(stderr, "best %s %g peak %ld cap %g dram %g/%g\n", describe_tiers(p).c_str(), best, (long)r.pred.peak_hbm, in.hbm_cap, r.dram, in.dram_cap);
-      }
-    });
-    auto dp = solve_dp(in);
-    ASSERT_EQ(dp.feasible, std::isfinite(best)) << "rep " << rep;
-    if (!dp.feasible) continue;
-    ++feasible;
-    EXPECT_NEAR(dp.value, best, 1e-9 * best) << "rep " << rep << " L " << L;
-    auto r = simulate(in, test::plan_for(in, dp.tier));
-    EXPECT_TRUE(r.fits) << r.violation;
-    EXPECT_NEAR(r.step_no_opt_s, dp.value, 1e-9 * dp.value) << "rep " << rep;
+    test::make_hybrid(in, rng, test::test_kinds(rng, L, rep % 3 != 0));
+    feasible += expect_dp_optimal(in, rep);
   }
   EXPECT_GE(feasible, 20);
+}
+
+// A real hybrid shape (tiny-qwen35's kinds in random orders, costs from the model accounting).
+TEST(PlanDp, OptimalOnRealHybridShapesVsBruteForce) {
+  std::mt19937 rng(29);
+  int feasible = 0;
+  for (int rep = 0; rep < 28; ++rep) feasible += expect_dp_optimal(test::tiny_hybrid_instance(rng, 2 + rep % 6), rep);
+  EXPECT_GE(feasible, 14);
 }
 
 }  // namespace

@@ -14,8 +14,8 @@ Instance tiny() {
   in.beta = {3.0, 3.0};
   in.head_s = 2.0;
   in.A = 10;
-  in.P = 20;
-  in.G = 20;
+  in.P = {20, 20};
+  in.G = {20, 20};
   in.P_head = 40;
   in.G_head = 40;
   in.pro_h2d = 10;
@@ -27,8 +27,8 @@ Instance tiny() {
   in.bnw = 5;
   in.opt = {0, 0, 0, 0};
   in.ring = 40;
-  in.ws_fwd = 1;
-  in.ws_bwd = 2;
+  in.ws_fwd = {1, 1};
+  in.ws_bwd = {2, 2};
   in.ws_head = 3;
   in.ws_pro = 10;
   in.hbm_cap = 1000;
@@ -82,6 +82,39 @@ TEST(PlanSimulator, SlotRulesByHand) {
   in.micro_batches = 2;
   auto m = simulate(in, test::plan_for(in, {Tier::Gpu, Tier::Gpu, Tier::Gpu}));
   EXPECT_DOUBLE_EQ(m.pred.step_s, 2 * r.pred.step_s);
+}
+
+// Unlike layers: layer 1 is larger (weights 30, workspaces 5 / 7) than layer 0 (20, 1 / 2). Each
+// slot streams the weights of the layer it prefetches, D2Hs the gradient of the layer before it, and
+// counts its own layer's workspace; the ring holds two of the largest layer.
+TEST(PlanSimulator, UnlikeLayersByHand) {
+  Instance in = tiny();
+  in.kind = {LayerKind::GatedDeltaNet, LayerKind::Attention};
+  in.P = {20, 30};
+  in.G = {20, 30};
+  in.ws_fwd = {1, 5};
+  in.ws_bwd = {2, 7};
+  in.ring = 60;
+  auto r = simulate(in, test::plan_for(in, {Tier::Gpu, Tier::Gpu, Tier::Gpu}), true);
+  // prologue (P0 + A) / 10 = 3; F0: h = P1 = 30: 3; F1: h = P_head: 4; H: h = P1 = 30: 3;
+  // B1: h = P0 = 20, d = G_head = 40: max(3, 2, 4, 60/15) = 4; B0: d = G1 = 30: 3; epilogue (G0 + A) / 10 = 3.
+  EXPECT_DOUBLE_EQ(r.pred.step_s, 3 + 3 + 4 + 3 + 4 + 3 + 3);
+  // HBM: F0 60 + 20 + 1 = 81; F1 60 + 10 + 20 + 5 = 95 (peak); H 60 + 20 + 10 + 3 = 93; B1 60 + 20 + 7; B0 60 + 10 + 2.
+  EXPECT_EQ(r.pred.peak_hbm, 95);
+  EXPECT_DOUBLE_EQ(r.slot_hbm[size_t(in.slot_B(1))], 87);
+  EXPECT_DOUBLE_EQ(r.slot_hbm[size_t(in.slot_B(0))], 72);
+  // Compute ops carry their layer's kind (the SVG colours them); slot names carry a letter.
+  EXPECT_EQ(slot_name(in, in.slot_F(0)), "F0 D");
+  EXPECT_EQ(slot_name(in, in.slot_B(1)), "B1 A");
+  int deltanet_ops = 0;
+  for (auto& o : r.ops) deltanet_ops += o.kind == int(LayerKind::GatedDeltaNet);
+  EXPECT_EQ(deltanet_ops, 2);  // F0 and B0
+
+  // Recompute block (0,2): B1 re-runs layer 0 (rho 1) and loads its weights P0 = 20 besides its own 20.
+  auto b = simulate(in, test::plan_for(in, {Tier::Gpu, Tier::None, Tier::Gpu}));
+  // B1: C = 4, h = 40, d = 40: max(4, 4, 4, 80/15)
+  EXPECT_NEAR(b.pred.step_s, 3 + 3 + 4 + 3 + 80.0 / 15 + 3 + 3, 1e-12);
+  EXPECT_DOUBLE_EQ(b.slot_hbm[size_t(in.slot_B(1))], 60 + 10 + 10 + 7);  // boundary 0, regenerated 1, layer 1's set
 }
 
 TEST(PlanSimulator, ReportsShortestResource) {
