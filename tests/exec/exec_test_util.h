@@ -42,6 +42,15 @@ inline ModelConfig tiny_config(Arch arch = Arch::Qwen2, int64_t layers = 5, bool
   c.qk_norm = arch == Arch::Qwen3;
   c.rms_eps = 1e-6;
   c.rope_theta = 10000;
+  if (arch == Arch::Qwen3_5) {  // hybrid: Gated DeltaNet and gated attention layers, not in a 3:1 order
+    c.qk_norm = true;
+    c.attn_output_gate = true;
+    c.norm_plus_one = true;
+    c.partial_rotary = 0.5;
+    c.linear = LinearAttnConfig{2, 4, 8, 6, 3};
+    for (int64_t i = 0; i < layers; ++i)
+      c.layer_kinds.push_back(i % 3 == 1 ? LayerKind::Attention : LayerKind::GatedDeltaNet);
+  }
   return c;
 }
 

@@ -57,7 +57,7 @@ void expect_bit_identical(const Outcome& a, const Outcome& b, const std::string&
 
 TEST(ExecInvariance, KeepAllMatchesReferenceModel) {
   omp_set_num_threads(1);  // the reference runs here, with the executor's thread count (cpu_opts)
-  for (auto arch : {Arch::Qwen2, Arch::Qwen3, Arch::Llama}) {
+  for (auto arch : {Arch::Qwen2, Arch::Qwen3, Arch::Llama, Arch::Qwen3_5}) {
     for (bool tied : {false, true}) {
       auto c = test::tiny_config(arch, 4, tied);
       auto b = test::random_batch(c, 3, 8, 11, arch == Arch::Llama);
@@ -93,11 +93,11 @@ TEST(ExecInvariance, RandomPlansBitIdentical) {
   std::mt19937_64 rng(env_seed ? std::strtoull(env_seed, nullptr, 10) : 1234);
   auto dir = test::temp_dir("inv");
   int n_plans = 0;
-  for (auto arch : {Arch::Qwen2, Arch::Qwen3}) {
+  for (auto arch : {Arch::Qwen2, Arch::Qwen3, Arch::Qwen3_5}) {
     for (bool tied : {false, true}) {
       auto c = test::tiny_config(arch, 6, tied);
       const int64_t B = 4, S = 8;
-      auto b = test::random_batch(c, B, S, 21 + uint64_t(tied), arch == Arch::Qwen3);
+      auto b = test::random_batch(c, B, S, 21 + uint64_t(tied), arch != Arch::Qwen2);
       Outcome base = run_plan(c, ExecPlan::keep_all(c.layers, B, S), {b}, 7, {});
       for (int k = 0; k < per_model; ++k) {
         ExecPlan p = test::random_plan(c.layers, B, S, rng);
@@ -108,7 +108,7 @@ TEST(ExecInvariance, RandomPlansBitIdentical) {
       }
     }
   }
-  EXPECT_EQ(n_plans, 4 * per_model);
+  EXPECT_EQ(n_plans, 6 * per_model);
   std::filesystem::remove_all(dir);
 }
 

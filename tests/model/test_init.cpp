@@ -60,7 +60,8 @@ TEST(Weights, FindByName) {
   ASSERT_TRUE(p);
   EXPECT_EQ(p->shape, (std::vector<int64_t>{64, 128}));
   EXPECT_EQ(w.find("lm_head.weight").first, 3);
-  EXPECT_EQ(w.find("embed_tokens.weight").first, 0);
+  EXPECT_EQ(w.find("model.embed_tokens.weight").first, 0);
+  EXPECT_EQ(w.find("embed_tokens.weight").second, nullptr);  // full HF names only
   EXPECT_EQ(w.find("model.layers.2.mlp.down_proj.weight").second, nullptr);
   EXPECT_EQ(w.find("model.layers.x.mlp.down_proj.weight").second, nullptr);
   EXPECT_EQ(w.find("model.layers.0.self_attn.q_proj.bias").second, nullptr);  // llama: no bias
