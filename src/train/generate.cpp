@@ -4,6 +4,7 @@
 #include <cmath>
 #include <functional>
 
+#include "backend/cpu/mixer_ref.h"
 #include "backend/cpu/ops.h"
 #include "core/error.h"
 #include "core/timer.h"
@@ -11,64 +12,38 @@
 namespace lt::train {
 namespace {
 
-// Per-sequence KV cache: for each layer, k and v rows [capacity, kv_dim].
+// Per-sequence decoding state: one cache per layer (KV rows, or conv window + recurrent state).
 struct SeqCache {
-  std::vector<std::vector<float>> k, v;
+  std::vector<cpu::MixerCache> layers;
   int64_t len = 0;
 };
 
+// Greedy decoding on the CPU reference: each layer's mixer is its kind's (backend/cpu/mixer_ref.h), the
+// norms, residuals and MLP are shared here.
 struct Decoder {
   const ModelWeightsView& w;
   const ModelConfig& c;
-  std::vector<float> inv_freq;
 
-  explicit Decoder(const ModelWeightsView& wv) : w(wv), c(*wv.cfg) { inv_freq = cpu::rope_inv_freq(c); }
+  explicit Decoder(const ModelWeightsView& wv) : w(wv), c(*wv.cfg) {}
 
-  const float* p(int64_t unit, const UnitLayout& lay, const char* suffix) const {
-    return w.units[size_t(unit)] + lay.find(suffix).offset;
+  const float* unit(int64_t layer) const { return w.units[size_t(layer + 1)]; }
+  const float* p(int64_t layer, const char* suffix) const {
+    return unit(layer) + w.layout->layer(layer).find(suffix).offset;
   }
-  const float* p_opt(int64_t unit, const UnitLayout& lay, const char* suffix) const {
-    const ParamInfo* pi = lay.try_find(suffix);
-    return pi ? w.units[size_t(unit)] + pi->offset : nullptr;
+  void norm(int64_t layer, const char* suffix, const float* x, int64_t n, float* y) const {
+    const cpu::NormScale s(p(layer, suffix), c.hidden, c.norm_plus_one);
+    cpu::rmsnorm_fwd(x, s.get(), n, c.hidden, float(c.rms_eps), y);
   }
-
-  // attn(q, k, v, out): q [n, q_dim], k/v [n, kv_dim] after norm + RoPE; writes out [n, q_dim].
-  using AttnFn = std::function<void(const float*, const float*, const float*, float*)>;
-
-  // x [n, hidden] is updated in place through decoder layer `layer`.
-  void layer(int64_t layer, float* x, int64_t n, const int32_t* pos, const AttnFn& attn) const {
-    const int64_t unit = layer + 1;
-    const UnitLayout& lay = w.layout->layer(layer);
-    const int64_t h = c.hidden, qd = c.q_dim(), kvd = c.kv_dim(), f = c.ffn, D = c.head_dim;
-    const float eps = float(c.rms_eps);
-    std::vector<float> xn(size_t(n * h)), q(size_t(n * qd)), k(size_t(n * kvd)), v(size_t(n * kvd)),
-        o(size_t(n * qd)), tmp(size_t(n * h));
-    cpu::rmsnorm_fwd(x, p(unit, lay, "input_layernorm.weight"), n, h, eps, xn.data());
-    cpu::linear_fwd(xn.data(), p(unit, lay, "self_attn.q_proj.weight"), p_opt(unit, lay, "self_attn.q_proj.bias"), n,
-                    h, qd, q.data());
-    cpu::linear_fwd(xn.data(), p(unit, lay, "self_attn.k_proj.weight"), p_opt(unit, lay, "self_attn.k_proj.bias"), n,
-                    h, kvd, k.data());
-    cpu::linear_fwd(xn.data(), p(unit, lay, "self_attn.v_proj.weight"), p_opt(unit, lay, "self_attn.v_proj.bias"), n,
-                    h, kvd, v.data());
-    if (c.qk_norm) {
-      std::vector<float> t(q.size());
-      cpu::qk_norm_fwd(q.data(), p(unit, lay, "self_attn.q_norm.weight"), n, c.heads, D, eps, t.data());
-      q.swap(t);
-      t.assign(k.size(), 0.f);
-      cpu::qk_norm_fwd(k.data(), p(unit, lay, "self_attn.k_norm.weight"), n, c.kv_heads, D, eps, t.data());
-      k.swap(t);
-    }
-    cpu::rope_fwd(q.data(), n, c.heads, D, pos, inv_freq.data());
-    cpu::rope_fwd(k.data(), n, c.kv_heads, D, pos, inv_freq.data());
-    attn(q.data(), k.data(), v.data(), o.data());
-    cpu::linear_fwd(o.data(), p(unit, lay, "self_attn.o_proj.weight"), nullptr, n, qd, h, tmp.data());
-    for (int64_t i = 0; i < n * h; ++i) x[i] += tmp[size_t(i)];
-    cpu::rmsnorm_fwd(x, p(unit, lay, "post_attention_layernorm.weight"), n, h, eps, xn.data());
-    std::vector<float> g(size_t(n * f)), u(size_t(n * f));
-    cpu::linear_fwd(xn.data(), p(unit, lay, "mlp.gate_proj.weight"), nullptr, n, h, f, g.data());
-    cpu::linear_fwd(xn.data(), p(unit, lay, "mlp.up_proj.weight"), nullptr, n, h, f, u.data());
+  // x [n, hidden] += MLP(RMSNorm(x)) of layer `layer`.
+  void mlp(int64_t layer, float* x, int64_t n) const {
+    const int64_t h = c.hidden, f = c.ffn;
+    std::vector<float> xn(static_cast<size_t>(n * h)), g(static_cast<size_t>(n * f)), u(static_cast<size_t>(n * f)),
+        tmp(static_cast<size_t>(n * h));
+    norm(layer, "post_attention_layernorm.weight", x, n, xn.data());
+    cpu::linear_fwd(xn.data(), p(layer, "mlp.gate_proj.weight"), nullptr, n, h, f, g.data());
+    cpu::linear_fwd(xn.data(), p(layer, "mlp.up_proj.weight"), nullptr, n, h, f, u.data());
     cpu::swiglu_fwd(g.data(), u.data(), n, f, g.data());
-    cpu::linear_fwd(g.data(), p(unit, lay, "mlp.down_proj.weight"), nullptr, n, f, h, tmp.data());
+    cpu::linear_fwd(g.data(), p(layer, "mlp.down_proj.weight"), nullptr, n, f, h, tmp.data());
     for (int64_t i = 0; i < n * h; ++i) x[i] += tmp[size_t(i)];
   }
 
@@ -76,9 +51,9 @@ struct Decoder {
   void head(const float* x, int64_t n, float* logits) const {
     const int64_t L = c.layers;
     const UnitLayout& hl = w.layout->head();
-    std::vector<float> xn(size_t(n * c.hidden));
-    cpu::rmsnorm_fwd(x, w.units[size_t(L + 1)] + hl.find("norm.weight").offset, n, c.hidden, float(c.rms_eps),
-                     xn.data());
+    std::vector<float> xn(static_cast<size_t>(n * c.hidden));
+    const cpu::NormScale s(w.units[size_t(L + 1)] + hl.find("norm.weight").offset, c.hidden, c.norm_plus_one);
+    cpu::rmsnorm_fwd(x, s.get(), n, c.hidden, float(c.rms_eps), xn.data());
     const float* lm = c.tied ? w.units[0] + w.layout->embedding().find("embed_tokens.weight").offset
                              : w.units[size_t(L + 1)] + hl.find("lm_head.weight").offset;
     cpu::linear_fwd(xn.data(), lm, nullptr, n, c.hidden, c.vocab, logits);
@@ -89,30 +64,41 @@ struct Decoder {
     cpu::embedding_fwd(emb, c.vocab, c.hidden, ids, n, x);
   }
 
-  cpu::AttnShape shape(int64_t seq) const {
-    return {seq, c.heads, c.kv_heads, c.head_dim, float(1.0 / std::sqrt(double(c.head_dim)))};
-  }
-
   // Runs a whole prompt; fills the cache (capacity rows reserved) and returns the last row's hidden state.
   std::vector<float> prefill(const std::vector<int32_t>& ids, SeqCache& cache, int64_t capacity,
                              std::vector<float>* all_rows = nullptr) const {
-    const int64_t n = int64_t(ids.size()), kvd = c.kv_dim();
-    cache.k.assign(size_t(c.layers), std::vector<float>(size_t(capacity * kvd)));
-    cache.v.assign(size_t(c.layers), std::vector<float>(size_t(capacity * kvd)));
-    std::vector<float> x(size_t(n * c.hidden));
+    const int64_t n = int64_t(ids.size()), H = c.hidden;
+    cache.layers.assign(size_t(c.layers), {});
+    std::vector<float> x(static_cast<size_t>(n * H)), h(x.size()), out(x.size());
     embed(ids.data(), n, x.data());
     std::vector<int32_t> pos(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) pos[size_t(i)] = int32_t(i);
     for (int64_t l = 0; l < c.layers; ++l) {
-      layer(l, x.data(), n, pos.data(), [&](const float* q, const float* k, const float* v, float* out) {
-        std::copy(k, k + n * kvd, cache.k[size_t(l)].begin());
-        std::copy(v, v + n * kvd, cache.v[size_t(l)].begin());
-        cpu::attention_fwd(shape(n), q, k, v, nullptr, out, nullptr);
-      });
+      norm(l, "input_layernorm.weight", x.data(), n, h.data());
+      auto mixer = cpu::make_mixer_ref(c, w.layout->layer(l), unit(l), nullptr, n);
+      mixer->prefill({pos.data(), nullptr}, h.data(), out.data(), cache.layers[size_t(l)], capacity);
+      for (size_t i = 0; i < x.size(); ++i) x[i] += out[i];
+      mlp(l, x.data(), n);
     }
     cache.len = n;
     if (all_rows) *all_rows = x;
-    return std::vector<float>(x.end() - c.hidden, x.end());
+    return std::vector<float>(x.end() - H, x.end());
+  }
+
+  // One new token for each of n sequences: x [n, hidden] holds their embeddings and becomes their last
+  // hidden states.
+  void step(float* x, int64_t n, const std::vector<SeqCache*>& caches) const {
+    const int64_t H = c.hidden;
+    std::vector<float> h(static_cast<size_t>(n * H)), out(h.size());
+    std::vector<cpu::MixerCache*> mc(static_cast<size_t>(n));
+    for (int64_t l = 0; l < c.layers; ++l) {
+      for (int64_t r = 0; r < n; ++r) mc[size_t(r)] = &caches[size_t(r)]->layers[size_t(l)];
+      norm(l, "input_layernorm.weight", x, n, h.data());
+      cpu::mixer_decode_step(c, w.layout->layer(l), unit(l), h.data(), n, out.data(), mc.data());
+      for (int64_t i = 0; i < n * H; ++i) x[i] += out[size_t(i)];
+      mlp(l, x, n);
+    }
+    for (SeqCache* sc : caches) sc->len++;
   }
 };
 
@@ -151,7 +137,7 @@ std::vector<std::vector<int32_t>> greedy_generate(const ModelWeightsView& w,
            w.units.size());
   Decoder d(w);
   std::vector<std::vector<int32_t>> out(prompts.size());
-  const int64_t bs = std::max<int64_t>(1, opt.batch_size), kvd = c.kv_dim(), H = c.hidden, V = c.vocab;
+  const int64_t bs = std::max<int64_t>(1, opt.batch_size), H = c.hidden, V = c.vocab;
   auto is_stop = [&](int32_t t) { return std::find(opt.stop_ids.begin(), opt.stop_ids.end(), t) != opt.stop_ids.end(); };
 
   for (size_t b0 = 0; b0 < prompts.size(); b0 += size_t(bs)) {
@@ -193,25 +179,15 @@ std::vector<std::vector<int32_t>> greedy_generate(const ModelWeightsView& w,
         if (!done[i]) live.push_back(i);
       if (live.empty()) break;
       const int64_t n = int64_t(live.size());
-      std::vector<int32_t> ids(static_cast<size_t>(n)), pos(static_cast<size_t>(n));
+      std::vector<int32_t> ids(static_cast<size_t>(n));
+      std::vector<SeqCache*> live_caches;
       for (int64_t r = 0; r < n; ++r) {
         ids[size_t(r)] = next[live[size_t(r)]];
-        pos[size_t(r)] = int32_t(caches[live[size_t(r)]].len);
+        live_caches.push_back(&caches[live[size_t(r)]]);
       }
       std::vector<float> xr(static_cast<size_t>(n * H));
       d.embed(ids.data(), n, xr.data());
-      for (int64_t l = 0; l < c.layers; ++l) {
-        d.layer(l, xr.data(), n, pos.data(), [&](const float* q, const float* k, const float* v, float* o) {
-          for (int64_t r = 0; r < n; ++r) {
-            SeqCache& sc = caches[live[size_t(r)]];
-            std::copy(k + r * kvd, k + (r + 1) * kvd, sc.k[size_t(l)].begin() + sc.len * kvd);
-            std::copy(v + r * kvd, v + (r + 1) * kvd, sc.v[size_t(l)].begin() + sc.len * kvd);
-            cpu::attention_decode(d.shape(sc.len + 1), q + r * c.q_dim(), sc.k[size_t(l)].data(),
-                                  sc.v[size_t(l)].data(), sc.len + 1, o + r * c.q_dim());
-          }
-        });
-      }
-      for (int64_t r = 0; r < n; ++r) caches[live[size_t(r)]].len++;
+      d.step(xr.data(), n, live_caches);
       d.head(xr.data(), n, logits.data());
       for (int64_t r = 0; r < n; ++r) {
         size_t i = live[size_t(r)];

@@ -1,8 +1,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
+#include <filesystem>
 
 #include "backend/cpu/reference.h"
+#include "io/model_io.h"
+#include "io/safetensors.h"
 #include "model/init.h"
 #include "train/generate.h"
 
@@ -21,7 +25,8 @@ TEST_P(GenerateArch, KvCacheMatchesFullForward) {
   ModelConfig c = preset_config(GetParam());
   ModelWeights m = random_model(c, 1234);
   auto v = view(m);
-  std::vector<std::vector<int32_t>> prompts = {{1, 5, 9, 200}, {7}, {3, 3, 3, 3, 3, 3, 3, 42, 17}};
+  std::vector<std::vector<int32_t>> prompts = {{1, 5, 9, 200}, {7}, {3, 3, 3, 3, 3, 3, 3, 42, 17}, {}};
+  for (int i = 0; i < 100; ++i) prompts.back().push_back(int32_t((i * 37 + 11) % 250));  // spans two delta-rule chunks
   GenerateOptions opt;
   opt.max_new_tokens = 6;
   opt.batch_size = 2;  // two batches: exercises the batching and a partial batch
@@ -80,4 +85,33 @@ TEST(Generate, StopsAtStopToken) {
   EXPECT_EQ(stopped.size(), first + 1);
 }
 
-INSTANTIATE_TEST_SUITE_P(Archs, GenerateArch, ::testing::Values("tiny-qwen2", "tiny-qwen3", "tiny-llama3"));
+INSTANTIATE_TEST_SUITE_P(Archs, GenerateArch,
+                         ::testing::Values("tiny-qwen2", "tiny-qwen3", "tiny-llama3", "tiny-qwen35"));
+
+// Hybrid models: greedy tokens equal HF generate() (cache on: HF's recurrent step and conv update) on
+// the Qwen3.5 fixtures (tools/make_hf_fixtures_qwen35.py).
+class GenerateHf : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(GenerateHf, GreedyTokensEqualHf) {
+  const auto dir = std::filesystem::path(LT_SOURCE_DIR) / "tests" / "fixtures" / "hf" / GetParam();
+  ModelWeights m = load_model(dir);
+  SafetensorsFile fx(dir / "fixture.safetensors");
+  auto ints = [&](const char* name) {
+    const StTensor* t = fx.find(name);
+    EXPECT_NE(t, nullptr) << name;
+    std::vector<int32_t> out(static_cast<size_t>(t ? t->numel() : 0));
+    for (size_t i = 0; i < out.size(); ++i) {
+      int64_t v;
+      std::memcpy(&v, fx.raw(*t) + 8 * i, 8);
+      out[i] = int32_t(v);
+    }
+    return out;
+  };
+  const auto prompt = ints("gen.prompt"), want = ints("gen.tokens");
+  GenerateOptions opt;
+  opt.max_new_tokens = int64_t(want.size());
+  auto got = greedy_generate(view(m), {prompt}, opt)[0];
+  EXPECT_EQ(got, want) << GetParam();
+}
+
+INSTANTIATE_TEST_SUITE_P(Qwen35, GenerateHf, ::testing::Values("qwen35_tied_3to1", "qwen35_untied_odd", "qwen35_hd128"));

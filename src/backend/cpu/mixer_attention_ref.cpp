@@ -1,5 +1,6 @@
 // Causal GQA attention mixer (reference): q/k/v projections (+ bias), QK-norm, (partial) RoPE, attention,
 // the Qwen3.5 sigmoid output gate, o_proj.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -7,10 +8,23 @@
 #include "backend/cpu/mixer_ref.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/scratch.h"
+#include "core/error.h"
 
 namespace lt::cpu {
 
 namespace {
+
+float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
+AttnShape attn_shape(const ModelConfig& c, int64_t S) {
+  AttnShape s;
+  s.seq = S;
+  s.heads = c.heads;
+  s.kv_heads = c.kv_heads;
+  s.head_dim = c.head_dim;
+  s.scale = float(1.0 / std::sqrt(double(c.head_dim)));
+  return s;
+}
 
 class AttentionRef final : public MixerRef {
  public:
@@ -69,6 +83,15 @@ class AttentionRef final : public MixerRef {
     linear_fwd(ag_, wo_, nullptr, S, Q_, H, out);
   }
 
+  void prefill(const SampleGeo& sg, const float* h, float* out, MixerCache& cache, int64_t capacity) override {
+    forward(sg, h, out);
+    cache.k.assign(size_t(capacity * KV_), 0.0f);
+    cache.v.assign(size_t(capacity * KV_), 0.0f);
+    std::copy(k_, k_ + S_ * KV_, cache.k.begin());
+    std::copy(v_, v_ + S_ * KV_, cache.v.begin());
+    cache.len = S_;
+  }
+
   void backward(const SampleGeo& sg, const float* h, const float* dout, float* dh) override {
     const int64_t S = S_, H = c_.hidden, D = c_.head_dim;
     const float eps = float(c_.rms_eps);
@@ -98,16 +121,7 @@ class AttentionRef final : public MixerRef {
   }
 
  private:
-  static float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
-  AttnShape shape() const {
-    AttnShape s;
-    s.seq = S_;
-    s.heads = c_.heads;
-    s.kv_heads = c_.kv_heads;
-    s.head_dim = c_.head_dim;
-    s.scale = float(1.0 / std::sqrt(double(c_.head_dim)));
-    return s;
-  }
+  AttnShape shape() const { return attn_shape(c_, S_); }
   // q_proj's [S, heads, 2D] output -> queries [S, heads*D] and gates [S, heads*D] (HF torch.chunk).
   void split_gate(float* q) const {
     const int64_t D = c_.head_dim;
@@ -141,6 +155,59 @@ class AttentionRef final : public MixerRef {
 std::unique_ptr<MixerRef> make_attention_ref(const ModelConfig& c, const UnitLayout& lay, const float* w, float* dw,
                                              int64_t S) {
   return std::make_unique<AttentionRef>(c, lay, w, dw, S);
+}
+
+void attention_decode_step(const ModelConfig& c, const UnitLayout& lay, const float* w, const float* h, int64_t n,
+                           float* out, MixerCache* const* caches) {
+  const int64_t H = c.hidden, Q = c.q_dim(), KV = c.kv_dim(), D = c.head_dim;
+  const float eps = float(c.rms_eps);
+  auto at = [&](const char* s) { return w + lay.find(s).offset; };
+  auto opt = [&](const char* s) { const ParamInfo* p = lay.try_find(s); return p ? w + p->offset : nullptr; };
+  const int64_t qo = c.attn_output_gate ? 2 * Q : Q;
+  auto vec = [](int64_t m) { return std::vector<float>(static_cast<size_t>(m)); };
+  auto qf = vec(n * qo), q = vec(n * Q), gate = vec(n * Q), k = vec(n * KV), v = vec(n * KV), a = vec(n * Q);
+  linear_fwd(h, at("self_attn.q_proj.weight"), opt("self_attn.q_proj.bias"), n, H, qo, qf.data());
+  linear_fwd(h, at("self_attn.k_proj.weight"), opt("self_attn.k_proj.bias"), n, H, KV, k.data());
+  linear_fwd(h, at("self_attn.v_proj.weight"), opt("self_attn.v_proj.bias"), n, H, KV, v.data());
+  if (c.attn_output_gate) {  // [heads, (q, gate)] -> q, gate
+    for (int64_t r = 0; r < n * c.heads; ++r) {
+      std::copy_n(&qf[size_t(r * 2 * D)], D, &q[size_t(r * D)]);
+      std::copy_n(&qf[size_t(r * 2 * D + D)], D, &gate[size_t(r * D)]);
+    }
+  } else {
+    q.swap(qf);
+  }
+  if (c.qk_norm) {
+    auto t = q;
+    qk_norm_fwd(t.data(), NormScale(at("self_attn.q_norm.weight"), D, c.norm_plus_one).get(), n, c.heads, D, eps,
+                q.data());
+    t = k;
+    qk_norm_fwd(t.data(), NormScale(at("self_attn.k_norm.weight"), D, c.norm_plus_one).get(), n, c.kv_heads, D, eps,
+                k.data());
+  }
+  const auto inv = rope_inv_freq(c);
+  std::vector<int32_t> pos(static_cast<size_t>(n));
+  for (int64_t r = 0; r < n; ++r) pos[size_t(r)] = int32_t(caches[r]->len);
+  rope_fwd(q.data(), n, c.heads, D, pos.data(), inv.data(), c.rotary_dim());
+  rope_fwd(k.data(), n, c.kv_heads, D, pos.data(), inv.data(), c.rotary_dim());
+  for (int64_t r = 0; r < n; ++r) {
+    MixerCache& mc = *caches[r];
+    LT_CHECK(int64_t(mc.k.size()) >= (mc.len + 1) * KV, "decode: KV cache full at {} rows", mc.len);
+    std::copy_n(&k[size_t(r * KV)], KV, mc.k.begin() + mc.len * KV);
+    std::copy_n(&v[size_t(r * KV)], KV, mc.v.begin() + mc.len * KV);
+    attention_decode(attn_shape(c, mc.len + 1), &q[size_t(r * Q)], mc.k.data(), mc.v.data(), mc.len + 1,
+                     &a[size_t(r * Q)]);
+    mc.len += 1;
+  }
+  if (c.attn_output_gate)
+    for (int64_t i = 0; i < n * Q; ++i) a[size_t(i)] *= sigmoid(gate[size_t(i)]);
+  linear_fwd(a.data(), at("self_attn.o_proj.weight"), nullptr, n, Q, H, out);
+}
+
+void mixer_decode_step(const ModelConfig& c, const UnitLayout& lay, const float* w, const float* h, int64_t n,
+                       float* out, MixerCache* const* caches) {
+  if (c.kind(lay.layer) == LayerKind::GatedDeltaNet) return deltanet_decode_step(c, lay, w, h, n, out, caches);
+  attention_decode_step(c, lay, w, h, n, out, caches);
 }
 
 std::unique_ptr<MixerRef> make_mixer_ref(const ModelConfig& c, const UnitLayout& lay, const float* w, float* dw,

@@ -71,6 +71,27 @@ class DeltaNetRef final : public MixerRef {
     linear_fwd(y_, wout_, nullptr, S, VD, H, out);
   }
 
+  void prefill(const SampleGeo& sg, const float* h, float* out, MixerCache& cache, int64_t) override {
+    forward(sg, h, out);
+    const int64_t S = S_, C = l_.conv_dim(), K = l_.conv_kernel;
+    // Conv window: the last K-1 inputs of every channel, oldest first (zeros before the prompt).
+    cache.conv.assign(size_t(C * (K - 1)), 0.0f);
+    for (int64_t j = 0; j < K - 1; ++j) {
+      const int64_t t = S - (K - 1) + j;
+      if (t >= 0)
+        for (int64_t ch = 0; ch < C; ++ch) cache.conv[size_t(ch * (K - 1) + j)] = qkv_[t * C + ch];
+    }
+    // Recurrent state after the prompt: the last chunk's start state, advanced over that chunk's rows.
+    const int64_t per = l_.v_heads * l_.k_head_dim * l_.v_head_dim, n_chunks = gdn_rule_num_chunks(shape_, nullptr);
+    cache.state.assign(states_.begin() + (n_chunks - 1) * per, states_.begin() + n_chunks * per);
+    std::vector<float> o_t(size_t(l_.value_dim()));
+    for (int64_t t = (n_chunks - 1) * kDeltaRuleChunk; t < S; ++t)
+      gdn_rule_step(q_ + t * l_.key_dim(), k_ + t * l_.key_dim(), v_ + t * l_.value_dim(), g_ + t * l_.v_heads,
+                    beta_ + t * l_.v_heads, l_.k_heads, l_.v_heads, l_.k_head_dim, l_.v_head_dim, cache.state.data(),
+                    o_t.data());
+    cache.len = S;
+  }
+
   void backward(const SampleGeo& sg, const float* h, const float* dout, float* dh) override {
     const int64_t S = S_, H = c_.hidden, C = l_.conv_dim(), KD = l_.key_dim(), VD = l_.value_dim();
     const int64_t NV = l_.v_heads;
@@ -126,6 +147,38 @@ class DeltaNetRef final : public MixerRef {
 };
 
 }  // namespace
+
+void deltanet_decode_step(const ModelConfig& c, const UnitLayout& lay, const float* w, const float* h, int64_t n,
+                          float* out, MixerCache* const* caches) {
+  const auto& l = c.linear;
+  const int64_t H = c.hidden, C = l.conv_dim(), KD = l.key_dim(), VD = l.value_dim(), NV = l.v_heads;
+  auto at = [&](const char* s) { return w + lay.find(s).offset; };
+  auto vec = [](int64_t m) { return std::vector<float>(static_cast<size_t>(m)); };
+  auto qkv = vec(n * C), conv = vec(C), z = vec(n * VD), b = vec(n * NV), a = vec(n * NV), q = vec(KD), k = vec(KD),
+       g = vec(n * NV), beta = vec(n * NV), o = vec(n * VD), y = vec(n * VD);
+  linear_fwd(h, at("linear_attn.in_proj_qkv.weight"), nullptr, n, H, C, qkv.data());
+  linear_fwd(h, at("linear_attn.in_proj_z.weight"), nullptr, n, H, VD, z.data());
+  linear_fwd(h, at("linear_attn.in_proj_b.weight"), nullptr, n, H, NV, b.data());
+  linear_fwd(h, at("linear_attn.in_proj_a.weight"), nullptr, n, H, NV, a.data());
+  gdn_gates_fwd(a.data(), b.data(), at("linear_attn.A_log"), at("linear_attn.dt_bias"), n, NV, g.data(), beta.data());
+  for (int64_t r = 0; r < n; ++r) {
+    MixerCache& mc = *caches[r];
+    if (mc.state.empty()) {  // a sequence that starts here
+      mc.conv.assign(size_t(C * (l.conv_kernel - 1)), 0.0f);
+      mc.state.assign(size_t(NV * l.k_head_dim * l.v_head_dim), 0.0f);
+    }
+    gdn_conv_silu_step(&qkv[size_t(r * C)], at("linear_attn.conv1d.weight"), C, l.conv_kernel, mc.conv.data(),
+                       conv.data());
+    gdn_l2norm_fwd(conv.data(), l.k_heads, l.k_head_dim, kL2Eps, q.data());
+    gdn_l2norm_fwd(conv.data() + KD, l.k_heads, l.k_head_dim, kL2Eps, k.data());
+    gdn_rule_step(q.data(), k.data(), conv.data() + 2 * KD, &g[size_t(r * NV)], &beta[size_t(r * NV)], l.k_heads, NV,
+                  l.k_head_dim, l.v_head_dim, mc.state.data(), &o[size_t(r * VD)]);
+    mc.len += 1;
+  }
+  gdn_gated_rmsnorm_fwd(o.data(), z.data(), at("linear_attn.norm.weight"), n * NV, l.v_head_dim, float(c.rms_eps),
+                        y.data());
+  linear_fwd(y.data(), at("linear_attn.out_proj.weight"), nullptr, n, VD, H, out);
+}
 
 std::unique_ptr<MixerRef> make_deltanet_ref(const ModelConfig& c, const UnitLayout& lay, const float* w, float* dw,
                                             int64_t S) {
