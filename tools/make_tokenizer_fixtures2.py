@@ -368,6 +368,8 @@ def random_corpus(seed, n):
     return ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 24))) for _ in range(n)]
 
 
+# Every conversation passes date_string, so that templates that would call strftime_now (Llama-3.2)
+# render the same text on any day.
 CHATS = [
     ({"messages": [{"role": "user", "content": "What is 47 + 38?"}], "add_generation_prompt": True}),
     ({"messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi there!"},
@@ -402,6 +404,8 @@ def run_hf(tok_json, cfg, texts, chats):
         ht = PreTrainedTokenizerFast(tokenizer_object=t, **kw)
         ht.chat_template = cfg["chat_template"]
         for c in chats:
+            c = dict(c)
+            c.setdefault("date_string", "26 Jul 2024")
             extra = {k: v for k, v in c.items() if k not in ("messages", "add_generation_prompt")}
             try:
                 text = ht.apply_chat_template(c["messages"], tokenize=False,

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/error.h"
 #include "data/chat_template.h"
 #include "data/tokenizer.h"
 
@@ -59,6 +60,38 @@ TEST_P(Family, EncodeDecodeMatchHf) {
   }
 }
 
+}  // namespace
+
+namespace {
+
+// The model's own chat template, executed: rendered text and ids equal HF apply_chat_template (and
+// a conversation the template refuses with raise_exception is refused here too).
+TEST_P(Family, ChatTemplateMatchesHf) {
+  const auto lt = lt::data::load_tokenizer(kDir + GetParam());
+  const auto cs = cases(GetParam(), "chat");
+  if (lt.config.chat_template.empty()) GTEST_SKIP() << "no chat template";
+  ASSERT_GE(cs.size(), 5u);
+  const auto t = lt::data::ChatTemplate::resolve("auto", lt.tokenizer, lt.config);
+  for (const auto& c : cs) {
+    json extra = json::object();
+    for (auto it = c.begin(); it != c.end(); ++it)
+      if (it.key() != "messages" && it.key() != "add_generation_prompt" && it.key() != "text" && it.key() != "ids" &&
+          it.key() != "error" && it.key() != "kind")
+        extra[it.key()] = it.value();
+    if (c.contains("error")) {
+      EXPECT_THROW(t.render(c["messages"], c["add_generation_prompt"], extra), lt::Error) << c.dump();
+      continue;
+    }
+    const std::string text = t.render(c["messages"], c["add_generation_prompt"], extra).text;
+    EXPECT_EQ(text, c["text"].get<std::string>()) << GetParam() << ": " << c["messages"].dump();
+    EXPECT_EQ(t.encode_rendered(c["messages"], c["add_generation_prompt"], extra), c["ids"].get<std::vector<int32_t>>())
+        << GetParam() << ": " << c["messages"].dump();
+  }
+}
+
+}  // namespace
+
+namespace {
 INSTANTIATE_TEST_SUITE_P(Real, Family, ::testing::ValuesIn(families()),
                          [](const auto& info) {
                            std::string n = info.param;
