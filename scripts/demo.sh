@@ -28,4 +28,6 @@ start=$(date +%s)
 "$BIN" train configs/demo.yaml "output_dir=$OUT" overwrite_output_dir=true "threads=$OMP_NUM_THREADS" "$@"
 end=$(date +%s)
 echo "demo: finished in $((end - start)) s. Model: $OUT/checkpoint-*/ (HF format); metrics: $OUT/metrics.jsonl;"
-echo "      per-sample answers: $OUT/eval_results.jsonl. Try: $BIN generate --model $OUT/checkpoint-1600 -p 'What is 157 + 68?'"
+# The latest checkpoint this run saved (its step depends on max_steps and save_steps).
+last=$(ls -d "$OUT"/checkpoint-* 2>/dev/null | sed 's/.*checkpoint-//' | sort -n | tail -1)
+echo "      per-sample answers: $OUT/eval_results.jsonl. Try: $BIN generate --model $OUT/checkpoint-${last:-N} -p 'What is 157 + 68?'"

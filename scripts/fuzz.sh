@@ -16,7 +16,7 @@ if [[ -z "$CXX_BIN" || -z "$CC_BIN" ]]; then
 fi
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_COMPILER="$CC_BIN" \
   -DCMAKE_CXX_COMPILER="$CXX_BIN" -DLT_FUZZ=ON -DLT_CUDA=OFF -DLT_TESTS=OFF -DLT_BENCH=OFF >/dev/null
-cmake --build "$BUILD" -j "${LT_JOBS:-$(nproc)}" --target fuzz_safetensors fuzz_model_config
+cmake --build "$BUILD" -j "${LT_JOBS:-$(nproc)}" --target fuzz_safetensors fuzz_model_config fuzz_tokenizer_json fuzz_jinja
 
 run() {  # run TARGET CORPUS_DIR SECONDS [extra libFuzzer args]
   local target=$1 seeds=$2 secs=$3
@@ -44,4 +44,6 @@ status=0
 run fuzz_safetensors fuzz/corpus/safetensors "$SECS" -dict=fuzz/safetensors.dict || status=1
 cfg_secs=$(( SECS / 4 > 0 ? SECS / 4 : 1 ))
 run fuzz_model_config fuzz/corpus/config "$cfg_secs" || status=1
+run fuzz_tokenizer_json fuzz/corpus/tokenizer_json "$cfg_secs" || status=1
+run fuzz_jinja fuzz/corpus/jinja "$cfg_secs" || status=1
 exit $status

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 PKGS=(cmake ninja-build g++ pkg-config ccache
       libopenblas-dev coinor-libcbc-dev nlohmann-json3-dev libcli11-dev libyaml-cpp-dev
-      liburing-dev libfmt-dev libicu-dev libgtest-dev libgmock-dev clang libclang-rt-14-dev)
+      liburing-dev libfmt-dev libicu-dev libpcre2-dev libgtest-dev libgmock-dev clang libclang-rt-14-dev)
 
 if [[ "${LT_SKIP_APT:-0}" != 1 ]]; then
   missing=()

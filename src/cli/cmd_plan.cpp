@@ -4,6 +4,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "plan/heuristics.h"
 #include "core/units.h"
 #include "model/model_config.h"
 #include "plan/planner.h"
@@ -26,7 +27,7 @@ void add_plan(CLI::App& app) {
   sub->add_option("--batch", o->batch, "samples per step, or 'max' for the largest feasible batch")->capture_default_str();
   sub->add_option("--seq", o->seq, "sequence length")->capture_default_str();
   sub->add_option("--profile", o->profile, "resource profile: preset (h800-80g, rtx3090-24g, h200) or JSON file")->capture_default_str();
-  sub->add_option("--planner", o->planner, "milp | dp | megatrain:K | all-gpu | sqrt | cpu-all")->capture_default_str();
+  sub->add_option("--planner", o->planner, kPlannerNames)->capture_default_str();
   sub->add_option("--gpu-mem", o->gpu_mem, "override the profile's GPU memory cap (e.g. 24GiB)");
   sub->add_option("--host-mem", o->host_mem, "override the profile's DRAM budget");
   sub->add_option("--nvme-mem", o->nvme_mem, "override the profile's NVMe capacity");
@@ -52,7 +53,7 @@ void add_plan(CLI::App& app) {
     }
     if (!o->host_mem.empty()) r.profile.dram_bytes = parse_bytes(o->host_mem);
     if (!o->nvme_mem.empty()) r.profile.nvme_bytes = parse_bytes(o->nvme_mem);
-    r.planner = o->planner;
+    r.planner = canonical_planner(o->planner);
     r.optimizer = o->optimizer;
     r.ring = o->ring;
     r.micro_batches = o->micro;

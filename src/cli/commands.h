@@ -12,4 +12,5 @@ void add_eval(CLI::App& app);        // cmd_eval.cpp
 void add_generate(CLI::App& app);    // cmd_generate.cpp
 void add_launch(CLI::App& app);      // cmd_launch.cpp
 void add_data(CLI::App& app);        // cmd_data.cpp
+void add_tokenize(CLI::App& app);    // cmd_tokenize.cpp
 }  // namespace lt::cli

@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   lt::cli::add_generate(app);
   lt::cli::add_launch(app);
   lt::cli::add_data(app);
+  lt::cli::add_tokenize(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

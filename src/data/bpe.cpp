@@ -38,9 +38,9 @@ std::string bytes_to_bytelevel(std::string_view bytes) {
 }
 
 BpeModel::BpeModel(std::unordered_map<std::string, int32_t> vocab,
-                   const std::vector<std::pair<std::string, std::string>>& merges, bool ignore_merges,
+                   const std::vector<std::pair<std::string, std::string>>& merges, BpeOptions opt,
                    const std::string& origin)
-    : vocab_(std::move(vocab)), ignore_merges_(ignore_merges) {
+    : vocab_(std::move(vocab)), opt_(std::move(opt)) {
   int32_t max_id = -1;
   for (const auto& [tok, id] : vocab_) {
     LT_CHECK(id >= 0 && id < kMaxVocab, "{}: model.vocab['{}']: id must be in 0..{}, got {}", origin, tok, kMaxVocab - 1, id);
@@ -52,73 +52,132 @@ BpeModel::BpeModel(std::unordered_map<std::string, int32_t> vocab,
              id_to_token_[id], tok);
     id_to_token_[id] = tok;
   }
-  const auto& b2u = byte_to_unicode();
-  for (int b = 0; b < 256; ++b) {
-    std::string s;
-    utf8_append(s, b2u[b]);
+  auto find = [&](const std::string& s) {
     auto it = vocab_.find(s);
-    byte_id_[b] = it == vocab_.end() ? -1 : it->second;
+    return it == vocab_.end() ? -1 : it->second;
+  };
+  if (opt_.byte_level) {
+    const auto& b2u = byte_to_unicode();
+    for (int b = 0; b < 256; ++b) {
+      std::string s;
+      utf8_append(s, b2u[b]);
+      byte_id_[b] = find(s);
+    }
+  } else {
+    for (int b = 0; b < 256; ++b) byte_id_[b] = find(fmt::format("<0x{:02X}>", b));
+    for (int c = 0; c < 128; ++c) ascii_id_[c] = find(std::string(1, static_cast<char>(c)));
   }
+  if (opt_.unk_token) {
+    unk_id_ = find(*opt_.unk_token);
+    LT_CHECK(unk_id_ >= 0, "{}: model.unk_token '{}' is not in model.vocab", origin, *opt_.unk_token);
+  }
+  const std::string& pre = opt_.continuing_subword_prefix;
   merges_.reserve(merges.size() * 2);
   for (size_t r = 0; r < merges.size(); ++r) {
     const auto& [a, b] = merges[r];
-    auto ia = vocab_.find(a), ib = vocab_.find(b), iab = vocab_.find(a + b);
+    const std::string ab = (!pre.empty() && b.compare(0, pre.size(), pre) == 0) ? a + b.substr(pre.size()) : a + b;
+    auto ia = vocab_.find(a), ib = vocab_.find(b), iab = vocab_.find(ab);
     LT_CHECK(ia != vocab_.end(), "{}: model.merges[{}]: token '{}' is not in model.vocab", origin, r, a);
     LT_CHECK(ib != vocab_.end(), "{}: model.merges[{}]: token '{}' is not in model.vocab", origin, r, b);
-    LT_CHECK(iab != vocab_.end(), "{}: model.merges[{}]: merged token '{}' is not in model.vocab", origin, r, a + b);
+    LT_CHECK(iab != vocab_.end(), "{}: model.merges[{}]: merged token '{}' is not in model.vocab", origin, r, ab);
     // A duplicated pair keeps its first (lowest) rank, as HF does when building its merge map.
     merges_.try_emplace(key(ia->second, ib->second), MergeInfo{static_cast<int32_t>(r), iab->second});
   }
 }
 
-void BpeModel::encode_word(std::string_view bytes, std::vector<int32_t>& out) const {
-  if (bytes.empty()) return;
-  constexpr size_t kMaxCachedWord = 48, kCacheEntries = 1 << 16;
-  if (bytes.size() > kMaxCachedWord) {
-    (void)encode_word_uncached(bytes, out);
+void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) const {
+  if (word.empty()) return;
+  constexpr size_t kMaxCachedWord = 48, kShardEntries = 1 << 13;
+  if (word.size() > kMaxCachedWord) {
+    (void)encode_word_uncached(word, out);
     return;
   }
-  const std::string key(bytes);
+  const size_t h = std::hash<std::string_view>()(word);
+  Shard& sh = cache_[h % cache_.size()];
   {
-    std::lock_guard<std::mutex> lk(cache_mu_);
-    auto it = cache_.find(key);
-    if (it != cache_.end()) {
+    std::lock_guard<std::mutex> lk(sh.mu);
+    auto it = sh.map.find(std::string(word));
+    if (it != sh.map.end()) {
       out.insert(out.end(), it->second.begin(), it->second.end());
       return;
     }
   }
   const size_t start = out.size();
-  if (encode_word_uncached(bytes, out) > 0) return;  // keep the drop count exact: do not cache such words
-  std::lock_guard<std::mutex> lk(cache_mu_);
-  if (cache_.size() >= kCacheEntries) cache_.clear();
-  cache_.emplace(key, std::vector<int32_t>(out.begin() + static_cast<std::ptrdiff_t>(start), out.end()));
+  if (encode_word_uncached(word, out) > 0) return;  // keep the drop count exact: do not cache such words
+  std::lock_guard<std::mutex> lk(sh.mu);
+  if (sh.map.size() >= kShardEntries) sh.map.clear();
+  sh.map.emplace(std::string(word), std::vector<int32_t>(out.begin() + static_cast<std::ptrdiff_t>(start), out.end()));
 }
 
-size_t BpeModel::encode_word_uncached(std::string_view bytes, std::vector<int32_t>& out) const {
-  if (ignore_merges_) {
-    auto it = vocab_.find(bytes_to_bytelevel(bytes));
+size_t BpeModel::initial_symbols(std::string_view word, std::vector<Sym>& syms) const {
+  auto push = [&](int32_t id) {
+    const auto n = static_cast<int32_t>(syms.size());
+    syms.push_back({id, n - 1, n + 1, true});
+  };
+  size_t dropped = 0;
+  if (opt_.byte_level) {
+    for (unsigned char b : word) {
+      if (byte_id_[b] < 0) ++dropped;
+      else push(byte_id_[b]);
+    }
+    return dropped;
+  }
+  const bool affix = !opt_.continuing_subword_prefix.empty() || !opt_.end_of_word_suffix.empty();
+  bool prev_unk = false;
+  std::string key_buf;
+  for (size_t i = 0; i < word.size();) {
+    char32_t cp;
+    const size_t n = static_cast<size_t>(utf8_next(word, i, cp));
+    int32_t id = -1;
+    if (!affix && cp < 128) {
+      id = ascii_id_[cp];
+    } else {
+      key_buf.clear();
+      if (i > 0) key_buf += opt_.continuing_subword_prefix;
+      key_buf.append(word.substr(i, n));
+      if (i + n == word.size()) key_buf += opt_.end_of_word_suffix;
+      auto it = vocab_.find(key_buf);
+      if (it != vocab_.end()) id = it->second;
+    }
+    if (id >= 0) {
+      push(id);
+      prev_unk = false;
+    } else {
+      bool done = false;
+      if (opt_.byte_fallback) {
+        bool all = true;
+        for (size_t k = 0; k < n; ++k) all = all && byte_id_[static_cast<unsigned char>(word[i + k])] >= 0;
+        if (all) {
+          for (size_t k = 0; k < n; ++k) push(byte_id_[static_cast<unsigned char>(word[i + k])]);
+          done = true;
+          prev_unk = false;
+        }
+      }
+      if (!done) {
+        if (unk_id_ >= 0) {
+          if (!(opt_.fuse_unk && prev_unk)) push(unk_id_);
+          prev_unk = true;
+        } else {
+          dropped += n;
+        }
+      }
+    }
+    i += n;
+  }
+  return dropped;
+}
+
+size_t BpeModel::encode_word_uncached(std::string_view word, std::vector<int32_t>& out) const {
+  if (opt_.ignore_merges) {
+    auto it = vocab_.find(opt_.byte_level ? bytes_to_bytelevel(word) : std::string(word));
     if (it != vocab_.end()) {
       out.push_back(it->second);
       return 0;
     }
   }
-  struct Sym {
-    int32_t id;
-    int32_t prev, next;
-    bool alive;
-  };
-  std::vector<Sym> syms;
-  syms.reserve(bytes.size());
-  size_t dropped = 0;
-  for (unsigned char b : bytes) {
-    const int32_t id = byte_id_[b];
-    if (id < 0) {
-      ++dropped;
-      continue;
-    }
-    const auto n = static_cast<int32_t>(syms.size());
-    syms.push_back({id, n - 1, n + 1, true});
-  }
+  thread_local std::vector<Sym> syms;
+  syms.clear();
+  const size_t dropped = initial_symbols(word, syms);
   dropped_ += dropped;
   if (syms.empty()) return dropped;
   syms.back().next = -1;

@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -16,6 +17,7 @@ const char* template_name(TemplateKind k) {
     case TemplateKind::ChatML: return "chatml";
     case TemplateKind::Llama3: return "llama3";
     case TemplateKind::None: return "none";
+    case TemplateKind::Jinja: return "jinja";
   }
   return "?";
 }
@@ -51,8 +53,19 @@ std::string token_field(const json& j, const char* name, const std::string& orig
 TokenizerConfig load_tokenizer_config(const std::string& path) {
   TokenizerConfig c;
   c.origin = path;
+  const fs::path jinja_file = fs::path(path).parent_path() / "chat_template.jinja";
+  std::string jinja_src;
+  if (std::ifstream jf(jinja_file, std::ios::binary); jf.good()) {
+    std::stringstream ss;
+    ss << jf.rdbuf();
+    jinja_src = ss.str();
+  }
   std::ifstream f(path);
-  if (!f.good()) return c;
+  if (!f.good()) {
+    c.chat_template = jinja_src;
+    if (!jinja_src.empty()) c.origin = jinja_file.string();
+    return c;
+  }
   json j;
   try {
     j = json::parse(f);
@@ -75,6 +88,8 @@ TokenizerConfig load_tokenizer_config(const std::string& path) {
   c.eos_token = token_field(j, "eos_token", path);
   c.bos_token = token_field(j, "bos_token", path);
   c.pad_token = token_field(j, "pad_token", path);
+  c.unk_token = token_field(j, "unk_token", path);
+  if (!jinja_src.empty()) c.chat_template = jinja_src;
   return c;
 }
 
@@ -92,7 +107,8 @@ LoadedTokenizer load_tokenizer(const std::string& dir_or_file) {
   return LoadedTokenizer{Tokenizer::from_file(tj.string()), load_tokenizer_config(tc.string())};
 }
 
-ChatTemplate::ChatTemplate(TemplateKind kind, const Tokenizer& tok, const TokenizerConfig& cfg) : kind_(kind), tok_(tok) {
+ChatTemplate::ChatTemplate(TemplateKind kind, const Tokenizer& tok, const TokenizerConfig& cfg)
+    : kind_(kind), cfg_(cfg), tok_(tok) {
   auto need = [&](const char* t) {
     auto id = tok_.token_to_id(t);
     LT_CHECK(id.has_value(), "template {}: the tokenizer has no token '{}'", template_name(kind_), t);
@@ -133,13 +149,39 @@ ChatTemplate::ChatTemplate(TemplateKind kind, const Tokenizer& tok, const Tokeni
   pad_id_ = pad >= 0 ? pad : (eos_id_ >= 0 ? eos_id_ : 0);
 }
 
+ChatTemplate::ChatTemplate(const std::string& jinja_source, const Tokenizer& tok, const TokenizerConfig& cfg)
+    : kind_(TemplateKind::Jinja),
+      jinja_(std::make_shared<jinja::Template>(jinja_source, (cfg.origin.empty() ? std::string("tokenizer_config.json")
+                                                                                   : cfg.origin) + ": chat_template")),
+      cfg_(cfg),
+      tok_(tok) {
+  auto opt = [&](const std::string& t) -> int32_t {
+    if (t.empty()) return -1;
+    auto id = tok_.token_to_id(t);
+    LT_CHECK(id.has_value(), "{}: token '{}' is not in the tokenizer", cfg.origin.empty() ? "tokenizer_config" : cfg.origin, t);
+    return *id;
+  };
+  eos_id_ = opt(cfg.eos_token);
+  // End-of-turn tokens of the common families that the template text uses, then the eos.
+  for (const char* t : {"<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|end|>", "<|endoftext|>",
+                        "<|end_of_text|>", "</s>", "<｜end▁of▁sentence｜>", "<turn|>"}) {
+    if (jinja_source.find(t) == std::string::npos && cfg.eos_token != t) continue;
+    if (auto id = tok_.token_to_id(t)) stop_ids_.push_back(*id);
+  }
+  if (eos_id_ < 0 && !stop_ids_.empty()) eos_id_ = stop_ids_.front();
+  if (eos_id_ >= 0 && std::find(stop_ids_.begin(), stop_ids_.end(), eos_id_) == stop_ids_.end())
+    stop_ids_.push_back(eos_id_);
+  const int32_t pad = opt(cfg.pad_token);
+  pad_id_ = pad >= 0 ? pad : (eos_id_ >= 0 ? eos_id_ : 0);
+}
+
 ChatTemplate ChatTemplate::resolve(const std::string& name, const Tokenizer& tok, const TokenizerConfig& cfg) {
   if (name.empty() || name == "auto") {
     LT_CHECK(!cfg.chat_template.empty(),
-             "template: 'auto' needs a chat_template in tokenizer_config.json ({}); set `template` to one of: "
-             "chatml, llama3, none",
+             "template: 'auto' needs the model's chat template (chat_template.jinja or tokenizer_config.json's "
+             "chat_template; {}); set `template` to one of: chatml, llama3, none",
              cfg.origin.empty() ? "no tokenizer_config.json found" : cfg.origin);
-    return ChatTemplate(detect_template(cfg.chat_template, cfg.origin), tok, cfg);
+    return ChatTemplate(cfg.chat_template, tok, cfg);
   }
   return ChatTemplate(parse_template_name(name), tok, cfg);
 }
@@ -190,6 +232,8 @@ void ChatTemplate::append_turn(Encoded& e, const Message& m, bool train_on_input
       append_piece(e, "\n\n", trim(m.content), loss, train_on_inputs);
       append_id(e, eot_, loss);
       break;
+    case TemplateKind::Jinja:
+      break;
     case TemplateKind::None:
       if (asst) {
         append_piece(e, "", m.content, loss);
@@ -202,6 +246,7 @@ void ChatTemplate::append_turn(Encoded& e, const Message& m, bool train_on_input
 }
 
 Encoded ChatTemplate::encode(const std::vector<Message>& msgs, bool train_on_inputs) const {
+  if (kind_ == TemplateKind::Jinja) return encode_jinja(msgs, train_on_inputs);
   Encoded e;
   if (kind_ == TemplateKind::Llama3) append_id(e, bos_, train_on_inputs);
   for (const auto& m : msgs) append_turn(e, m, train_on_inputs);
@@ -209,6 +254,11 @@ Encoded ChatTemplate::encode(const std::vector<Message>& msgs, bool train_on_inp
 }
 
 std::vector<int32_t> ChatTemplate::encode_prompt(const std::vector<Message>& msgs) const {
+  if (kind_ == TemplateKind::Jinja) {
+    json m = json::array();
+    for (const auto& x : msgs) m.push_back({{"role", x.role}, {"content", x.content}});
+    return encode_rendered(m, true);
+  }
   Encoded e = encode(msgs, false);
   switch (kind_) {
     case TemplateKind::ChatML:
@@ -222,6 +272,7 @@ std::vector<int32_t> ChatTemplate::encode_prompt(const std::vector<Message>& msg
       append_piece(e, "", "\n\n", false);
       break;
     case TemplateKind::None:
+    case TemplateKind::Jinja:
       break;
   }
   return e.ids;
@@ -231,6 +282,89 @@ Encoded ChatTemplate::encode_text(const std::string& text) const {
   Encoded e;
   append_piece(e, "", text, true);
   if (eos_id_ >= 0) append_id(e, eos_id_, true);
+  return e;
+}
+
+jinja::RenderResult ChatTemplate::render(const json& messages, bool add_generation_prompt, const json& extra) const {
+  LT_CHECK(jinja_, "template {}: render() needs a Jinja chat template", template_name(kind_));
+  jinja::Value ctx = jinja::Value::object();
+  ctx.dict->set("messages", jinja::from_json(messages));
+  ctx.dict->set("add_generation_prompt", jinja::Value(add_generation_prompt));
+  auto tokv = [](const std::string& s) { return s.empty() ? jinja::Value::none() : jinja::Value(s); };
+  ctx.dict->set("bos_token", tokv(cfg_.bos_token));
+  ctx.dict->set("eos_token", tokv(cfg_.eos_token));
+  ctx.dict->set("pad_token", tokv(cfg_.pad_token));
+  ctx.dict->set("unk_token", tokv(cfg_.unk_token));
+  if (extra.is_object())
+    for (auto it = extra.begin(); it != extra.end(); ++it) ctx.dict->set(it.key(), jinja::from_json(it.value()));
+  return jinja_->render(ctx);
+}
+
+std::vector<int32_t> ChatTemplate::encode_rendered(const json& messages, bool add_generation_prompt, const json& extra) const {
+  return tok_.encode(render(messages, add_generation_prompt, extra).text);
+}
+
+namespace {
+// Number of leading tokens of `ids` that encoding `prefix` alone reproduces (+1 when the prefix's
+// last token straddles the boundary and `round_up`).
+size_t tokens_within(const Tokenizer& tok, const std::string& prefix, const std::vector<int32_t>& ids, bool round_up) {
+  if (prefix.empty()) return 0;
+  const auto p = tok.encode(prefix);
+  size_t n = 0;
+  while (n < p.size() && n < ids.size() && p[n] == ids[n]) ++n;
+  if (round_up && n < p.size() && n < ids.size()) ++n;
+  return n;
+}
+}  // namespace
+
+Encoded ChatTemplate::encode_jinja(const std::vector<Message>& msgs, bool train_on_inputs) const {
+  json m = json::array();
+  for (const auto& x : msgs) m.push_back({{"role", x.role}, {"content", x.content}});
+  const jinja::RenderResult full = render(m, false);
+  Encoded e;
+  e.ids = tok_.encode(full.text);
+  e.loss.assign(e.ids.size(), train_on_inputs ? 1 : 0);
+  if (train_on_inputs) return e;
+  // Loss ranges (bytes of the rendered text).
+  std::vector<std::pair<size_t, size_t>> ranges;
+  if (jinja_->has_generation_blocks()) {
+    ranges = full.generation;
+  } else {
+    size_t cursor = 0;
+    for (size_t i = 0; i < msgs.size(); ++i) {
+      if (msgs[i].role != "assistant") continue;
+      const json before(m.begin(), m.begin() + static_cast<std::ptrdiff_t>(i));
+      const json upto(m.begin(), m.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+      const std::string a = render(before, true).text, b = render(upto, false).text;
+      size_t beg, end;
+      if (b.size() >= a.size() && b.compare(0, a.size(), a) == 0 && full.text.compare(0, b.size(), b) == 0) {
+        beg = a.size();
+        end = b.size();
+      } else {  // not prefix-stable (e.g. earlier think blocks dropped): the content's own span
+        const std::string& c = msgs[i].content;
+        const size_t p = c.empty() ? std::string::npos : full.text.find(c, cursor);
+        if (p == std::string::npos) continue;
+        beg = p;
+        end = p + c.size();
+        // plus the end-of-turn text the template writes after it (as rendered with this turn last)
+        const size_t q = b.rfind(c);
+        if (q != std::string::npos) {
+          std::string tail = b.substr(q + c.size());
+          while (!tail.empty() && std::isspace(static_cast<unsigned char>(tail.back()))) tail.pop_back();
+          if (full.text.compare(end, tail.size(), tail) == 0) end += tail.size();
+        }
+      }
+      // Trailing whitespace after the end-of-turn marker is not the model's to predict.
+      while (end > beg && std::isspace(static_cast<unsigned char>(full.text[end - 1]))) --end;
+      ranges.emplace_back(beg, end);
+      cursor = end;
+    }
+  }
+  for (auto [b, en] : ranges) {
+    const size_t tb = tokens_within(tok_, full.text.substr(0, b), e.ids, false);
+    const size_t te = tokens_within(tok_, full.text.substr(0, en), e.ids, true);
+    for (size_t k = tb; k < te && k < e.loss.size(); ++k) e.loss[k] = 1;
+  }
   return e;
 }
 

@@ -1,16 +1,22 @@
-// Chat templates (ChatML for Qwen, Llama-3) producing token ids and a per-token loss mask.
-// The template is chosen by name (config `template`: auto | chatml | llama3 | none) or, for auto,
-// recognised from tokenizer_config.json's Jinja chat_template by its markers.
+// Chat templates producing token ids and a per-token loss mask. `template: auto` (the default)
+// executes the model's own Jinja chat template (chat_template.jinja or tokenizer_config.json's
+// chat_template) with the interpreter of data/jinja; chatml | llama3 | none are hand-written
+// fallbacks. Loss masks: {% generation %} blocks where the template has them, otherwise derived
+// from renders of the conversation's prefixes (docs/data.md).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "data/jinja/template.h"
 #include "data/tokenizer.h"
 
 namespace lt::data {
 
-enum class TemplateKind { ChatML, Llama3, None };
+enum class TemplateKind { ChatML, Llama3, None, Jinja };
 const char* template_name(TemplateKind k);
 // "chatml" (alias "qwen"), "llama3", "none"; anything else is an error naming the choices.
 TemplateKind parse_template_name(const std::string& name);
@@ -21,10 +27,11 @@ TemplateKind detect_template(const std::string& jinja, const std::string& origin
 // The parts of tokenizer_config.json we use. Missing file -> all empty.
 struct TokenizerConfig {
   std::string chat_template;
-  std::string eos_token, bos_token, pad_token;
+  std::string eos_token, bos_token, pad_token, unk_token;
   std::string origin;
 };
-TokenizerConfig load_tokenizer_config(const std::string& path);  // path of tokenizer_config.json
+// path of tokenizer_config.json; a chat_template.jinja beside it takes precedence (as in transformers).
+TokenizerConfig load_tokenizer_config(const std::string& path);
 
 // A tokenizer directory (tokenizer.json [+ tokenizer_config.json]) or a tokenizer.json file.
 struct LoadedTokenizer {
@@ -48,7 +55,9 @@ class ChatTemplate {
  public:
   // Resolves the special tokens the template needs; error if the tokenizer lacks them.
   ChatTemplate(TemplateKind kind, const Tokenizer& tok, const TokenizerConfig& cfg = {});
-  // name: auto | chatml | qwen | llama3 | none. auto uses cfg.chat_template (error if empty/unknown).
+  // The model's Jinja template (cfg.chat_template), executed.
+  ChatTemplate(const std::string& jinja_source, const Tokenizer& tok, const TokenizerConfig& cfg);
+  // name: auto | chatml | qwen | llama3 | none. auto executes cfg.chat_template (error if none).
   static ChatTemplate resolve(const std::string& name, const Tokenizer& tok, const TokenizerConfig& cfg);
 
   // A conversation. Loss on assistant turns (content + end-of-turn token) unless train_on_inputs,
@@ -62,6 +71,14 @@ class ChatTemplate {
   std::vector<int32_t> encode_prompt(const std::vector<Message>& msgs) const;
   // Pretraining text: ids + eos, all tokens carry loss.
   Encoded encode_text(const std::string& text) const;
+
+  // Jinja only: the rendered text of arbitrary messages (JSON objects, as HF passes them) with extra
+  // template variables (e.g. enable_thinking, date_string).
+  jinja::RenderResult render(const nlohmann::json& messages, bool add_generation_prompt,
+                             const nlohmann::json& extra = nlohmann::json::object()) const;
+  // Jinja: render, then encode as HF does (no special tokens added, special tokens in the text parsed).
+  std::vector<int32_t> encode_rendered(const nlohmann::json& messages, bool add_generation_prompt,
+                                       const nlohmann::json& extra = nlohmann::json::object()) const;
 
   // Tokens that end an assistant turn (generation stops on any of them).
   const std::vector<int32_t>& stop_ids() const { return stop_ids_; }
@@ -78,7 +95,11 @@ class ChatTemplate {
   void append_id(Encoded& e, int32_t id, bool loss) const;
   void append_turn(Encoded& e, const Message& m, bool train_on_inputs) const;
 
+  Encoded encode_jinja(const std::vector<Message>& msgs, bool train_on_inputs) const;
+
   TemplateKind kind_;
+  std::shared_ptr<const jinja::Template> jinja_;
+  TokenizerConfig cfg_;
   Tokenizer tok_;  // cheap to copy: the BPE tables are shared
   int32_t im_start_ = -1, im_end_ = -1;                      // ChatML
   int32_t bos_ = -1, start_hdr_ = -1, end_hdr_ = -1, eot_ = -1;  // Llama-3

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "data/component_util.h"
 #include "data/unicode.h"
 
 namespace lt::data {
@@ -14,47 +15,9 @@ using json = nlohmann::json;
 
 namespace {
 
-const json& field(const json& j, const char* name, const std::string& where) {
-  auto it = j.find(name);
-  LT_CHECK(it != j.end(), "{}: missing field '{}'", where, name);
-  return *it;
-}
-
-std::string get_str(const json& j, const char* name, const std::string& where) {
-  const json& v = field(j, name, where);
-  LT_CHECK(v.is_string(), "{}.{}: expected a string, got {}", where, name, v.type_name());
-  return v.get<std::string>();
-}
-
-bool get_bool(const json& j, const char* name, bool def, const std::string& where) {
-  auto it = j.find(name);
-  if (it == j.end() || it->is_null()) return def;
-  LT_CHECK(it->is_boolean(), "{}.{}: expected true/false, got {}", where, name, it->type_name());
-  return it->get<bool>();
-}
-
-// Normalizer: null, NFC, or a Sequence of those.
-void parse_normalizer(const json& n, const std::string& where, bool& nfc) {
-  if (n.is_null()) return;
-  LT_CHECK(n.is_object(), "{}: expected an object or null, got {}", where, n.type_name());
-  const std::string type = get_str(n, "type", where);
-  if (type == "NFC") {
-    nfc = true;
-  } else if (type == "Sequence") {
-    const json& list = field(n, "normalizers", where);
-    LT_CHECK(list.is_array(), "{}.normalizers: expected an array", where);
-    for (size_t i = 0; i < list.size(); ++i) parse_normalizer(list[i], fmt::format("{}.normalizers[{}]", where, i), nfc);
-  } else {
-    fail("{}.type: unsupported normalizer '{}'; supported: NFC, Sequence (of NFC), null", where, type);
-  }
-}
-
-void check_bytelevel_pre(const json& p, const std::string& where, bool expect_regex) {
-  LT_CHECK(!get_bool(p, "add_prefix_space", false, where), "{}.add_prefix_space: only false is supported", where);
-  const bool use_regex = get_bool(p, "use_regex", true, where);
-  LT_CHECK(use_regex == expect_regex, "{}.use_regex: expected {} after a Split pre-tokenizer, got {}", where,
-           expect_regex, use_regex);
-}
+using detail::field;
+using detail::get_bool;
+using detail::get_str;
 
 // ByteLevel decoding of one token: each char back to its byte; a token with any char outside the
 // map is kept as its raw UTF-8 (HF's rule).
@@ -103,14 +66,16 @@ Tokenizer Tokenizer::from_json_checked(const json& j, const std::string& origin)
   LT_CHECK(model.is_object(), "{}: expected an object", mw);
   const std::string mtype = model.contains("type") ? get_str(model, "type", mw) : "BPE";
   LT_CHECK(mtype == "BPE", "{}.type: unsupported model '{}'; supported: BPE", mw, mtype);
-  LT_CHECK(!get_bool(model, "byte_fallback", false, mw), "{}.byte_fallback: only false is supported", mw);
-  for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"}) {
-    auto it = model.find(k);
-    LT_CHECK(it == model.end() || it->is_null() || (it->is_string() && it->get<std::string>().empty()),
-             "{}.{}: only null/\"\" is supported for byte-level BPE", mw, k);
-  }
+  BpeOptions opt;
+  opt.byte_fallback = get_bool(model, "byte_fallback", false, mw);
+  opt.fuse_unk = get_bool(model, "fuse_unk", false, mw);
+  opt.ignore_merges = get_bool(model, "ignore_merges", false, mw);
+  if (model.contains("unk_token") && !model["unk_token"].is_null()) opt.unk_token = get_str(model, "unk_token", mw);
+  opt.continuing_subword_prefix = detail::opt_str(model, "continuing_subword_prefix", "", mw);
+  opt.end_of_word_suffix = detail::opt_str(model, "end_of_word_suffix", "", mw);
   auto dit = model.find("dropout");
-  LT_CHECK(dit == model.end() || dit->is_null(), "{}.dropout: BPE dropout is not supported (must be null)", mw);
+  LT_CHECK(dit == model.end() || dit->is_null() || (dit->is_number() && dit->get<double>() == 0.0),
+           "{}.dropout: BPE dropout is not supported (must be null)", mw);
   const json& vocab = field(model, "vocab", mw);
   LT_CHECK(vocab.is_object(), "{}.vocab: expected an object {{token: id}}, got {}", mw, vocab.type_name());
   std::unordered_map<std::string, int32_t> v;
@@ -138,45 +103,21 @@ Tokenizer Tokenizer::from_json_checked(const json& j, const std::string& origin)
       m.emplace_back(e[0].get<std::string>(), e[1].get<std::string>());
     }
   }
-  t.bpe_ = std::make_shared<BpeModel>(std::move(v), m, get_bool(model, "ignore_merges", false, mw), origin);
-  t.vocab_size_ = static_cast<int32_t>(t.bpe_->id_to_token().size());
-
-  // normalizer
-  if (j.contains("normalizer")) parse_normalizer(j["normalizer"], origin + ": normalizer", t.nfc_);
-
-  // pre_tokenizer: Sequence[Split(regex, Isolated), ByteLevel(use_regex=false)]
+  // normalizer, pre_tokenizer, decoder
+  if (j.contains("normalizer")) t.normalizer_ = parse_normalizer(j["normalizer"], origin + ": normalizer");
   {
-    const std::string pw = origin + ": pre_tokenizer";
-    const json& p = field(j, "pre_tokenizer", origin);
-    LT_CHECK(p.is_object(), "{}: expected an object, got {}", pw, p.type_name());
-    const std::string type = get_str(p, "type", pw);
-    LT_CHECK(type == "Sequence", "{}.type: unsupported pre-tokenizer '{}'; supported: Sequence[Split, ByteLevel] "
-             "(Qwen2/Qwen3, Llama-3)", pw, type);
-    const json& list = field(p, "pretokenizers", pw);
-    LT_CHECK(list.is_array() && list.size() == 2,
-             "{}.pretokenizers: expected [Split, ByteLevel], got {}", pw, list.dump().substr(0, 200));
-    const std::string sw = pw + ".pretokenizers[0]";
-    LT_CHECK(get_str(list[0], "type", sw) == "Split", "{}.type: expected Split, got '{}'", sw,
-             get_str(list[0], "type", sw));
-    const json& pat = field(list[0], "pattern", sw);
-    LT_CHECK(pat.is_object() && pat.contains("Regex") && pat["Regex"].is_string(),
-             "{}.pattern: expected {{\"Regex\": \"...\"}}, got {}", sw, pat.dump().substr(0, 200));
-    t.pattern_ = parse_split_pattern(pat["Regex"].get<std::string>(), sw + ".pattern.Regex");
-    const std::string beh = list[0].contains("behavior") ? get_str(list[0], "behavior", sw) : "Isolated";
-    LT_CHECK(beh == "Isolated", "{}.behavior: expected Isolated, got '{}'", sw, beh);
-    LT_CHECK(!get_bool(list[0], "invert", false, sw), "{}.invert: expected false", sw);
-    const std::string bw = pw + ".pretokenizers[1]";
-    LT_CHECK(get_str(list[1], "type", bw) == "ByteLevel", "{}.type: expected ByteLevel, got '{}'", bw,
-             get_str(list[1], "type", bw));
-    check_bytelevel_pre(list[1], bw, false);
+    PreTokenizerInfo pi = parse_pre_tokenizer(j.contains("pre_tokenizer") ? j["pre_tokenizer"] : json(),
+                                              origin + ": pre_tokenizer");
+    t.pre_ = std::move(pi.pre);
+    t.byte_level_ = pi.byte_level;
   }
-
-  // decoder: ByteLevel (or null: tokens joined by spaces, as HF does)
-  if (j.contains("decoder") && !j["decoder"].is_null()) {
-    const std::string type = get_str(j["decoder"], "type", origin + ": decoder");
-    LT_CHECK(type == "ByteLevel", "{}: decoder.type: unsupported decoder '{}'; supported: ByteLevel", origin, type);
-  } else {
-    t.decoder_bytelevel_ = false;
+  opt.byte_level = t.byte_level_;
+  t.bpe_ = std::make_shared<BpeModel>(std::move(v), m, opt, origin);
+  t.vocab_size_ = static_cast<int32_t>(t.bpe_->id_to_token().size());
+  {
+    DecoderInfo di = parse_decoder(j.contains("decoder") ? j["decoder"] : json(), origin + ": decoder");
+    t.decoder_ = std::move(di.dec);
+    t.decoder_bytelevel_ = di.pure_byte_level;
   }
 
   // added_tokens
@@ -219,7 +160,7 @@ Tokenizer Tokenizer::from_json_checked(const json& j, const std::string& origin)
       return;
     }
     LT_CHECK(type == "TemplateProcessing", "{}.type: unsupported post-processor '{}'; supported: ByteLevel, "
-             "TemplateProcessing, Sequence", w, type);
+             "TemplateProcessing, Sequence, null", w, type);
     const json& single = field(p, "single", w);
     const json& specials = field(p, "special_tokens", w);
     bool seen_a = false;
@@ -246,6 +187,7 @@ Tokenizer Tokenizer::from_json_checked(const json& j, const std::string& origin)
   if (j.contains("post_processor")) parse_post(j["post_processor"], origin + ": post_processor");
 
   // Lookup tables for the hot paths.
+  for (const auto& a : t.added_) t.has_normalized_added_ = t.has_normalized_added_ || a.normalized;
   for (size_t i = 0; i < t.added_.size(); ++i)
     t.added_first_[t.added_[i].normalized ? 1 : 0][static_cast<unsigned char>(t.added_[i].content[0])].push_back(
         static_cast<uint32_t>(i));
@@ -304,22 +246,43 @@ std::vector<Tokenizer::Piece> Tokenizer::split_added(std::string_view text, bool
   return out;
 }
 
-void Tokenizer::encode_pretokenized(std::string_view normalized, std::vector<int32_t>& out) const {
-  const Utf8Text t = utf8_decode(normalized);
-  for (auto [b, e] : pretokenize(pattern_, t.cps)) {
-    bpe_->encode_word(normalized.substr(t.offsets[b], t.offsets[e] - t.offsets[b]), out);
+void Tokenizer::encode_pretokenized(std::string_view normalized, std::vector<int32_t>& out, bool at_start) const {
+  if (!pre_) {
+    bpe_->encode_word(normalized, out);
+    return;
   }
+  thread_local Pieces p;
+  p.reset(normalized);
+  pre_->apply(p, at_start);
+  for (size_t i = 0; i < p.spans.size(); ++i) bpe_->encode_word(p.piece(i), out);
 }
 
-void Tokenizer::encode_plain(std::string_view text, std::vector<int32_t>& out, bool parse_normalized_added) const {
-  const std::string norm = nfc_ ? nfc(text) : std::string(text);
-  if (!parse_normalized_added) {
-    encode_pretokenized(norm, out);
+std::string Tokenizer::normalize(std::string_view text) const {
+  std::string s(text);
+  if (normalizer_) normalizer_->apply(s);
+  return s;
+}
+
+std::vector<std::string> Tokenizer::pre_tokenize(std::string_view normalized, bool at_start) const {
+  Pieces p;
+  p.reset(normalized);
+  if (pre_) pre_->apply(p, at_start);
+  std::vector<std::string> out;
+  for (size_t i = 0; i < p.spans.size(); ++i) out.emplace_back(p.piece(i));
+  return out;
+}
+
+void Tokenizer::encode_plain(std::string_view text, std::vector<int32_t>& out, bool parse_normalized_added,
+                             bool at_start) const {
+  std::string norm(text);
+  if (normalizer_) normalizer_->apply(norm);
+  if (!parse_normalized_added || !has_normalized_added_) {
+    encode_pretokenized(norm, out, at_start);
     return;
   }
   for (const Piece& p : split_added(norm, true)) {
     if (p.added_id >= 0) out.push_back(p.added_id);
-    else encode_pretokenized(std::string_view(norm).substr(p.begin, p.end - p.begin), out);
+    else encode_pretokenized(std::string_view(norm).substr(p.begin, p.end - p.begin), out, at_start && p.begin == 0);
   }
 }
 
@@ -328,11 +291,11 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text_in, bool add_specia
   std::vector<int32_t> out;
   if (add_special_tokens) out = post_prefix_;
   if (!parse_special) {
-    encode_plain(text, out, false);
+    encode_plain(text, out, false, true);
   } else {
     for (const Piece& p : split_added(text, false)) {
       if (p.added_id >= 0) out.push_back(p.added_id);
-      else encode_plain(std::string_view(text).substr(p.begin, p.end - p.begin), out, true);
+      else encode_plain(std::string_view(text).substr(p.begin, p.end - p.begin), out, true, p.begin == 0);
     }
   }
   if (add_special_tokens) out.insert(out.end(), post_suffix_.begin(), post_suffix_.end());
@@ -340,16 +303,39 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text_in, bool add_specia
 }
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const {
-  std::string bytes;
-  bool first = true;
-  for (int32_t id : ids) {
-    if (id < 0 || id >= vocab_size_ || !(*id_known_)[id]) continue;  // unknown ids are skipped, as HF does
-    if (skip_special_tokens && is_special(id)) continue;
-    if (!decoder_bytelevel_ && !first) bytes.push_back(' ');  // no decoder: HF joins tokens with spaces
-    bytes += (*id_bytes_)[id];
-    first = false;
+  return utf8_sanitize(decode_impl(ids, skip_special_tokens, false));
+}
+
+std::string Tokenizer::decode_bytes(const std::vector<int32_t>& ids, bool skip_special_tokens) const {
+  return decode_impl(ids, skip_special_tokens, true);
+}
+
+std::string Tokenizer::decode_impl(const std::vector<int32_t>& ids, bool skip_special_tokens, bool raw) const {
+  if (decoder_bytelevel_) {  // fast path: per-id bytes
+    std::string bytes;
+    for (int32_t id : ids) {
+      if (id < 0 || id >= vocab_size_ || !(*id_known_)[id]) continue;  // unknown ids are skipped, as HF does
+      if (skip_special_tokens && is_special(id)) continue;
+      bytes += (*id_bytes_)[id];
+    }
+    return bytes;
   }
-  return utf8_sanitize(bytes);
+  std::vector<std::string> toks;
+  toks.reserve(ids.size());
+  for (int32_t id : ids) {
+    if (id < 0 || id >= vocab_size_ || !(*id_known_)[id]) continue;
+    if (skip_special_tokens && is_special(id)) continue;
+    toks.push_back((*id_bytes_)[id]);
+  }
+  if (!decoder_) {  // no decoder: HF joins tokens with spaces
+    std::string s;
+    for (size_t i = 0; i < toks.size(); ++i) s += (i ? " " : "") + toks[i];
+    return s;
+  }
+  decoder_->decode_chain(toks, raw);
+  std::string s;
+  for (const auto& t : toks) s += t;
+  return s;
 }
 
 std::optional<int32_t> Tokenizer::token_to_id(const std::string& token) const {

@@ -132,22 +132,40 @@ bool is_whitespace(char32_t cp) {
   return u_isUWhiteSpace(static_cast<UChar32>(cp));
 }
 
-std::string nfc(std::string_view s) {
-  // Fast path: pure ASCII is always NFC.
+int utf8_next(std::string_view s, size_t i, char32_t& cp) {
+  const auto b0 = static_cast<unsigned char>(s[i]);
+  if (b0 < 0x80) {
+    cp = b0;
+    return 1;
+  }
+  int bad;
+  const int n = decode_one(s, i, cp, bad);
+  if (n > 0) return n;
+  cp = 0xFFFD;
+  return bad;
+}
+
+std::string nfc(std::string_view s) { return unicode_normalize(s, "NFC"); }
+
+std::string unicode_normalize(std::string_view s, const std::string& form) {
+  // Fast path: pure ASCII is invariant under all four forms.
   bool ascii = true;
   for (unsigned char c : s) {
     if (c >= 0x80) { ascii = false; break; }
   }
   if (ascii) return std::string(s);
   UErrorCode err = U_ZERO_ERROR;
-  const icu::Normalizer2* n = icu::Normalizer2::getNFCInstance(err);
-  LT_CHECK(U_SUCCESS(err), "tokenizer: ICU NFC normalizer unavailable: {}", u_errorName(err));
+  const icu::Normalizer2* n = form == "NFC"    ? icu::Normalizer2::getNFCInstance(err)
+                              : form == "NFD"  ? icu::Normalizer2::getNFDInstance(err)
+                              : form == "NFKC" ? icu::Normalizer2::getNFKCInstance(err)
+                                               : icu::Normalizer2::getNFKDInstance(err);
+  LT_CHECK(U_SUCCESS(err), "tokenizer: ICU {} normalizer unavailable: {}", form, u_errorName(err));
   const std::string in = utf8_sanitize(s);
   const auto us = icu::UnicodeString::fromUTF8(icu::StringPiece(in.data(), static_cast<int32_t>(in.size())));
   if (n->isNormalized(us, err) && U_SUCCESS(err)) return in;
   err = U_ZERO_ERROR;
   icu::UnicodeString out = n->normalize(us, err);
-  LT_CHECK(U_SUCCESS(err), "tokenizer: NFC normalisation failed: {}", u_errorName(err));
+  LT_CHECK(U_SUCCESS(err), "tokenizer: {} normalisation failed: {}", form, u_errorName(err));
   std::string r;
   out.toUTF8String(r);
   return r;

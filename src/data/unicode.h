@@ -27,5 +27,9 @@ bool is_whitespace(char32_t cp);  // \s: the White_Space property
 
 // Unicode NFC normalisation of UTF-8 text (ICU).
 std::string nfc(std::string_view s);
+// NFC, NFD, NFKC or NFKD (ICU).
+std::string unicode_normalize(std::string_view s, const std::string& form);
+// Decodes the code point at s[i] of valid UTF-8 (U+FFFD, length 1 for an invalid byte); returns its length.
+int utf8_next(std::string_view s, size_t i, char32_t& cp);
 
 }  // namespace lt::data

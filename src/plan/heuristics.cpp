@@ -84,4 +84,23 @@ bool is_heuristic(const std::string& n) {
   return n.rfind("megatrain", 0) == 0 || n == "all-gpu" || n == "sqrt" || n == "cpu-all";
 }
 
+std::string canonical_planner(const std::string& name) {
+  if (name == "milp" || name == "dp" || name == "all-gpu" || name == "sqrt" || name == "cpu-all") return name;
+  if (name == "all-cpu") return "cpu-all";
+  if (name == "megatrain") return "megatrain:4";
+  if (name.rfind("megatrain:", 0) == 0) {
+    int k = 0;
+    try {
+      size_t used = 0;
+      k = std::stoi(name.substr(10), &used);
+      LT_CHECK(used == name.size() - 10, "trailing characters");
+    } catch (...) {
+      fail("unknown planner '{}': K in megatrain:K must be an integer >= 1; planners: {}", name, kPlannerNames);
+    }
+    LT_CHECK(k >= 1, "planner '{}': K in megatrain:K must be >= 1", name);
+    return "megatrain:" + std::to_string(k);
+  }
+  fail("unknown planner '{}'; planners: {} (aliases: megatrain = megatrain:4, all-cpu = cpu-all)", name, kPlannerNames);
+}
+
 }  // namespace lt

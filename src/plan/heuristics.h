@@ -23,6 +23,13 @@ bool tied_nvme_ok(int L, int i, int e);
 // ceil(sqrt(L))-th on the GPU), "cpu-all" (every boundary, 1..L-1 on the CPU).
 std::vector<Tier> heuristic_tiers(const std::string& name, int L);
 std::vector<std::string> heuristic_names();  // the defaults compared side by side
+
+// The planner names, in one place (config `planner:`, `plan --planner`, the benchmarks):
+//   milp | dp | megatrain:K | all-gpu | sqrt | cpu-all   ("megatrain" = megatrain:4, "all-cpu" = cpu-all)
+constexpr const char* kPlannerNames = "milp | dp | megatrain:K | all-gpu | sqrt | cpu-all";
+// The canonical form of a planner name (aliases resolved, megatrain:K checked); an unknown name is an
+// lt::Error listing kPlannerNames.
+std::string canonical_planner(const std::string& name);
 bool is_heuristic(const std::string& name);
 
 }  // namespace lt

@@ -10,6 +10,7 @@
 #include <variant>
 
 #include "core/error.h"
+#include "plan/heuristics.h"
 #include "core/units.h"
 
 namespace lt::train {
@@ -314,7 +315,7 @@ void validate_config(const TrainConfig& c) {
   one_of("optimizer", c.optimizer, {"adamw", "adamw8bit", "hybrid"});
   one_of("backend", c.backend, {"auto", "cpu", "cuda"});
   one_of("save_dtype", c.save_dtype, {"bf16", "fp32"});
-  one_of("planner", c.planner, {"milp", "dp", "megatrain", "all-gpu", "sqrt", "all-cpu"});
+  (void)canonical_planner(c.planner);  // the same names as `plan --planner` (plan/heuristics.h); resolved in planning
   for (auto [key, v] : {std::pair{"gpu_mem", &c.gpu_mem}, {"host_mem", &c.host_mem}, {"nvme_mem", &c.nvme_mem}}) {
     if (v->empty()) continue;
     try {

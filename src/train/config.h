@@ -60,7 +60,7 @@ struct TrainConfig {
   std::string host_mem;                      // DRAM budget; empty = MemAvailable
   std::string nvme_dir;
   std::string nvme_mem;
-  std::string planner = "milp";              // milp | dp | megatrain | all-gpu | sqrt | all-cpu
+  std::string planner = "milp";              // kPlannerNames (plan/heuristics.h): milp | dp | megatrain:K | all-gpu | sqrt | cpu-all
   std::string profile;                       // resource profile JSON or preset; empty = measure/estimate
   std::string optimizer = "adamw";           // adamw | adamw8bit | hybrid
   std::string backend = "auto";              // auto | cpu | cuda

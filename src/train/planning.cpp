@@ -11,6 +11,7 @@
 
 #include "backend/cpu/ops.h"
 #include "core/error.h"
+#include "plan/heuristics.h"
 #include "core/host_memory.h"
 #include "core/log.h"
 #include "core/timer.h"
@@ -119,8 +120,7 @@ TrainingPlan make_training_plan(const TrainConfig& cfg, const ModelConfig& model
     if (!cfg.nvme_mem.empty()) r.profile.nvme_bytes = parse_bytes(cfg.nvme_mem);
     if (!cfg.nvme_dir.empty()) r.profile.nvme_dir = cfg.nvme_dir;
   }
-  // Planner names: the config's "all-cpu" is the planner's "cpu-all"; "megatrain" means K = 4.
-  r.planner = cfg.planner == "all-cpu" ? "cpu-all" : cfg.planner == "megatrain" ? "megatrain:4" : cfg.planner;
+  r.planner = canonical_planner(cfg.planner);  // one list of names: plan/heuristics.h
   r.optimizer = cfg.optimizer;
   r.micro_batches = int(cfg.gradient_accumulation_steps);  // predictions per optimizer step, as measured
   r.compare = false;

@@ -15,7 +15,7 @@ TEST(DemoTokenizer, LoadsAndMatchesHfTokens) {
   EXPECT_EQ(tok.vocab_size(), 306);
   EXPECT_EQ(lt.config.eos_token, "<|im_end|>");
   const ChatTemplate t = ChatTemplate::resolve("auto", tok, lt.config);
-  EXPECT_EQ(t.kind(), TemplateKind::ChatML);
+  EXPECT_EQ(t.kind(), TemplateKind::Jinja);
   EXPECT_EQ(t.eos_id(), *tok.token_to_id("<|im_end|>"));
   EXPECT_EQ(t.pad_id(), *tok.token_to_id("<|endoftext|>"));
   // Tokens HF tokenizers produced for this text (printed by tools/make_demo_tokenizer.py).

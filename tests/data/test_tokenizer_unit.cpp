@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "data/tokenizer.h"
+#include "data/unicode.h"
 
 using namespace lt::data;
 using json = nlohmann::json;
@@ -46,11 +47,15 @@ TEST(TokenizerErrors, NameTheField) {
   j["model"]["type"] = "WordPiece";
   EXPECT_NE(error_of(j).find("unsupported model 'WordPiece'"), std::string::npos) << error_of(j);
   j = base();
-  j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\w+";
-  EXPECT_NE(error_of(j).find("pretokenizers[0].pattern.Regex"), std::string::npos) << error_of(j);
+  j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(unclosed";
+  EXPECT_NE(error_of(j).find("pretokenizers[0].pattern: invalid regex"), std::string::npos) << error_of(j);
   j = base();
-  j["normalizer"] = {{"type", "NFKC"}};
-  EXPECT_NE(error_of(j).find("normalizer.type: unsupported normalizer 'NFKC'"), std::string::npos) << error_of(j);
+  j["normalizer"] = {{"type", "BertNormalizer"}};
+  EXPECT_NE(error_of(j).find("normalizer.type: unsupported normalizer 'BertNormalizer'"), std::string::npos) << error_of(j);
+  j = base();
+  j["pre_tokenizer"]["pretokenizers"][0] = {{"type", "UnicodeScripts"}};
+  EXPECT_NE(error_of(j).find("pretokenizers[0].type: unsupported pre-tokenizer 'UnicodeScripts'"), std::string::npos)
+      << error_of(j);
   j = base();
   j["added_tokens"][1]["id"] = 2147483647;
   EXPECT_NE(error_of(j).find("added_tokens[1].id"), std::string::npos) << error_of(j);
@@ -116,11 +121,20 @@ TEST(Tokenizer, SpecialTokensSplitAndSkip) {
 }
 
 TEST(Pretokenizer, Qwen2SplitsDigitsLlama3GroupsThree) {
-  EXPECT_EQ(pretokenize_utf8(SplitPattern::Qwen2, "12345"), (std::vector<std::string>{"1", "2", "3", "4", "5"}));
-  EXPECT_EQ(pretokenize_utf8(SplitPattern::Llama3, "12345"), (std::vector<std::string>{"123", "45"}));
-  EXPECT_EQ(pretokenize_utf8(SplitPattern::Qwen2, "a  b\n\n c   "),
-            (std::vector<std::string>{"a", " ", " b", "\n\n", " c", "   "}));
-  EXPECT_EQ(pretokenize_utf8(SplitPattern::Qwen2, "I'M here"), (std::vector<std::string>{"I", "'M", " here"}));
+  auto with_pattern = [](const char* re) {
+    json j = base();
+    j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = re;
+    j["normalizer"] = nullptr;
+    return Tokenizer::from_json(j, "t.json");
+  };
+  const Tokenizer qwen = with_pattern(
+      "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+");
+  const Tokenizer llama = with_pattern(
+      "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+");
+  EXPECT_EQ(qwen.pre_tokenize("12345"), (std::vector<std::string>{"1", "2", "3", "4", "5"}));
+  EXPECT_EQ(llama.pre_tokenize("12345"), (std::vector<std::string>{"123", "45"}));
+  EXPECT_EQ(qwen.pre_tokenize("a  b\n\n c   "), (std::vector<std::string>{"a", " ", " b", "\n\n", " c", "   "}));
+  EXPECT_EQ(qwen.pre_tokenize("I'M here"), (std::vector<std::string>{"I", "'M", " here"}));
 }
 
 }  // namespace
