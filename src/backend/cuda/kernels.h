@@ -19,8 +19,9 @@ struct AttnDims {
   float scale = 1.0f;
   int64_t tokens() const { return batch * seq; }
 };
-// True when the tensor-core kernels cover head_dim (64, 128); other even head dims <= 256 take the
-// generic kernels (attention_generic.cu), which attention_fwd/attention_bwd* dispatch to.
+// True when the tensor-core kernels cover head_dim (64, 128; 256 when the device's opt-in shared memory
+// per block is >= 225 KiB, i.e. sm_90, unless LT_ATTN_HD256=generic); other even head dims <= 256 take
+// the generic kernels (attention_generic.cu), which attention_fwd/attention_bwd* dispatch to.
 bool attention_supported(int64_t head_dim);
 void attention_fwd(const AttnDims& d, const void* q, const void* k, const void* v, const int32_t* segments, void* o,
                    float* lse, cudaStream_t st);

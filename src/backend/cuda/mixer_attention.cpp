@@ -5,8 +5,8 @@
 //                     output is multiplied by sigmoid(gate) before o_proj;
 //   norm_plus_one:    QK-norm scales by (1 + w);
 //   partial_rotary:   RoPE rotates the first rotary_dim() entries of each head.
-// Attention at head dims other than 64/128 (Qwen3.5-27B: 256) takes the generic kernels
-// (attention_generic.cu): see docs/cuda.md for why the flash kernels stop at 128.
+// Attention at head_dim 256 (Qwen3.5/3.6) runs on the flash kernels on sm_90 (attention.cu), on the
+// generic kernels elsewhere (attention_supported()).
 #include <cmath>
 
 #include "backend/cuda/kernels.h"
