@@ -14,7 +14,7 @@
 // decay products across it are zero), which is the same function as the CPU reference's chunks-restart-
 // at-segment-starts (only the rounding differs). So the chunk count never depends on device data.
 //
-// Additions to the brief's API (no CHANGED signatures so far): kGdnChunk, gdn_dims_supported,
+// Additions to the brief's API (no CHANGED signatures so far): kGdnChunk, gdn_dims_supported, GdnRuleImpl,
 // gdn_rule_num_chunks; the layout of state_ws is documented at gdn_rule_state_bytes; prep_fwd's v is a
 // contiguous copy [T, Hv, Dv].
 #pragma once
@@ -69,6 +69,14 @@ void gdn_prep_bwd(const GdnDims& d, const void* y, const void* a, const void* b,
 // gdn_rule_state_bytes(d) bytes (the backward recomputes nothing it can read from there).
 // Layout of state_ws: [batch, gdn_rule_num_chunks(d), Hv, Dk, Dv] fp32, the state at the start of every
 // fixed-grid chunk (zero where the chunk starts a sample or a segment).
+//
+// Two implementations of the rule kernels' block products, same semantics and workspace sizes: Mma (default;
+// tensor-core mma.sync bf16 with fp32 accumulation, fp32 operands split into bf16 hi + lo, register-resident
+// triangular solves) and Simt (the fp32 CUDA-core fallback). Env LT_GDN_SIMT=1 (read at the first query)
+// selects Simt; gdn_set_rule_impl overrides it (tests, benchmarks). The choice is read at each launch.
+enum class GdnRuleImpl { Mma, Simt };
+GdnRuleImpl gdn_rule_impl();
+void gdn_set_rule_impl(GdnRuleImpl impl);
 int64_t gdn_rule_num_chunks(const GdnDims& d);  // per sample: ceil(seq / kGdnChunk)
 int64_t gdn_rule_state_bytes(const GdnDims& d);
 void gdn_rule_fwd(const GdnDims& d, const void* qn, const void* kn, const void* v, const float* g, const float* beta,

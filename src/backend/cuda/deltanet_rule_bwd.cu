@@ -51,6 +51,7 @@ int64_t bwd_smem_bytes(int Dk, int nt) {
          2 * carve_bytes(int64_t(kC) * Dk, 2) /*qs, ks*/ + carve_bytes(int64_t(kC) * nt, 2) /*dO*/;
 }
 
+template <bool kMma>
 __global__ void __launch_bounds__(kThreads) rule_bwd_kernel(BwdArgs p) {
   extern __shared__ __align__(16) char smem[];
   const int Dk = p.Dk, nt = p.nt, Hv = p.Hv, Hk = p.Hk, Dv = p.Dv, group = Hv / Hk;
@@ -107,7 +108,7 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_kernel(BwdArgs p) {
         const int i = idx / nt, e = idx % nt;
         U[idx] = i < L ? cs.bt[i] * ldv(p.v + vrow(i) + e) : 0.f;
       }
-      blk_gemm2(kC, kC, prod(ks, Dk, 1, ks, 1, Dk, Dk), prod(qs, Dk, 1, ks, 1, Dk, Dk),
+      gemm2<kMma>(kC, kC, prod(ks, Dk, 1, ks, 1, Dk, Dk), prod(qs, Dk, 1, ks, 1, Dk, Dk),
                 [&](int i, int j, float kk, float qk) {
                   const float m = decay(cs, i, j);
                   KM[i * kC + j] = j < i ? kk * m : 0.f;
@@ -117,23 +118,27 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_kernel(BwdArgs p) {
       for (int col = tid; col < Dk + nt; col += nth) {  // forward substitution, A[i,j] = b_i KM[i,j]
         float* Xc = col < Dk ? W + col : U + (col - Dk);
         const int ld = col < Dk ? Dk : nt;
-        for (int i = 1; i < L; ++i) {
-          float x = Xc[i * ld];
-          const float bi = cs.bt[i];
-          for (int j = 0; j < i; ++j) x -= bi * KM[i * kC + j] * Xc[j * ld];
-          Xc[i * ld] = x;
+        if constexpr (kMma) {
+          fwd_subst_col(KM, cs.bt, Xc, ld);
+        } else {
+          for (int i = 1; i < L; ++i) {
+            float x = Xc[i * ld];
+            const float bi = cs.bt[i];
+            for (int j = 0; j < i; ++j) x -= bi * KM[i * kC + j] * Xc[j * ld];
+            Xc[i * ld] = x;
+          }
         }
       }
       __syncthreads();
-      blk_gemm(kC, nt, prod(W, Dk, 1, S0, Dv, 1, Dk),
+      gemm<kMma>(kC, nt, prod(W, Dk, 1, S0, Dv, 1, Dk),
                [&](int i, int e, float acc) { Dl[i * nt + e] = U[i * nt + e] - acc; });
       __syncthreads();
 
       // ---- (1) dDl, dP = dO Dl^T, r = dO S0^T
-      blk_gemm2(kC, nt, prod(P, 1, kC, dO, nt, 1, kC), prod(ks, Dk, 1, dS, nt, 1, Dk),
+      gemm2<kMma>(kC, nt, prod(P, 1, kC, dO, nt, 1, kC), prod(ks, Dk, 1, dS, nt, 1, Dk),
                 [&](int j, int e, float a1, float a2) { dD[j * nt + e] = a1 + cs.Ge[j] * a2; });
-      blk_gemm(kC, kC, prod(dO, nt, 1, Dl, 1, nt, nt), [&](int i, int j, float acc) { dP[i * kC + j] = acc; });
-      blk_gemm(kC, Dk, prod(dO, nt, 1, S0, 1, Dv, nt), [&](int i, int d, float acc) { X[i * Dk + d] = acc; });
+      gemm<kMma>(kC, kC, prod(dO, nt, 1, Dl, 1, nt, nt), [&](int i, int j, float acc) { dP[i * kC + j] = acc; });
+      gemm<kMma>(kC, Dk, prod(dO, nt, 1, S0, 1, Dv, nt), [&](int i, int d, float acc) { X[i * Dk + d] = acc; });
       __syncthreads();
 
       // ---- (2) dgam from dP o P; (3) dgam, dq from r; (4) <S0, dS>
@@ -167,13 +172,13 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_kernel(BwdArgs p) {
       __syncthreads();
 
       // ---- (2) dq~ += (dP o M) K, dk += (dP o M)^T q~;  (4) r2 = Dl dS^T
-      blk_gemm(kC, Dk, prod(dP, kC, 1, ks, Dk, 1, kC), [&](int i, int d, float acc) {
+      gemm<kMma>(kC, Dk, prod(dP, kC, 1, ks, Dk, 1, kC), [&](int i, int d, float acc) {
         if (i < L) dqp[qkrow(i) + d] += scale * acc;
       });
-      blk_gemm(kC, Dk, prod(dP, 1, kC, qs, Dk, 1, kC), [&](int j, int d, float acc) {
+      gemm<kMma>(kC, Dk, prod(dP, 1, kC, qs, Dk, 1, kC), [&](int j, int d, float acc) {
         if (j < L) dkp[qkrow(j) + d] += scale * acc;
       });
-      blk_gemm(kC, Dk, prod(Dl, nt, 1, dS, 1, nt, nt), [&](int j, int d, float acc) { X[j * Dk + d] = acc; });
+      gemm<kMma>(kC, Dk, prod(Dl, nt, 1, dS, 1, nt, nt), [&](int j, int d, float acc) { X[j * Dk + d] = acc; });
       __syncthreads();
 
       // ---- (4) dk += Ge r2, dgam terms; dS0 = G_last dS + Q~^T diag(G) dO - W^T dDl
@@ -189,7 +194,7 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_kernel(BwdArgs p) {
         xs[j] = j < last ? x : 0.f;
         if (j < last) dgam -= x;
       }
-      blk_gemm2(Dk, nt, prod(qs, 1, Dk, dO, nt, 1, kC, cs.G), prod(W, 1, Dk, dD, nt, 1, kC),
+      gemm2<kMma>(Dk, nt, prod(qs, 1, Dk, dO, nt, 1, kC, cs.G), prod(W, 1, Dk, dD, nt, 1, kC),
                 [&](int d, int e, float a1, float a2) {
                   dS[d * nt + e] = glast * dS[d * nt + e] + scale * a1 - a2;
                 });
@@ -201,23 +206,27 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_kernel(BwdArgs p) {
         for (int j = 0; j < kC; ++j) s += xs[j];
         dgam += s;
       }
-      blk_gemm(kC, Dk, prod(dD, nt, 1, S0, 1, Dv, nt), [&](int i, int d, float acc) { X[i * Dk + d] = -acc; });
+      gemm<kMma>(kC, Dk, prod(dD, nt, 1, S0, 1, Dv, nt), [&](int i, int d, float acc) { X[i * Dk + d] = -acc; });
       __syncthreads();
 
       // ---- (6) back substitution Y_i = dX_i - sum_{j>i} A[j,i] Y_j on X (-> YW) and dD (-> YU)
       for (int col = tid; col < Dk + nt; col += nth) {
         float* Xc = col < Dk ? X + col : dD + (col - Dk);
         const int ld = col < Dk ? Dk : nt;
-        for (int i = L - 2; i >= 0; --i) {
-          float y = Xc[i * ld];
-          for (int j = i + 1; j < L; ++j) y -= cs.bt[j] * KM[j * kC + i] * Xc[j * ld];
-          Xc[i * ld] = y;
+        if constexpr (kMma) {
+          bwd_subst_col(KM, cs.bt, Xc, ld);
+        } else {
+          for (int i = L - 2; i >= 0; --i) {
+            float y = Xc[i * ld];
+            for (int j = i + 1; j < L; ++j) y -= cs.bt[j] * KM[j * kC + i] * Xc[j * ld];
+            Xc[i * ld] = y;
+          }
         }
       }
       __syncthreads();
 
       // ---- (6) dA = -(YU U^T + YW W^T), E = dA o b_i M;  (7) dv, db, dgam, dk
-      blk_gemm2(kC, kC, prod(dD, nt, 1, U, 1, nt, nt), prod(X, Dk, 1, W, 1, Dk, Dk),
+      gemm2<kMma>(kC, kC, prod(dD, nt, 1, U, 1, nt, nt), prod(X, Dk, 1, W, 1, Dk, Dk),
                 [&](int i, int j, float a1, float a2) {
                   const bool in = j < i && same_seg(cs, i, j);
                   const float da = in ? -(a1 + a2) : 0.f;
@@ -254,7 +263,7 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_kernel(BwdArgs p) {
         dbt += sdb;
         dgam += sg;
       }
-      blk_gemm2(kC, Dk, prod(P, kC, 1, ks, Dk, 1, kC), prod(P, 1, kC, ks, Dk, 1, kC),
+      gemm2<kMma>(kC, Dk, prod(P, kC, 1, ks, Dk, 1, kC), prod(P, 1, kC, ks, Dk, 1, kC),
                 [&](int i, int d, float a1, float a2) {
                   if (i < L) dkp[qkrow(i) + d] += a1 + a2;
                 });
@@ -347,12 +356,13 @@ void gdn_rule_bwd(const GdnDims& d, const void* qn, const void* kn, const void* 
   const int64_t nqk = T * d.Hk * d.Dk;
   LT_CUDA(cudaMemsetAsync(dqp, 0, size_t(pl.ntile * nqk) * sizeof(float), st));
   LT_CUDA(cudaMemsetAsync(dkp, 0, size_t(pl.ntile * nqk) * sizeof(float), st));
-  LT_CUDA(cudaFuncSetAttribute(rule_bwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(pl.smem)));
+  auto kernel = gdn_rule_impl() == GdnRuleImpl::Mma ? rule_bwd_kernel<true> : rule_bwd_kernel<false>;
+  LT_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(pl.smem)));
   const int64_t nck = gdn_rule_num_chunks(d);
   BwdArgs a{static_cast<const bf16*>(qn), static_cast<const bf16*>(kn), static_cast<const bf16*>(v), g, beta, seg,
             state_ws, static_cast<const bf16*>(dout), dqp, dkp, dgp, dbp, dv, d.seq, nck, T, int(d.Hk), int(d.Hv),
             int(d.Dk), int(d.Dv), pl.nt, float(1.0 / std::sqrt(double(d.Dk)))};
-  rule_bwd_kernel<<<dim3(unsigned(pl.ntile), unsigned(d.Hk), unsigned(d.batch)), kThreads, size_t(pl.smem), st>>>(a);
+  kernel<<<dim3(unsigned(pl.ntile), unsigned(d.Hk), unsigned(d.batch)), kThreads, size_t(pl.smem), st>>>(a);
   LT_CUDA_LAUNCH();
   const int64_t nfin = d.batch * nck * d.Hv;
   rule_bwd_gates_finish<<<unsigned((nfin + 127) / 128), 128, 0, st>>>(dgp, dbp, d.batch, d.seq, nck, T, int(d.Hv),

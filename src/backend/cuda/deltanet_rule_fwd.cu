@@ -10,7 +10,9 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 
 #include "backend/cuda/cuda_util.h"
 #include "backend/cuda/deltanet.h"
@@ -36,6 +38,7 @@ int64_t fwd_smem_bytes(int Dk, int nt) {
          2 * carve_bytes(int64_t(kC) * nt, 4) + 2 * carve_bytes(kC * kC, 4) + 2 * carve_bytes(int64_t(kC) * Dk, 2);
 }
 
+template <bool kMma>
 __global__ void __launch_bounds__(kThreads) rule_fwd_kernel(FwdArgs p) {
   extern __shared__ __align__(16) char smem[];
   const int Dk = p.Dk, nt = p.nt, Hv = p.Hv, Hk = p.Hk, Dv = p.Dv;
@@ -81,7 +84,7 @@ __global__ void __launch_bounds__(kThreads) rule_fwd_kernel(FwdArgs p) {
       const int i = idx / nt, e = idx % nt;
       UD[idx] = i < L ? cs.bt[i] * ldv(p.v + ((t0 + i) * Hv + h) * int64_t(Dv) + e0 + e) : 0.f;
     }
-    blk_gemm2(kC, kC, prod(ks, Dk, 1, ks, 1, Dk, Dk), prod(qs, Dk, 1, ks, 1, Dk, Dk),
+    gemm2<kMma>(kC, kC, prod(ks, Dk, 1, ks, 1, Dk, Dk), prod(qs, Dk, 1, ks, 1, Dk, Dk),
               [&](int i, int j, float kk, float qk) {
                 const float m = decay(cs, i, j);
                 A[i * kC + j] = j < i ? cs.bt[i] * kk * m : 0.f;
@@ -92,32 +95,50 @@ __global__ void __launch_bounds__(kThreads) rule_fwd_kernel(FwdArgs p) {
     for (int col = tid; col < Dk + nt; col += nth) {
       float* X = col < Dk ? W + col : UD + (col - Dk);
       const int ld = col < Dk ? Dk : nt;
-      for (int i = 1; i < L; ++i) {
-        float x = X[i * ld];
-        for (int j = 0; j < i; ++j) x -= A[i * kC + j] * X[j * ld];
-        X[i * ld] = x;
+      if constexpr (kMma) {
+        fwd_subst_col(A, nullptr, X, ld);
+      } else {
+        for (int i = 1; i < L; ++i) {
+          float x = X[i * ld];
+          for (int j = 0; j < i; ++j) x -= A[i * kC + j] * X[j * ld];
+          X[i * ld] = x;
+        }
       }
     }
     __syncthreads();
     // Dl = U - W S0;  Ot = scale G_i q_i S0.
-    blk_gemm2(kC, nt, prod(W, Dk, 1, S, nt, 1, Dk), prod(qs, Dk, 1, S, nt, 1, Dk),
+    gemm2<kMma>(kC, nt, prod(W, Dk, 1, S, nt, 1, Dk), prod(qs, Dk, 1, S, nt, 1, Dk),
               [&](int i, int e, float ws, float qsv) {
                 UD[i * nt + e] -= ws;
                 Ot[i * nt + e] = p.scale * cs.G[i] * qsv;
               });
     __syncthreads();
     // o = Ot + P Dl;  S = G_last S + K^T diag(Ge) Dl  (independent outputs: one phase).
-    blk_gemm(kC, nt, prod(P, kC, 1, UD, nt, 1, kC), [&](int i, int e, float acc) {
+    gemm<kMma>(kC, nt, prod(P, kC, 1, UD, nt, 1, kC), [&](int i, int e, float acc) {
       if (i < L) p.o[((t0 + i) * Hv + h) * int64_t(Dv) + e0 + e] = __float2bfloat16(Ot[i * nt + e] + acc);
     });
     const float glast = cs.G[L - 1];
-    blk_gemm(Dk, nt, prod(ks, 1, Dk, UD, nt, 1, kC, cs.Ge),
+    gemm<kMma>(Dk, nt, prod(ks, 1, Dk, UD, nt, 1, kC, cs.Ge),
              [&](int d, int e, float acc) { S[d * nt + e] = glast * S[d * nt + e] + acc; });
     __syncthreads();
   }
 }
 
 }  // namespace
+
+namespace {
+std::atomic<int> g_rule_impl{-1};  // -1: not decided yet (env)
+}
+GdnRuleImpl gdn_rule_impl() {
+  int v = g_rule_impl.load(std::memory_order_relaxed);
+  if (v < 0) {
+    const char* e = std::getenv("LT_GDN_SIMT");
+    v = (e && e[0] && e[0] != '0') ? int(GdnRuleImpl::Simt) : int(GdnRuleImpl::Mma);
+    g_rule_impl.store(v, std::memory_order_relaxed);
+  }
+  return GdnRuleImpl(v);
+}
+void gdn_set_rule_impl(GdnRuleImpl impl) { g_rule_impl.store(int(impl), std::memory_order_relaxed); }
 
 int64_t gdn_rule_num_chunks(const GdnDims& d) { return (d.seq + kGdnChunk - 1) / kGdnChunk; }
 
@@ -138,11 +159,13 @@ void gdn_rule_fwd(const GdnDims& d, const void* qn, const void* kn, const void* 
   const int nt = choose_tile(Dv, 64, optin, [&](int n) { return fwd_smem_bytes(Dk, n); });
   LT_CUDA_REQUIRE(nt > 0, "gdn_rule_fwd: shared memory too small for this Dk");
   const int64_t smem = fwd_smem_bytes(Dk, nt);
-  LT_CUDA(cudaFuncSetAttribute(rule_fwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const bool mma = gdn_rule_impl() == GdnRuleImpl::Mma;
+  auto kernel = mma ? rule_fwd_kernel<true> : rule_fwd_kernel<false>;
+  LT_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   FwdArgs a{static_cast<const bf16*>(qn), static_cast<const bf16*>(kn), static_cast<const bf16*>(v), g, beta, seg,
             static_cast<bf16*>(o), state_ws, d.seq, gdn_rule_num_chunks(d), int(d.Hk), int(d.Hv), Dk, Dv, nt,
             float(1.0 / std::sqrt(double(Dk)))};
-  rule_fwd_kernel<<<dim3(unsigned(Dv / nt), unsigned(d.Hv), unsigned(d.batch)), kThreads, size_t(smem), st>>>(a);
+  kernel<<<dim3(unsigned(Dv / nt), unsigned(d.Hv), unsigned(d.batch)), kThreads, size_t(smem), st>>>(a);
   LT_CUDA_LAUNCH();
 }
 
