@@ -1,5 +1,8 @@
 // Gated DeltaNet kernel timings (src/backend/cuda/deltanet.h) at a layer shape, default the Qwen3.5/3.6
 // 27B layer: batch 8 x seq 1024, Hk 16, Hv 48, Dk = Dv = 128, conv kernel 4. Median of 10 runs (events).
+// The chunked rule is timed on both implementations (cuda::GdnRuleImpl Mma and Simt) with the TFLOP/s it
+// reaches at the model's FLOP count (src/model/mixer_deltanet.cpp: per token and value head
+// C (3 Dk + 2 Dv) + 6 Dk Dv forward, twice that backward); the total uses the default implementation.
 // Usage: bench_deltanet [batch seq Hk Hv Dk Dv]
 #include <cuda_runtime.h>
 
@@ -144,10 +147,12 @@ int main(int argc, char** argv) {
   auto add = [&](const char* name, const std::function<void()>& f) { rows.push_back({name, time_median_ms(f, st)}); };
   add("conv_silu_fwd", [&] { cuda::gdn_conv_silu_fwd(d, x, int64_t(C), wconv, nullptr, y, st); });
   add("prep_fwd", [&] { cuda::gdn_prep_fwd(d, y, a, b, A_log, dt, qn, kn, v, g, beta, st); });
-  add("rule_fwd", [&] { cuda::gdn_rule_fwd(d, qn, kn, v, g, beta, nullptr, o, states, st); });
+  const cuda::GdnRuleImpl def_impl = cuda::gdn_rule_impl();
+  add(def_impl == cuda::GdnRuleImpl::Mma ? "rule_fwd [mma]" : "rule_fwd [simt]",
+      [&] { cuda::gdn_rule_fwd(d, qn, kn, v, g, beta, nullptr, o, states, st); });
   add("gated_norm_fwd", [&] { cuda::gdn_gated_norm_fwd(d, o, z, wn, 1e-6f, yn, rstd, st); });
   add("gated_norm_bwd", [&] { cuda::gdn_gated_norm_bwd(d, o, z, wn, 1e-6f, rstd, dyn, dO, dz, dwn, ws, st); });
-  add("rule_bwd", [&] {
+  add(def_impl == cuda::GdnRuleImpl::Mma ? "rule_bwd [mma]" : "rule_bwd [simt]", [&] {
     cuda::gdn_rule_bwd(d, qn, kn, v, g, beta, nullptr, states, dO, dq, dk, dv, dg, dbeta, ws, st);
   });
   add("prep_bwd", [&] { cuda::gdn_prep_bwd(d, y, a, b, A_log, dt, dq, dk, dv, dg, dbeta, dy, da, db, dA, ddt, ws, st); });
@@ -157,10 +162,25 @@ int main(int argc, char** argv) {
               (long long)d.Dv, (long long)d.K);
   double total = 0;
   for (const auto& r : rows) {
-    std::printf("  %-16s %9.3f ms\n", r.name, r.ms);
+    std::printf("  %-18s %9.3f ms\n", r.name, r.ms);
     total += r.ms;
   }
-  std::printf("  %-16s %9.3f ms   (target for all of these: <= ~6 ms at the 27B shape)\n", "total", total);
+  std::printf("  %-18s %9.3f ms   (target for all of these: <= ~6 ms at the 27B shape)\n", "total", total);
+  // The rule on both implementations.
+  const double rule_flop_fwd = double(d.tokens()) * double(d.Hv) *
+                               (double(cuda::kGdnChunk) * (3.0 * double(d.Dk) + 2.0 * double(d.Dv)) +
+                                6.0 * double(d.Dk) * double(d.Dv));
+  std::printf("  rule per implementation (FLOP fwd %.3g, bwd %.3g):\n", rule_flop_fwd, 2 * rule_flop_fwd);
+  for (cuda::GdnRuleImpl impl : {cuda::GdnRuleImpl::Mma, cuda::GdnRuleImpl::Simt}) {
+    cuda::gdn_set_rule_impl(impl);
+    const double f = time_median_ms([&] { cuda::gdn_rule_fwd(d, qn, kn, v, g, beta, nullptr, o, states, st); }, st);
+    const double bw = time_median_ms(
+        [&] { cuda::gdn_rule_bwd(d, qn, kn, v, g, beta, nullptr, states, dO, dq, dk, dv, dg, dbeta, ws, st); }, st);
+    std::printf("    %-5s fwd %8.3f ms (%6.1f TFLOP/s)  bwd %8.3f ms (%6.1f TFLOP/s)  fwd+bwd %8.3f ms\n",
+                impl == cuda::GdnRuleImpl::Mma ? "mma" : "simt", f, rule_flop_fwd / (f * 1e9), bw,
+                2 * rule_flop_fwd / (bw * 1e9), f + bw);
+  }
+  cuda::gdn_set_rule_impl(def_impl);
   std::printf("  workspace: rule states %.1f MiB, bwd workspace %.1f MiB\n",
               double(cuda::gdn_rule_state_bytes(d)) / 1048576.0, double(ws_bytes) / 1048576.0);
   for (void* p : g_bufs) cudaFree(p);

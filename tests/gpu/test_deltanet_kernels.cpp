@@ -5,6 +5,9 @@
 // Tolerances: bf16 outputs rel. error (||got - ref|| / ||ref||) <= 1e-2 per tensor; fp32 gradients from
 // bf16 inputs: cosine >= 0.999 (and rel. error <= 3e-2); fp32 outputs of fp32 math (g, beta, rstd, the
 // rule's chunk states, the decode states) rel. error <= 1e-3.
+// The rule runs on both implementations (cuda::GdnRuleImpl: Mma tensor cores, Simt CUDA cores), each against
+// the CPU reference with the same tolerances, and Mma against Simt: o rel <= 5e-3 (bf16 outputs), the
+// fp32 chunk states and every gradient rel <= 1e-4 (Mma's split-bf16 products keep ~16 mantissa bits).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -184,6 +187,63 @@ RuleInputs rule_inputs(const GdnCase& gc, uint32_t seed) {
   return r;
 }
 
+// Sets the rule implementation for a scope (restores the previous one).
+struct RuleImplScope {
+  cuda::GdnRuleImpl prev;
+  explicit RuleImplScope(cuda::GdnRuleImpl impl) : prev(cuda::gdn_rule_impl()) { cuda::gdn_set_rule_impl(impl); }
+  ~RuleImplScope() { cuda::gdn_set_rule_impl(prev); }
+};
+const char* impl_name(cuda::GdnRuleImpl i) { return i == cuda::GdnRuleImpl::Mma ? "mma" : "simt"; }
+constexpr cuda::GdnRuleImpl kImpls[2] = {cuda::GdnRuleImpl::Mma, cuda::GdnRuleImpl::Simt};
+
+// One rule fwd + bwd on the device with implementation impl; host copies of every output.
+struct RuleOut {
+  std::vector<float> o, states, dq, dk, dv, dg, db;
+  float ms_fwd = 0, ms_bwd = 0;
+};
+void run_rule(const GdnCase& gc, const RuleInputs& in, const std::vector<int32_t>& seg, cuda::GdnRuleImpl impl,
+              RuleOut& r) {
+  RuleImplScope scope(impl);
+  const auto d = dims_of(gc);
+  const int64_t T = d.tokens(), KD = d.Hk * d.Dk, VD = d.Hv * d.Dv, NV = d.Hv;
+  DevBuf q = up_bf16(in.q), k = up_bf16(in.k), v = up_bf16(in.v), g = up(in.g), beta = up(in.beta);
+  DevBuf dO = up_bf16(in.dout), dseg = up(seg);
+  DevBuf o(sz(T * VD) * 2), states(sz(cuda::gdn_rule_state_bytes(d)));
+  DevBuf dq(sz(T * KD) * 4), dk(sz(T * KD) * 4), dv(sz(T * VD) * 4), dg(sz(T * NV) * 4), db(sz(T * NV) * 4);
+  DevBuf ws(sz(cuda::gdn_rule_bwd_workspace_bytes(d)));
+  const int32_t* sp = gc.segments ? dseg.as<int32_t>() : nullptr;
+  cudaEvent_t e0, e1, e2;
+  cudaEventCreate(&e0), cudaEventCreate(&e1), cudaEventCreate(&e2);
+  cudaEventRecord(e0);
+  cuda::gdn_rule_fwd(d, q.p, k.p, v.p, g.as<float>(), beta.as<float>(), sp, o.p, states.as<float>(), nullptr);
+  cudaEventRecord(e1);
+  cuda::gdn_rule_bwd(d, q.p, k.p, v.p, g.as<float>(), beta.as<float>(), sp, states.as<float>(), dO.p, dq.as<float>(),
+                     dk.as<float>(), dv.as<float>(), dg.as<float>(), db.as<float>(), ws.p, nullptr);
+  cudaEventRecord(e2);
+  GT_CUDA(cudaDeviceSynchronize());
+  cudaEventElapsedTime(&r.ms_fwd, e0, e1);
+  cudaEventElapsedTime(&r.ms_bwd, e1, e2);
+  cudaEventDestroy(e0), cudaEventDestroy(e1), cudaEventDestroy(e2);
+  r.o = down_bf16(o.p, sz(T * VD));
+  r.states = down<float>(states.p, states.bytes / 4);
+  r.dq = down<float>(dq.p, sz(T * KD));
+  r.dk = down<float>(dk.p, sz(T * KD));
+  r.dv = down<float>(dv.p, sz(T * VD));
+  r.dg = down<float>(dg.p, sz(T * NV));
+  r.db = down<float>(db.p, sz(T * NV));
+}
+
+// Mma against Simt (same inputs): o rel <= 5e-3, states and gradients rel <= 1e-4.
+void expect_impls_agree(const RuleOut& m, const RuleOut& s, const std::string& what) {
+  EXPECT_LE(rel_err(m.o, s.o), 5e-3) << "o " << what;
+  EXPECT_LE(rel_err(m.states, s.states), 1e-4) << "states " << what;
+  EXPECT_LE(rel_err(m.dq, s.dq), 1e-4) << "dq " << what;
+  EXPECT_LE(rel_err(m.dk, s.dk), 1e-4) << "dk " << what;
+  EXPECT_LE(rel_err(m.dv, s.dv), 1e-4) << "dv " << what;
+  EXPECT_LE(rel_err(m.dg, s.dg), 1e-4) << "dg " << what;
+  EXPECT_LE(rel_err(m.db, s.db), 1e-4) << "dbeta " << what;
+}
+
 TEST_P(GdnKernel, RuleForwardBackward) {
   REQUIRE_GPU();
   const GdnCase gc = GetParam();
@@ -207,27 +267,26 @@ TEST_P(GdnKernel, RuleForwardBackward) {
                               dq_ref.data() + off(KD), dk_ref.data() + off(KD), dv_ref.data() + off(VD),
                               dg_ref.data() + off(NV), db_ref.data() + off(NV));
   }
-  DevBuf q = up_bf16(in.q), k = up_bf16(in.k), v = up_bf16(in.v), g = up(in.g), beta = up(in.beta);
-  DevBuf dO = up_bf16(in.dout), dseg = up(seg);
-  DevBuf o(sz(T * VD) * 2), states(sz(cuda::gdn_rule_state_bytes(d)));
-  DevBuf dq(sz(T * KD) * 4), dk(sz(T * KD) * 4), dv(sz(T * VD) * 4), dg(sz(T * NV) * 4), db(sz(T * NV) * 4);
-  DevBuf ws(sz(cuda::gdn_rule_bwd_workspace_bytes(d)));
-  const int32_t* sp = gc.segments ? dseg.as<int32_t>() : nullptr;
-  cuda::gdn_rule_fwd(d, q.p, k.p, v.p, g.as<float>(), beta.as<float>(), sp, o.p, states.as<float>(), nullptr);
-  cuda::gdn_rule_bwd(d, q.p, k.p, v.p, g.as<float>(), beta.as<float>(), sp, states.as<float>(), dO.p, dq.as<float>(),
-                     dk.as<float>(), dv.as<float>(), dg.as<float>(), db.as<float>(), ws.p, nullptr);
-  GT_CUDA(cudaDeviceSynchronize());
-  EXPECT_LE(rel_err(down_bf16(o.p, sz(T * VD)), o_ref), 1e-2) << gc;
-  if (!gc.segments) {  // the chunk grids agree without segments: the states are the same tensors
-    EXPECT_LE(rel_err(down<float>(states.p, st_ref.size()), st_ref), 1e-3) << gc;
+  RuleOut res[2];
+  for (int ii = 0; ii < 2; ++ii) {
+    RuleOut& r = res[ii];
+    run_rule(gc, in, seg, kImpls[ii], r);
+    ASSERT_FALSE(::testing::Test::HasFatalFailure()) << impl_name(kImpls[ii]);
+    std::ostringstream name;
+    name << gc << " [" << impl_name(kImpls[ii]) << "]";
+    EXPECT_LE(rel_err(r.o, o_ref), 1e-2) << name.str();
+    if (!gc.segments) {  // the chunk grids agree without segments: the states are the same tensors
+      EXPECT_LE(rel_err(r.states, st_ref), 1e-3) << name.str();
+    }
+    expect_grad(r.dq, dq_ref, "dq " + name.str());
+    expect_grad(r.dk, dk_ref, "dk " + name.str());
+    expect_grad(r.dv, dv_ref, "dv " + name.str());
+    expect_grad(r.dg, dg_ref, "dg " + name.str());
+    expect_grad(r.db, db_ref, "dbeta " + name.str());
   }
   std::ostringstream name;
-  name << gc;
-  expect_grad(down<float>(dq.p, sz(T * KD)), dq_ref, "dq " + name.str());
-  expect_grad(down<float>(dk.p, sz(T * KD)), dk_ref, "dk " + name.str());
-  expect_grad(down<float>(dv.p, sz(T * VD)), dv_ref, "dv " + name.str());
-  expect_grad(down<float>(dg.p, sz(T * NV)), dg_ref, "dg " + name.str());
-  expect_grad(down<float>(db.p, sz(T * NV)), db_ref, "dbeta " + name.str());
+  name << gc << " [mma vs simt]";
+  expect_impls_agree(res[0], res[1], name.str());
 }
 
 // ------------------------------------------------------------------------------------------ gated norm
@@ -316,8 +375,10 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 // The backward has no atomics: two runs give the same bits.
-TEST(GdnKernelDeterminism, RuleBackwardIsDeterministic) {
+class GdnKernelDeterminism : public ::testing::TestWithParam<cuda::GdnRuleImpl> {};
+TEST_P(GdnKernelDeterminism, RuleBackwardIsDeterministic) {
   REQUIRE_GPU();
+  RuleImplScope scope(GetParam());
   const GdnCase gc{2, 150, 2, 6, 128, 128, true};
   const auto d = dims_of(gc);
   const int64_t T = d.tokens(), KD = d.Hk * d.Dk, VD = d.Hv * d.Dv;
@@ -346,42 +407,36 @@ TEST(GdnKernelDeterminism, RuleBackwardIsDeterministic) {
   }
 }
 
+INSTANTIATE_TEST_SUITE_P(Impls, GdnKernelDeterminism, ::testing::ValuesIn(kImpls),
+                         [](const auto& info) { return std::string(impl_name(info.param)); });
+
 // The 27B layer shape runs (shared-memory configuration at Dk = Dv = 128, Hv = 3 Hk) and gives finite
 // results; prints the time of rule fwd + bwd (bench/gpu/bench_deltanet.cu has the full timing table).
 TEST(GdnKernelShape, Qwen27BLayerRuns) {
   REQUIRE_GPU();
   const GdnCase gc{8, 1024, 16, 48, 128, 128, false};
-  const auto d = dims_of(gc);
-  const int64_t T = d.tokens(), KD = d.Hk * d.Dk, VD = d.Hv * d.Dv;
   const auto in = rule_inputs(gc, 29);
-  DevBuf q = up_bf16(in.q), k = up_bf16(in.k), v = up_bf16(in.v), g = up(in.g), beta = up(in.beta);
-  DevBuf dO = up_bf16(in.dout), o(sz(T * VD) * 2), states(sz(cuda::gdn_rule_state_bytes(d)));
-  DevBuf ws(sz(cuda::gdn_rule_bwd_workspace_bytes(d)));
-  DevBuf dq(sz(T * KD) * 4), dk(sz(T * KD) * 4), dv(sz(T * VD) * 4), dg(sz(T * d.Hv) * 4), db(sz(T * d.Hv) * 4);
-  ASSERT_NE(ws.p, nullptr);
-  ASSERT_NE(states.p, nullptr);
-  cudaEvent_t e0, e1, e2;
-  cudaEventCreate(&e0), cudaEventCreate(&e1), cudaEventCreate(&e2);
-  cudaEventRecord(e0);
-  cuda::gdn_rule_fwd(d, q.p, k.p, v.p, g.as<float>(), beta.as<float>(), nullptr, o.p, states.as<float>(), nullptr);
-  cudaEventRecord(e1);
-  cuda::gdn_rule_bwd(d, q.p, k.p, v.p, g.as<float>(), beta.as<float>(), nullptr, states.as<float>(), dO.p,
-                     dq.as<float>(), dk.as<float>(), dv.as<float>(), dg.as<float>(), db.as<float>(), ws.p, nullptr);
-  cudaEventRecord(e2);
-  GT_CUDA(cudaDeviceSynchronize());
-  float f = 0, bw = 0;
-  cudaEventElapsedTime(&f, e0, e1);
-  cudaEventElapsedTime(&bw, e1, e2);
-  std::printf("[27B shape, first call] gdn_rule_fwd %.3f ms, gdn_rule_bwd %.3f ms\n", f, bw);
+  const std::vector<int32_t> seg(sz(gc.batch * gc.seq), 0);
   auto finite = [](const std::vector<float>& x) {
     return std::all_of(x.begin(), x.end(), [](float y) { return std::isfinite(y); });
   };
-  EXPECT_TRUE(finite(down_bf16(o.p, sz(T * VD))));
-  EXPECT_TRUE(finite(down<float>(dq.p, sz(T * KD))));
-  EXPECT_TRUE(finite(down<float>(dk.p, sz(T * KD))));
-  EXPECT_TRUE(finite(down<float>(dv.p, sz(T * VD))));
-  EXPECT_TRUE(finite(down<float>(dg.p, sz(T * d.Hv))));
-  cudaEventDestroy(e0), cudaEventDestroy(e1), cudaEventDestroy(e2);
+  RuleOut res[2];
+  for (int ii = 0; ii < 2; ++ii) {
+    RuleOut& r = res[ii];
+    run_rule(gc, in, seg, kImpls[ii], r);
+    ASSERT_FALSE(::testing::Test::HasFatalFailure()) << impl_name(kImpls[ii]);
+    std::printf("[27B shape, first call, %s] gdn_rule_fwd %.3f ms, gdn_rule_bwd %.3f ms\n", impl_name(kImpls[ii]),
+                r.ms_fwd, r.ms_bwd);
+    const char* nm = impl_name(kImpls[ii]);
+    EXPECT_TRUE(finite(r.o)) << nm;
+    EXPECT_TRUE(finite(r.states)) << nm;
+    EXPECT_TRUE(finite(r.dq)) << nm;
+    EXPECT_TRUE(finite(r.dk)) << nm;
+    EXPECT_TRUE(finite(r.dv)) << nm;
+    EXPECT_TRUE(finite(r.dg)) << nm;
+    EXPECT_TRUE(finite(r.db)) << nm;
+  }
+  expect_impls_agree(res[0], res[1], "27B shape [mma vs simt]");
 }
 
 }  // namespace
