@@ -126,8 +126,9 @@ class MicroBatchRun {
       const int64_t layer = r.layer[size_t(next_load_)];
       wait_update(layer + 1);
       if (ev_after >= 0) be.wait(Lane::H2D, use_done_[size_t(ev_after)]);
+      // The layer's own size: slots hold the largest layer kind, the host copy only this layer.
       be.copy(Lane::H2D, I.ring[size_t(r.slot[size_t(next_load_)])].data(), I.st.stream(layer + 1),
-              I.ring[0].bytes(), lab("w.h2d", int32_t(layer)));
+              I.st.numel(layer + 1) * int64_t(I.w_sz), lab("w.h2d", int32_t(layer)));
       load_ready_[size_t(next_load_)] = be.record(Lane::H2D);
       ++next_load_;
     }

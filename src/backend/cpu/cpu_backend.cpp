@@ -180,11 +180,13 @@ Allocation CpuBackend::alloc(MemKind k, int64_t bytes, const std::string& tag) {
     mem_.release(k, bytes, tag);
     fail("cpu backend: out of host memory allocating {} bytes for '{}'", bytes, tag);
   }
+  live_[reinterpret_cast<uintptr_t>(p)] = {bytes, tag};
   return Allocation{p, bytes, k, tag};
 }
 
 void CpuBackend::free(Allocation& a) {
   if (!a.ptr) return;
+  live_.erase(reinterpret_cast<uintptr_t>(a.ptr));
   std::free(a.ptr);
   mem_.release(a.kind, a.bytes, a.tag);
   a = {};
@@ -258,7 +260,20 @@ void CpuBackend::clear_error() {
   impl_->first_error.clear();
 }
 
+void CpuBackend::check_range(const void* p, int64_t bytes, const char* what, OpLabel l) const {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  auto it = live_.upper_bound(a);
+  if (it == live_.begin()) return;  // not backend memory (the caller's own)
+  --it;
+  const int64_t off = int64_t(a - it->first), size = it->second.first;
+  if (off >= size) return;
+  LT_CHECK(off + bytes <= size, "cpu backend: copy '{}' ({} #{}) of {} bytes at offset {} of '{}' runs past its {} bytes",
+           l.what, what, l.index, bytes, off, it->second.second, size);
+}
+
 void CpuBackend::copy(Lane lane, void* dst, const void* src, int64_t bytes, OpLabel l) {
+  check_range(dst, bytes, "destination", l);
+  check_range(src, bytes, "source", l);
   Task t;
   t.fn = [dst, src, bytes] { std::memcpy(dst, src, size_t(bytes)); };
   t.label = l;

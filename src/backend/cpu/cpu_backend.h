@@ -4,7 +4,10 @@
 // copy of the weights is then fp32 too). Optional bandwidth emulation makes copies take
 // bytes / bandwidth seconds, so overlap and exposed time can be studied without a GPU.
 #pragma once
+#include <cstdint>
+#include <map>
 #include <memory>
+#include <string>
 
 #include "backend/backend.h"
 
@@ -67,6 +70,10 @@ class CpuBackend final : public Backend {
   CpuBackendOptions opt_;
   std::unique_ptr<Impl> impl_;
   int64_t workspace_reserved_ = 0;
+  // Live allocations by start address, so that a copy running past the end of the allocation it starts
+  // in fails here as it does on the GPU (the CUDA runtime checks device ranges), not silently.
+  std::map<uintptr_t, std::pair<int64_t, std::string>> live_;
+  void check_range(const void* p, int64_t bytes, const char* what, OpLabel l) const;
 };
 
 }  // namespace lt
