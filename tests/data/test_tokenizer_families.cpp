@@ -12,7 +12,7 @@
 #include "data/chat_template.h"
 #include "data/tokenizer.h"
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;  // messages keep their key order, as in Python
 namespace fs = std::filesystem;
 
 namespace {
