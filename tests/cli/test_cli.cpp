@@ -31,13 +31,13 @@ std::string quote(const std::string& s) {
   return q + "'";
 }
 
-struct Run {
+struct CliRun {
   int rc;
   std::string out, err;
 };
 
 // Runs `lazytrain ARGS < stdin_text` in a fresh temporary directory.
-Run run_cli(const std::string& args, const std::string& stdin_text = "") {
+CliRun run_cli(const std::string& args, const std::string& stdin_text = "") {
   const fs::path dir = fs::temp_directory_path() / ("lt_cli_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
                                                     "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
   fs::create_directories(dir);
@@ -51,7 +51,7 @@ Run run_cli(const std::string& args, const std::string& stdin_text = "") {
     ss << f.rdbuf();
     return ss.str();
   };
-  Run r{rc, slurp(dir / "out"), slurp(dir / "err")};
+  CliRun r{rc, slurp(dir / "out"), slurp(dir / "err")};
   fs::remove_all(dir);
   return r;
 }
@@ -82,7 +82,7 @@ std::vector<ojson> cases(const std::string& fam, const std::string& kind) {
 }
 
 // Each output line is {"ids": [...]}, one per input line, equal to the expected ids.
-void expect_ids(const std::string& fam, const Run& r, const std::vector<ojson>& want) {
+void expect_ids(const std::string& fam, const CliRun& r, const std::vector<ojson>& want) {
   ASSERT_EQ(r.rc, 0) << fam << ": " << r.err;
   const auto got = lines(r.out);
   ASSERT_EQ(got.size(), want.size()) << fam;
@@ -138,12 +138,12 @@ TEST(CliTokenize, RefusalsAndBadInputAreErrors) {
     any = true;
     ojson line = c;
     for (const char* k : {"text", "ids", "kind", "error"}) line.erase(k);
-    const Run r = run_cli("tokenize --chat --tokenizer " + quote(kFamilies + "gemma"), line.dump() + "\n");
+    const CliRun r = run_cli("tokenize --chat --tokenizer " + quote(kFamilies + "gemma"), line.dump() + "\n");
     EXPECT_NE(r.rc, 0);
     EXPECT_NE(r.err.find("chat_template"), std::string::npos) << r.err;
   }
   EXPECT_TRUE(any);
-  const Run bad = run_cli("tokenize --tokenizer " + quote(kFamilies + "qwen3"), "{\"text\": \"a\"}\n{\"txt\": 1}\n");
+  const CliRun bad = run_cli("tokenize --tokenizer " + quote(kFamilies + "qwen3"), "{\"text\": \"a\"}\n{\"txt\": 1}\n");
   EXPECT_NE(bad.rc, 0);
   EXPECT_NE(bad.err.find("stdin:2"), std::string::npos) << bad.err;
 }
@@ -152,9 +152,9 @@ TEST(CliTokenize, RefusalsAndBadInputAreErrors) {
 TEST(CliTokenize, ChatmlFallbackTemplate) {
   const std::string in = R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]})"
                          "\n";
-  const Run own = run_cli("tokenize --chat --tokenizer " + quote(kFamilies + "qwen2.5"), in);
-  const Run fb = run_cli("tokenize --chat --template chatml --tokenizer " + quote(kFamilies + "qwen2.5"), in);
-  const Run text = run_cli("tokenize --tokenizer " + quote(kFamilies + "qwen2.5"),
+  const CliRun own = run_cli("tokenize --chat --tokenizer " + quote(kFamilies + "qwen2.5"), in);
+  const CliRun fb = run_cli("tokenize --chat --template chatml --tokenizer " + quote(kFamilies + "qwen2.5"), in);
+  const CliRun text = run_cli("tokenize --tokenizer " + quote(kFamilies + "qwen2.5"),
                            ojson{{"text", "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nYo<|im_end|>\n"}}.dump() + "\n");
   ASSERT_EQ(own.rc, 0) << own.err;
   ASSERT_EQ(fb.rc, 0) << fb.err;
@@ -165,15 +165,28 @@ TEST(CliTokenize, ChatmlFallbackTemplate) {
 // generate --raw encodes the prompt as plain text: a tokenizer directory without any chat template
 // works (without --raw, template auto is an error naming the choices).
 TEST(CliGenerate, RawNeedsNoTemplate) {
+  // The demo tokenizer without its chat template, cut to the fixture model's 300 ids (no added tokens).
   const fs::path tokdir = fs::temp_directory_path() / "lt_cli_raw_tok";
   fs::create_directories(tokdir);
-  fs::copy_file(kSrc + "/configs/demo/tokenizer.json", tokdir / "tokenizer.json", fs::copy_options::overwrite_existing);
+  {
+    std::ifstream f(kSrc + "/configs/demo/tokenizer.json");
+    ojson j = ojson::parse(f);
+    ojson vocab = ojson::object(), merges = ojson::array();
+    for (auto it = j["model"]["vocab"].begin(); it != j["model"]["vocab"].end(); ++it)
+      if (it.value().get<int>() < 300) vocab[it.key()] = it.value();
+    for (const auto& m : j["model"]["merges"])
+      if (vocab.contains(m[0].get<std::string>() + m[1].get<std::string>())) merges.push_back(m);
+    j["model"]["vocab"] = vocab;
+    j["model"]["merges"] = merges;
+    j["added_tokens"] = ojson::array();
+    std::ofstream(tokdir / "tokenizer.json") << j.dump();
+  }
   const std::string common = "generate --model " + quote(kSrc + "/tests/fixtures/hf/qwen2_bias_tied") +
                              " --tokenizer " + quote(tokdir.string()) + " --device cpu --threads 1 --max-new-tokens 3 -p 'What is'";
-  const Run raw = run_cli(common + " --raw");
+  const CliRun raw = run_cli(common + " --raw");
   EXPECT_EQ(raw.rc, 0) << raw.err;
   EXPECT_EQ(raw.out.rfind("### prompt 0: What is\n", 0), 0u) << raw.out;
-  const Run chat = run_cli(common);
+  const CliRun chat = run_cli(common);
   EXPECT_NE(chat.rc, 0);
   EXPECT_NE(chat.err.find("template: 'auto' needs"), std::string::npos) << chat.err;
   fs::remove_all(tokdir);

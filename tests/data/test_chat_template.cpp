@@ -196,15 +196,15 @@ TEST(ChatTemplate, MessageKeysKeepInsertionOrder) {
   TokenizerConfig cfg = lt.config;
   cfg.chat_template =
       "{% for m in messages %}{{ m|tojson }}|{% for k, v in m.items() %}{{ k }}={{ v }};{% endfor %}"
-      "{% for k in m %}{{ k }},{% endfor %}\n{% endfor %}";
+      "{% for k in m %}{{ k }},{% endfor %}\n{% endfor %}";  // trim_blocks eats that newline
   const ChatTemplate t = ChatTemplate::resolve("auto", lt.tokenizer, cfg);
   const auto msgs = nlohmann::ordered_json::parse(R"([{"role": "user", "content": "hi", "name": "zed", "a": 1}])");
   EXPECT_EQ(t.render(msgs, false).text,
             "{\"role\": \"user\", \"content\": \"hi\", \"name\": \"zed\", \"a\": 1}|role=user;content=hi;name=zed;a=1;"
-            "role,content,name,a,\n");
+            "role,content,name,a,");
   // Messages of a data set (role, content) in the same order.
   const Encoded e = t.encode({{"user", "x"}}, true);
-  EXPECT_EQ(lt.tokenizer.decode(e.ids), "{\"role\": \"user\", \"content\": \"x\"}|role=user;content=x;role,content,\n");
+  EXPECT_EQ(lt.tokenizer.decode(e.ids), "{\"role\": \"user\", \"content\": \"x\"}|role=user;content=x;role,content,");
 }
 
 }  // namespace
