@@ -12,13 +12,15 @@
 #include <string>
 #include <vector>
 
+#include "../common/families.h"
+
 namespace fs = std::filesystem;
 using ojson = nlohmann::ordered_json;
 
 namespace {
 
 const std::string kSrc = LT_SOURCE_DIR;
-const std::string kFamilies = kSrc + "/tests/fixtures/families/";
+const std::string& kFamilies = lt::testing::kFamiliesDir;
 
 std::string lazytrain() {
   const char* env = std::getenv("LT_BIN");
@@ -63,23 +65,8 @@ std::vector<std::string> lines(const std::string& s) {
   return out;
 }
 
-std::vector<std::string> families() {
-  std::vector<std::string> out;
-  for (const auto& e : fs::directory_iterator(kFamilies))
-    if (e.is_directory()) out.push_back(e.path().filename().string());
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-std::vector<ojson> cases(const std::string& fam, const std::string& kind) {
-  std::ifstream f(kFamilies + fam + "/cases.jsonl");
-  std::vector<ojson> out;
-  for (std::string line; std::getline(f, line);) {
-    ojson j = ojson::parse(line);
-    if (j["kind"] == kind) out.push_back(std::move(j));
-  }
-  return out;
-}
+using lt::testing::families;
+std::vector<ojson> cases(const std::string& fam, const std::string& kind) { return lt::testing::family_cases(fam, kind); }
 
 // Each output line is {"ids": [...]}, one per input line, equal to the expected ids.
 void expect_ids(const std::string& fam, const CliRun& r, const std::vector<ojson>& want) {

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "../common/families.h"
 #include "core/error.h"
 #include "data/chat_template.h"
 #include "data/tokenizer.h"
@@ -17,25 +18,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kDir = std::string(LT_SOURCE_DIR) + "/tests/fixtures/families/";
-
-std::vector<std::string> families() {
-  std::vector<std::string> out;
-  for (const auto& e : fs::directory_iterator(kDir))
-    if (e.is_directory()) out.push_back(e.path().filename().string());
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-std::vector<json> cases(const std::string& fam, const std::string& kind) {
-  std::ifstream f(kDir + fam + "/cases.jsonl");
-  std::vector<json> out;
-  for (std::string line; std::getline(f, line);) {
-    json j = json::parse(line);
-    if (j["kind"] == kind) out.push_back(std::move(j));
-  }
-  return out;
-}
+const std::string& kDir = lt::testing::kFamiliesDir;
+using lt::testing::families;
+std::vector<json> cases(const std::string& fam, const std::string& kind) { return lt::testing::family_cases(fam, kind); }
 
 class Family : public ::testing::TestWithParam<std::string> {};
 
