@@ -54,6 +54,25 @@ UnitBytes unit_bytes(const UnitLayout& u) {
   return b;
 }
 
+// The layer kinds the model has, each with its first layer (whose layout every layer of the kind shares).
+struct KindInfo {
+  LayerKind kind;
+  int64_t count = 0;
+  const UnitLayout* layout = nullptr;
+  LayerCost cost;
+};
+std::vector<KindInfo> kinds_of(const ModelConfig& c, const ModelLayout& lay, int64_t batch, int64_t seq) {
+  std::vector<KindInfo> v;
+  for (LayerKind k : {LayerKind::Attention, LayerKind::GatedDeltaNet}) {
+    const int64_t n = c.count(k);
+    if (n == 0) continue;
+    int64_t first = 0;
+    while (c.kind(first) != k) ++first;
+    v.push_back({k, n, &lay.layer(first), layer_cost(c, k, batch, seq, 2)});
+  }
+  return v;
+}
+
 struct Options {
   std::string model;
   int64_t batch = 1, seq = 1024, head_chunk = 1024;
@@ -63,29 +82,40 @@ struct Options {
 };
 
 // Same figures as the table, machine-readable (bytes and FLOPs as plain numbers).
-void print_json(const ModelConfig& c, const ModelLayout& lay, const Options& o, const LayerCost& lc) {
+void print_json(const ModelConfig& c, const ModelLayout& lay, const Options& o, const std::vector<KindInfo>& kinds) {
   auto unit = [](const UnitLayout& u) {
     UnitBytes b = unit_bytes(u);
     return nlohmann::json{{"params", b.params},          {"fp32_master_bytes", b.params * 4},
                           {"bf16_copy_bytes", b.params * 2}, {"fp32_grad_bytes", b.params * 4},
                           {"adamw_fp32_bytes", b.params * 8}, {"adamw_8bit_bytes", b.opt8}};
   };
+  auto cost = [](const LayerCost& lc) {
+    return nlohmann::json{{"params", lc.params},
+                          {"flops_fwd", lc.flops_fwd},
+                          {"flops_core_fwd", lc.flops_core_fwd},
+                          {"flops_bwd", lc.flops_bwd},
+                          {"boundary_bytes", lc.boundary_bytes},
+                          {"internal_bytes", lc.internal_bytes},
+                          {"workspace_bytes", lc.workspace_bytes}};
+  };
   const int64_t T = o.batch * o.seq;
+  nlohmann::json per_kind = nlohmann::json::object();
+  for (auto& k : kinds) {
+    nlohmann::json e = cost(k.cost);
+    e["count"] = k.count;
+    e["unit"] = unit(*k.layout);
+    per_kind[layer_kind_short_name(k.kind)] = e;
+  }
   nlohmann::json j = {
       {"model", c.name},
       {"config", model_config_to_json(c)},
       {"parameters", parameter_count(c)},
-      {"units", {{"embedding", unit(lay.embedding())}, {"layer", unit(lay.layer(0))}, {"head", unit(lay.head())}}},
+      {"units", {{"embedding", unit(lay.embedding())}, {"layer", unit(*kinds.front().layout)}, {"head", unit(lay.head())}}},
       {"batch", o.batch},
       {"seq", o.seq},
       {"tokens", T},
-      {"layer",
-       {{"params", lc.params},
-        {"flops_fwd", lc.flops_fwd},
-        {"flops_bwd", lc.flops_bwd},
-        {"boundary_bytes", lc.boundary_bytes},
-        {"internal_bytes", lc.internal_bytes},
-        {"workspace_bytes", lc.workspace_bytes}}},
+      {"layer", cost(kinds.front().cost)},
+      {"layer_kinds", per_kind},
       {"head_flops_fwd", head_flops_fwd(c, T)},
       {"head_chunk_tokens", std::min(o.head_chunk, T)},
       {"head_chunk_workspace_bytes", head_chunk_workspace_bytes(c, std::min(o.head_chunk, T))},
@@ -93,10 +123,8 @@ void print_json(const ModelConfig& c, const ModelLayout& lay, const Options& o, 
   fmt::print("{}\n", j.dump(2));
 }
 
-void print_table(const ModelConfig& c, const ModelLayout& lay, const Options& o, const LayerCost& lc, int64_t N) {
-  const int64_t T = o.batch * o.seq;
-
-  fmt::print("model       {} ({})\n", c.name, arch_hf_name(c.arch));
+void print_shape(const ModelConfig& c) {
+  fmt::print("model       {} ({})\n", c.name, c.composite ? "Qwen3_5ForConditionalGeneration" : arch_hf_name(c.arch));
   fmt::print("shape       hidden {}, layers {}, heads {}/{} (head_dim {}), ffn {}, vocab {}\n", c.hidden, c.layers,
              c.heads, c.kv_heads, c.head_dim, c.ffn, c.vocab);
   fmt::print("features    {} embeddings, {}q/k/v bias, {}QK-norm, rms_eps {:g}, rope theta {}{}\n",
@@ -105,45 +133,79 @@ void print_table(const ModelConfig& c, const ModelLayout& lay, const Options& o,
                  ? fmt::format(" (llama3 scaling x{:g}, orig {})", c.rope_scaling.factor,
                                c.rope_scaling.original_max_position_embeddings)
                  : std::string());
-  fmt::print("parameters  {} total ({}), {} per layer\n\n", grouped(N), format_bytes(double(N) * 4) + " fp32",
-             grouped(lc.params));
+  if (c.arch == Arch::Qwen3_5) {
+    std::string order;
+    for (int64_t i = 0; i < c.layers; ++i) order += c.kind(i) == LayerKind::Attention ? 'A' : 'D';
+    fmt::print("hybrid      {} Gated DeltaNet (D) + {} full attention (A) layers: {}\n", c.count(LayerKind::GatedDeltaNet),
+               c.count(LayerKind::Attention), order);
+    fmt::print("            deltanet: {} key heads x {}, {} value heads x {}, conv kernel {}; attention: output gate, "
+               "RoPE on {} of {} dims, (1 + w) RMSNorm\n",
+               c.linear.k_heads, c.linear.k_head_dim, c.linear.v_heads, c.linear.v_head_dim, c.linear.conv_kernel,
+               c.rotary_dim(), c.head_dim);
+  }
+}
 
-  fmt::print("{:<18} {:>15} {:>12} {:>12} {:>12} {:>14} {:>14}\n", "bytes per unit", "params", "fp32 master",
+void print_table(const ModelConfig& c, const ModelLayout& lay, const Options& o, const std::vector<KindInfo>& kinds,
+                 int64_t N) {
+  const int64_t T = o.batch * o.seq;
+  const bool hybrid = kinds.size() > 1;
+  auto kname = [&](const KindInfo& k) { return hybrid ? fmt::format(", {}", layer_kind_short_name(k.kind)) : std::string(); };
+  print_shape(c);
+  std::string per_layer;
+  for (auto& k : kinds)
+    per_layer += fmt::format("{}{} per {} layer", per_layer.empty() ? "" : ", ", grouped(k.cost.params),
+                             layer_kind_short_name(k.kind));
+  fmt::print("parameters  {} total ({}), {}\n\n", grouped(N), format_bytes(double(N) * 4) + " fp32", per_layer);
+
+  fmt::print("{:<24} {:>15} {:>12} {:>12} {:>12} {:>14} {:>14}\n", "bytes per unit", "params", "fp32 master",
              "bf16 copy", "fp32 grad", "AdamW fp32", "AdamW 8-bit");
   auto row = [&](const std::string& name, const UnitBytes& b, int64_t mult) {
     const int64_t p = b.params * mult;
-    fmt::print("{:<18} {:>15} {:>12} {:>12} {:>12} {:>14} {:>14}\n", name, grouped(p), format_bytes(double(p) * 4),
+    fmt::print("{:<24} {:>15} {:>12} {:>12} {:>12} {:>14} {:>14}\n", name, grouped(p), format_bytes(double(p) * 4),
                format_bytes(double(p) * 2), format_bytes(double(p) * 4), format_bytes(double(p) * 8),
                format_bytes(double(b.opt8 * mult)));
   };
-  UnitBytes emb = unit_bytes(lay.embedding()), layer = unit_bytes(lay.layer(0)), head = unit_bytes(lay.head());
+  UnitBytes emb = unit_bytes(lay.embedding()), head = unit_bytes(lay.head());
+  UnitBytes tot{emb.params + head.params, emb.opt8 + head.opt8};
   row("embedding", emb, 1);
-  row("layer (each)", layer, 1);
-  row(fmt::format("layers (x{})", c.layers), layer, c.layers);
+  for (auto& k : kinds) {
+    const UnitBytes lb = unit_bytes(*k.layout);
+    row(fmt::format("layer (each{})", kname(k)), lb, 1);
+    row(fmt::format("layers (x{}{})", k.count, kname(k)), lb, k.count);
+    tot.params += lb.params * k.count;
+    tot.opt8 += lb.opt8 * k.count;
+  }
   row(c.tied ? "head (norm; tied)" : "head (norm+lm_head)", head, 1);
-  UnitBytes tot{emb.params + layer.params * c.layers + head.params, emb.opt8 + layer.opt8 * c.layers + head.opt8};
   row("total", tot, 1);
   fmt::print("(8-bit: blockwise m and v for 2-D weights, fp32 for norms and biases; grad: host fp32 accumulator)\n\n");
 
+  const LayerCost& lc0 = kinds.front().cost;
   fmt::print("activations at batch {} x seq {} = {} tokens, bf16\n", o.batch, o.seq, grouped(T));
-  fmt::print("  {:<52} {:>12}\n", "one boundary (tokens x hidden)", format_bytes(double(lc.boundary_bytes)));
-  fmt::print("  {:<52} {:>12}\n", fmt::format("all {} boundaries", c.layers + 1),
-             format_bytes(double(lc.boundary_bytes) * double(c.layers + 1)));
-  fmt::print("  {:<52} {:>12}\n", "layer internals saved for a recompute-free backward",
-             format_bytes(double(lc.internal_bytes)));
-  fmt::print("  {:<52} {:>12}\n", "layer transient workspace (peak beyond internals)",
-             format_bytes(double(lc.workspace_bytes)));
+  fmt::print("  {:<64} {:>12}\n", "one boundary (tokens x hidden)", format_bytes(double(lc0.boundary_bytes)));
+  fmt::print("  {:<64} {:>12}\n", fmt::format("all {} boundaries", c.layers + 1),
+             format_bytes(double(lc0.boundary_bytes) * double(c.layers + 1)));
+  for (auto& k : kinds) {
+    fmt::print("  {:<64} {:>12}\n", fmt::format("layer internals saved for a recompute-free backward{}", kname(k)),
+               format_bytes(double(k.cost.internal_bytes)));
+    fmt::print("  {:<64} {:>12}\n", fmt::format("layer transient workspace (peak beyond internals){}", kname(k)),
+               format_bytes(double(k.cost.workspace_bytes)));
+  }
   const int64_t chunk = std::min(o.head_chunk, T);
-  fmt::print("  {:<52} {:>12}\n", fmt::format("LM head + loss workspace ({}-token chunk, fp32)", chunk),
+  fmt::print("  {:<64} {:>12}\n", fmt::format("LM head + loss workspace ({}-token chunk, fp32)", chunk),
              format_bytes(double(head_chunk_workspace_bytes(c, chunk))));
-  fmt::print("\nFLOPs at batch {} x seq {} (matmul 2*T*params; causal attention 2*B*S^2*q_dim; backward 2x)\n",
+  fmt::print("\nFLOPs at batch {} x seq {} (matmul 2*T*params; causal attention 2*B*S^2*q_dim; delta rule per "
+             "docs/metrics.md; backward 2x)\n",
              o.batch, o.seq);
-  fmt::print("  {:<52} {:>16}\n", "layer forward", flops(lc.flops_fwd));
-  fmt::print("  {:<52} {:>16}\n", "layer backward", flops(lc.flops_bwd));
-  fmt::print("  {:<52} {:>16}\n", fmt::format("all {} layers forward + backward", c.layers),
-             flops((lc.flops_fwd + lc.flops_bwd) * double(c.layers)));
-  fmt::print("  {:<52} {:>16}\n", "LM head forward + backward", flops(3.0 * head_flops_fwd(c, T)));
-  fmt::print("  {:<52} {:>16}\n", "6 * N * tokens (TFLOPS numerator per step)", flops(model_flops_per_step(c, T)));
+  double all = 0;
+  for (auto& k : kinds) {
+    fmt::print("  {:<64} {:>16}\n", fmt::format("layer forward{} (core {})", kname(k), flops(k.cost.flops_core_fwd)),
+               flops(k.cost.flops_fwd));
+    fmt::print("  {:<64} {:>16}\n", fmt::format("layer backward{}", kname(k)), flops(k.cost.flops_bwd));
+    all += (k.cost.flops_fwd + k.cost.flops_bwd) * double(k.count);
+  }
+  fmt::print("  {:<64} {:>16}\n", fmt::format("all {} layers forward + backward", c.layers), flops(all));
+  fmt::print("  {:<64} {:>16}\n", "LM head forward + backward", flops(3.0 * head_flops_fwd(c, T)));
+  fmt::print("  {:<64} {:>16}\n", "6 * N * tokens (TFLOPS numerator per step)", flops(model_flops_per_step(c, T)));
 }
 
 void write_random(const ModelConfig& c, const Options& o) {
@@ -162,12 +224,12 @@ void run(const Options& o) {
   ModelLayout lay = model_layout(c);
   LT_CHECK(o.batch > 0 && o.seq > 0, "--batch and --seq must be positive, got {} and {}", o.batch, o.seq);
   LT_CHECK(o.head_chunk > 0, "--head-chunk must be positive, got {}", o.head_chunk);
-  LayerCost lc = layer_cost(c, o.batch, o.seq, 2);
+  const auto kinds = kinds_of(c, lay, o.batch, o.seq);
   const int64_t N = parameter_count(c);
   if (o.json) {
-    print_json(c, lay, o, lc);
+    print_json(c, lay, o, kinds);
   } else {
-    print_table(c, lay, o, lc, N);
+    print_table(c, lay, o, kinds, N);
   }
   if (!o.write_dir.empty()) write_random(c, o);
 }

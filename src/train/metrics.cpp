@@ -20,10 +20,11 @@ FlopModel flop_model(const ModelConfig& c, int64_t batch, int64_t seq, int64_t m
   FlopModel f;
   const int64_t tokens = batch * seq;
   f.model_flops = model_flops_per_step(c, tokens * micro_batches);
-  LayerCost lc = layer_cost(c, batch, seq);
+  const LayersFlops lf = all_layers_flops(c, batch, seq);
+  // Extra forwards are counted at the mean layer's forward (hybrid models: kinds differ by a few %).
+  const double mean_fwd = lf.fwd / double(c.layers);
   // Head: forward GEMM + two backward GEMMs (dX and dW).
-  double per_mb = double(c.layers) * (lc.flops_fwd + lc.flops_bwd) + extra_layer_forwards * lc.flops_fwd +
-                  3.0 * head_flops_fwd(c, tokens);
+  double per_mb = lf.fwd + lf.bwd + extra_layer_forwards * mean_fwd + 3.0 * head_flops_fwd(c, tokens);
   f.hardware_flops = per_mb * double(micro_batches);
   return f;
 }

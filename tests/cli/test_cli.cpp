@@ -19,7 +19,7 @@ using ojson = nlohmann::ordered_json;
 
 namespace {
 
-const std::string kSrc = LT_SOURCE_DIR;
+const std::string kSrc = lt::testing::repo_root().string();
 const std::string& kFamilies = lt::testing::kFamiliesDir;
 
 std::string lazytrain() {

@@ -8,9 +8,11 @@
 #include <string>
 #include <vector>
 
+#include "repo_path.h"
+
 namespace lt::testing {
 
-inline const std::string kFamiliesDir = std::string(LT_SOURCE_DIR) + "/tests/fixtures/families/";
+inline const std::string kFamiliesDir = repo_root().string() + "/tests/fixtures/families/";
 
 // Family names (directory names), sorted.
 inline std::vector<std::string> families() {

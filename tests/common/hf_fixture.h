@@ -1,6 +1,7 @@
 // Reading the HF transformers fixtures (tests/fixtures/hf, made by tools/make_hf_fixtures.py):
 // shared by the CPU parity tests (tests/ops) and the CUDA bf16 step tests (tests/gpu).
 #pragma once
+#include "../common/repo_path.h"
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -13,7 +14,7 @@
 
 namespace lt::testing {
 
-inline const std::filesystem::path kHfFixtures = std::filesystem::path(LT_SOURCE_DIR) / "tests" / "fixtures" / "hf";
+inline const std::filesystem::path kHfFixtures = lt::testing::repo_root() / "tests" / "fixtures" / "hf";
 
 // An I64 tensor (input_ids, labels) as int32.
 inline std::vector<int32_t> read_ids(const SafetensorsFile& f, const std::string& name) {

@@ -1,3 +1,4 @@
+#include "../common/repo_path.h"
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -183,7 +184,7 @@ TEST(Batch, TooLongSampleIsAnError) {
 
 // Tokenisation of the builtin data with the fixture tokenizer: cutoff policies.
 TEST(Samples, CutoffTruncateOrSkip) {
-  const Tokenizer tok = Tokenizer::from_file(std::string(LT_SOURCE_DIR) + "/tests/fixtures/tokenizer/qwen2_tokenizer.json");
+  const Tokenizer tok = Tokenizer::from_file(lt::testing::repo_root().string() + "/tests/fixtures/tokenizer/qwen2_tokenizer.json");
   const ChatTemplate t(TemplateKind::ChatML, tok);
   const auto recs = builtin_math_records("builtin:math", 200, 1);
   TokenizeOptions o;

@@ -1,3 +1,4 @@
+#include "../common/repo_path.h"
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -10,7 +11,7 @@ using namespace lt::data;
 using json = nlohmann::json;
 
 namespace {
-const std::string kDir = std::string(LT_SOURCE_DIR) + "/tests/fixtures/tokenizer/";
+const std::string kDir = lt::testing::repo_root().string() + "/tests/fixtures/tokenizer/";
 
 std::vector<Message> to_messages(const json& j) {
   std::vector<Message> m;
@@ -116,7 +117,7 @@ TEST(ChatTemplate, RoleErrors) {
   EXPECT_THROW(t.encode({{"tool", "x"}}), lt::Error);
 }
 
-const std::string kDemo = std::string(LT_SOURCE_DIR) + "/configs/demo";
+const std::string kDemo = lt::testing::repo_root().string() + "/configs/demo";
 
 std::vector<int32_t> loss_ids(const Encoded& e) {
   std::vector<int32_t> out;

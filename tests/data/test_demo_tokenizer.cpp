@@ -1,4 +1,5 @@
 // The demo model's tokenizer (configs/demo, from tools/make_demo_tokenizer.py) with the builtin data.
+#include "../common/repo_path.h"
 #include <gtest/gtest.h>
 
 #include "data/prepare.h"
@@ -7,7 +8,7 @@
 using namespace lt::data;
 
 namespace {
-const std::string kDemo = std::string(LT_SOURCE_DIR) + "/configs/demo";
+const std::string kDemo = lt::testing::repo_root().string() + "/configs/demo";
 
 TEST(DemoTokenizer, LoadsAndMatchesHfTokens) {
   const LoadedTokenizer lt = load_tokenizer(kDemo);

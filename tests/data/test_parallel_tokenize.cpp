@@ -2,6 +2,8 @@
 // stats and the error for a bad record are those of one thread.
 #include <gtest/gtest.h>
 
+#include "../common/repo_path.h"
+
 #include "core/error.h"
 #include "data/chat_template.h"
 #include "data/samples.h"
@@ -11,7 +13,7 @@ using namespace lt::data;
 
 namespace {
 
-const std::string kDemo = std::string(LT_SOURCE_DIR) + "/configs/demo";
+const std::string kDemo = lt::testing::repo_root().string() + "/configs/demo";
 
 void expect_same(const std::vector<Sample>& a, const std::vector<Sample>& b, const std::string& what) {
   ASSERT_EQ(a.size(), b.size()) << what;

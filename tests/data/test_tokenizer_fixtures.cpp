@@ -1,4 +1,5 @@
 // Reproduces HF `tokenizers` encodings exactly (fixtures from tools/make_tokenizer_fixtures.py).
+#include "../common/repo_path.h"
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -10,7 +11,7 @@ using lt::data::Tokenizer;
 using json = nlohmann::json;
 
 namespace {
-const std::string kDir = std::string(LT_SOURCE_DIR) + "/tests/fixtures/tokenizer/";
+const std::string kDir = lt::testing::repo_root().string() + "/tests/fixtures/tokenizer/";
 
 json load(const std::string& name) {
   std::ifstream f(kDir + name);

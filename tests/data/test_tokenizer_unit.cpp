@@ -1,5 +1,6 @@
 // Tokenizer behaviour beyond the HF fixtures: error messages for malformed tokenizer.json, invalid
 // UTF-8, decode round trips, BPE merge order.
+#include "../common/repo_path.h"
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -14,7 +15,7 @@ using namespace lt::data;
 using json = nlohmann::json;
 
 namespace {
-const std::string kFile = std::string(LT_SOURCE_DIR) + "/tests/fixtures/tokenizer/qwen2_tokenizer.json";
+const std::string kFile = lt::testing::repo_root().string() + "/tests/fixtures/tokenizer/qwen2_tokenizer.json";
 
 json base() {
   std::ifstream f(kFile);

@@ -1,5 +1,6 @@
 // Plans made by the planner (src/plan) run on the executor: heuristics, the planner's own choice, and
 // NVMe tiers with the planner's tied traffic windows; all bit-identical to keep-everything.
+#include "../common/repo_path.h"
 #include <gtest/gtest.h>
 
 #include "backend/cpu/cpu_backend.h"
@@ -40,7 +41,7 @@ TEST(ExecPlanAdapter, PlannerPlansRunBitIdentical) {
   rq.model = c;
   rq.batch = B;
   rq.seq = S;
-  rq.profile = resolve_profile(std::string(LT_SOURCE_DIR) + "/configs/profiles/h200.json");
+  rq.profile = resolve_profile(lt::testing::repo_root().string() + "/configs/profiles/h200.json");
   rq.profile.nvme_dir = dir.string();
   rq.compare = false;
   rq.milp.time_limit_s = 2;

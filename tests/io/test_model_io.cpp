@@ -1,3 +1,4 @@
+#include "../common/repo_path.h"
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -96,7 +97,7 @@ TEST(ModelIO, ShardedBf16) {
 }
 
 TEST(ModelIO, LoadsHfWrittenFixtures) {
-  fs::path root = fs::path(LT_SOURCE_DIR) / "tests/fixtures/hf";
+  fs::path root = lt::testing::repo_root() / "tests/fixtures/hf";
   if (!fs::exists(root)) GTEST_SKIP() << "no HF fixtures";
   int n = 0;
   for (auto& e : fs::directory_iterator(root)) {

@@ -1,3 +1,4 @@
+#include "../common/repo_path.h"
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -162,6 +163,11 @@ TEST(ModelConfig, RoundTripsThroughJson) {
     EXPECT_EQ(d.eos_token_id, c.eos_token_id) << n;
     EXPECT_EQ(d.bos_token_id, c.bos_token_id) << n;
     EXPECT_EQ(parameter_count(d), parameter_count(c)) << n;
+    EXPECT_EQ(d.layer_kinds, c.layer_kinds) << n;
+    EXPECT_EQ(d.linear.conv_dim(), c.linear.conv_dim()) << n;
+    EXPECT_EQ(d.rotary_dim(), c.rotary_dim()) << n;
+    EXPECT_EQ(d.attn_output_gate, c.attn_output_gate) << n;
+    EXPECT_EQ(d.norm_plus_one, c.norm_plus_one) << n;
   }
 }
 
@@ -233,4 +239,99 @@ TEST(ModelConfig, LoadsFromDirectoryAndResolves) {
   msg = error_of([&] { resolve_model("no-such-model"); });
   EXPECT_NE(msg.find("qwen2.5-7b"), std::string::npos) << msg;
   EXPECT_NE(error_of([&] { load_model_config(dir); }).find("cannot open"), std::string::npos);
+}
+
+// ---------------------------------------------------------------- Qwen3.5 / Qwen3.6 (hybrid)
+namespace {
+const std::filesystem::path kHf = lt::testing::repo_root() / "tests" / "fixtures" / "hf";
+
+json qwen35_text() {
+  return json::parse(R"({"architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text", "hidden_size": 64,
+    "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+    "intermediate_size": 96, "vocab_size": 300, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+    "linear_key_head_dim": 16, "linear_value_head_dim": 24, "linear_conv_kernel_dim": 4,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.25}})");
+}
+}  // namespace
+
+TEST(ModelConfig, ParsesQwen35TextConfigWithDefaultLayerTypes) {
+  auto c = model_config_from_json(qwen35_text(), "q35");
+  EXPECT_EQ(c.arch, Arch::Qwen3_5);
+  EXPECT_FALSE(c.composite);
+  ASSERT_EQ(c.layer_kinds.size(), 4u);  // full_attention_interval 4: D D D A
+  EXPECT_EQ(c.kind(0), LayerKind::GatedDeltaNet);
+  EXPECT_EQ(c.kind(3), LayerKind::Attention);
+  EXPECT_TRUE(c.attn_output_gate && c.norm_plus_one && c.qk_norm);
+  EXPECT_EQ(c.rotary_dim(), 8);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 1e6);
+  EXPECT_EQ(c.linear.conv_dim(), 2 * 2 * 16 + 4 * 24);
+  auto lay = layer_unit_layout(c, 0);
+  EXPECT_EQ(lay.find("linear_attn.conv1d.weight").shape, (std::vector<int64_t>{160, 1, 4}));
+  EXPECT_EQ(layer_unit_layout(c, 3).find("self_attn.q_proj.weight").shape, (std::vector<int64_t>{2 * 4 * 32, 64}));
+}
+
+TEST(ModelConfig, ParsesQwen35FixturesTextAndComposite) {
+  auto odd = load_model_config(kHf / "qwen35_untied_odd");
+  EXPECT_EQ(odd.kind(0), LayerKind::Attention);  // the fixture's list is not 3:1
+  EXPECT_EQ(odd.count(LayerKind::GatedDeltaNet), 3);
+  EXPECT_EQ(odd.linear.v_heads, 3);
+  auto comp = load_model_config(kHf / "qwen35_composite");
+  EXPECT_TRUE(comp.composite);
+  EXPECT_TRUE(comp.tied);
+  EXPECT_EQ(comp.text_prefix(), "model.language_model.");
+  EXPECT_EQ(model_layout(comp).embedding().params[0].name, "model.language_model.embed_tokens.weight");
+  // Written back verbatim (vision config included), so the directory loads as the class it came from.
+  auto j = model_config_to_json(comp);
+  EXPECT_EQ(j["architectures"][0], "Qwen3_5ForConditionalGeneration");
+  EXPECT_TRUE(j.contains("vision_config"));
+}
+
+TEST(ModelConfig, Qwen35PresetsCountTheTextDecoder) {
+  auto c = preset_config("qwen3.6-27b");
+  EXPECT_EQ(c.count(LayerKind::GatedDeltaNet), 48);
+  EXPECT_EQ(c.count(LayerKind::Attention), 16);
+  // Independent count: embedding + LM head, per-kind layers (norms, mixer, MLP), final norm.
+  const int64_t H = 5120, F = 17408, V = 248320, Q = 24 * 256, KV = 4 * 256, KD = 16 * 128, VD = 48 * 128;
+  const int64_t common = 2 * H + 3 * H * F;
+  const int64_t attn = H * 2 * Q + 2 * H * KV + 2 * 256 + Q * H;
+  const int64_t conv_dim = 2 * KD + VD;
+  const int64_t delta = H * conv_dim + H * VD + 2 * H * 48 + conv_dim * 4 + 2 * 48 + 128 + VD * H;
+  const int64_t n = 2 * V * H + 16 * (common + attn) + 48 * (common + delta) + H;
+  EXPECT_EQ(parameter_count(c), n);
+  EXPECT_GT(parameter_count(c), 26'500'000'000);  // the paper's figures imply N = 26.9 B
+  EXPECT_LT(parameter_count(c), 28'000'000'000);
+  EXPECT_EQ(parameter_count(preset_config("qwen3.5-27b")), n);
+}
+
+TEST(ModelConfig, RejectsBadQwen35ConfigsNamingTheField) {
+  struct Case {
+    std::function<void(json&)> edit;
+    std::vector<std::string> needles;
+  };
+  const std::vector<Case> cases = {
+      {[](json& j) { j["layer_types"] = {"linear_attention", "full_attention"}; },
+       {"layer_types", "2 entries", "num_hidden_layers = 4"}},
+      {[](json& j) { j["layer_types"] = {"linear_attention", "sliding_attention", "full_attention", "full_attention"}; },
+       {"layer_types[1]", "sliding_attention"}},
+      {[](json& j) { j["linear_num_value_heads"] = 3; }, {"linear_num_value_heads", "not a multiple", "2"}},
+      {[](json& j) { j["num_key_value_heads"] = 3; }, {"num_key_value_heads", "does not divide"}},
+      {[](json& j) { j["attention_bias"] = true; }, {"attention_bias"}},
+      {[](json& j) { j["rope_parameters"]["rope_type"] = "yarn"; }, {"rope_parameters.rope_type", "yarn"}},
+      {[](json& j) { j["linear_key_head_dim"] = "128"; }, {"linear_key_head_dim", "expected integer"}},
+  };
+  for (auto& cs : cases) {
+    json j = qwen35_text();
+    cs.edit(j);
+    const std::string msg = error_of([&] { model_config_from_json(j, "/m/config.json"); });
+    ASSERT_FALSE(msg.empty()) << j.dump();
+    EXPECT_NE(msg.find("/m/config.json"), std::string::npos) << msg;
+    for (auto& n : cs.needles) EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' not in: " << msg;
+  }
+  // A composite config without its text config; a nested field named with its path.
+  json comp = {{"architectures", {"Qwen3_5ForConditionalGeneration"}}, {"model_type", "qwen3_5"}};
+  EXPECT_NE(error_of([&] { model_config_from_json(comp, "c.json"); }).find("text_config"), std::string::npos);
+  comp["text_config"] = qwen35_text();
+  comp["text_config"]["hidden_size"] = -4;
+  EXPECT_NE(error_of([&] { model_config_from_json(comp, "c.json"); }).find("text_config.hidden_size"),
+            std::string::npos);
 }

@@ -1,6 +1,8 @@
 // Gated DeltaNet reference ops: gradients vs finite differences, forwards vs formulas, segment isolation,
 // decode steps vs full forwards, and the chunked delta rule (forward and backward) vs the recurrence.
 #include <gtest/gtest.h>
+#include <omp.h>
+#include <xmmintrin.h>
 
 #include <algorithm>
 #include <cmath>
@@ -524,4 +526,131 @@ TEST(GdnRule, ChunkedBackwardGradients) {
   expect_grad(f, r.v, gr.dv, "chunked dv");
   expect_grad(f, r.g, gr.dg, "chunked dg");
   expect_grad(f, r.beta, gr.dbeta, "chunked dbeta");
+}
+
+// The demo's shape (Dk = Dv = 32, chunk 64, Hv = 2 Hk) with decays whose products underflow fp32 within a
+// chunk (flushed to zero inside the ops): chunked vs recurrent forward and backward, and the caller's
+// floating-point control state is left as it was.
+TEST(GdnRule, ChunkedDemoShapeMatchesRecurrent) {
+  struct Case {
+    const char* name;
+    float g_lo, g_hi;
+    std::vector<int64_t> lens;
+  };
+  const Case cases[] = {{"g in [-3, 0)", -3.0f, -1e-4f, {}},
+                        {"g in [-8, -2) (decay products below FLT_MIN)", -8.0f, -2.0f, {}},
+                        {"segments, g in [-3, 0)", -3.0f, -1e-4f, {70, 5, 53}}};
+  uint64_t seed = 700;
+  for (const auto& c : cases) {
+    GdnShape s{128, 2, 4, 32, 32, 64};
+    Rule r(s, seed += 10, c.g_lo, c.g_hi);
+    const auto seg = segments(c.lens);
+    const int32_t* sg = c.lens.empty() ? nullptr : seg.data();
+    const unsigned csr = _mm_getcsr();
+    std::vector<float> states;
+    const auto oc = r.chunked(sg, &states);
+    const double e = rel_err(oc, r.recurrent(sg));
+    printf("  %s: rel err %.2e\n", c.name, e);
+    EXPECT_LE(e, 1e-5) << c.name;
+    const auto dout = randn(r.no(), seed + 5);
+    expect_grads_close(chunked_bwd(r, sg, dout, states.data()), recurrent_bwd(r, sg, dout), 1e-4, c.name);
+    EXPECT_EQ(_mm_getcsr(), csr) << c.name;
+  }
+}
+
+// Results do not depend on where the inputs sit in memory (alignment of the rows) nor on the OpenMP thread
+// count (a shape above the parallel threshold).
+TEST(GdnRule, ChunkedIndependentOfAlignmentAndThreads) {
+  GdnShape s{300, 2, 4, 24, 40, 64};
+  Rule r(s, 800);
+  const auto dout = randn(r.no(), 801);
+  std::vector<float> states;
+  const auto o = r.chunked(nullptr, &states);
+  const auto gr = chunked_bwd(r, nullptr, dout, states.data());
+  // Shifted copies (one float off the original alignment).
+  auto shifted = [](const std::vector<float>& x) {
+    std::vector<float> y(x.size() + 1);
+    std::copy(x.begin(), x.end(), y.begin() + 1);
+    return y;
+  };
+  const auto q1 = shifted(r.q), k1 = shifted(r.k), v1 = shifted(r.v), g1 = shifted(r.g), b1 = shifted(r.beta),
+             d1 = shifted(dout);
+  std::vector<float> o1(r.no() + 1), st1(states.size() + 1);
+  gdn_rule_chunked_fwd(s, q1.data() + 1, k1.data() + 1, v1.data() + 1, g1.data() + 1, b1.data() + 1, nullptr,
+                       o1.data() + 1, st1.data() + 1);
+  EXPECT_EQ(std::vector<float>(o1.begin() + 1, o1.end()), o);
+  EXPECT_EQ(std::vector<float>(st1.begin() + 1, st1.end()), states);
+  std::vector<float> dq(r.nq() + 1), dk(r.nq() + 1), dv(r.no() + 1), dg(r.ng() + 1), db(r.ng() + 1);
+  gdn_rule_chunked_bwd(s, q1.data() + 1, k1.data() + 1, v1.data() + 1, g1.data() + 1, b1.data() + 1, nullptr,
+                       st1.data() + 1, d1.data() + 1, dq.data() + 1, dk.data() + 1, dv.data() + 1, dg.data() + 1,
+                       db.data() + 1);
+  EXPECT_EQ(std::vector<float>(dq.begin() + 1, dq.end()), gr.dq);
+  EXPECT_EQ(std::vector<float>(dk.begin() + 1, dk.end()), gr.dk);
+  EXPECT_EQ(std::vector<float>(dv.begin() + 1, dv.end()), gr.dv);
+  EXPECT_EQ(std::vector<float>(dg.begin() + 1, dg.end()), gr.dg);
+  EXPECT_EQ(std::vector<float>(db.begin() + 1, db.end()), gr.dbeta);
+  // One thread vs several.
+  const int saved = omp_get_max_threads();
+  for (int threads : {1, 3}) {
+    omp_set_num_threads(threads);
+    std::vector<float> st2;
+    EXPECT_EQ(r.chunked(nullptr, &st2), o) << threads << " threads";
+    EXPECT_EQ(st2, states) << threads << " threads";
+    const auto g2 = chunked_bwd(r, nullptr, dout, st2.data());
+    EXPECT_EQ(g2.dq, gr.dq) << threads << " threads";
+    EXPECT_EQ(g2.dk, gr.dk) << threads << " threads";
+    EXPECT_EQ(g2.dv, gr.dv) << threads << " threads";
+    EXPECT_EQ(g2.dg, gr.dg) << threads << " threads";
+    EXPECT_EQ(g2.dbeta, gr.dbeta) << threads << " threads";
+  }
+  omp_set_num_threads(saved);
+}
+
+// The conv at the demo's width (C = 256, several 8-lane blocks and a tail when C = 259): packed sequences ==
+// each alone, one thread == several, and the decode step == the full forward.
+TEST(GdnConv, WideChannelsSplitsThreadsAndStep) {
+  for (int64_t C : {256, 259}) {
+    const int64_t K = 4, S0 = 40, S1 = 33, S = S0 + S1;
+    const auto seg = segments({S0, S1});
+    auto x = randn(size_t(S * C), 900 + C), w = randn(size_t(C * K), 901, 0.5f), dy = randn(size_t(S * C), 902);
+    std::vector<float> y(size_t(S * C)), ys(size_t(S * C));
+    gdn_conv_silu_fwd(x.data(), w.data(), S, C, K, seg.data(), y.data());
+    gdn_conv_silu_fwd(x.data(), w.data(), S0, C, K, nullptr, ys.data());
+    gdn_conv_silu_fwd(x.data() + S0 * C, w.data(), S1, C, K, nullptr, ys.data() + S0 * C);
+    EXPECT_EQ(y, ys) << C;
+    auto dx = zeros(size_t(S * C)), dw = zeros(size_t(C * K)), dxs = zeros(size_t(S * C)), dws = zeros(size_t(C * K));
+    gdn_conv_silu_bwd(x.data(), w.data(), dy.data(), S, C, K, seg.data(), dx.data(), dw.data());
+    gdn_conv_silu_bwd(x.data(), w.data(), dy.data(), S0, C, K, nullptr, dxs.data(), dws.data());
+    gdn_conv_silu_bwd(x.data() + S0 * C, w.data(), dy.data() + S0 * C, S1, C, K, nullptr, dxs.data() + S0 * C,
+                      dws.data());
+    EXPECT_EQ(dx, dxs) << C;
+    EXPECT_EQ(dw, dws) << C;
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(saved == 1 ? 2 : 1);
+    std::vector<float> y2(size_t(S * C));
+    auto dx2 = zeros(size_t(S * C)), dw2 = zeros(size_t(C * K));
+    gdn_conv_silu_fwd(x.data(), w.data(), S, C, K, seg.data(), y2.data());
+    gdn_conv_silu_bwd(x.data(), w.data(), dy.data(), S, C, K, seg.data(), dx2.data(), dw2.data());
+    omp_set_num_threads(saved);
+    EXPECT_EQ(y2, y) << C;
+    EXPECT_EQ(dx2, dx) << C;
+    EXPECT_EQ(dw2, dw) << C;
+    std::vector<float> state(size_t(C * (K - 1)), 0.0f), yt(static_cast<size_t>(C));
+    for (int64_t t = 0; t < S0; ++t) {
+      gdn_conv_silu_step(x.data() + t * C, w.data(), C, K, state.data(), yt.data());
+      EXPECT_EQ(yt, rows(y, C, t, 1)) << "C=" << C << " row " << t;
+    }
+    // Against the formula (the vector exp of the SiLU).
+    double worst = 0;
+    for (int64_t t = 0; t < S0; ++t)
+      for (int64_t c = 0; c < C; ++c) {
+        double p = 0;
+        for (int64_t i = 0; i < K; ++i) {
+          const int64_t r = t - (K - 1) + i;
+          if (r >= 0) p += double(w[size_t(c * K + i)]) * x[size_t(r * C + c)];
+        }
+        worst = std::max(worst, std::fabs(y[size_t(t * C + c)] - p / (1.0 + std::exp(-p))) / (1.0 + std::fabs(p)));
+      }
+    EXPECT_LE(worst, 1e-6) << C;
+  }
 }

@@ -1,5 +1,6 @@
 // Random small planning instances for the planner tests.
 #pragma once
+#include "../common/repo_path.h"
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -111,7 +112,7 @@ inline Instance tiny_hybrid_instance(std::mt19937& rng, int L) {
   ModelConfig c = preset_config("tiny-qwen35");
   c.layers = L;
   c.layer_kinds = test_kinds(rng, L, true);
-  const auto prof = load_profile_file(std::string(LT_SOURCE_DIR) + "/configs/profiles/h200.json");
+  const auto prof = load_profile_file(lt::testing::repo_root().string() + "/configs/profiles/h200.json");
   InstanceOptions o;
   o.micro_batches = 1 + int(2 * u(rng));
   Instance in = make_instance(c, 4, 64, prof, o);

@@ -1,5 +1,6 @@
 // Hybrid models (attention + Gated DeltaNet layers): the planner's per-layer quantities come from each
 // layer's kind, measured timings match by kind, and the DP, the MILP and the simulator agree.
+#include "../common/repo_path.h"
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -15,7 +16,7 @@
 namespace lt {
 namespace {
 
-ResourceProfile h200() { return load_profile_file(std::string(LT_SOURCE_DIR) + "/configs/profiles/h200.json"); }
+ResourceProfile h200() { return load_profile_file(lt::testing::repo_root().string() + "/configs/profiles/h200.json"); }
 
 // The estimate from the accounting: matmuls at the GEMM rate, the mixer core at its kind's rate.
 double expected_fwd(const ResourceProfile& p, const ModelConfig& c, int64_t j, int64_t batch, int64_t seq) {

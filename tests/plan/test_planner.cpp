@@ -1,3 +1,4 @@
+#include "../common/repo_path.h"
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -12,7 +13,7 @@ namespace lt {
 namespace {
 
 ResourceProfile test_profile() {
-  return load_profile_file(std::string(LT_SOURCE_DIR) + "/configs/profiles/h200.json");
+  return load_profile_file(lt::testing::repo_root().string() + "/configs/profiles/h200.json");
 }
 
 PlanRequest request(const std::string& model, int64_t batch, int64_t hbm_gib) {
@@ -29,7 +30,7 @@ PlanRequest request(const std::string& model, int64_t batch, int64_t hbm_gib) {
 
 TEST(Planner, PresetsLoad) {
   for (auto& n : profile_preset_names()) {
-    auto p = load_profile_file(std::string(LT_SOURCE_DIR) + "/configs/profiles/" + n + ".json");
+    auto p = load_profile_file(lt::testing::repo_root().string() + "/configs/profiles/" + n + ".json");
     EXPECT_EQ(p.name, n);
     EXPECT_FALSE(p.source.empty());
     auto j = profile_to_json(p);

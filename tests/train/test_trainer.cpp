@@ -7,6 +7,7 @@
 #include <csignal>
 #include <fstream>
 
+#include "../common/repo_path.h"
 #include "train/signals.h"
 #include <nlohmann/json.hpp>
 
@@ -53,7 +54,7 @@ TrainConfig tiny_config(const fs::path& out, std::vector<std::string> extra = {}
       "progress_bar: false\n"
       "threads: 1\n"
       "output_dir: {}\n",
-      LT_SOURCE_DIR, out.string());
+      lt::testing::repo_root().string(), out.string());
   return parse_config(yaml, "test.yaml", extra);
 }
 

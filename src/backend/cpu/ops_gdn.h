@@ -5,7 +5,7 @@
 //
 // Conventions (as ops.h): row-major; "_fwd" WRITES outputs; "_bwd" WRITES input gradients and
 // ACCUMULATES (+=) parameter gradients in row order, so splitting the rows into consecutive calls on
-// sequence boundaries gives bit-identical results. Reductions accumulate in double. Results do not
+// sequence boundaries gives bit-identical results. Cumulative log-decays, the g/beta scalar sums and the conv accumulate in double; chunk products in fp32 in a fixed order. Results do not
 // depend on the OpenMP thread count.
 //
 // Sequences: every op that mixes rows works on ONE sequence of S rows. seg is nullptr (one segment) or

@@ -1,9 +1,12 @@
 // Gated DeltaNet elementwise/row ops: causal depthwise conv1d + SiLU, L2 norm, gates, gated RMSNorm.
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "backend/cpu/ops_gdn.h"
+#include "backend/cpu/ops_gdn_rule_impl.h"
 #include "core/error.h"
 
 namespace lt::cpu {
@@ -25,17 +28,64 @@ std::vector<int64_t> segment_starts(const int32_t* seg, int64_t S) {
   return st;
 }
 
-// pre[t,c] for every channel of row t; taps before row `start` are skipped (they are zero). The products
-// are exact in double and the sum of <= K terms is order-insensitive, so the decode step (which adds
-// the zero taps) gives the same bits.
-void conv_row(const float* x, const float* w, int64_t C, int64_t K, int64_t t, int64_t start, float* pre) {
-  for (int64_t c = 0; c < C; ++c) {
-    double acc = 0;
-    for (int64_t i = 0; i < K; ++i) {
-      const int64_t r = t - (K - 1) + i;
-      if (r >= start) acc += double(w[c * K + i]) * double(x[r * C + c]);
-    }
-    pre[c] = float(acc);
+// wT[i * C + c] = w[c * K + i] (per-thread scratch, reused across calls).
+const float* transposed_taps(const float* w, int64_t C, int64_t K) {
+  thread_local std::vector<float> wT;
+  wT.resize(size_t(C * K));
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t i = 0; i < K; ++i) wT[size_t(i * C + c)] = w[c * K + i];
+  return wT.data();
+}
+
+// pre[t,c] for every channel of row t (wT from transposed_taps; acc: [C] doubles); taps before row
+// `start` are skipped (they are zero). The products are exact in double and are added in tap order, as
+// the decode step does (its zero taps add nothing), so both give the same bits.
+void conv_row(const float* x, const float* wT, int64_t C, int64_t K, int64_t t, int64_t start, float* pre,
+              double* acc) {
+  std::fill_n(acc, C, 0.0);
+  for (int64_t i = 0; i < K; ++i) {
+    const int64_t r = t - (K - 1) + i;
+    if (r < start) continue;
+    const float* wi = wT + i * C;
+    const float* xr = x + r * C;
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) acc[c] += double(wi[c]) * double(xr[c]);
+  }
+  for (int64_t c = 0; c < C; ++c) pre[c] = float(acc[c]);
+}
+
+// y = silu(pre) = pre sigmoid(pre) over n values, 8 lanes at a time (the tail through a padded copy, with
+// the same lane operations). y may alias pre.
+void silu_row(const float* pre, int64_t n, float* y) {
+  int64_t c = 0;
+  for (; c + 8 <= n; c += 8) {
+    const __m256 p = _mm256_loadu_ps(pre + c);
+    _mm256_storeu_ps(y + c, _mm256_mul_ps(p, gdn_detail::sigmoid8(p)));
+  }
+  if (c < n) {
+    alignas(32) float t[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    std::copy(pre + c, pre + n, t);
+    const __m256 p = _mm256_load_ps(t);
+    _mm256_store_ps(t, _mm256_mul_ps(p, gdn_detail::sigmoid8(p)));
+    std::copy(t, t + (n - c), y + c);
+  }
+}
+
+// dp = dy silu'(p) = dy s (1 + p (1 - s)), s = sigmoid(p), over n values (in place on p).
+void silu_grad_row(const float* dy, int64_t n, float* p) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  auto f = [&](__m256 pv, __m256 dv) {
+    const __m256 sv = gdn_detail::sigmoid8(pv);
+    return _mm256_mul_ps(dv, _mm256_mul_ps(sv, _mm256_fmadd_ps(pv, _mm256_sub_ps(one, sv), one)));
+  };
+  int64_t c = 0;
+  for (; c + 8 <= n; c += 8) _mm256_storeu_ps(p + c, f(_mm256_loadu_ps(p + c), _mm256_loadu_ps(dy + c)));
+  if (c < n) {
+    alignas(32) float tp[8] = {0, 0, 0, 0, 0, 0, 0, 0}, td[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    std::copy(p + c, p + n, tp);
+    std::copy(dy + c, dy + n, td);
+    _mm256_store_ps(tp, f(_mm256_load_ps(tp), _mm256_load_ps(td)));
+    std::copy(tp, tp + (n - c), p + c);
   }
 }
 
@@ -59,11 +109,17 @@ void gdn_conv_silu_fwd(const float* x, const float* w, int64_t S, int64_t C, int
                        float* y) {
   LT_CHECK(S >= 0 && C > 0 && K > 0, "gdn_conv_silu: bad shape S={} C={} K={}", S, C, K);
   const auto st = segment_starts(seg, S);
-#pragma omp parallel for schedule(static) if (S * C * K > kParallelWork)
-  for (int64_t t = 0; t < S; ++t) {
-    float* yr = y + t * C;
-    conv_row(x, w, C, K, t, st[size_t(t)], yr);
-    for (int64_t c = 0; c < C; ++c) yr[c] = yr[c] * sigmoidf(yr[c]);
+  const float* wT = transposed_taps(w, C, K);
+#pragma omp parallel if (S * C * K > kParallelWork)
+  {
+    thread_local std::vector<double> acc;
+    acc.resize(size_t(C));
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < S; ++t) {
+      float* yr = y + t * C;
+      conv_row(x, wT, C, K, t, st[size_t(t)], yr, acc.data());
+      silu_row(yr, C, yr);
+    }
   }
 }
 
@@ -74,36 +130,56 @@ void gdn_conv_silu_bwd(const float* x, const float* w, const float* dy, int64_t 
                        const int32_t* seg, float* dx, float* dw) {
   LT_CHECK(S >= 0 && C > 0 && K > 0, "gdn_conv_silu: bad shape S={} C={} K={}", S, C, K);
   const auto st = segment_starts(seg, S);
-  std::vector<float> dpre(size_t(S * C));
-#pragma omp parallel for schedule(static) if (S * C * K > kParallelWork)
-  for (int64_t t = 0; t < S; ++t) {
-    float* dp = dpre.data() + t * C;
-    conv_row(x, w, C, K, t, st[size_t(t)], dp);
-    for (int64_t c = 0; c < C; ++c) {
-      const float p = dp[c], s = sigmoidf(p);
-      dp[c] = dy[t * C + c] * (s * (1.0f + p * (1.0f - s)));
+  const float* wT = transposed_taps(w, C, K);
+  thread_local std::vector<float> dpre_buf;  // [S, C], reused across calls
+  dpre_buf.resize(size_t(S * C));
+  float* dpre = dpre_buf.data();
+#pragma omp parallel if (S * C * K > kParallelWork)
+  {
+    thread_local std::vector<double> acc;
+    acc.resize(size_t(C));
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < S; ++t) {
+      float* dp = dpre + t * C;
+      conv_row(x, wT, C, K, t, st[size_t(t)], dp, acc.data());
+      silu_grad_row(dy + t * C, C, dp);
     }
-  }
-  if (dx) {
-#pragma omp parallel for schedule(static) if (S * C * K > kParallelWork)
-    for (int64_t r = 0; r < S; ++r) {
-      for (int64_t c = 0; c < C; ++c) {
-        double acc = 0;
+    if (dx) {
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < S; ++r) {
+        double* a = acc.data();
+        std::fill_n(a, C, 0.0);
         for (int64_t i = 0; i < K; ++i) {
           const int64_t t = r + (K - 1) - i;
-          if (t < S && st[size_t(t)] <= r) acc += double(w[c * K + i]) * double(dpre[size_t(t * C + c)]);
+          if (t >= S || st[size_t(t)] > r) continue;
+          const float* wi = wT + i * C;
+          const float* dpt = dpre + t * C;
+#pragma omp simd
+          for (int64_t c = 0; c < C; ++c) a[c] += double(wi[c]) * double(dpt[c]);
         }
-        dx[r * C + c] = float(acc);
+        for (int64_t c = 0; c < C; ++c) dx[r * C + c] = float(a[c]);
       }
     }
   }
   if (dw) {
-    for (int64_t t = 0; t < S; ++t)  // row order: bit-identical under splits on sequence boundaries
-      for (int64_t c = 0; c < C; ++c)
-        for (int64_t i = 0; i < K; ++i) {
-          const int64_t r = t - (K - 1) + i;
-          if (r >= st[size_t(t)]) dw[c * K + i] += dpre[size_t(t * C + c)] * x[r * C + c];
-        }
+    // Row order per element (bit-identical under splits on sequence boundaries), on a transposed copy.
+    thread_local std::vector<float> dwT_buf;
+    dwT_buf.resize(size_t(C * K));
+    float* dwT = dwT_buf.data();
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t i = 0; i < K; ++i) dwT[i * C + c] = dw[c * K + i];
+    for (int64_t t = 0; t < S; ++t)
+      for (int64_t i = 0; i < K; ++i) {
+        const int64_t r = t - (K - 1) + i;
+        if (r < st[size_t(t)]) continue;
+        const float* dpt = dpre + t * C;
+        const float* xr = x + r * C;
+        float* di = dwT + i * C;
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) di[c] = std::fma(dpt[c], xr[c], di[c]);
+      }
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t i = 0; i < K; ++i) dw[c * K + i] = dwT[i * C + c];
   }
 }
 
@@ -115,11 +191,11 @@ void gdn_conv_silu_step(const float* x_t, const float* w, int64_t C, int64_t K, 
     double acc = 0;
     for (int64_t i = 0; i < L; ++i) acc += double(w[c * K + i]) * double(sc[i]);
     acc += double(w[c * K + L]) * double(x_t[c]);
-    const float p = float(acc);
     for (int64_t i = 0; i + 1 < L; ++i) sc[i] = sc[i + 1];
     if (L > 0) sc[L - 1] = x_t[c];
-    y_t[c] = p * sigmoidf(p);
+    y_t[c] = float(acc);
   }
+  silu_row(y_t, C, y_t);  // the same lane operations as the full forward
 }
 
 // ---------------------------------------------------------------- L2 norm
