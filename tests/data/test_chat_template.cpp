@@ -208,4 +208,14 @@ TEST(ChatTemplate, MessageKeysKeepInsertionOrder) {
   EXPECT_EQ(lt.tokenizer.decode(e.ids), "{\"role\": \"user\", \"content\": \"x\"}|role=user;content=x;role,content,");
 }
 
+// Number literals out of range are template errors (fuzz_jinja found std::out_of_range escaping the
+// lexer: fuzz/corpus/jinja/regress_int_overflow.jinja).
+TEST(Jinja, NumberLiterals) {
+  auto render = [](const std::string& src) { return jinja::Template(src, "t").render(jinja::Value::object()).text; };
+  EXPECT_EQ(render("{{ 1_000 + 2.5e1 }}|{{ 7 // 2 }}|{{ 1e3 }}"), "1025.0|3|1000.0");
+  EXPECT_THROW(render("{{ 99999999999999999999 }}"), lt::Error);
+  EXPECT_THROW(render("{{ 1e999 }}"), lt::Error);
+  EXPECT_THROW(render("{% set x = 1e %}"), lt::Error);
+}
+
 }  // namespace
