@@ -25,7 +25,8 @@ fi
 
 OUT=${LT_DEMO_OUT:-output/demo}
 start=$(date +%s)
-"$BIN" train configs/demo.yaml "output_dir=$OUT" overwrite_output_dir=true "threads=$OMP_NUM_THREADS" "$@"
+# LT_DEMO_CONFIG picks another demo config (configs/demo-qwen35.yaml: the hybrid Qwen3.5 variant).
+"$BIN" train "${LT_DEMO_CONFIG:-configs/demo.yaml}" "output_dir=$OUT" overwrite_output_dir=true "threads=$OMP_NUM_THREADS" "$@"
 end=$(date +%s)
 echo "demo: finished in $((end - start)) s. Model: $OUT/checkpoint-*/ (HF format); metrics: $OUT/metrics.jsonl;"
 # The latest checkpoint this run saved (its step depends on max_steps and save_steps).

@@ -86,6 +86,7 @@ train::GpuDecodeHooks gpu_decode_hooks() {
               Backend* borrow) -> std::unique_ptr<train::Generator> {
     return std::make_unique<CudaGenerator>(w, o, borrow);
   };
+  h.unsupported = [](const ModelConfig& c) { return cuda::decoder_unsupported(c); };
 #endif
   return h;
 }

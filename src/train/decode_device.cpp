@@ -37,7 +37,13 @@ DecodeDevice resolve_decode_device(DecodeDevice device, const GpuDecodeHooks& gp
 std::unique_ptr<Generator> make_generator(const ModelWeightsView& w, const DecodeDeviceOptions& o,
                                           const GpuDecodeHooks& gpu, Backend* borrow) {
   LT_CHECK(o.gpu_mem_gib >= 0, "--gpu-mem {}: expected a size in GiB >= 0", o.gpu_mem_gib);
-  if (resolve_decode_device(o.device, gpu) == DecodeDevice::Cuda) return gpu.make(w, o, borrow);
+  if (resolve_decode_device(o.device, gpu) == DecodeDevice::Cuda) {
+    const std::string why = gpu.unsupported_reason(*w.cfg);
+    if (why.empty()) return gpu.make(w, o, borrow);
+    LT_CHECK(o.device != DecodeDevice::Cuda, "--device cuda: {}; use --device cpu", why);
+    log_info("decoding on the CPU: {}", why);
+    return make_cpu_generator(w);
+  }
   if (o.weights != WeightsMode::Auto || o.gpu_mem_gib > 0)
     log_warn("decoding on the CPU: --weights and --gpu-mem apply to CUDA decoding only and are ignored");
   return make_cpu_generator(w);

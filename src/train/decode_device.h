@@ -38,14 +38,18 @@ struct GpuDecodeHooks {
   std::function<bool()> gpu_visible;
   // borrow: a CUDA training backend whose device memory the decoder allocates from (null: its own).
   std::function<std::unique_ptr<Generator>(const ModelWeightsView&, const DecodeDeviceOptions&, Backend* borrow)> make;
+  // Why the GPU decoder cannot decode this model ("" when it can; null: it can decode any).
+  std::function<std::string(const ModelConfig&)> unsupported;
   bool built() const { return bool(gpu_visible) && bool(make); }
+  std::string unsupported_reason(const ModelConfig& c) const { return unsupported ? unsupported(c) : std::string(); }
 };
 
 // What `device` resolves to: Cpu or Cuda. Throws for `cuda` without the CUDA build or without a GPU.
 DecodeDevice resolve_decode_device(DecodeDevice device, const GpuDecodeHooks& gpu);
 
 // The generator for these options. Options that only apply to the GPU (weights, gpu_mem) are ignored
-// on the CPU with a warning when they were set.
+// on the CPU with a warning when they were set. A model the GPU decoder does not support (hybrid
+// Qwen3.5/3.6 for now) decodes on the CPU under `auto` (with a note) and is an error under `cuda`.
 std::unique_ptr<Generator> make_generator(const ModelWeightsView& w, const DecodeDeviceOptions& o,
                                           const GpuDecodeHooks& gpu, Backend* borrow = nullptr);
 

@@ -372,7 +372,10 @@ TrainResult run_training(const TrainConfig& cfg, const TrainHooks& hooks) {
     eopt.max_new_tokens = cfg.max_new_tokens;
     eopt.output_jsonl = (out / "eval_results.jsonl").string();
     std::unique_ptr<Generator> gen;
-    if (bc.gpu && hooks.gpu_decode.built() && !records.empty()) {
+    const bool gpu_eval = bc.gpu && hooks.gpu_decode.built() && !records.empty();
+    const std::string gpu_why = gpu_eval ? hooks.gpu_decode.unsupported_reason(ms.model) : std::string();
+    if (!gpu_why.empty()) log_info("evaluation decodes on the CPU: {}", gpu_why);
+    if (gpu_eval && gpu_why.empty()) {
       // Decode on the GPU that trained: the executor's device buffers go back to the backend's arena,
       // from which the decoder takes its weights, KV cache and workspace.
       be.synchronize();

@@ -113,5 +113,10 @@ TEST(HfStepBf16, Qwen2BiasTied) { run_step("qwen2_bias_tied"); }
 TEST(HfStepBf16, Qwen3QkNormUntied) { run_step("qwen3_qknorm_untied"); }
 TEST(HfStepBf16, Llama3RopeScalingUntied) { run_step("llama3_rope_untied"); }
 TEST(HfStepBf16, Llama32MqaTied) { run_step("llama32_mqa_tied"); }
+// Qwen3.5 hybrids (tools/make_hf_fixtures_qwen35.py: Gated DeltaNet + gated attention layers, (1 + w)
+// norms, partial RoPE; 2 x 80 tokens).
+TEST(HybridHfStepBf16, Qwen35Tied3to1) { run_step("qwen35_tied_3to1"); }
+TEST(HybridHfStepBf16, Qwen35UntiedOddHeadsNot3to1) { run_step("qwen35_untied_odd"); }
+TEST(HybridHfStepBf16, Qwen35HeadDim128Conv3) { run_step("qwen35_hd128"); }
 
 }  // namespace

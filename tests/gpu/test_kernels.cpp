@@ -150,6 +150,18 @@ INSTANTIATE_TEST_SUITE_P(
       return s.str();
     });
 
+// Head dim 256 (Qwen3.5/3.6 full attention): the flash forward + warp-pair backward on sm_90, the
+// generic kernels elsewhere; GQA 6 as in the 27B model, packed segments, several key tiles, one row.
+INSTANTIATE_TEST_SUITE_P(
+    HybridHd256, AttnTest,
+    ::testing::Values(AttnCase{2, 130, 6, 1, 256, true}, AttnCase{1, 257, 24, 4, 256, false},
+                      AttnCase{1, 1, 2, 1, 256, false}, AttnCase{3, 64, 4, 2, 256, true}),
+    [](const auto& info) {
+      std::ostringstream s;
+      s << info.param;
+      return s.str();
+    });
+
 // Determinism of dK/dV on the tensor-core path (no atomics there).
 TEST(Attention, KeyValueGradientsAreDeterministic) {
   REQUIRE_GPU();

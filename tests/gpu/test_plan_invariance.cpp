@@ -28,6 +28,7 @@ ModelConfig gpu_config(Arch arch, bool tied) {
   c.head_dim = 64;  // the tensor-core attention kernels
   c.ffn = 256;
   c.vocab = 300;
+  if (arch == Arch::Qwen3_5) c.linear = LinearAttnConfig{2, 4, 32, 32, 4};  // the GPU kernels' head dims
   return c;
 }
 
@@ -50,37 +51,55 @@ Out run(const ModelConfig& c, const ExecPlan& plan, const test::Batch& b, const 
   return out;
 }
 
+struct Worst {
+  double cos = 1, loss = 0;
+  int n = 0;
+};
+
+// Random plans of the model against its keep-everything plan.
+void check_random_plans(const ModelConfig& c, Arch arch, bool tied, std::mt19937_64& rng,
+                        const std::filesystem::path& dir, Worst& w) {
+  const int64_t B = 4, S = 40;
+  auto b = test::random_batch(c, B, S, 3 + uint64_t(tied), arch != Arch::Qwen2);
+  const Out base = run(c, ExecPlan::keep_all(c.layers, B, S), b, {});
+  for (int k = 0; k < 6; ++k) {
+    ExecPlan p = test::random_plan(c.layers, B, S, rng);
+    const Out o = run(c, p, b, dir);
+    const std::string what = describe_plan(p);
+    EXPECT_EQ(o.n_tokens, base.n_tokens) << what;
+    const double dl = std::fabs(o.loss - base.loss) / std::fabs(base.loss);
+    EXPECT_LE(dl, 1e-3) << what;
+    w.loss = std::max(w.loss, dl);
+    for (size_t u = 0; u < o.grads.size(); ++u) {
+      const double cs = gputest::cosine(o.grads[u].data(), base.grads[u].data(), o.grads[u].size());
+      EXPECT_GE(cs, 0.999) << what << ": unit " << u;
+      w.cos = std::min(w.cos, cs);
+    }
+    ++w.n;
+  }
+}
+
 TEST(GpuPlanInvariance, RandomPlansWithinBf16Tolerance) {
   REQUIRE_GPU();
   std::mt19937_64 rng(77);
   auto dir = test::temp_dir("gpuinv");
-  double worst_cos = 1, worst_loss = 0;
-  int n = 0;
-  for (auto arch : {Arch::Qwen2, Arch::Qwen3}) {
-    for (bool tied : {false, true}) {
-      const ModelConfig c = gpu_config(arch, tied);
-      const int64_t B = 4, S = 40;
-      auto b = test::random_batch(c, B, S, 3 + uint64_t(tied), arch == Arch::Qwen3);
-      const Out base = run(c, ExecPlan::keep_all(c.layers, B, S), b, {});
-      for (int k = 0; k < 6; ++k) {
-        ExecPlan p = test::random_plan(c.layers, B, S, rng);
-        const Out o = run(c, p, b, dir);
-        const std::string what = describe_plan(p);
-        EXPECT_EQ(o.n_tokens, base.n_tokens) << what;
-        const double dl = std::fabs(o.loss - base.loss) / std::fabs(base.loss);
-        EXPECT_LE(dl, 1e-3) << what;
-        worst_loss = std::max(worst_loss, dl);
-        for (size_t u = 0; u < o.grads.size(); ++u) {
-          const double cs = gputest::cosine(o.grads[u].data(), base.grads[u].data(), o.grads[u].size());
-          EXPECT_GE(cs, 0.999) << what << ": unit " << u;
-          worst_cos = std::min(worst_cos, cs);
-        }
-        ++n;
-      }
-    }
-  }
-  std::printf("[gpu-plan-invariance] %d random plans: worst loss rel diff %.2e, worst unit gradient cosine %.6f\n", n,
-              worst_loss, worst_cos);
+  Worst w;
+  for (auto arch : {Arch::Qwen2, Arch::Qwen3})
+    for (bool tied : {false, true}) check_random_plans(gpu_config(arch, tied), arch, tied, rng, dir, w);
+  std::printf("[gpu-plan-invariance] %d random plans: worst loss rel diff %.2e, worst unit gradient cosine %.6f\n", w.n,
+              w.loss, w.cos);
+  std::filesystem::remove_all(dir);
+}
+
+// A tiny Qwen3.5 hybrid (Gated DeltaNet and gated attention layers, not in a 3:1 order; packed rows).
+TEST(HybridGpuPlanInvariance, RandomPlansWithinBf16Tolerance) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(79);
+  auto dir = test::temp_dir("gpuinv35");
+  Worst w;
+  for (bool tied : {false, true}) check_random_plans(gpu_config(Arch::Qwen3_5, tied), Arch::Qwen3_5, tied, rng, dir, w);
+  std::printf("[gpu-plan-invariance] hybrid: %d random plans: worst loss rel diff %.2e, worst unit gradient cosine "
+              "%.6f\n", w.n, w.loss, w.cos);
   std::filesystem::remove_all(dir);
 }
 

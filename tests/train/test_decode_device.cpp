@@ -98,6 +98,19 @@ TEST(DecodeDevice, MakeGeneratorRoutesOptionsAndBorrow) {
   EXPECT_NE(error_of([&] { make_generator(view(m), o, fake_hooks(true)); }).find("--gpu-mem"), std::string::npos);
 }
 
+// A model the GPU decoder does not support (hybrid Qwen3.5 for now): auto falls back to the CPU, cuda says why.
+TEST(DecodeDevice, UnsupportedModelDecodesOnTheCpuUnderAutoAndFailsUnderCuda) {
+  ModelWeights m = random_model(preset_config("tiny-qwen35"), 3);
+  GpuDecodeHooks h = fake_hooks(true);
+  h.unsupported = [](const ModelConfig& c) { return c.hybrid() ? std::string("hybrid models decode on the CPU") : ""; };
+  DecodeDeviceOptions o;
+  EXPECT_EQ(make_generator(view(m), o, h)->describe(), "CPU (fp32, KV cache)");
+  o.device = DecodeDevice::Cuda;
+  EXPECT_NE(error_of([&] { make_generator(view(m), o, h); }).find("hybrid models decode on the CPU"), std::string::npos);
+  ModelWeights q2 = random_model(preset_config("tiny-qwen2"), 3);
+  EXPECT_EQ(make_generator(view(q2), o, h)->describe(), "fake gpu");
+}
+
 TEST(DecodeDevice, CpuGeneratorEqualsGreedyGenerateAndCounts) {
   ModelConfig c = preset_config("tiny-qwen3");
   ModelWeights m = random_model(c, 8);

@@ -9,11 +9,14 @@
 // registers (deterministic, written once), and adds dQ with fp32 atomics into dq_acc.
 // Grids are 1-D in longest-first order (see attn_fwd_kernel). The other variants (cluster head split,
 // warp pairs) are kept selectable for benchmarking; their measured times are in docs/cuda.md.
+// Head dims 64 and 128; 256 (Qwen3.5/3.6) where the opt-in shared memory allows (sm_90): the forward
+// kernel and the warp-pair backward with 64-key tiles (the others would spill their accumulators).
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <cmath>
 #include <cstdlib>
+#include <string>
 
 #include "backend/cuda/cuda_util.h"
 #include "backend/cuda/dev_common.cuh"
@@ -903,7 +906,37 @@ int attention_fwd_variant_count() { return kNumFwd; }
 int attention_bwd_variant_count() { return kNumBwd; }
 const char* attention_bwd_variant_name(int v) { return v >= 0 && v < kNumBwd ? kBwdVariants[v].name : "default"; }
 
-bool attention_supported(int64_t head_dim) { return head_dim == 64 || head_dim == 128; }
+namespace {
+// Head dim 256 (Qwen3.5/3.6): the forward kernel with 64 x 64 tiles and the warp-pair backward with
+// 64-key tiles, whose shared memory (225 KiB) needs sm_90's opt-in limit. LT_ATTN_HD256=generic forces
+// the generic kernels (for comparison).
+constexpr int kHd256BwdSmem = PairCfg<256, 64>::kSmem;
+bool hd256_flash() {
+  static const bool ok = [] {
+    const char* e = std::getenv("LT_ATTN_HD256");
+    if (e && std::string(e) == "generic") return false;
+    int dev = 0, smem = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return false;
+    if (cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) return false;
+    return smem >= kHd256BwdSmem && smem >= FwdCfg<256>::kSmem;
+  }();
+  return ok;
+}
+
+void launch_bwd_hd256(AttnParams p, int64_t batch, cudaStream_t st) {
+  const int64_t rows = batch * p.S;
+  attn_delta_kernel<256><<<unsigned((rows * p.heads * 32 + 255) / 256), 256, 0, st>>>(p.o, p.dout, rows, p.heads,
+                                                                                      const_cast<float*>(p.delta));
+  LT_CUDA_LAUNCH();
+  p.lpt = 1;
+  p.split = 1;
+  launch_pair<256, 64, 1>(p, st);  // one HD-wide accumulator per warp: the only variant without spills at 256
+}
+}  // namespace
+
+bool attention_supported(int64_t head_dim) {
+  return head_dim == 64 || head_dim == 128 || (head_dim == 256 && hd256_flash());
+}
 
 void attention_fwd(const AttnDims& d, const void* q, const void* k, const void* v, const int32_t* segments, void* o,
                    float* lse, cudaStream_t st) {
@@ -917,8 +950,10 @@ void attention_fwd(const AttnDims& d, const void* q, const void* k, const void* 
   p.lse = lse;
   if (d.head_dim == 64)
     launch_fwd<64>(p, d.batch, st);
-  else
+  else if (d.head_dim == 128)
     launch_fwd<128>(p, d.batch, st);
+  else
+    launch_fwd<256>(p, d.batch, st);
 }
 
 void attention_bwd_f32dq(const AttnDims& d, const void* q, const void* k, const void* v, const int32_t* segments,
@@ -943,8 +978,10 @@ void attention_bwd_f32dq(const AttnDims& d, const void* q, const void* k, const 
   LT_CUDA(cudaMemsetAsync(dq_acc, 0, size_t(d.tokens() * d.heads * d.head_dim) * sizeof(float), st));
   if (d.head_dim == 64)
     launch_bwd<64>(p, d.batch, st);
-  else
+  else if (d.head_dim == 128)
     launch_bwd<128>(p, d.batch, st);
+  else
+    launch_bwd_hd256(p, d.batch, st);
 }
 
 void attention_bwd(const AttnDims& d, const void* q, const void* k, const void* v, const int32_t* segments,

@@ -334,7 +334,7 @@ void CudaBackend::layer_forward(int64_t layer, const void* w, const DevGeometry&
   Impl& m = *impl_;
   enqueue(m, Lane::Compute, l, 0, [&](cudaStream_t s) {
     LT_CHECK(layer >= 0 && layer < cfg_.layers, "layer_forward: layer {} outside [0, {})", layer, cfg_.layers);
-    ensure_ws(m, mem_, m.eng->layer_workspace_bytes(g.tokens()));
+    ensure_ws(m, mem_, m.eng->layer_workspace_bytes(g.batch, g.seq));
     m.eng->layer_forward(layout_.layer(layer), w, geo(g), x, y, m.ws, s);
   });
 }
@@ -344,7 +344,7 @@ void CudaBackend::layer_backward(int64_t layer, const void* w, const DevGeometry
   Impl& m = *impl_;
   enqueue(m, Lane::Compute, l, 0, [&](cudaStream_t s) {
     LT_CHECK(layer >= 0 && layer < cfg_.layers, "layer_backward: layer {} outside [0, {})", layer, cfg_.layers);
-    ensure_ws(m, mem_, m.eng->layer_workspace_bytes(g.tokens()));
+    ensure_ws(m, mem_, m.eng->layer_workspace_bytes(g.batch, g.seq));
     m.eng->layer_backward(layout_.layer(layer), w, geo(g), x, dy, dx, static_cast<float*>(dw), m.ws, s);
   });
 }

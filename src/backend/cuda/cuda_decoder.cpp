@@ -41,6 +41,16 @@ UnitSource fp32_units(const ModelLayout& layout, std::vector<const float*> units
   };
 }
 
+std::string decoder_unsupported(const ModelConfig& c) {
+  if (c.hybrid())
+    return fmt::format("{} has Gated DeltaNet (linear_attention) layers, which GPU decoding does not support yet",
+                       c.name.empty() ? std::string(arch_hf_name(c.arch)) : c.name);
+  if (c.attn_output_gate || c.norm_plus_one || c.rotary_dim() != c.head_dim)
+    return fmt::format("{}'s gated attention / (1 + w) norms / partial RoPE are not supported by GPU decoding yet",
+                       c.name.empty() ? std::string(arch_hf_name(c.arch)) : c.name);
+  return {};
+}
+
 struct CudaDecoder::Impl {
   ModelConfig c;
   ModelLayout lay;
@@ -370,6 +380,8 @@ CudaDecoder::CudaDecoder(const ModelConfig& c, const ModelLayout& layout, const 
   m.opt = o;
   LT_CHECK(int64_t(layout.units.size()) == c.layers + 2, "CUDA decoder: expected {} units, got {}", c.layers + 2,
            layout.units.size());
+  const std::string why = decoder_unsupported(c);
+  LT_CHECK(why.empty(), "CUDA decoder: {}; decode on the CPU (--device cpu)", why);
   LT_CHECK(c.head_dim % 8 == 0 && c.head_dim <= 256 && c.hidden % 8 == 0 && c.ffn % 2 == 0 &&
                c.kv_heads > 0 && c.heads % c.kv_heads == 0 && (c.heads / c.kv_heads) * c.head_dim <= 4096,
            "CUDA decoder: unsupported shape (head_dim {} must be a multiple of 8 up to 256, hidden {} a multiple of "

@@ -55,6 +55,10 @@ struct DecodeCounters {
   double prefill_seconds = 0, decode_seconds = 0;
 };
 
+// Why this model cannot be decoded on the GPU ("" when it can): Qwen3.5/3.6 hybrid models are decoded
+// on the CPU for now (the callers fall back for --device auto; CudaDecoder throws this reason).
+std::string decoder_unsupported(const ModelConfig& c);
+
 class CudaDecoder {
  public:
   CudaDecoder(const ModelConfig& c, const ModelLayout& layout, const UnitSource& src, const DecoderOptions& o);

@@ -1,6 +1,7 @@
 // GPU half of `lazytrain profile` (src/plan/profile.h's hook): PCIe bandwidth with pinned memory
-// (each way and both ways at once), the bf16 GEMM rate, the attention rate, and one decoder layer's
-// forward/backward time at the requested shape, all measured with CUDA events on this machine.
+// (each way and both ways at once), the bf16 GEMM rate, the attention rate, and the forward/backward
+// time of one decoder layer of each kind present (hybrid models: a full-attention and a Gated DeltaNet
+// layer) at the requested shape, all measured with CUDA events on this machine.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -109,60 +110,93 @@ void measure_gemm(ResourceProfile& p, CudaBackend& be) {
   be.free(ws);
 }
 
-void measure_layer(ResourceProfile& p, CudaBackend& be, const ModelConfig& c, int64_t batch, int64_t seq) {
-  const UnitLayout& lay = be.layout().layer(0);
+// Random weights for a layer unit: matrices small, every RMSNorm scale 1 ((1 + w) norms: w = 0).
+void fill_layer_weights(const ModelConfig& c, const UnitLayout& lay, void* w, cudaStream_t st) {
+  fill_random_bf16(w, lay.numel, 0.04f, st);
+  std::vector<uint16_t> v;
+  for (auto& prm : lay.params) {
+    if (prm.suffix.find("norm") == std::string::npos) continue;
+    const bool plus_one = c.norm_plus_one && prm.suffix != "linear_attn.norm.weight";  // the gated norm is plain
+    v.assign(size_t(prm.numel), lt::f32_to_bf16(plus_one ? 0.f : 1.f));
+    LT_CUDA(cudaMemcpy(static_cast<uint16_t*>(w) + prm.offset, v.data(), v.size() * 2, cudaMemcpyHostToDevice));
+  }
+}
+
+// As plan/profile.cpp's layer_timing_for (the backend library does not link lt_plan).
+LayerTiming timing_of(const ModelConfig& c, LayerKind k, int64_t batch, int64_t seq, double fwd_s, double bwd_s) {
+  LayerTiming t;
+  t.kind = k;
+  t.hidden = c.hidden;
+  t.ffn = c.ffn;
+  if (k == LayerKind::Attention) {
+    t.heads = c.heads;
+    t.kv_heads = c.kv_heads;
+    t.head_dim = c.head_dim;
+  } else {
+    t.linear_k_heads = c.linear.k_heads;
+    t.linear_v_heads = c.linear.v_heads;
+    t.linear_k_head_dim = c.linear.k_head_dim;
+    t.linear_v_head_dim = c.linear.v_head_dim;
+  }
+  t.batch = batch;
+  t.seq = seq;
+  t.fwd_s = fwd_s;
+  t.bwd_s = bwd_s;
+  return t;
+}
+
+// Forward and backward of one layer (the first of kind k) at batch x seq.
+void measure_layer_kind(ResourceProfile& p, CudaBackend& be, const ModelConfig& c, LayerKind k, int64_t batch,
+                        int64_t seq) {
+  int64_t layer = 0;
+  while (c.kind(layer) != k) ++layer;
+  const UnitLayout& lay = be.layout().layer(layer);
   const int64_t T = batch * seq;
   auto st = static_cast<cudaStream_t>(be.stream(Lane::Compute));
   Allocation w = be.alloc(MemKind::Device, lay.numel * 2, "profile.layer"), dw = be.alloc(MemKind::Device, lay.numel * 4, "profile.layer");
   Allocation x = be.alloc(MemKind::Device, T * c.hidden * 2, "profile.layer"), y = be.alloc(MemKind::Device, T * c.hidden * 2, "profile.layer");
   Allocation dx = be.alloc(MemKind::Device, T * c.hidden * 2, "profile.layer");
-  fill_random_bf16(w.ptr, lay.numel, 0.04f, st);
+  fill_layer_weights(c, lay, w.ptr, st);
   fill_random_bf16(x.ptr, T * c.hidden, 2.f, st);
-  {  // norm weights 1
-    std::vector<uint16_t> one;
-    for (auto& prm : lay.params)
-      if (prm.suffix.find("norm") != std::string::npos) {
-        one.assign(size_t(prm.numel), lt::f32_to_bf16(1.f));
-        LT_CUDA(cudaMemcpy(static_cast<uint16_t*>(w.ptr) + prm.offset, one.data(), one.size() * 2, cudaMemcpyHostToDevice));
-      }
-  }
   be.fill_zero(Lane::Compute, dw.ptr, lay.numel * 4, {});
   DevGeometry g{batch, seq, nullptr, nullptr};
-  const double tf = median_s(st, 3, [&] { be.layer_forward(0, w.ptr, g, x.ptr, y.ptr, {}); });
-  const double tb = median_s(st, 3, [&] { be.layer_backward(0, w.ptr, g, x.ptr, y.ptr, dx.ptr, dw.ptr, {}); });
+  const double tf = median_s(st, 3, [&] { be.layer_forward(layer, w.ptr, g, x.ptr, y.ptr, {}); });
+  const double tb = median_s(st, 3, [&] { be.layer_backward(layer, w.ptr, g, x.ptr, y.ptr, dx.ptr, dw.ptr, {}); });
   be.synchronize();
-  // Attention alone at this shape (fwd + bwd), FLOPs as the model accounting counts them.
-  {
-    const int64_t Q = c.q_dim(), KV = c.kv_dim();
-    auto A = [&](int64_t bytes) { return be.alloc(MemKind::Device, bytes, "profile.attn"); };
-    Allocation q = A(T * Q * 2), k = A(T * KV * 2), v = A(T * KV * 2), o = A(T * Q * 2), dO = A(T * Q * 2);
-    Allocation dq = A(T * Q * 2), dk = A(T * KV * 2), dv = A(T * KV * 2), lse = A(T * c.heads * 4);
-    Allocation acc = A(T * Q * 4), dl = A(T * c.heads * 4), dkv = A(2 * T * KV * 4 + 256);
-    fill_random_bf16(q.ptr, T * Q, 2.f, st);
-    fill_random_bf16(k.ptr, T * KV, 2.f, st);
-    fill_random_bf16(v.ptr, T * KV, 2.f, st);
-    fill_random_bf16(dO.ptr, T * Q, 2.f, st);
-    AttnDims d{batch, seq, c.heads, c.kv_heads, c.head_dim, float(1.0 / std::sqrt(double(c.head_dim)))};
-    const double ta = median_s(st, 3, [&] {
-      attention_fwd(d, q.ptr, k.ptr, v.ptr, nullptr, o.ptr, static_cast<float*>(lse.ptr), st);
-      attention_bwd(d, q.ptr, k.ptr, v.ptr, nullptr, o.ptr, static_cast<float*>(lse.ptr), dO.ptr, dq.ptr, dk.ptr, dv.ptr,
-                    static_cast<float*>(acc.ptr), static_cast<float*>(dl.ptr), static_cast<float*>(dkv.ptr), st);
-    });
-    p.attn_flops = 3.5 * (4.0 * batch * seq * seq * Q / 2) / ta;
-    for (Allocation* a : {&q, &k, &v, &o, &dO, &dq, &dk, &dv, &lse, &acc, &dl, &dkv}) be.free(*a);
-  }
-  LayerTiming lt;
-  lt.hidden = c.hidden;
-  lt.ffn = c.ffn;
-  lt.heads = c.heads;
-  lt.kv_heads = c.kv_heads;
-  lt.head_dim = c.head_dim;
-  lt.batch = batch;
-  lt.seq = seq;
-  lt.fwd_s = tf;
-  lt.bwd_s = std::max(0.0, tb - tf);  // layer_backward re-runs the forward internals first
-  p.layer_timings.push_back(lt);
+  // layer_backward re-runs the forward internals first
+  p.layer_timings.push_back(timing_of(c, k, batch, seq, tf, std::max(0.0, tb - tf)));
+  log_info("profile: {} layer fwd {:.3f} ms, bwd {:.3f} ms", layer_kind_short_name(k), tf * 1e3,
+           std::max(0.0, tb - tf) * 1e3);
   for (Allocation* a : {&w, &dw, &x, &y, &dx}) be.free(*a);
+}
+
+// Attention alone at this shape (fwd + bwd), FLOPs as the model accounting counts them.
+void measure_attention(ResourceProfile& p, CudaBackend& be, const ModelConfig& c, int64_t batch, int64_t seq) {
+  const int64_t T = batch * seq, Q = c.q_dim(), KV = c.kv_dim();
+  auto st = static_cast<cudaStream_t>(be.stream(Lane::Compute));
+  auto A = [&](int64_t bytes) { return be.alloc(MemKind::Device, bytes, "profile.attn"); };
+  Allocation q = A(T * Q * 2), k = A(T * KV * 2), v = A(T * KV * 2), o = A(T * Q * 2), dO = A(T * Q * 2);
+  Allocation dq = A(T * Q * 2), dk = A(T * KV * 2), dv = A(T * KV * 2), lse = A(T * c.heads * 4);
+  Allocation acc = A(T * Q * 4), dl = A(T * c.heads * 4), dkv = A(2 * T * KV * 4 + 256);
+  fill_random_bf16(q.ptr, T * Q, 2.f, st);
+  fill_random_bf16(k.ptr, T * KV, 2.f, st);
+  fill_random_bf16(v.ptr, T * KV, 2.f, st);
+  fill_random_bf16(dO.ptr, T * Q, 2.f, st);
+  AttnDims d{batch, seq, c.heads, c.kv_heads, c.head_dim, float(1.0 / std::sqrt(double(c.head_dim)))};
+  const double ta = median_s(st, 3, [&] {
+    attention_fwd(d, q.ptr, k.ptr, v.ptr, nullptr, o.ptr, static_cast<float*>(lse.ptr), st);
+    attention_bwd(d, q.ptr, k.ptr, v.ptr, nullptr, o.ptr, static_cast<float*>(lse.ptr), dO.ptr, dq.ptr, dk.ptr, dv.ptr,
+                  static_cast<float*>(acc.ptr), static_cast<float*>(dl.ptr), static_cast<float*>(dkv.ptr), st);
+  });
+  p.attn_flops = 3.5 * (4.0 * batch * seq * seq * Q / 2) / ta;
+  for (Allocation* a : {&q, &k, &v, &o, &dO, &dq, &dk, &dv, &lse, &acc, &dl, &dkv}) be.free(*a);
+}
+
+// One layer of each kind present (hybrid models: both), and the attention rate.
+void measure_layers(ResourceProfile& p, CudaBackend& be, const ModelConfig& c, int64_t batch, int64_t seq) {
+  for (int k = 0; k < kNumLayerKinds; ++k)
+    if (c.count(LayerKind(k)) > 0) measure_layer_kind(p, be, c, LayerKind(k), batch, seq);
+  if (c.count(LayerKind::Attention) > 0) measure_attention(p, be, c, batch, seq);
 }
 
 void profile_gpu(ResourceProfile& p, const ModelConfig& c, int64_t batch, int64_t seq) {
@@ -175,7 +209,7 @@ void profile_gpu(ResourceProfile& p, const ModelConfig& c, int64_t batch, int64_
     CudaBackendOptions probe;
     probe.gpu_mem_cap = std::min<int64_t>(int64_t(free_b), int64_t(2) << 30);
     CudaBackend tmp(c, probe);
-    const int64_t need = tmp.layer_workspace_bytes(batch * seq) + tmp.layout().layer(0).numel * 6 +
+    const int64_t need = tmp.layer_workspace_bytes(batch * seq) + tmp.layout().max_layer_numel() * 6 +
                          4 * batch * seq * c.hidden * 2 + (int64_t(3) << 30);
     o.gpu_mem_cap = std::min<int64_t>(int64_t(free_b) - (int64_t(256) << 20), need + o.margin);
   }
@@ -184,7 +218,7 @@ void profile_gpu(ResourceProfile& p, const ModelConfig& c, int64_t batch, int64_
   if (p.hbm_bytes <= 0) p.hbm_bytes = int64_t(total_b);
   measure_pcie(p, be);
   measure_gemm(p, be);
-  measure_layer(p, be, c, batch, seq);
+  measure_layers(p, be, c, batch, seq);
   p.gpu_measured = true;
 }
 

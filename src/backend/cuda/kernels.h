@@ -19,8 +19,9 @@ struct AttnDims {
   float scale = 1.0f;
   int64_t tokens() const { return batch * seq; }
 };
-// True when the tensor-core kernels cover head_dim (64, 128); other even head dims <= 256 take the
-// generic kernels (attention_generic.cu), which attention_fwd/attention_bwd* dispatch to.
+// True when the tensor-core kernels cover head_dim (64, 128; 256 when the device's opt-in shared memory
+// per block is >= 225 KiB, i.e. sm_90, unless LT_ATTN_HD256=generic); other even head dims <= 256 take
+// the generic kernels (attention_generic.cu), which attention_fwd/attention_bwd* dispatch to.
 bool attention_supported(int64_t head_dim);
 void attention_fwd(const AttnDims& d, const void* q, const void* k, const void* v, const int32_t* segments, void* o,
                    float* lse, cudaStream_t st);
@@ -40,23 +41,39 @@ void attention_bwd_generic(const AttnDims& d, const void* q, const void* k, cons
                            float* dkv_f32, cudaStream_t st);
 
 // ---------------------------------------------------------------- RMSNorm (also QK-norm: rows = T*heads)
-// y = w * x / sqrt(mean(x^2) + eps); x, w, y bf16. rstd (optional, fp32 [rows]) receives 1/sqrt(...).
+// y = (w + w_offset) * x / sqrt(mean(x^2) + eps); x, w, y bf16. rstd (optional, fp32 [rows]) receives
+// 1/sqrt(...). w_offset = 1 gives Qwen3.5's zero-centred (1 + w) norms (ModelConfig::norm_plus_one).
 void rmsnorm_fwd(const void* x, const void* w, int64_t rows, int64_t dim, float eps, void* y, float* rstd,
-                 cudaStream_t st);
-// dx = (dres ? dres : 0) + d/dx (dx may alias dres); dw (fp32 [dim]) += sum over rows in a fixed order.
-// Workspace: rstd fp32 [rows], partial fp32 [norm_partial_floats(dim)].
+                 cudaStream_t st, float w_offset = 0.f);
+// dx = (dres ? dres : 0) + d/dx (dx may alias dres); dw (fp32 [dim]) += sum over rows in a fixed order
+// (the same for any w_offset). Workspace: rstd fp32 [rows], partial fp32 [norm_partial_floats(dim)].
 void rmsnorm_bwd(const void* x, const void* w, const void* dy, const void* dres, int64_t rows, int64_t dim, float eps,
-                 void* dx, float* dw, float* rstd, float* partial, cudaStream_t st);
+                 void* dx, float* dw, float* rstd, float* partial, cudaStream_t st, float w_offset = 0.f);
 int64_t norm_partial_floats(int64_t dim);
 // db (fp32 [dim]) += column sums of a (bf16 [rows, dim]), deterministic. Workspace as above.
 void colsum_accum(const void* a, int64_t rows, int64_t dim, float* db, float* partial, cudaStream_t st);
 
 // ---------------------------------------------------------------- RoPE
 // In place on x (bf16 [rows, heads*hd]); position of row r: pos[r] if pos else r % seq.
-// inv_freq: device fp32 [hd/2]. inverse=true applies the transposed rotation (backward).
-// When src_f32 != nullptr, reads fp32 src [rows, heads*hd] instead of x and writes bf16 x.
+// inv_freq: device fp32 [rot/2]. inverse=true applies the transposed rotation (backward).
+// When src_f32 != nullptr, reads fp32 src [rows, heads*hd] instead of x and writes bf16 x (every entry).
+// rot_dim (0 = hd): partial RoPE rotates the first rot_dim entries of each head (rotate-half within
+// them, pairs (i, i + rot_dim/2)); the other entries pass through (Qwen3.5: rot_dim = hd / 4).
 void rope_apply(void* x, const float* src_f32, int64_t rows, int64_t heads, int64_t hd, const int32_t* pos,
-                int64_t seq, const float* inv_freq, bool inverse, cudaStream_t st);
+                int64_t seq, const float* inv_freq, bool inverse, cudaStream_t st, int64_t rot_dim = 0);
+
+// ---------------------------------------------------------------- gated attention (Qwen3.5 full layers)
+// src [rows, 2d] -> a [rows, d] (first half of each row), b [rows, d] (second half): q_proj's per-head
+// (query, gate) output with rows = T * heads, d = head_dim (HF torch.chunk on the last dim).
+void split_halves(const void* src, int64_t rows, int64_t d, void* a, void* b, cudaStream_t st);
+// The inverse: dst [rows, 2d] = [a | b] per row.
+void join_halves(const void* a, const void* b, int64_t rows, int64_t d, void* dst, cudaStream_t st);
+// out = o * sigmoid(gate), n elements (bf16).
+void sigmoid_gate_fwd(const void* o, const void* gate, int64_t n, void* out, cudaStream_t st);
+// From dout = d(o * sigmoid(gate)): d_o = dout * s, dgate = dout * o * s * (1 - s), s = sigmoid(gate).
+// Element-wise: the outputs may alias the inputs.
+void sigmoid_gate_bwd(const void* o, const void* gate, const void* dout, int64_t n, void* d_o, void* dgate,
+                      cudaStream_t st);
 
 // ---------------------------------------------------------------- SwiGLU on the fused gate|up output
 // gu bf16 [rows, 2f] (gate in columns [0,f), up in [f,2f)); act bf16 [rows, f] = silu(gate) * up.

@@ -2,32 +2,36 @@
 // Semantics follow src/backend/cpu/reference.h: activations bf16 [T, hidden], weights one flat bf16
 // buffer in UnitLayout order, weight gradients fp32 in the same layout, ACCUMULATED (+=).
 // layer_backward recomputes the layer's internals from x. Everything is enqueued on one stream.
+// A layer = the part every kind shares (RMSNorms, scaled by (1 + w) when norm_plus_one; residuals;
+// SwiGLU MLP), here, + the token mixer of its kind (mixer.h), dispatched on c.kind(lay.layer).
 #pragma once
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstdint>
 #include <memory>
 
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/mixer.h"
 #include "model/model_config.h"
 #include "model/param_layout.h"
 
 namespace lt::cuda {
 
-struct Geo {  // device pointers, as lt::DevGeometry
-  int64_t batch = 0, seq = 0;
-  const int32_t* positions = nullptr;
-  const int32_t* segments = nullptr;
-  int64_t tokens() const { return batch * seq; }
-};
-
 class LayerEngine {
  public:
-  // Needs a device fp32 array for inv_freq (hd/2 floats) and the GEMM object; workspace is handed in
-  // per call (at least workspace_bytes(T) bytes, 256-byte aligned).
+  // Needs a device fp32 array for inv_freq (rotary_dim/2 floats) and the GEMM object; workspace is
+  // handed in per call (at least workspace_bytes(T) bytes, 256-byte aligned). Throws lt::Error naming
+  // the piece when a layer kind of c cannot run on the GPU.
   LayerEngine(const ModelConfig& c, Gemm& gemm, const float* inv_freq_dev);
+  ~LayerEngine();
 
-  int64_t layer_workspace_bytes(int64_t T) const;
+  // The largest over the layer kinds present, for batch x seq rows.
+  int64_t layer_workspace_bytes(int64_t batch, int64_t seq) const;
+  // For T rows in samples whose length is unknown: as one sample of T rows. Exact for every kind when
+  // the sample length is a multiple of 64 (Gated DeltaNet keeps one state per 64-row chunk of a sample);
+  // the backend sizes each call by its geometry and grows the workspace when needed.
+  int64_t layer_workspace_bytes(int64_t T) const { return layer_workspace_bytes(1, T); }
   int64_t head_workspace_bytes(int64_t T) const;
   int64_t embed_workspace_bytes(int64_t T) const;
   int64_t head_chunk_rows() const { return head_chunk_; }
@@ -49,10 +53,12 @@ class LayerEngine {
                    const int64_t* rows, int64_t n_rows, float* out, void* ws, cudaStream_t st);
 
  private:
-  struct Carve;
+  Mixer& mixer(const UnitLayout& lay) const;
   ModelConfig c_;
   Gemm& gemm_;
   const float* inv_freq_;
+  float norm_off_;  // 1 for (1 + w) norms (norm_plus_one), else 0
+  std::array<std::unique_ptr<Mixer>, kNumLayerKinds> mixers_;  // of the kinds present
   int64_t head_chunk_ = 4096;
 };
 

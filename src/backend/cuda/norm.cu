@@ -35,7 +35,7 @@ __device__ __forceinline__ void store8(bf16* p, const float (&v)[8]) {
 }
 
 __global__ void rmsnorm_fwd_kernel(const bf16* x, const bf16* w, int64_t rows, int dim, float eps, bf16* y,
-                                   float* rstd_out) {
+                                   float* rstd_out, float w_off) {
   const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
@@ -56,14 +56,14 @@ __global__ void rmsnorm_fwd_kernel(const bf16* x, const bf16* w, int64_t rows, i
     load8(xr + c, v);
     load8(w + c, wv);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = v[i] * r * wv[i];
+    for (int i = 0; i < 8; ++i) v[i] = v[i] * r * (wv[i] + w_off);
     store8(yr + c, v);
   }
 }
 
 // dx = r * w * dy - x * r^3 * mean(w * dy * x) (+ dres)
 __global__ void rmsnorm_bwd_dx_kernel(const bf16* x, const bf16* w, const bf16* dy, const bf16* dres, int64_t rows,
-                                      int dim, float eps, bf16* dx, float* rstd_out) {
+                                      int dim, float eps, bf16* dx, float* rstd_out, float w_off) {
   const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
@@ -78,7 +78,7 @@ __global__ void rmsnorm_bwd_dx_kernel(const bf16* x, const bf16* w, const bf16* 
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       ss += v[i] * v[i];
-      dot += wv[i] * gv[i] * v[i];
+      dot += (wv[i] + w_off) * gv[i] * v[i];
     }
   }
   ss = warp_sum(ss);
@@ -98,7 +98,7 @@ __global__ void rmsnorm_bwd_dx_kernel(const bf16* x, const bf16* w, const bf16* 
       for (int i = 0; i < 8; ++i) o[i] = 0.f;
     }
 #pragma unroll
-    for (int i = 0; i < 8; ++i) o[i] += r * wv[i] * gv[i] - v[i] * k;
+    for (int i = 0; i < 8; ++i) o[i] += r * (wv[i] + w_off) * gv[i] - v[i] * k;
     store8(dx + row * dim + c, o);
   }
 }
@@ -144,23 +144,24 @@ void colsum(const bf16* a, const bf16* x, const float* rstd, int64_t rows, int64
 int64_t norm_partial_floats(int64_t dim) { return std::max<int64_t>(kPartialCap, dim); }
 
 void rmsnorm_fwd(const void* x, const void* w, int64_t rows, int64_t dim, float eps, void* y, float* rstd,
-                 cudaStream_t st) {
+                 cudaStream_t st, float w_offset) {
   LT_CUDA_REQUIRE(dim % 8 == 0, "rmsnorm: dim must be a multiple of 8");
   if (rows == 0) return;
   rmsnorm_fwd_kernel<<<unsigned((rows + kRowsPerBlock - 1) / kRowsPerBlock), 32 * kRowsPerBlock, 0, st>>>(
-      static_cast<const bf16*>(x), static_cast<const bf16*>(w), rows, int(dim), eps, static_cast<bf16*>(y), rstd);
+      static_cast<const bf16*>(x), static_cast<const bf16*>(w), rows, int(dim), eps, static_cast<bf16*>(y), rstd,
+      w_offset);
   LT_CUDA_LAUNCH();
 }
 
 void rmsnorm_bwd(const void* x, const void* w, const void* dy, const void* dres, int64_t rows, int64_t dim, float eps,
-                 void* dx, float* dw, float* rstd, float* partial, cudaStream_t st) {
+                 void* dx, float* dw, float* rstd, float* partial, cudaStream_t st, float w_offset) {
   LT_CUDA_REQUIRE(dim % 8 == 0, "rmsnorm: dim must be a multiple of 8");
   if (rows == 0) return;
   rmsnorm_bwd_dx_kernel<<<unsigned((rows + kRowsPerBlock - 1) / kRowsPerBlock), 32 * kRowsPerBlock, 0, st>>>(
       static_cast<const bf16*>(x), static_cast<const bf16*>(w), static_cast<const bf16*>(dy),
-      static_cast<const bf16*>(dres), rows, int(dim), eps, static_cast<bf16*>(dx), rstd);
+      static_cast<const bf16*>(dres), rows, int(dim), eps, static_cast<bf16*>(dx), rstd, w_offset);
   LT_CUDA_LAUNCH();
-  // dw[c] += sum_r dy[r,c] * x[r,c] * rstd[r]  (d(y)/d(w) = x * rstd)
+  // dw[c] += sum_r dy[r,c] * x[r,c] * rstd[r]  (d(y)/d(w) = x * rstd, with or without the offset)
   colsum(static_cast<const bf16*>(dy), static_cast<const bf16*>(x), rstd, rows, dim, dw, partial, st);
 }
 

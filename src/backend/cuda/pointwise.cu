@@ -1,4 +1,5 @@
-// Element-wise kernels: RoPE, SwiGLU, residual add, dtype conversions, row gather.
+// Element-wise kernels: RoPE (full or partial), SwiGLU, the gated attention's split/join and sigmoid
+// output gate, residual add, dtype conversions, row gather.
 #include <cuda_bf16.h>
 
 #include "backend/cuda/cuda_util.h"
@@ -11,30 +12,39 @@ using namespace dev;
 
 unsigned blocks_for(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }
 
-// One thread per (row, head, i < hd/2): rotates the pair (i, i + hd/2) (HF rotate-half convention).
-__global__ void rope_kernel(bf16* x, const float* src, int64_t rows, int heads, int hd, const int32_t* pos,
+// One thread per (row, head, i < hd/2). For i < rot/2 it rotates the pair (i, i + rot/2) (HF
+// rotate-half convention within the first rot entries); for i >= rot/2 (partial RoPE) it passes the
+// entries rot + 2(i - rot/2) and the next one through, which matters only when reading fp32 src.
+__global__ void rope_kernel(bf16* x, const float* src, int64_t rows, int heads, int hd, int rot, const int32_t* pos,
                             int64_t seq, const float* inv_freq, bool inverse) {
-  const int half = hd / 2;
+  const int half = hd / 2, rhalf = rot / 2;
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= rows * heads * half) return;
   const int i = int(idx % half);
   const int64_t rh = idx / half;  // row * heads + head
+  const int64_t base = rh * hd;
+  if (i >= rhalf) {
+    if (!src) return;
+    const int j = rot + 2 * (i - rhalf);
+    x[base + j] = __float2bfloat16(src[base + j]);
+    x[base + j + 1] = __float2bfloat16(src[base + j + 1]);
+    return;
+  }
   const int64_t row = rh / heads;
   const float p = pos ? float(pos[row]) : float(row % seq);
   float sn, cs;
   sincosf(p * inv_freq[i], &sn, &cs);
-  const int64_t base = rh * hd;
   float a, b;
   if (src) {
     a = src[base + i];
-    b = src[base + i + half];
+    b = src[base + i + rhalf];
   } else {
     a = __bfloat162float(x[base + i]);
-    b = __bfloat162float(x[base + i + half]);
+    b = __bfloat162float(x[base + i + rhalf]);
   }
   if (inverse) sn = -sn;
   x[base + i] = __float2bfloat16(a * cs - b * sn);
-  x[base + i + half] = __float2bfloat16(b * cs + a * sn);
+  x[base + i + rhalf] = __float2bfloat16(b * cs + a * sn);
 }
 
 __device__ __forceinline__ float sigmoidf(float v) { return 1.f / (1.f + __expf(-v)); }
@@ -113,6 +123,54 @@ __global__ void swiglu_bwd8_kernel(const bf16* gu, const bf16* dact, int64_t row
   *reinterpret_cast<uint4*>(dgu + r * 2 * f + f + c) = pack8(du);
 }
 
+__global__ void split_halves_kernel(const bf16* src, int64_t rows, int64_t d, bf16* a, bf16* b) {
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= rows * 2 * d) return;
+  const int64_t r = idx / (2 * d), c = idx % (2 * d);
+  if (c < d)
+    a[r * d + c] = src[idx];
+  else
+    b[r * d + c - d] = src[idx];
+}
+__global__ void join_halves_kernel(const bf16* a, const bf16* b, int64_t rows, int64_t d, bf16* dst) {
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= rows * 2 * d) return;
+  const int64_t r = idx / (2 * d), c = idx % (2 * d);
+  dst[idx] = c < d ? a[r * d + c] : b[r * d + c - d];
+}
+// 8 elements per thread when d % 8 == 0 (16-byte accesses).
+__global__ void split_halves8_kernel(const bf16* src, int64_t rows, int64_t d, bf16* a, bf16* b) {
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t d8 = d / 8;
+  if (idx >= rows * 2 * d8) return;
+  const int64_t r = idx / (2 * d8), c = (idx % (2 * d8)) * 8;
+  const uint4 v = *reinterpret_cast<const uint4*>(src + r * 2 * d + c);
+  bf16* dst = c < d ? a + r * d + c : b + r * d + c - d;
+  *reinterpret_cast<uint4*>(dst) = v;
+}
+__global__ void join_halves8_kernel(const bf16* a, const bf16* b, int64_t rows, int64_t d, bf16* dst) {
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t d8 = d / 8;
+  if (idx >= rows * 2 * d8) return;
+  const int64_t r = idx / (2 * d8), c = (idx % (2 * d8)) * 8;
+  const bf16* s = c < d ? a + r * d + c : b + r * d + c - d;
+  *reinterpret_cast<uint4*>(dst + r * 2 * d + c) = *reinterpret_cast<const uint4*>(s);
+}
+
+__global__ void sigmoid_gate_fwd_kernel(const bf16* o, const bf16* gate, int64_t n, bf16* out) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  out[i] = __float2bfloat16(__bfloat162float(o[i]) * sigmoidf(__bfloat162float(gate[i])));
+}
+__global__ void sigmoid_gate_bwd_kernel(const bf16* o, const bf16* gate, const bf16* dout, int64_t n, bf16* d_o,
+                                        bf16* dgate) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float s = sigmoidf(__bfloat162float(gate[i])), d = __bfloat162float(dout[i]), ov = __bfloat162float(o[i]);
+  d_o[i] = __float2bfloat16(d * s);
+  dgate[i] = __float2bfloat16(d * ov * s * (1.f - s));
+}
+
 __global__ void add_kernel(const bf16* a, const bf16* b, int64_t n2, bf16* out) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n2) return;
@@ -140,12 +198,13 @@ __global__ void gather_rows_kernel(const bf16* src, const int64_t* rows, int64_t
 }  // namespace
 
 void rope_apply(void* x, const float* src_f32, int64_t rows, int64_t heads, int64_t hd, const int32_t* pos,
-                int64_t seq, const float* inv_freq, bool inverse, cudaStream_t st) {
-  LT_CUDA_REQUIRE(hd % 2 == 0 && (pos || seq > 0), "rope: bad head_dim or seq");
+                int64_t seq, const float* inv_freq, bool inverse, cudaStream_t st, int64_t rot_dim) {
+  const int64_t rot = rot_dim > 0 ? rot_dim : hd;
+  LT_CUDA_REQUIRE(hd % 2 == 0 && rot % 2 == 0 && rot <= hd && (pos || seq > 0), "rope: bad head_dim, rot_dim or seq");
   const int64_t n = rows * heads * (hd / 2);
   if (n == 0) return;
-  rope_kernel<<<blocks_for(n, 256), 256, 0, st>>>(static_cast<bf16*>(x), src_f32, rows, int(heads), int(hd), pos,
-                                                  seq, inv_freq, inverse);
+  rope_kernel<<<blocks_for(n, 256), 256, 0, st>>>(static_cast<bf16*>(x), src_f32, rows, int(heads), int(hd), int(rot),
+                                                  pos, seq, inv_freq, inverse);
   LT_CUDA_LAUNCH();
 }
 
@@ -182,6 +241,48 @@ void swiglu_bwd(const void* gu, const void* dact, int64_t rows, int64_t f, void*
   swiglu_bwd_kernel<<<blocks_for(n, 256), 256, 0, st>>>(static_cast<const bf16*>(gu),
                                                         static_cast<const bf16*>(dact), rows, f,
                                                         static_cast<bf16*>(dgu));
+  LT_CUDA_LAUNCH();
+}
+
+void split_halves(const void* src, int64_t rows, int64_t d, void* a, void* b, cudaStream_t st) {
+  const int64_t n = rows * 2 * d;
+  if (n == 0) return;
+  if (d % 8 == 0)
+    split_halves8_kernel<<<blocks_for(n / 8, 256), 256, 0, st>>>(static_cast<const bf16*>(src), rows, d,
+                                                                  static_cast<bf16*>(a), static_cast<bf16*>(b));
+  else
+    split_halves_kernel<<<blocks_for(n, 256), 256, 0, st>>>(static_cast<const bf16*>(src), rows, d,
+                                                             static_cast<bf16*>(a), static_cast<bf16*>(b));
+  LT_CUDA_LAUNCH();
+}
+
+void join_halves(const void* a, const void* b, int64_t rows, int64_t d, void* dst, cudaStream_t st) {
+  const int64_t n = rows * 2 * d;
+  if (n == 0) return;
+  if (d % 8 == 0)
+    join_halves8_kernel<<<blocks_for(n / 8, 256), 256, 0, st>>>(static_cast<const bf16*>(a),
+                                                                 static_cast<const bf16*>(b), rows, d,
+                                                                 static_cast<bf16*>(dst));
+  else
+    join_halves_kernel<<<blocks_for(n, 256), 256, 0, st>>>(static_cast<const bf16*>(a), static_cast<const bf16*>(b),
+                                                            rows, d, static_cast<bf16*>(dst));
+  LT_CUDA_LAUNCH();
+}
+
+void sigmoid_gate_fwd(const void* o, const void* gate, int64_t n, void* out, cudaStream_t st) {
+  if (n == 0) return;
+  sigmoid_gate_fwd_kernel<<<blocks_for(n, 256), 256, 0, st>>>(static_cast<const bf16*>(o),
+                                                               static_cast<const bf16*>(gate), n,
+                                                               static_cast<bf16*>(out));
+  LT_CUDA_LAUNCH();
+}
+
+void sigmoid_gate_bwd(const void* o, const void* gate, const void* dout, int64_t n, void* d_o, void* dgate,
+                      cudaStream_t st) {
+  if (n == 0) return;
+  sigmoid_gate_bwd_kernel<<<blocks_for(n, 256), 256, 0, st>>>(
+      static_cast<const bf16*>(o), static_cast<const bf16*>(gate), static_cast<const bf16*>(dout), n,
+      static_cast<bf16*>(d_o), static_cast<bf16*>(dgate));
   LT_CUDA_LAUNCH();
 }
 

@@ -1,0 +1,107 @@
+// Gated DeltaNet kernels of the CUDA backend (Qwen3.5 / Qwen3.6 linear-attention layers, issue #14):
+// the depthwise causal conv + SiLU, the fused q/k L2 norm + gates ("prep"), the chunked gated delta rule
+// (forward/backward), the gated RMSNorm and the decode step. Semantics: exactly the fp32 CPU reference
+// (src/backend/cpu/ops_gdn.h), up to rounding: bf16 in/out, fp32 state and accumulation.
+// C++17-clean (included from .cu files and from the backend's C++20 sources).
+//
+// Conventions (as kernels.h): every launcher enqueues on `st`, checks the launch and never synchronizes;
+// "WRITTEN" outputs are overwritten, weight gradients ("+=") are ACCUMULATED in a fixed order (results are
+// deterministic run to run). Unsupported shapes throw (LT_CUDA_REQUIRE) with a message naming the limit:
+// Dk, Dv multiples of 8 in [8, 128]; K in [1, 8]; Hv % Hk == 0. See gdn_dims_supported().
+//
+// Chunking of the rule: a FIXED grid of kGdnChunk rows per sample (chunk c of sample b covers rows
+// [c*64, min(seq, c*64+64)) of the sample). A segment start inside a chunk is handled by masking (the
+// decay products across it are zero), which is the same function as the CPU reference's chunks-restart-
+// at-segment-starts (only the rounding differs). So the chunk count never depends on device data.
+//
+// Additions to the brief's API (no CHANGED signatures so far): kGdnChunk, gdn_dims_supported, GdnRuleImpl,
+// gdn_rule_num_chunks; the layout of state_ws is documented at gdn_rule_state_bytes; prep_fwd's v is a
+// contiguous copy [T, Hv, Dv].
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace lt::cuda {
+
+constexpr int64_t kGdnChunk = 64;
+
+// Shapes of one Gated DeltaNet layer call: rows T = batch*seq, sample-major; seg = device int32 [T]
+// packed-segment ids or nullptr (one segment per sample). Activations bf16 (void*), weights bf16 (the
+// streamed layer copy), weight gradients fp32 ACCUMULATED (+=), everything on stream st.
+struct GdnDims {
+  int64_t batch = 0, seq = 0;
+  int64_t Hk = 0, Hv = 0, Dk = 0, Dv = 0;  // key heads/dim, value heads/dim (Hv % Hk == 0)
+  int64_t K = 4;                           // conv kernel
+  int64_t tokens() const { return batch * seq; }
+  int64_t conv_ch() const { return 2 * Hk * Dk + Hv * Dv; }
+};
+
+// True when every kernel below supports d (Dk, Dv % 8 == 0 and <= 128, 1 <= K <= 8, Hv % Hk == 0, ...).
+bool gdn_dims_supported(const GdnDims& d);
+
+// Depthwise causal conv + SiLU over [T, C] (C = conv_ch(); x row stride ldx >= C, so it can read a slice
+// of a wider projection output), w [C, K]; y [T, C] contiguous. Restarts at sample and segment starts.
+void gdn_conv_silu_fwd(const GdnDims& d, const void* x, int64_t ldx, const void* w, const int32_t* seg, void* y,
+                       cudaStream_t st);
+// dx [T, C] (row stride ldx) WRITTEN; dw [C, K] fp32 +=; workspace: gdn_conv_bwd_workspace_bytes(d).
+int64_t gdn_conv_bwd_workspace_bytes(const GdnDims& d);
+void gdn_conv_silu_bwd(const GdnDims& d, const void* x, int64_t ldx, const void* w, const void* dy,
+                       const int32_t* seg, void* dx, float* dw, void* ws, cudaStream_t st);
+
+// Everything between the conv and the rule, fused: from conv output y [T, C] (q | k | v channels) and the
+// projections a, b [T, Hv] (bf16): q, k L2-normalised (eps 1e-6) -> qn, kn [T, Hk, Dk] (bf16), v -> [T, Hv, Dv]
+// (bf16, a contiguous COPY of the v channels of y), g = -exp(A_log) softplus(a + dt_bias),
+// beta = sigmoid(b) (fp32 [T, Hv]); A_log, dt_bias bf16 [Hv].
+void gdn_prep_fwd(const GdnDims& d, const void* y, const void* a, const void* b, const void* A_log,
+                  const void* dt_bias, void* qn, void* kn, void* v, float* g, float* beta, cudaStream_t st);
+// Backward of gdn_prep_fwd: from dqn, dkn (fp32 [T,Hk,Dk]), dv (fp32 [T,Hv,Dv]), dg, dbeta (fp32 [T,Hv]):
+// dy [T, C] bf16 WRITTEN, da, db [T, Hv] bf16 WRITTEN, dA_log, ddt_bias fp32 [Hv] +=; workspace:
+// gdn_prep_bwd_workspace_bytes.
+int64_t gdn_prep_bwd_workspace_bytes(const GdnDims& d);
+void gdn_prep_bwd(const GdnDims& d, const void* y, const void* a, const void* b, const void* A_log,
+                  const void* dt_bias, const float* dqn, const float* dkn, const float* dv, const float* dg,
+                  const float* dbeta, void* dy, void* da, void* db, float* dA_log, float* ddt_bias, void* ws,
+                  cudaStream_t st);
+
+// The chunked gated delta rule (chunk 64; WY/UT form as the CPU reference; fp32 state and accumulation;
+// q scaled by 1/sqrt(Dk) inside): o [T, Hv, Dv] bf16. state_ws: fp32 chunk-start states for the backward,
+// gdn_rule_state_bytes(d) bytes (the backward recomputes nothing it can read from there).
+// Layout of state_ws: [batch, gdn_rule_num_chunks(d), Hv, Dk, Dv] fp32, the state at the start of every
+// fixed-grid chunk (zero where the chunk starts a sample or a segment).
+//
+// Two implementations of the rule kernels' block products, same semantics and workspace sizes: Mma (default;
+// tensor-core mma.sync bf16 with fp32 accumulation, fp32 operands split into bf16 hi + lo, register-resident
+// triangular solves) and Simt (the fp32 CUDA-core fallback). Env LT_GDN_SIMT=1 (read at the first query)
+// selects Simt; gdn_set_rule_impl overrides it (tests, benchmarks). The choice is read at each launch.
+enum class GdnRuleImpl { Mma, Simt };
+GdnRuleImpl gdn_rule_impl();
+void gdn_set_rule_impl(GdnRuleImpl impl);
+int64_t gdn_rule_num_chunks(const GdnDims& d);  // per sample: ceil(seq / kGdnChunk)
+int64_t gdn_rule_state_bytes(const GdnDims& d);
+void gdn_rule_fwd(const GdnDims& d, const void* qn, const void* kn, const void* v, const float* g, const float* beta,
+                  const int32_t* seg, void* o, float* state_ws, cudaStream_t st);
+// dO bf16 [T, Hv, Dv] -> dqn, dkn fp32 [T, Hk, Dk] (summed over the value heads sharing a key head), dv fp32
+// [T, Hv, Dv], dg, dbeta fp32 [T, Hv], all WRITTEN; workspace gdn_rule_bwd_workspace_bytes(d).
+int64_t gdn_rule_bwd_workspace_bytes(const GdnDims& d);
+void gdn_rule_bwd(const GdnDims& d, const void* qn, const void* kn, const void* v, const float* g, const float* beta,
+                  const int32_t* seg, const float* state_ws, const void* dout, float* dqn, float* dkn, float* dv,
+                  float* dg, float* dbeta, void* ws, cudaStream_t st);
+
+// Gated RMSNorm (HF Qwen3_5RMSNormGated) per [row, value head] vector of Dv: out = w * norm(o) * silu(z);
+// o [T,Hv,Dv], z [T,Hv*Dv] bf16, w bf16 [Dv] (plain weight); rstd fp32 [T*Hv] saved for the backward.
+void gdn_gated_norm_fwd(const GdnDims& d, const void* o, const void* z, const void* w, float eps, void* out,
+                        float* rstd, cudaStream_t st);
+// do_ bf16 [T,Hv,Dv], dz bf16 WRITTEN, dw fp32 [Dv] +=; workspace gdn_gated_norm_bwd_workspace_bytes.
+int64_t gdn_gated_norm_bwd_workspace_bytes(const GdnDims& d);
+void gdn_gated_norm_bwd(const GdnDims& d, const void* o, const void* z, const void* w, float eps, const float* rstd,
+                        const void* dout, void* do_, void* dz, float* dw, void* ws, cudaStream_t st);
+
+// Decoding (one token for each of n sequences; GPU decoding of hybrid models): conv window state
+// [n, C, K-1] (oldest first, as cpu::gdn_conv_silu_step) and recurrent state [n, Hv, Dk, Dv] fp32, both
+// updated in place; zero them at a sequence start.
+void gdn_decode_step(const GdnDims& d /*batch = n, seq = 1*/, const void* qkv /*[n, C] row stride ldx*/, int64_t ldx,
+                     const void* w_conv, const void* a, const void* b, const void* A_log, const void* dt_bias,
+                     float* conv_state, float* rec_state, void* o /*[n, Hv, Dv]*/, cudaStream_t st);
+
+}  // namespace lt::cuda
