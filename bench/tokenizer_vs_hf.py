@@ -3,7 +3,8 @@
 Corpus: the fixture texts of tools/make_tokenizer_fixtures2.py (multilingual, code, emoji, numbers),
 repeated with per-copy variations up to SIZE_MB. Tokenizer: a full (untrimmed) tokenizer.json, e.g.
 $LT_TOKCACHE/full/llama3 made by tools/make_tokenizer_fixtures2.py.
-Usage: RAYON_NUM_THREADS=1 python bench/tokenizer_vs_hf.py TOKENIZER_DIR [SIZE_MB=100] [BUILD=build]
+Needs: pip install tokenizers (and what tools/make_tokenizer_fixtures2.py needs, for its corpus)
+Usage: RAYON_NUM_THREADS=1 python3 bench/tokenizer_vs_hf.py TOKENIZER_DIR [SIZE_MB=100] [BUILD=build]
 """
 import os
 import random

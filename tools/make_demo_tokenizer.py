@@ -3,7 +3,8 @@
 (digits split one by one), NFC normaliser and the ChatML special tokens, trained on text in the
 format of lazytrain's built-in synthetic math data (src/data/synth_math.cpp).
 
-Run: /opt/refenv/bin/python tools/make_demo_tokenizer.py   (writes configs/demo/tokenizer.json and
+Needs: pip install tokenizers  (the committed files: tokenizers 0.23.3)
+Run: python3 tools/make_demo_tokenizer.py   (writes configs/demo/tokenizer.json and
 tokenizer_config.json; the C++ side only reads them). Deterministic: same files on every run.
 """
 import json

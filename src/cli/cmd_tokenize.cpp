@@ -32,9 +32,9 @@ void add_tokenize(CLI::App& app) {
     std::string out;
     for (int64_t n = 1; std::getline(std::cin, line); ++n) {
       if (line.empty()) continue;
-      nlohmann::json j;
+      nlohmann::ordered_json j;  // message keys keep their order (what tojson/items() show the template)
       try {
-        j = nlohmann::json::parse(line);
+        j = nlohmann::ordered_json::parse(line);
       } catch (const nlohmann::json::parse_error& e) {
         fail("stdin:{}: invalid JSON: {}", n, e.what());
       }
@@ -47,7 +47,7 @@ void add_tokenize(CLI::App& app) {
                  "stdin:{}: expected {{\"messages\": [...], \"add_generation_prompt\": bool}}", n);
         const bool gen = j.value("add_generation_prompt", false);
         if (tmpl->kind() == data::TemplateKind::Jinja) {
-          nlohmann::json extra = j;
+          nlohmann::ordered_json extra = j;
           extra.erase("messages");
           extra.erase("add_generation_prompt");
           ids = tmpl->encode_rendered(j["messages"], gen, extra);

@@ -1,11 +1,18 @@
 #include "data/bpe.h"
 
+#include <array>
+#include <atomic>
+#include <functional>
 #include <queue>
 
 #include "core/error.h"
 #include "data/unicode.h"
 
 namespace lt::data {
+
+namespace {
+std::atomic<uint64_t> g_next_serial{1};  // BpeModel::serial_
+}  // namespace
 
 const std::array<char32_t, 256>& byte_to_unicode() {
   static const std::array<char32_t, 256> table = [] {
@@ -40,7 +47,7 @@ std::string bytes_to_bytelevel(std::string_view bytes) {
 BpeModel::BpeModel(std::unordered_map<std::string, int32_t> vocab,
                    const std::vector<std::pair<std::string, std::string>>& merges, BpeOptions opt,
                    const std::string& origin)
-    : vocab_(std::move(vocab)), opt_(std::move(opt)) {
+    : vocab_(std::move(vocab)), opt_(std::move(opt)), serial_(g_next_serial++) {
   int32_t max_id = -1;
   for (const auto& [tok, id] : vocab_) {
     LT_CHECK(id >= 0 && id < kMaxVocab, "{}: model.vocab['{}']: id must be in 0..{}, got {}", origin, tok, kMaxVocab - 1, id);
@@ -85,28 +92,44 @@ BpeModel::BpeModel(std::unordered_map<std::string, int32_t> vocab,
   }
 }
 
+namespace {
+struct SvHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>()(s); }
+};
+// Word -> ids of short words, one per (thread, model): no locks on the hot path. A thread keeps the
+// caches of its last few models; a full cache is cleared.
+struct WordCache {
+  uint64_t owner = 0;
+  std::unordered_map<std::string, std::vector<int32_t>, SvHash, std::equal_to<>> map;
+};
+constexpr size_t kMaxCachedWord = 48, kCacheEntries = 1 << 16;
+WordCache& word_cache(uint64_t serial) {
+  thread_local std::array<WordCache, 4> caches;
+  WordCache& c = caches[serial % caches.size()];
+  if (c.owner != serial) {
+    c.map.clear();
+    c.owner = serial;
+  }
+  return c;
+}
+}  // namespace
+
 void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) const {
   if (word.empty()) return;
-  constexpr size_t kMaxCachedWord = 48, kShardEntries = 1 << 13;
   if (word.size() > kMaxCachedWord) {
     (void)encode_word_uncached(word, out);
     return;
   }
-  const size_t h = std::hash<std::string_view>()(word);
-  Shard& sh = cache_[h % cache_.size()];
-  {
-    std::lock_guard<std::mutex> lk(sh.mu);
-    auto it = sh.map.find(std::string(word));
-    if (it != sh.map.end()) {
-      out.insert(out.end(), it->second.begin(), it->second.end());
-      return;
-    }
+  WordCache& c = word_cache(serial_);
+  if (auto it = c.map.find(word); it != c.map.end()) {
+    out.insert(out.end(), it->second.begin(), it->second.end());
+    return;
   }
   const size_t start = out.size();
   if (encode_word_uncached(word, out) > 0) return;  // keep the drop count exact: do not cache such words
-  std::lock_guard<std::mutex> lk(sh.mu);
-  if (sh.map.size() >= kShardEntries) sh.map.clear();
-  sh.map.emplace(std::string(word), std::vector<int32_t>(out.begin() + static_cast<std::ptrdiff_t>(start), out.end()));
+  if (c.map.size() >= kCacheEntries) c.map.clear();
+  c.map.emplace(std::string(word), std::vector<int32_t>(out.begin() + static_cast<std::ptrdiff_t>(start), out.end()));
 }
 
 size_t BpeModel::initial_symbols(std::string_view word, std::vector<Sym>& syms) const {

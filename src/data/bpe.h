@@ -9,7 +9,6 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -76,12 +75,9 @@ class BpeModel {
   int32_t unk_id_ = -1;
   BpeOptions opt_;
   mutable std::atomic<uint64_t> dropped_{0};
-  // Word -> ids cache for short words, sharded to keep threads apart; a shard is cleared when full.
-  struct Shard {
-    std::mutex mu;
-    std::unordered_map<std::string, std::vector<int32_t>> map;
-  };
-  mutable std::array<Shard, 16> cache_;
+  // Identifies this model to the per-thread word caches (bpe.cpp): threads encoding at once share no
+  // lock; a serial is never reused, so a cache never serves a destroyed model's entries.
+  uint64_t serial_;
 };
 
 }  // namespace lt::data

@@ -11,6 +11,7 @@ namespace lt::data {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;  // messages: keys in insertion order, as Python dicts
 
 const char* template_name(TemplateKind k) {
   switch (k) {
@@ -205,6 +206,13 @@ void ChatTemplate::append_piece(Encoded& e, const std::string& header, const std
 }
 
 namespace {
+// Messages as HF passes them to the template: {"role", "content"} in that order.
+ojson messages_json(const std::vector<Message>& msgs) {
+  ojson m = ojson::array();
+  for (const auto& x : msgs) m.push_back(ojson{{"role", x.role}, {"content", x.content}});
+  return m;
+}
+
 std::string trim(const std::string& s) {
   const char* ws = " \t\n\r\f\v";
   const auto b = s.find_first_not_of(ws);
@@ -255,9 +263,7 @@ Encoded ChatTemplate::encode(const std::vector<Message>& msgs, bool train_on_inp
 
 std::vector<int32_t> ChatTemplate::encode_prompt(const std::vector<Message>& msgs) const {
   if (kind_ == TemplateKind::Jinja) {
-    json m = json::array();
-    for (const auto& x : msgs) m.push_back({{"role", x.role}, {"content", x.content}});
-    return encode_rendered(m, true);
+    return encode_rendered(messages_json(msgs), true);
   }
   Encoded e = encode(msgs, false);
   switch (kind_) {
@@ -285,7 +291,7 @@ Encoded ChatTemplate::encode_text(const std::string& text) const {
   return e;
 }
 
-jinja::RenderResult ChatTemplate::render(const json& messages, bool add_generation_prompt, const json& extra) const {
+jinja::RenderResult ChatTemplate::render(const ojson& messages, bool add_generation_prompt, const ojson& extra) const {
   LT_CHECK(jinja_, "template {}: render() needs a Jinja chat template", template_name(kind_));
   jinja::Value ctx = jinja::Value::object();
   ctx.dict->set("messages", jinja::from_json(messages));
@@ -300,7 +306,7 @@ jinja::RenderResult ChatTemplate::render(const json& messages, bool add_generati
   return jinja_->render(ctx);
 }
 
-std::vector<int32_t> ChatTemplate::encode_rendered(const json& messages, bool add_generation_prompt, const json& extra) const {
+std::vector<int32_t> ChatTemplate::encode_rendered(const ojson& messages, bool add_generation_prompt, const ojson& extra) const {
   return tok_.encode(render(messages, add_generation_prompt, extra).text);
 }
 
@@ -318,8 +324,7 @@ size_t tokens_within(const Tokenizer& tok, const std::string& prefix, const std:
 }  // namespace
 
 Encoded ChatTemplate::encode_jinja(const std::vector<Message>& msgs, bool train_on_inputs) const {
-  json m = json::array();
-  for (const auto& x : msgs) m.push_back({{"role", x.role}, {"content", x.content}});
+  const ojson m = messages_json(msgs);
   const jinja::RenderResult full = render(m, false);
   Encoded e;
   e.ids = tok_.encode(full.text);
@@ -333,9 +338,11 @@ Encoded ChatTemplate::encode_jinja(const std::vector<Message>& msgs, bool train_
     size_t cursor = 0;
     for (size_t i = 0; i < msgs.size(); ++i) {
       if (msgs[i].role != "assistant") continue;
-      const json before(m.begin(), m.begin() + static_cast<std::ptrdiff_t>(i));
-      const json upto(m.begin(), m.begin() + static_cast<std::ptrdiff_t>(i) + 1);
-      const std::string a = render(before, true).text, b = render(upto, false).text;
+      const ojson before(m.begin(), m.begin() + static_cast<std::ptrdiff_t>(i));
+      const std::string a = render(before, true).text;
+      // The conversation up to this turn; the full render when it is the last message.
+      const std::string b =
+          i + 1 == msgs.size() ? full.text : render(ojson(m.begin(), m.begin() + static_cast<std::ptrdiff_t>(i) + 1), false).text;
       size_t beg, end;
       if (b.size() >= a.size() && b.compare(0, a.size(), a) == 0 && full.text.compare(0, b.size(), b) == 0) {
         beg = a.size();
@@ -359,6 +366,16 @@ Encoded ChatTemplate::encode_jinja(const std::vector<Message>& msgs, bool train_
       ranges.emplace_back(beg, end);
       cursor = end;
     }
+  }
+  // Bytes -> tokens: a token carries loss when its text overlaps a range (HF's char_to_token rule: the
+  // token holding the first byte through the token holding the last). From the tokens' own bytes when
+  // they spell the text (byte-level BPE), else by re-encoding the text before each boundary.
+  std::vector<size_t> starts;
+  if (tok_.token_starts(full.text, e.ids, starts)) {
+    for (auto [b, en] : ranges)
+      for (size_t k = 0; k < e.ids.size(); ++k)
+        if (starts[k + 1] > b && starts[k] < en) e.loss[k] = 1;
+    return e;
   }
   for (auto [b, en] : ranges) {
     const size_t tb = tokens_within(tok_, full.text.substr(0, b), e.ids, false);

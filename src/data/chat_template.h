@@ -74,11 +74,12 @@ class ChatTemplate {
 
   // Jinja only: the rendered text of arbitrary messages (JSON objects, as HF passes them) with extra
   // template variables (e.g. enable_thinking, date_string).
-  jinja::RenderResult render(const nlohmann::json& messages, bool add_generation_prompt,
-                             const nlohmann::json& extra = nlohmann::json::object()) const;
+  // Keys of the messages keep their order (ordered_json), as Python dicts do in HF.
+  jinja::RenderResult render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                             const nlohmann::ordered_json& extra = nlohmann::ordered_json::object()) const;
   // Jinja: render, then encode as HF does (no special tokens added, special tokens in the text parsed).
-  std::vector<int32_t> encode_rendered(const nlohmann::json& messages, bool add_generation_prompt,
-                                       const nlohmann::json& extra = nlohmann::json::object()) const;
+  std::vector<int32_t> encode_rendered(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                                       const nlohmann::ordered_json& extra = nlohmann::ordered_json::object()) const;
 
   // Tokens that end an assistant turn (generation stops on any of them).
   const std::vector<int32_t>& stop_ids() const { return stop_ids_; }

@@ -1,5 +1,7 @@
 #include "data/prepare.h"
 
+#include <chrono>
+
 #include "core/error.h"
 #include "core/log.h"
 
@@ -32,10 +34,14 @@ PreparedData prepare_data(const DataConfig& cfg, const LoadedTokenizer& tok) {
   to.cutoff_len = cfg.cutoff_len;
   to.overlong = parse_overlong(cfg.overlong);
   to.train_on_inputs = cfg.train_on_inputs;
+  to.threads = cfg.threads;
+  const auto t0 = std::chrono::steady_clock::now();
   d.train = tokenize_records(train, d.tmpl, to, &d.train_stats);
   if (!val.empty()) d.val = tokenize_records(val, d.tmpl, to, &d.val_stats);
-  log_info("data: {} train samples ({} tokens, {} loss tokens), {} validation samples; template {}", d.train.size(),
-           d.train_stats.tokens, d.train_stats.loss_tokens, d.val.size(), template_name(d.tmpl.kind()));
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  log_info("data: {} train samples ({} tokens, {} loss tokens), {} validation samples; template {}; tokenised in {:.2f} s",
+           d.train.size(), d.train_stats.tokens, d.train_stats.loss_tokens, d.val.size(), template_name(d.tmpl.kind()),
+           secs);
   return d;
 }
 

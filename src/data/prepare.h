@@ -23,6 +23,7 @@ struct DataConfig {
   double val_size = 0.0;
   int64_t max_samples = 0;
   uint64_t seed = 42;
+  int threads = 0;  // tokenisation threads; 0 = every core
 };
 
 struct PreparedData {

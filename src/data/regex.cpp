@@ -3,7 +3,6 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
-#include <mutex>
 
 #include "core/error.h"
 
@@ -71,30 +70,26 @@ std::string translate_onig_pattern(std::string_view p) {
   return out;
 }
 
+namespace {
+// Match data with one ovector pair (the whole match is all find_all reads; a pattern's capture groups
+// then make pcre2 return 0, "ovector too small", with the match still in pair 0). One per thread,
+// shared by every pattern: threads matching at once take no lock.
+struct ThreadMatchData {
+  pcre2_match_data* md = pcre2_match_data_create(1, nullptr);
+  ~ThreadMatchData() { pcre2_match_data_free(md); }
+};
+pcre2_match_data* thread_match_data() {
+  thread_local ThreadMatchData t;
+  LT_CHECK(t.md, "regex: out of memory for match data");
+  return t.md;
+}
+}  // namespace
+
 struct Regex::Impl {
   pcre2_code* code = nullptr;
   bool jit = false;
-  // Match data is per thread (pcre2 match data is not shareable); a small pool keyed by thread.
-  mutable std::mutex mu;
-  mutable std::vector<pcre2_match_data*> pool;
   ~Impl() {
-    for (auto* m : pool) pcre2_match_data_free(m);
     if (code) pcre2_code_free(code);
-  }
-  pcre2_match_data* take() const {
-    {
-      std::lock_guard<std::mutex> lk(mu);
-      if (!pool.empty()) {
-        auto* m = pool.back();
-        pool.pop_back();
-        return m;
-      }
-    }
-    return pcre2_match_data_create_from_pattern(code, nullptr);
-  }
-  void give(pcre2_match_data* m) const {
-    std::lock_guard<std::mutex> lk(mu);
-    pool.push_back(m);
   }
 };
 
@@ -116,7 +111,7 @@ Regex::Regex(const std::string& pattern, const std::string& where) : impl_(std::
 Regex::~Regex() = default;
 
 void Regex::find_all(std::string_view text, std::vector<std::pair<uint32_t, uint32_t>>& out) const {
-  pcre2_match_data* md = impl_->take();
+  pcre2_match_data* md = thread_match_data();
   const auto* subj = reinterpret_cast<PCRE2_SPTR>(text.data());
   size_t pos = 0;
   while (pos <= text.size()) {
@@ -124,7 +119,6 @@ void Regex::find_all(std::string_view text, std::vector<std::pair<uint32_t, uint
                               : pcre2_match(impl_->code, subj, text.size(), pos, PCRE2_NO_UTF_CHECK, md, nullptr);
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) {
-      impl_->give(md);
       PCRE2_UCHAR msg[256];
       pcre2_get_error_message(rc, msg, sizeof msg);
       fail("regex '{}': match failed: {}", pattern_, reinterpret_cast<const char*>(msg));
@@ -139,7 +133,6 @@ void Regex::find_all(std::string_view text, std::vector<std::pair<uint32_t, uint
       while (pos < text.size() && (static_cast<unsigned char>(text[pos]) & 0xC0) == 0x80) ++pos;
     }
   }
-  impl_->give(md);
 }
 
 }  // namespace lt::data

@@ -1,5 +1,11 @@
 #include "data/samples.h"
 
+#include <algorithm>
+#include <atomic>
+#include <exception>
+#include <mutex>
+#include <thread>
+
 #include "core/error.h"
 #include "core/log.h"
 
@@ -26,6 +32,58 @@ Sample make_sample(const Encoded& e) {
   return s;
 }
 
+namespace {
+int encode_threads(int requested, size_t n_records) {
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const size_t want = requested > 0 ? size_t(requested) : cores;
+  return int(std::clamp<size_t>(std::min(want, (n_records + 63) / 64), 1, want));  // >= 64 records each
+}
+
+// Encodes every record (no cutoff policy yet) into out[i], with `threads` workers taking blocks of
+// records in increasing order. On errors: every block before the failing one is finished, and the
+// error of the lowest failing record is rethrown, so the outcome is the single-thread one.
+void encode_all(const std::vector<Record>& records, const ChatTemplate& tmpl, bool train_on_inputs, int threads,
+                std::vector<Sample>& out) {
+  out.assign(records.size(), Sample{});
+  auto encode_one = [&](size_t i) {
+    const Record& r = records[i];
+    out[i] = make_sample(r.is_text ? tmpl.encode_text(r.text) : tmpl.encode(r.messages, train_on_inputs));
+  };
+  if (threads <= 1) {
+    for (size_t i = 0; i < records.size(); ++i) encode_one(i);
+    return;
+  }
+  constexpr size_t kBlock = 64;
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::mutex mu;
+  size_t err_at = SIZE_MAX;
+  std::exception_ptr err;
+  auto worker = [&] {
+    while (!failed.load(std::memory_order_relaxed)) {
+      const size_t b = next.fetch_add(kBlock);
+      if (b >= records.size()) return;
+      const size_t e = std::min(records.size(), b + kBlock);
+      for (size_t i = b; i < e; ++i) {
+        try {
+          encode_one(i);
+        } catch (...) {
+          std::lock_guard<std::mutex> lk(mu);
+          if (i < err_at) err_at = i, err = std::current_exception();
+          failed = true;
+          break;
+        }
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(worker);
+  worker();
+  for (auto& t : pool) t.join();
+  if (err) std::rethrow_exception(err);
+}
+}  // namespace
+
 std::vector<Sample> tokenize_records(const std::vector<Record>& records, const ChatTemplate& tmpl,
                                      const TokenizeOptions& opt, TokenizeStats* stats) {
   LT_CHECK(opt.cutoff_len >= 2, "cutoff_len: expected >= 2, got {}", opt.cutoff_len);
@@ -33,9 +91,11 @@ std::vector<Sample> tokenize_records(const std::vector<Record>& records, const C
   TokenizeStats& st = stats ? *stats : local;
   st = TokenizeStats{};
   std::vector<Sample> out;
-  out.reserve(records.size());
-  for (const auto& r : records) {
-    Sample s = make_sample(r.is_text ? tmpl.encode_text(r.text) : tmpl.encode(r.messages, opt.train_on_inputs));
+  encode_all(records, tmpl, opt.train_on_inputs, encode_threads(opt.threads, records.size()), out);
+  // The cutoff policy and the stats, in record order.
+  size_t kept = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    Sample s = std::move(out[i]);
     if (static_cast<int64_t>(s.ids.size()) > opt.cutoff_len) {
       if (opt.overlong == Overlong::Skip) {
         ++st.skipped_long;
@@ -52,8 +112,9 @@ std::vector<Sample> tokenize_records(const std::vector<Record>& records, const C
     }
     st.tokens += static_cast<int64_t>(s.ids.size());
     st.loss_tokens += nl;
-    out.push_back(std::move(s));
+    out[kept++] = std::move(s);
   }
+  out.resize(kept);
   st.samples = static_cast<int64_t>(out.size());
   if (st.truncated || st.skipped_long || st.skipped_no_loss)
     log_info("data: {} samples kept; {} truncated, {} skipped as longer than cutoff_len={}, {} skipped without loss tokens",

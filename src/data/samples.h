@@ -26,6 +26,9 @@ struct TokenizeOptions {
   int64_t cutoff_len = 1024;
   Overlong overlong = Overlong::Truncate;  // truncate keeps the first cutoff_len tokens
   bool train_on_inputs = false;
+  // Threads encoding records at once: 0 = every core (std::thread::hardware_concurrency()). The
+  // result (samples, their order, stats, the error thrown for a bad record) does not depend on it.
+  int threads = 0;
 };
 
 struct TokenizeStats {
@@ -38,6 +41,9 @@ struct TokenizeStats {
 };
 
 Sample make_sample(const Encoded& e);
+// Records are rendered and encoded in parallel (opt.threads), in blocks taken in order; samples keep
+// the records' order. A record that cannot be encoded (unknown role, a template's raise_exception)
+// throws the error of the first such record, as one thread would.
 std::vector<Sample> tokenize_records(const std::vector<Record>& records, const ChatTemplate& tmpl,
                                      const TokenizeOptions& opt, TokenizeStats* stats = nullptr);
 

@@ -338,6 +338,22 @@ std::string Tokenizer::decode_impl(const std::vector<int32_t>& ids, bool skip_sp
   return s;
 }
 
+bool Tokenizer::token_starts(std::string_view text, const std::vector<int32_t>& ids, std::vector<size_t>& starts) const {
+  if (!decoder_bytelevel_) return false;
+  starts.clear();
+  starts.reserve(ids.size() + 1);
+  size_t at = 0;
+  for (int32_t id : ids) {
+    if (id < 0 || id >= vocab_size_ || !(*id_known_)[id]) return false;
+    const std::string& b = (*id_bytes_)[id];
+    if (text.compare(at, b.size(), b) != 0) return false;
+    starts.push_back(at);
+    at += b.size();
+  }
+  starts.push_back(at);
+  return at == text.size();
+}
+
 std::optional<int32_t> Tokenizer::token_to_id(const std::string& token) const {
   if (auto it = added_by_content_.find(token); it != added_by_content_.end()) return it->second;
   if (auto it = bpe_->vocab().find(token); it != bpe_->vocab().end()) return it->second;

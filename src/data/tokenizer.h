@@ -42,6 +42,11 @@ class Tokenizer {
   // included), for byte-exact output of generated text.
   std::string decode_bytes(const std::vector<int32_t>& ids, bool skip_special_tokens = false) const;
 
+  // Where each token of `ids` (the encoding of `text`) starts in `text`: starts[k] for token k, plus
+  // text.size() at the end. Known when the tokens' bytes spell the text exactly (byte-level BPE whose
+  // normalizer left the text unchanged, added tokens without stripped spaces); false otherwise.
+  bool token_starts(std::string_view text, const std::vector<int32_t>& ids, std::vector<size_t>& starts) const;
+
   // The pipeline's stages, for tests: the normalizer on a text, and the pre-tokens of a normalized
   // text (raw bytes for byte-level models, as the BPE sees them).
   std::string normalize(std::string_view text) const;

@@ -8,6 +8,7 @@
 #include "backend/cpu/ops.h"
 #include "core/error.h"
 #include "core/timer.h"
+#include "data/tokenizer.h"
 
 namespace lt::train {
 namespace {
@@ -110,6 +111,17 @@ int32_t argmax(const float* row, int64_t n) {
 
 void strip_stop(std::vector<int32_t>& ids, const std::vector<int32_t>& stop_ids) {
   if (!ids.empty() && std::find(stop_ids.begin(), stop_ids.end(), ids.back()) != stop_ids.end()) ids.pop_back();
+}
+
+void write_generation(std::FILE* out, size_t index, const std::string& prompt, const data::Tokenizer& tok,
+                      std::vector<int32_t> ids, const std::vector<int32_t>& stop_ids) {
+  strip_stop(ids, stop_ids);
+  const std::string text = tok.decode_bytes(ids, true);
+  std::fprintf(out, "### prompt %zu: ", index);
+  std::fwrite(prompt.data(), 1, prompt.size(), out);
+  std::fputc('\n', out);
+  std::fwrite(text.data(), 1, text.size(), out);
+  std::fputs("\n\n", out);
 }
 
 ModelWeightsView view_of(const ModelWeights& w) {

@@ -4,6 +4,7 @@
 // GEMM over the batch's rows; attention reads each sequence's own cache.
 #pragma once
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -11,6 +12,10 @@
 #include "model/model_config.h"
 #include "model/param_layout.h"
 #include "model/weights.h"
+
+namespace lt::data {
+class Tokenizer;
+}
 
 namespace lt::train {
 
@@ -39,6 +44,12 @@ struct DecodeStats {
 };
 // Drops a trailing stop token (one of stop_ids) from generated ids, before decoding them to text.
 void strip_stop(std::vector<int32_t>& ids, const std::vector<int32_t>& stop_ids);
+
+// What `lazytrain generate` prints for prompt `index`: "### prompt I: PROMPT\n", then the generated
+// ids (a trailing stop token dropped, special tokens skipped) decoded to their bytes exactly, NUL and
+// invalid UTF-8 included (fwrite, not printf %s), then "\n\n".
+void write_generation(std::FILE* out, size_t index, const std::string& prompt, const data::Tokenizer& tok,
+                      std::vector<int32_t> ids, const std::vector<int32_t>& stop_ids);
 
 // Returns the generated ids of each prompt (stop token included if emitted); adds to *stats if given.
 std::vector<std::vector<int32_t>> greedy_generate(const ModelWeightsView& w,

@@ -117,4 +117,105 @@ TEST(ChatTemplate, RoleErrors) {
   EXPECT_THROW(t.encode({{"tool", "x"}}), lt::Error);
 }
 
+const std::string kDemo = lt::testing::repo_root().string() + "/configs/demo";
+
+std::vector<int32_t> loss_ids(const Encoded& e) {
+  std::vector<int32_t> out;
+  for (size_t i = 0; i < e.ids.size(); ++i)
+    if (e.loss[i]) out.push_back(e.ids[i]);
+  return out;
+}
+
+// {% generation %} blocks: the loss mask is exactly the tokens of the text the blocks produced (HF's
+// return_assistant_tokens_mask), not the rule derived from renders.
+TEST(ChatTemplate, GenerationBlocksGiveTheMask) {
+  const LoadedTokenizer lt = load_tokenizer(kDemo);
+  TokenizerConfig cfg = lt.config;
+  // Only the content is in the block (the end-of-turn token is not): the derived rule would add it.
+  cfg.chat_template =
+      "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+      "{% if m.role == 'assistant' %}{% generation %}{{ m.content }}{% endgeneration %}{% else %}{{ m.content }}{% endif %}"
+      "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+  const ChatTemplate t = ChatTemplate::resolve("auto", lt.tokenizer, cfg);
+  const std::vector<Message> msgs = {{"user", "What is 12 + 7?"}, {"assistant", "2+7+0=9, 1+0+0=1. The answer is: 19"},
+                                     {"user", "And 3 + 4?"}, {"assistant", "The answer is: 7"}};
+  const Encoded e = t.encode(msgs);
+  const ChatTemplate chatml = ChatTemplate::resolve("chatml", lt.tokenizer, cfg);
+  const Encoded c = chatml.encode(msgs);
+  EXPECT_EQ(e.ids, c.ids);  // same text as ChatML
+  // The mask: exactly the tokens of each generation span, i.e. the two contents, nothing else.
+  const jinja::RenderResult r = t.render(nlohmann::ordered_json::parse(
+      R"([{"role":"user","content":"What is 12 + 7?"},{"role":"assistant","content":"2+7+0=9, 1+0+0=1. The answer is: 19"},)"
+      R"({"role":"user","content":"And 3 + 4?"},{"role":"assistant","content":"The answer is: 7"}])"),
+                                         false);
+  ASSERT_EQ(r.generation.size(), 2u);
+  std::vector<uint8_t> want;
+  size_t pos = 0;
+  for (auto [b, en] : r.generation) {
+    const auto before = lt.tokenizer.encode(r.text.substr(pos, b - pos));
+    const auto span = lt.tokenizer.encode(r.text.substr(b, en - b));
+    want.insert(want.end(), before.size(), 0);
+    want.insert(want.end(), span.size(), 1);
+    pos = en;
+  }
+  want.insert(want.end(), lt.tokenizer.encode(r.text.substr(pos)).size(), 0);
+  EXPECT_EQ(e.loss, want);
+  EXPECT_EQ(lt.tokenizer.decode(loss_ids(e)), msgs[1].content + msgs[3].content);
+  // The derived rule (ChatML fallback) also trains the end-of-turn token.
+  EXPECT_EQ(lt.tokenizer.decode(loss_ids(c)), msgs[1].content + "<|im_end|>" + msgs[3].content + "<|im_end|>");
+}
+
+// template: chatml is the hand-written ChatML renderer: it needs no chat_template, and on the demo's
+// ChatML template it gives the same ids and masks as executing that template (derived masks).
+TEST(ChatTemplate, ChatmlFallback) {
+  const LoadedTokenizer lt = load_tokenizer(kDemo);
+  TokenizerConfig none = lt.config;
+  none.chat_template.clear();
+  EXPECT_THROW(ChatTemplate::resolve("auto", lt.tokenizer, none), lt::Error);
+  const ChatTemplate fb = ChatTemplate::resolve("chatml", lt.tokenizer, none);
+  EXPECT_EQ(fb.kind(), TemplateKind::ChatML);
+  EXPECT_EQ(ChatTemplate::resolve("qwen", lt.tokenizer, none).kind(), TemplateKind::ChatML);
+  const ChatTemplate own = ChatTemplate::resolve("auto", lt.tokenizer, lt.config);
+  EXPECT_EQ(own.kind(), TemplateKind::Jinja);
+  const std::vector<Message> msgs = {{"system", "Be brief."}, {"user", "What is 147 + 180?"},
+                                     {"assistant", "7+0+0=7, 4+8+0=12, 1+1+1=3. The answer is: 327"}};
+  const Encoded a = fb.encode(msgs), b = own.encode(msgs);
+  EXPECT_EQ(lt.tokenizer.decode(a.ids),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 147 + 180?<|im_end|>\n"
+            "<|im_start|>assistant\n7+0+0=7, 4+8+0=12, 1+1+1=3. The answer is: 327<|im_end|>\n");
+  EXPECT_EQ(a.ids, b.ids);
+  EXPECT_EQ(a.loss, b.loss);
+  EXPECT_EQ(fb.encode_prompt({msgs[0], msgs[1]}), own.encode_prompt({msgs[0], msgs[1]}));
+  EXPECT_EQ(fb.stop_ids(), std::vector<int32_t>({*lt.tokenizer.token_to_id("<|im_end|>"),
+                                                  *lt.tokenizer.token_to_id("<|endoftext|>")}));
+}
+
+// Message dicts keep their keys in insertion order, as Python dicts do in HF: tojson of a message and
+// iteration over its items show role before content (nlohmann::json would sort them).
+TEST(ChatTemplate, MessageKeysKeepInsertionOrder) {
+  const LoadedTokenizer lt = load_tokenizer(kDemo);
+  TokenizerConfig cfg = lt.config;
+  cfg.chat_template =
+      "{% for m in messages %}{{ m|tojson }}|{% for k, v in m.items() %}{{ k }}={{ v }};{% endfor %}"
+      "{% for k in m %}{{ k }},{% endfor %}\n{% endfor %}";  // trim_blocks eats that newline
+  const ChatTemplate t = ChatTemplate::resolve("auto", lt.tokenizer, cfg);
+  const auto msgs = nlohmann::ordered_json::parse(R"([{"role": "user", "content": "hi", "name": "zed", "a": 1}])");
+  EXPECT_EQ(t.render(msgs, false).text,
+            "{\"role\": \"user\", \"content\": \"hi\", \"name\": \"zed\", \"a\": 1}|role=user;content=hi;name=zed;a=1;"
+            "role,content,name,a,");
+  // Messages of a data set (role, content) in the same order.
+  const Encoded e = t.encode({{"user", "x"}}, true);
+  EXPECT_EQ(lt.tokenizer.decode(e.ids), "{\"role\": \"user\", \"content\": \"x\"}|role=user;content=x;role,content,");
+}
+
+// Number literals out of range are template errors (fuzz_jinja found std::out_of_range escaping the
+// lexer: fuzz/corpus/jinja/regress_int_overflow.jinja).
+TEST(Jinja, NumberLiterals) {
+  auto render = [](const std::string& src) { return jinja::Template(src, "t").render(jinja::Value::object()).text; };
+  EXPECT_EQ(render("{{ 1_000 + 2.5e1 }}|{{ 7 // 2 }}|{{ 1e3 }}"), "1025.0|3|1000.0");
+  EXPECT_THROW(render("{{ 99999999999999999999 }}"), lt::Error);
+  EXPECT_THROW(render("{{ 1e999 }}"), lt::Error);
+  EXPECT_THROW(render("{% set x = 1e %}"), lt::Error);
+}
+
 }  // namespace

@@ -9,34 +9,19 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "../common/families.h"
 #include "core/error.h"
 #include "data/chat_template.h"
 #include "data/tokenizer.h"
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;  // messages keep their key order, as in Python
 namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kDir = lt::testing::repo_root().string() + "/tests/fixtures/families/";
-
-std::vector<std::string> families() {
-  std::vector<std::string> out;
-  for (const auto& e : fs::directory_iterator(kDir))
-    if (e.is_directory()) out.push_back(e.path().filename().string());
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-std::vector<json> cases(const std::string& fam, const std::string& kind) {
-  std::ifstream f(kDir + fam + "/cases.jsonl");
-  std::vector<json> out;
-  for (std::string line; std::getline(f, line);) {
-    json j = json::parse(line);
-    if (j["kind"] == kind) out.push_back(std::move(j));
-  }
-  return out;
-}
+const std::string& kDir = lt::testing::kFamiliesDir;
+using lt::testing::families;
+std::vector<json> cases(const std::string& fam, const std::string& kind) { return lt::testing::family_cases(fam, kind); }
 
 class Family : public ::testing::TestWithParam<std::string> {};
 

@@ -2,7 +2,9 @@
 // trim_blocks (the first newline after a block or comment tag is removed) and lstrip_blocks
 // (spaces and tabs from the start of a line up to a block or comment tag are removed), plus the
 // -/+ whitespace controls of tags.
+#include <charconv>
 #include <cstring>
+#include <system_error>
 
 #include "core/error.h"
 #include "data/jinja/ast.h"
@@ -146,8 +148,11 @@ class Lexer {
       std::string num = s_.substr(b, q - b);
       num.erase(std::remove(num.begin(), num.end(), '_'), num.end());
       Tok t{is_float ? Tok::Float : Tok::Int, num};
-      if (is_float) t.f = std::stod(num);
-      else t.i = std::stoll(num);
+      // from_chars, not stod/stoll: an out-of-range literal is a template error, not an exception
+      // escaping as std::out_of_range (found by fuzz_jinja; fuzz/corpus/jinja/regress_int_overflow.jinja).
+      const char* end = num.data() + num.size();
+      const auto r = is_float ? std::from_chars(num.data(), end, t.f) : std::from_chars(num.data(), end, t.i);
+      LT_CHECK(r.ec == std::errc() && r.ptr == end, "{}:{}: invalid number literal '{}'", origin_, line_at(b), num);
       return t;
     }
     if (c == '\'' || c == '"') {

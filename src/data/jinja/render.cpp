@@ -267,17 +267,18 @@ class Renderer {
       scope->items.clear();
       bind_targets(*scope, n, items[k]);
       Value loop = Value::object();
-      auto& d = *loop.dict;
-      d.set("index", Value(k + 1));
-      d.set("index0", Value(k));
-      d.set("revindex", Value(len - k));
-      d.set("revindex0", Value(len - k - 1));
-      d.set("first", Value(k == 0));
-      d.set("last", Value(k == len - 1));
-      d.set("length", Value(len));
-      d.set("previtem", k > 0 ? items[k - 1] : Value());
-      d.set("nextitem", k + 1 < len ? items[k + 1] : Value());
-      d.set("cycle", Value::function([k](Args& a) { return a.pos.empty() ? Value() : a.pos[k % a.pos.size()]; }));
+      auto& d = loop.dict->items;  // distinct keys: appended directly (this runs once per iteration)
+      d.reserve(10);
+      d.emplace_back("index", Value(k + 1));
+      d.emplace_back("index0", Value(k));
+      d.emplace_back("revindex", Value(len - k));
+      d.emplace_back("revindex0", Value(len - k - 1));
+      d.emplace_back("first", Value(k == 0));
+      d.emplace_back("last", Value(k == len - 1));
+      d.emplace_back("length", Value(len));
+      d.emplace_back("previtem", k > 0 ? items[k - 1] : Value());
+      d.emplace_back("nextitem", k + 1 < len ? items[k + 1] : Value());
+      d.emplace_back("cycle", Value::function([k](Args& a) { return a.pos.empty() ? Value() : a.pos[k % a.pos.size()]; }));
       scope->set("loop", loop);
       try {
         exec(n.body);

@@ -222,26 +222,34 @@ std::string to_json(const Value& v, int indent, bool sort_keys) {
   return out;
 }
 
-Value from_json(const nlohmann::json& j) {
+namespace {
+// JSON -> Value; objects keep the order the JSON type iterates in (ordered_json: the input's, as
+// Python's json.loads gives HF's templates).
+template <typename J>
+Value from_json_impl(const J& j) {
   switch (j.type()) {
-    case nlohmann::json::value_t::null: return Value::none();
-    case nlohmann::json::value_t::boolean: return Value(j.get<bool>());
-    case nlohmann::json::value_t::number_integer:
-    case nlohmann::json::value_t::number_unsigned: return Value(j.get<int64_t>());
-    case nlohmann::json::value_t::number_float: return Value(j.get<double>());
-    case nlohmann::json::value_t::string: return Value(j.get<std::string>());
-    case nlohmann::json::value_t::array: {
+    case J::value_t::null: return Value::none();
+    case J::value_t::boolean: return Value(j.template get<bool>());
+    case J::value_t::number_integer:
+    case J::value_t::number_unsigned: return Value(j.template get<int64_t>());
+    case J::value_t::number_float: return Value(j.template get<double>());
+    case J::value_t::string: return Value(j.template get<std::string>());
+    case J::value_t::array: {
       Value v = Value::array();
-      for (const auto& e : j) v.list->push_back(from_json(e));
+      for (const auto& e : j) v.list->push_back(from_json_impl(e));
       return v;
     }
-    case nlohmann::json::value_t::object: {
+    case J::value_t::object: {
       Value v = Value::object();
-      for (auto it = j.begin(); it != j.end(); ++it) v.dict->items.emplace_back(it.key(), from_json(it.value()));
+      for (auto it = j.begin(); it != j.end(); ++it) v.dict->items.emplace_back(it.key(), from_json_impl(it.value()));
       return v;
     }
     default: return Value();
   }
 }
+}  // namespace
+
+Value from_json(const nlohmann::json& j) { return from_json_impl(j); }
+Value from_json(const nlohmann::ordered_json& j) { return from_json_impl(j); }
 
 }  // namespace lt::data::jinja

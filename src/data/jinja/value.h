@@ -68,6 +68,9 @@ std::string str(const Value& v);
 std::string repr(const Value& v);
 // Python json.dumps(v, ensure_ascii=False, indent=indent (<0: None), separators default, sort_keys).
 std::string to_json(const Value& v, int indent, bool sort_keys = false);
+// JSON -> Value. Use ordered_json for messages: dict keys then keep their input order, as in Python
+// (what `message|tojson` and `message.items()` show); nlohmann::json sorts them.
 Value from_json(const nlohmann::json& j);
+Value from_json(const nlohmann::ordered_json& j);
 
 }  // namespace lt::data::jinja

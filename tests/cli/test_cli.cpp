@@ -1,0 +1,182 @@
+// The lazytrain executable itself (LT_LAZYTRAIN: the binary this build made; LT_BIN overrides it):
+// `tokenize` in text and --chat mode against the HF expectations committed with the family fixtures
+// (tests/fixtures/families/*/cases.jsonl), and `generate --raw` with a tokenizer that has no chat
+// template.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "../common/families.h"
+
+namespace fs = std::filesystem;
+using ojson = nlohmann::ordered_json;
+
+namespace {
+
+const std::string kSrc = lt::testing::repo_root().string();
+const std::string& kFamilies = lt::testing::kFamiliesDir;
+
+std::string lazytrain() {
+  const char* env = std::getenv("LT_BIN");
+  return env && *env ? env : LT_LAZYTRAIN;
+}
+
+std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+struct CliRun {
+  int rc;
+  std::string out, err;
+};
+
+// Runs `lazytrain ARGS < stdin_text` in a fresh temporary directory.
+CliRun run_cli(const std::string& args, const std::string& stdin_text = "") {
+  const fs::path dir = fs::temp_directory_path() / ("lt_cli_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
+                                                    "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  fs::create_directories(dir);
+  std::ofstream(dir / "in", std::ios::binary) << stdin_text;
+  const std::string cmd = quote(lazytrain()) + " " + args + " < " + quote((dir / "in").string()) + " > " +
+                          quote((dir / "out").string()) + " 2> " + quote((dir / "err").string());
+  const int rc = std::system(cmd.c_str());
+  auto slurp = [](const fs::path& p) {
+    std::ifstream f(p, std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+  };
+  CliRun r{rc, slurp(dir / "out"), slurp(dir / "err")};
+  fs::remove_all(dir);
+  return r;
+}
+
+std::vector<std::string> lines(const std::string& s) {
+  std::vector<std::string> out;
+  std::istringstream in(s);
+  for (std::string l; std::getline(in, l);) out.push_back(l);
+  return out;
+}
+
+using lt::testing::families;
+std::vector<ojson> cases(const std::string& fam, const std::string& kind) { return lt::testing::family_cases(fam, kind); }
+
+// Each output line is {"ids": [...]}, one per input line, equal to the expected ids.
+void expect_ids(const std::string& fam, const CliRun& r, const std::vector<ojson>& want) {
+  ASSERT_EQ(r.rc, 0) << fam << ": " << r.err;
+  const auto got = lines(r.out);
+  ASSERT_EQ(got.size(), want.size()) << fam;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const ojson j = ojson::parse(got[i]);
+    EXPECT_EQ(j.at("ids"), want[i]) << fam << " line " << i + 1;
+  }
+}
+
+// Text mode: {"text"} -> HF encode(text, add_special_tokens=False), on every family's 181 texts.
+TEST(CliTokenize, TextModeMatchesHfOnEveryFamily) {
+  ASSERT_GE(families().size(), 10u);
+  for (const auto& fam : families()) {
+    std::string in;
+    std::vector<ojson> want;
+    for (const auto& c : cases(fam, "text")) {
+      in += ojson{{"text", c["text"]}}.dump() + "\n";
+      want.push_back(c["ids"]);
+    }
+    ASSERT_GE(want.size(), 150u) << fam;
+    expect_ids(fam, run_cli("tokenize --tokenizer " + quote(kFamilies + fam), in), want);
+  }
+}
+
+// --chat: the model's own template (extra keys such as enable_thinking and date_string are template
+// variables), then encoded: HF apply_chat_template(tokenize=True) ids.
+TEST(CliTokenize, ChatModeMatchesHfApplyChatTemplate) {
+  int checked = 0;
+  for (const auto& fam : families()) {
+    std::string in;
+    std::vector<ojson> want;
+    for (const auto& c : cases(fam, "chat")) {
+      if (c.contains("error")) continue;  // refused conversations: checked below
+      ojson line = c;
+      for (const char* k : {"text", "ids", "kind"}) line.erase(k);
+      in += line.dump() + "\n";
+      want.push_back(c["ids"]);
+    }
+    if (want.empty()) continue;  // no chat template (gpt2)
+    expect_ids(fam, run_cli("tokenize --chat --tokenizer " + quote(kFamilies + fam), in), want);
+    ++checked;
+  }
+  EXPECT_GE(checked, 8);
+}
+
+// A conversation the template refuses (raise_exception: Gemma has no system role) fails the command
+// with the template's message; malformed input names its line.
+TEST(CliTokenize, RefusalsAndBadInputAreErrors) {
+  const auto refused = cases("gemma", "chat");
+  bool any = false;
+  for (const auto& c : refused) {
+    if (!c.contains("error")) continue;
+    any = true;
+    ojson line = c;
+    for (const char* k : {"text", "ids", "kind", "error"}) line.erase(k);
+    const CliRun r = run_cli("tokenize --chat --tokenizer " + quote(kFamilies + "gemma"), line.dump() + "\n");
+    EXPECT_NE(r.rc, 0);
+    EXPECT_NE(r.err.find("chat_template"), std::string::npos) << r.err;
+  }
+  EXPECT_TRUE(any);
+  const CliRun bad = run_cli("tokenize --tokenizer " + quote(kFamilies + "qwen3"), "{\"text\": \"a\"}\n{\"txt\": 1}\n");
+  EXPECT_NE(bad.rc, 0);
+  EXPECT_NE(bad.err.find("stdin:2"), std::string::npos) << bad.err;
+}
+
+// --template chatml: the hand-written ChatML fallback, even for a tokenizer whose own template differs.
+TEST(CliTokenize, ChatmlFallbackTemplate) {
+  const std::string in = R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]})"
+                         "\n";
+  const CliRun own = run_cli("tokenize --chat --tokenizer " + quote(kFamilies + "qwen2.5"), in);
+  const CliRun fb = run_cli("tokenize --chat --template chatml --tokenizer " + quote(kFamilies + "qwen2.5"), in);
+  const CliRun text = run_cli("tokenize --tokenizer " + quote(kFamilies + "qwen2.5"),
+                           ojson{{"text", "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nYo<|im_end|>\n"}}.dump() + "\n");
+  ASSERT_EQ(own.rc, 0) << own.err;
+  ASSERT_EQ(fb.rc, 0) << fb.err;
+  EXPECT_EQ(fb.out, text.out);  // no default system message
+  EXPECT_NE(own.out, fb.out);   // Qwen2.5's own template adds its default system message
+}
+
+// generate --raw encodes the prompt as plain text: a tokenizer directory without any chat template
+// works (without --raw, template auto is an error naming the choices).
+TEST(CliGenerate, RawNeedsNoTemplate) {
+  // The demo tokenizer without its chat template, cut to the fixture model's 300 ids (no added tokens).
+  const fs::path tokdir = fs::temp_directory_path() / "lt_cli_raw_tok";
+  fs::create_directories(tokdir);
+  {
+    std::ifstream f(kSrc + "/configs/demo/tokenizer.json");
+    ojson j = ojson::parse(f);
+    ojson vocab = ojson::object(), merges = ojson::array();
+    for (auto it = j["model"]["vocab"].begin(); it != j["model"]["vocab"].end(); ++it)
+      if (it.value().get<int>() < 300) vocab[it.key()] = it.value();
+    for (const auto& m : j["model"]["merges"])
+      if (vocab.contains(m[0].get<std::string>() + m[1].get<std::string>())) merges.push_back(m);
+    j["model"]["vocab"] = vocab;
+    j["model"]["merges"] = merges;
+    j["added_tokens"] = ojson::array();
+    std::ofstream(tokdir / "tokenizer.json") << j.dump();
+  }
+  const std::string common = "generate --model " + quote(kSrc + "/tests/fixtures/hf/qwen2_bias_tied") +
+                             " --tokenizer " + quote(tokdir.string()) + " --device cpu --threads 1 --max-new-tokens 3 -p 'What is'";
+  const CliRun raw = run_cli(common + " --raw");
+  EXPECT_EQ(raw.rc, 0) << raw.err;
+  EXPECT_EQ(raw.out.rfind("### prompt 0: What is\n", 0), 0u) << raw.out;
+  const CliRun chat = run_cli(common);
+  EXPECT_NE(chat.rc, 0);
+  EXPECT_NE(chat.err.find("template: 'auto' needs"), std::string::npos) << chat.err;
+  fs::remove_all(tokdir);
+}
+
+}  // namespace
