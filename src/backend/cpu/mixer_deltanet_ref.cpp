@@ -34,10 +34,15 @@ class DeltaNetRef final : public MixerRef {
     shape_ = GdnShape{S, l_.k_heads, l_.v_heads, l_.k_head_dim, l_.v_head_dim, kDeltaRuleChunk};
 
     const int64_t C = l_.conv_dim(), KD = l_.key_dim(), VD = l_.value_dim(), NV = l_.v_heads;
-    const int64_t fwd = 2 * C + VD + 2 * NV + 2 * KD + 2 * KD + VD + 2 * NV + 2 * VD;
-    const int64_t bwd = dw ? VD + VD + VD + 2 * KD + 2 * KD + VD + 2 * NV + 2 * NV + 2 * C : 0;
+    // The four input projections are adjacent in the layout (model/mixer_deltanet.cpp): one GEMM over
+    // them when their buffers are contiguous (tensor sizes multiples of the 64-element alignment).
+    fused_ = wz_ == wqkv_ + C * c.hidden && wb_ == wz_ + VD * c.hidden && wa_ == wb_ + NV * c.hidden;
+    const int64_t P = C + VD + 2 * NV;
+    const int64_t fwd = 2 * C + VD + 2 * NV + 2 * KD + 2 * KD + VD + 2 * NV + 2 * VD + P;
+    const int64_t bwd = dw ? VD + VD + VD + 2 * KD + 2 * KD + VD + 2 * NV + 2 * NV + 2 * C + P : 0;
     Scratch& sc = Scratch::get(2);
-    sc.reset(S * (fwd + bwd), 32);
+    sc.reset(S * (fwd + bwd), 34);
+    proj_ = sc.take(S * P);
     qkv_ = sc.take(S * C), conv_out_ = sc.take(S * C), z_ = sc.take(S * VD);
     b_ = sc.take(S * NV), a_ = sc.take(S * NV);
     q0_ = sc.take(S * KD), k0_ = sc.take(S * KD), q_ = sc.take(S * KD), k_ = sc.take(S * KD);
@@ -48,16 +53,23 @@ class DeltaNetRef final : public MixerRef {
       dq_ = sc.take(S * KD), dk_ = sc.take(S * KD), dq0_ = sc.take(S * KD), dk0_ = sc.take(S * KD);
       dv_ = sc.take(S * VD), dg_ = sc.take(S * NV), dbeta_ = sc.take(S * NV);
       da_ = sc.take(S * NV), db_ = sc.take(S * NV), dconv_out_ = sc.take(S * C), dqkv_ = sc.take(S * C);
+      dproj_ = sc.take(S * P);
     }
   }
 
   void forward(const SampleGeo& sg, const float* h, float* out) override {
     const int64_t S = S_, H = c_.hidden, C = l_.conv_dim(), KD = l_.key_dim(), VD = l_.value_dim();
     const int64_t NV = l_.v_heads;
-    linear_fwd(h, wqkv_, nullptr, S, H, C, qkv_);
-    linear_fwd(h, wz_, nullptr, S, H, VD, z_);
-    linear_fwd(h, wb_, nullptr, S, H, NV, b_);
-    linear_fwd(h, wa_, nullptr, S, H, NV, a_);
+    if (fused_) {
+      const int64_t P = C + VD + 2 * NV;
+      linear_fwd(h, wqkv_, nullptr, S, H, P, proj_);
+      split_columns(proj_, S, P, {{qkv_, C}, {z_, VD}, {b_, NV}, {a_, NV}});
+    } else {
+      linear_fwd(h, wqkv_, nullptr, S, H, C, qkv_);
+      linear_fwd(h, wz_, nullptr, S, H, VD, z_);
+      linear_fwd(h, wb_, nullptr, S, H, NV, b_);
+      linear_fwd(h, wa_, nullptr, S, H, NV, a_);
+    }
     gdn_conv_silu_fwd(qkv_, conv_, S, C, l_.conv_kernel, sg.seg, conv_out_);
     // The conv's channels are [q | k | v]; the rule wants each contiguous.
     split_columns(conv_out_, S, C, {{q0_, KD}, {k0_, KD}, {v_, VD}});
@@ -103,6 +115,12 @@ class DeltaNetRef final : public MixerRef {
     gdn_l2norm_bwd(k0_, dk_, S * l_.k_heads, l_.k_head_dim, kL2Eps, dk0_);
     join_columns(dconv_out_, S, C, {{dq0_, KD}, {dk0_, KD}, {dv_, VD}});
     gdn_conv_silu_bwd(qkv_, conv_, dconv_out_, S, C, l_.conv_kernel, sg.seg, dqkv_, dconv_);
+    if (fused_) {
+      const int64_t P = C + VD + 2 * NV;
+      join_columns(dproj_, S, P, {{dqkv_, C}, {dz_, VD}, {db_, NV}, {da_, NV}});
+      linear_bwd(h, wqkv_, dproj_, S, H, P, dh, dwqkv_, nullptr);
+      return;
+    }
     linear_bwd(h, wqkv_, dqkv_, S, H, C, dh, dwqkv_, nullptr);
     linear_bwd(h, wz_, dz_, S, H, VD, dh, dwz_, nullptr, true);
     linear_bwd(h, wb_, db_, S, H, NV, dh, dwb_, nullptr, true);
@@ -139,6 +157,8 @@ class DeltaNetRef final : public MixerRef {
   GdnShape shape_;
   const float *wqkv_, *wz_, *wb_, *wa_, *conv_, *dt_, *alog_, *norm_, *wout_;
   float *dwqkv_, *dwz_, *dwb_, *dwa_, *dconv_, *ddt_, *dalog_, *dnorm_, *dwout_;
+  bool fused_ = false;
+  float *proj_ = nullptr, *dproj_ = nullptr;
   float *qkv_, *conv_out_, *z_, *b_, *a_, *q0_, *k0_, *q_, *k_, *v_, *g_, *beta_, *o_, *y_;
   std::vector<float> states_;
   float *dy_ = nullptr, *do_ = nullptr, *dz_ = nullptr, *dq_ = nullptr, *dk_ = nullptr, *dq0_ = nullptr,
