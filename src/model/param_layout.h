@@ -4,6 +4,8 @@
 //   unit 0          embedding      model.embed_tokens.weight [vocab, hidden]
 //   unit 1..L       decoder layers model.layers.{i}.<suffix>
 //   unit L+1        head           model.norm.weight [hidden] (+ lm_head.weight [vocab, hidden] if untied)
+// ("model." is "model.language_model." for composite Qwen3.5 checkpoints: ModelConfig::text_prefix()).
+// Embedding and head params keep their suffix without that prefix ("embed_tokens.weight", "norm.weight").
 // With tied embeddings the LM head reads unit 0's matrix and its gradient adds to unit 0's.
 #pragma once
 #include <cstdint>
@@ -38,11 +40,9 @@ struct UnitLayout {
 
 constexpr int64_t kParamAlign = 64;  // elements; keeps every tensor 256-byte aligned in fp32
 
-// Suffixes within a decoder layer, in layout order (those absent for an arch are skipped):
-//   input_layernorm.weight, self_attn.q_proj.weight, self_attn.q_proj.bias, self_attn.k_proj.weight,
-//   self_attn.k_proj.bias, self_attn.v_proj.weight, self_attn.v_proj.bias, self_attn.q_norm.weight,
-//   self_attn.k_norm.weight, self_attn.o_proj.weight, post_attention_layernorm.weight,
-//   mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight
+// Suffixes within a decoder layer, in layout order: input_layernorm.weight, the layer kind's mixer
+// parameters (model/mixer_attention.cpp: self_attn.*; model/mixer_deltanet.cpp: linear_attn.*),
+// post_attention_layernorm.weight, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight.
 UnitLayout layer_unit_layout(const ModelConfig& c, int64_t layer);
 UnitLayout embedding_unit_layout(const ModelConfig& c);
 UnitLayout head_unit_layout(const ModelConfig& c);
