@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "model/model_config.h"
 
 namespace lt::config_detail {
 
@@ -107,5 +108,8 @@ struct Fields {
     return integer(*v, k);
   }
 };
+
+// The fields every family's config.json shares (architectures, model_type, shapes, norms, tying).
+json shape_fields(const ModelConfig& c);
 
 }  // namespace lt::config_detail

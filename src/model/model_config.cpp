@@ -258,8 +258,8 @@ ModelConfig load_model_config(const std::filesystem::path& dir_or_file) {
   return c;
 }
 
-json model_config_to_json(const ModelConfig& c) {
-  if (c.arch == Arch::Qwen3_5) return qwen35_config_to_json(c);
+namespace config_detail {
+json shape_fields(const ModelConfig& c) {
   json j;
   j["architectures"] = json::array({arch_hf_name(c.arch)});
   j["model_type"] = arch_model_type(c.arch);
@@ -277,6 +277,13 @@ json model_config_to_json(const ModelConfig& c) {
   j["tie_word_embeddings"] = c.tied;
   j["use_cache"] = true;
   j["attention_dropout"] = 0.0;
+  return j;
+}
+}  // namespace config_detail
+
+json model_config_to_json(const ModelConfig& c) {
+  if (c.arch == Arch::Qwen3_5) return qwen35_config_to_json(c);
+  json j = config_detail::shape_fields(c);
   if (c.arch != Arch::Qwen2) j["attention_bias"] = c.attn_bias;
   if (c.arch == Arch::Llama) {
     j["mlp_bias"] = false;

@@ -153,24 +153,8 @@ ModelConfig qwen35_config_from_json(const json& top, const std::string& source) 
 
 json qwen35_config_to_json(const ModelConfig& c) {
   if (c.composite && !c.hf_config_text.empty()) return json::parse(c.hf_config_text);
-  json j;
-  j["architectures"] = json::array({"Qwen3_5ForCausalLM"});
-  j["model_type"] = "qwen3_5_text";
-  j["hidden_size"] = c.hidden;
-  j["num_hidden_layers"] = c.layers;
-  j["num_attention_heads"] = c.heads;
-  j["num_key_value_heads"] = c.kv_heads;
-  j["head_dim"] = c.head_dim;
-  j["intermediate_size"] = c.ffn;
-  j["vocab_size"] = c.vocab;
-  j["hidden_act"] = "silu";
-  j["max_position_embeddings"] = c.max_position;
-  j["initializer_range"] = c.initializer_range;
-  j["rms_norm_eps"] = c.rms_eps;
-  j["tie_word_embeddings"] = c.tied;
+  json j = config_detail::shape_fields(c);  // architectures / model_type: Qwen3_5ForCausalLM, qwen3_5_text
   j["attention_bias"] = false;
-  j["attention_dropout"] = 0.0;
-  j["use_cache"] = true;
   j["linear_conv_kernel_dim"] = c.linear.conv_kernel;
   j["linear_key_head_dim"] = c.linear.k_head_dim;
   j["linear_value_head_dim"] = c.linear.v_head_dim;

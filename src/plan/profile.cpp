@@ -229,28 +229,6 @@ ResourceProfile resolve_profile(const std::string& s) {
        "set LT_PROFILE_DIR to the folder holding them)", s, s);
 }
 
-LayerTiming layer_timing_for(const ModelConfig& c, LayerKind k, int64_t batch, int64_t seq, double fwd_s, double bwd_s) {
-  LayerTiming t;
-  t.kind = k;
-  t.hidden = c.hidden;
-  t.ffn = c.ffn;
-  if (k == LayerKind::Attention) {
-    t.heads = c.heads;
-    t.kv_heads = c.kv_heads;
-    t.head_dim = c.head_dim;
-  } else {
-    t.linear_k_heads = c.linear.k_heads;
-    t.linear_v_heads = c.linear.v_heads;
-    t.linear_k_head_dim = c.linear.k_head_dim;
-    t.linear_v_head_dim = c.linear.v_head_dim;
-  }
-  t.batch = batch;
-  t.seq = seq;
-  t.fwd_s = fwd_s;
-  t.bwd_s = bwd_s;
-  return t;
-}
-
 double core_flops_rate(const ResourceProfile& p, LayerKind k) {
   return k == LayerKind::GatedDeltaNet && p.scan_flops > 0 ? p.scan_flops : p.attn_flops;
 }

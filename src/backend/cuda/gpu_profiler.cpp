@@ -122,29 +122,6 @@ void fill_layer_weights(const ModelConfig& c, const UnitLayout& lay, void* w, cu
   }
 }
 
-// As plan/profile.cpp's layer_timing_for (the backend library does not link lt_plan).
-LayerTiming timing_of(const ModelConfig& c, LayerKind k, int64_t batch, int64_t seq, double fwd_s, double bwd_s) {
-  LayerTiming t;
-  t.kind = k;
-  t.hidden = c.hidden;
-  t.ffn = c.ffn;
-  if (k == LayerKind::Attention) {
-    t.heads = c.heads;
-    t.kv_heads = c.kv_heads;
-    t.head_dim = c.head_dim;
-  } else {
-    t.linear_k_heads = c.linear.k_heads;
-    t.linear_v_heads = c.linear.v_heads;
-    t.linear_k_head_dim = c.linear.k_head_dim;
-    t.linear_v_head_dim = c.linear.v_head_dim;
-  }
-  t.batch = batch;
-  t.seq = seq;
-  t.fwd_s = fwd_s;
-  t.bwd_s = bwd_s;
-  return t;
-}
-
 // Forward and backward of one layer (the first of kind k) at batch x seq.
 void measure_layer_kind(ResourceProfile& p, CudaBackend& be, const ModelConfig& c, LayerKind k, int64_t batch,
                         int64_t seq) {
@@ -164,7 +141,7 @@ void measure_layer_kind(ResourceProfile& p, CudaBackend& be, const ModelConfig& 
   const double tb = median_s(st, 3, [&] { be.layer_backward(layer, w.ptr, g, x.ptr, y.ptr, dx.ptr, dw.ptr, {}); });
   be.synchronize();
   // layer_backward re-runs the forward internals first
-  p.layer_timings.push_back(timing_of(c, k, batch, seq, tf, std::max(0.0, tb - tf)));
+  p.layer_timings.push_back(layer_timing_for(c, k, batch, seq, tf, std::max(0.0, tb - tf)));
   log_info("profile: {} layer fwd {:.3f} ms, bwd {:.3f} ms", layer_kind_short_name(k), tf * 1e3,
            std::max(0.0, tb - tf) * 1e3);
   for (Allocation* a : {&w, &dw, &x, &y, &dx}) be.free(*a);
