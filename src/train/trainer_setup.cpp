@@ -1,0 +1,237 @@
+// Setting a training run up and closing it (trainer_setup.h); the loop itself is in trainer.cpp.
+#include "train/trainer_setup.h"
+
+#include <algorithm>
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "train/checkpoint_dir.h"
+#include "train/evaluate.h"
+
+namespace lt::train {
+
+namespace {
+
+int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+// Removes what a previous run left in output_dir when overwrite_output_dir is set (only our files).
+void clear_output_dir(const fs::path& out) {
+  std::error_code ec;
+  if (!fs::is_directory(out, ec)) return;
+  for (const auto& e : fs::directory_iterator(out, ec)) {
+    std::string n = e.path().filename().string();
+    if (checkpoint_step(e.path()) >= 0 || n.rfind(".tmp-checkpoint-", 0) == 0 || n == "metrics.jsonl")
+      fs::remove_all(e.path(), ec);
+  }
+}
+
+}  // namespace
+
+std::optional<fs::path> prepare_output_dir(const TrainConfig& cfg) {
+  const fs::path out = cfg.output_dir;
+  std::optional<fs::path> resume = resolve_resume(cfg.resume_from_checkpoint, out);
+  if (cfg.resume_from_checkpoint == "auto" && !resume)
+    log_info("resume_from_checkpoint=auto: no complete checkpoint in {}, starting from scratch", out.string());
+  if (!resume && !list_checkpoints(out).empty()) {
+    LT_CHECK(cfg.overwrite_output_dir,
+             "output_dir '{}' already has checkpoints; resume with resume_from_checkpoint=auto, or set "
+             "overwrite_output_dir=true to start over (its checkpoints are deleted)",
+             out.string());
+    clear_output_dir(out);
+  }
+  fs::create_directories(out);
+  return resume;
+}
+
+data::PreparedData load_training_data(const TrainConfig& cfg, const ModelSetup& ms) {
+  data::DataConfig dc;
+  dc.dataset = cfg.dataset;
+  dc.eval_dataset = cfg.eval_dataset;
+  dc.template_name = cfg.template_name;
+  dc.format = cfg.dataset_format;
+  dc.on_malformed = cfg.on_malformed;
+  dc.overlong = cfg.overlong;
+  dc.cutoff_len = cfg.cutoff_len;
+  dc.train_on_inputs = cfg.train_on_inputs;
+  dc.val_size = cfg.val_size;
+  dc.max_samples = cfg.max_samples;
+  dc.seed = uint64_t(cfg.seed);
+  data::PreparedData data = data::prepare_data(dc, ms.tokenizer);
+  LT_CHECK(!data.train.empty(), "dataset '{}': no training samples left after tokenisation", cfg.dataset);
+  for (const auto& s : data.train)
+    for (int32_t id : s.ids)
+      LT_CHECK(id >= 0 && id < ms.model.vocab,
+               "token id {} is outside the model's vocabulary ({}): tokenizer and model do not match", id,
+               ms.model.vocab);
+  return data;
+}
+
+int64_t sequence_length(const TrainConfig& cfg, const data::PreparedData& data) {
+  int64_t longest = 0;
+  for (const auto& s : data.train) longest = std::max<int64_t>(longest, int64_t(s.ids.size()));
+  for (const auto& s : data.val) longest = std::max<int64_t>(longest, int64_t(s.ids.size()));
+  return cfg.packing ? cfg.cutoff_len : std::min(cfg.cutoff_len, round_up(longest, 8));
+}
+
+data::LoaderOptions loader_options(const TrainConfig& cfg, int64_t seq, int32_t pad_id) {
+  data::LoaderOptions lo;
+  lo.batch = cfg.per_device_train_batch_size;
+  lo.seq = seq;
+  lo.packing = cfg.packing;
+  lo.shuffle = true;
+  lo.seed = uint64_t(cfg.seed);
+  lo.pad_id = pad_id;
+  return lo;
+}
+
+StepShape step_shape(const TrainConfig& cfg, int64_t seq, int64_t batches_per_epoch) {
+  StepShape s;
+  s.seq = seq;
+  s.batch = cfg.per_device_train_batch_size;
+  s.ga = cfg.gradient_accumulation_steps;
+  s.batches_per_epoch = batches_per_epoch;
+  s.updates_per_epoch = std::max<int64_t>(1, batches_per_epoch / s.ga);
+  s.total_steps = cfg.max_steps > 0
+                      ? cfg.max_steps
+                      : std::max<int64_t>(1, int64_t(std::ceil(cfg.num_train_epochs * double(s.updates_per_epoch))));
+  s.sched = LrSchedule{cfg.lr_scheduler_type, cfg.learning_rate,
+                       resolve_warmup_steps(cfg.warmup_steps, cfg.warmup_ratio, s.total_steps), s.total_steps,
+                       cfg.min_lr_ratio};
+  return s;
+}
+
+OptimizerSetup optimizer_setup(const TrainConfig& cfg, const TrainingPlan& tp, bool gpu) {
+  OptimizerSetup os;
+  os.weight_decay = float(cfg.weight_decay);
+  os.beta1 = float(cfg.adam_beta1);
+  os.beta2 = float(cfg.adam_beta2);
+  os.eps = float(cfg.adam_epsilon);
+  os.max_grad_norm = float(cfg.max_grad_norm);
+  os.kind = optim::parse_optimizer_kind(cfg.optimizer);
+  os.tensors_8bit = tp.tensors_8bit;
+  // On the CPU backend the compute lane needs the cores; one optimizer thread overlaps with it.
+  os.threads = gpu ? int(cfg.threads) : 1;
+  return os;
+}
+
+TrainerState initial_trainer_state(const TrainConfig& cfg, const StepShape& shape, const TrainingPlan& tp,
+                                   const ModelSetup& ms) {
+  TrainerState ts;
+  ts.batches_per_epoch = shape.batches_per_epoch;
+  ts.total_steps = shape.total_steps;
+  ts.seed = uint64_t(cfg.seed);
+  ts.lr_scheduler_type = cfg.lr_scheduler_type;
+  ts.base_lr = cfg.learning_rate;
+  ts.warmup_steps = shape.sched.warmup_steps;
+  ts.optimizer = cfg.optimizer;
+  ts.tensors_8bit.assign(tp.tensors_8bit.begin(), tp.tensors_8bit.end());
+  ts.model_name = ms.model.name;
+  return ts;
+}
+
+void resume_from(const fs::path& ckpt, const TrainConfig& cfg, const ModelSetup& ms, HostState& st, AdamWHook& hook,
+                 data::DataLoader& loader, TrainerState& ts) {
+  TrainerState saved = read_trainer_state(ckpt);
+  LT_CHECK(saved.batches_per_epoch == ts.batches_per_epoch,
+           "resume: checkpoint '{}' was made with {} micro-batches per epoch, this run has {} (dataset, "
+           "batch size, cutoff_len or packing changed)",
+           ckpt.string(), saved.batches_per_epoch, ts.batches_per_epoch);
+  LT_CHECK(saved.optimizer == cfg.optimizer, "resume: checkpoint '{}' used optimizer '{}', the config says '{}'",
+           ckpt.string(), saved.optimizer, cfg.optimizer);
+  if (saved.total_steps != ts.total_steps)
+    log_warn("resume: total steps changed from {} to {}; the LR schedule follows the new total", saved.total_steps,
+             ts.total_steps);
+  std::vector<float*> masters;
+  for (int64_t u = 0; u < st.units(); ++u) masters.push_back(st.master(u));
+  load_checkpoint_weights(ckpt, ms.model, ms.layout, masters, &hook.optimizer());
+  ts.global_step = saved.global_step;
+  ts.micro_batches_done = saved.micro_batches_done;
+  ts.losses = saved.losses;
+  ts.data_epoch = saved.data_epoch;
+  ts.data_index = saved.data_index;
+  loader.restore({saved.data_epoch, saved.data_index});
+  std::printf("resumed from %s at step %lld\n", ckpt.string().c_str(), (long long)ts.global_step);
+}
+
+std::string resume_command(const TrainConfig& cfg) {
+  std::string cmd = "lazytrain train " + (cfg.config_path.empty() ? std::string("<config.yaml>") : cfg.config_path.string());
+  for (const auto& ov : cfg.overrides)
+    if (ov.rfind("resume_from_checkpoint=", 0) != 0) cmd += " " + ov;
+  return cmd + " resume_from_checkpoint=auto";
+}
+
+StepMetrics step_metrics(const TrainerState& ts, const StepShape& shape, const StepFigures& f, const FlopModel& flops,
+                         double peak, bool gpu, const TrainingPlan& tp) {
+  const StepResult& r = *f.r;
+  StepMetrics m;
+  m.step = ts.global_step;
+  m.total_steps = shape.total_steps;
+  m.epoch = double(ts.micro_batches_done) / double(shape.batches_per_epoch);
+  m.loss = r.loss;
+  m.grad_norm = f.grad_norm;
+  m.lr = f.lr;
+  m.step_time = f.step_time;
+  m.tokens = r.rows;
+  m.nonpad_tokens = f.nonpad;
+  m.loss_tokens = r.n_tokens;
+  fill_throughput(m, flops, peak);
+  m.peak_gpu_bytes = gpu ? r.peak_device : -1;
+  m.host_rss_bytes = host_peak_rss_bytes();
+  m.exposed_transfer_s = std::max(0.0, r.exposed_s - r.exposed_optimizer_s);
+  m.exposed_transfer_pred_s = tp.predicted_exposed_transfer_s;  // the planner's split (the windows' include waits)
+  m.exposed_optimizer_s = r.exposed_optimizer_s;
+  m.exposed_optimizer_pred_s = tp.predicted_exposed_optimizer_s;
+  m.optimizer_wait_s = r.update_wait_s;
+  return m;
+}
+
+void final_evaluation(const TrainConfig& cfg, const TrainHooks& hooks, const ModelSetup& ms,
+                      const data::PreparedData& data, HostState& st, Backend& be, bool gpu,
+                      std::unique_ptr<Executor>& executor, MetricsLogger& logger, int64_t step, TrainResult& result) {
+  data::ReadOptions ro;
+  ro.max_samples = cfg.eval_max_samples;
+  ro.seed = uint64_t(cfg.seed) + 7;
+  auto records = data::load_records(cfg.do_eval_dataset, ro);
+  ModelWeightsView v{&ms.model, &ms.layout, {}};
+  for (int64_t u = 0; u < st.units(); ++u) v.units.push_back(st.master(u));
+  EvalOptions eopt;
+  eopt.batch_size = cfg.per_device_eval_batch_size > 0 ? cfg.per_device_eval_batch_size : 64;
+  eopt.max_new_tokens = cfg.max_new_tokens;
+  eopt.output_jsonl = (fs::path(cfg.output_dir) / "eval_results.jsonl").string();
+  std::unique_ptr<Generator> gen;
+  const bool gpu_eval = gpu && hooks.gpu_decode.built() && !records.empty();
+  const std::string gpu_why = gpu_eval ? hooks.gpu_decode.unsupported_reason(ms.model) : std::string();
+  if (!gpu_why.empty()) log_info("evaluation decodes on the CPU: {}", gpu_why);
+  if (gpu_eval && gpu_why.empty()) {
+    // Decode on the GPU that trained: the executor's device buffers go back to the backend's arena,
+    // from which the decoder takes its weights, KV cache and workspace.
+    be.synchronize();
+    executor.reset();
+    DecodeDeviceOptions dopt;
+    dopt.device = DecodeDevice::Cuda;
+    dopt.size_for(eopt.batch_size, int64_t(records.size()), longest_prompt_tokens(data.tmpl, records),
+                  eopt.max_new_tokens);
+    gen = make_generator(v, dopt, hooks.gpu_decode, &be);
+  } else {
+    gen = make_cpu_generator(v);
+  }
+  EvalResult er = evaluate_exact_match(*gen, data.tmpl, records, eopt);
+  result.exact_match = er.exact_match;
+  result.eval_samples = er.samples;
+  std::printf("eval: exact match %.2f%% (%lld/%lld) on %s in %.1f s; per-sample results in %s\n",
+              100.0 * er.exact_match, (long long)er.correct, (long long)er.samples, cfg.do_eval_dataset.c_str(),
+              er.seconds, eopt.output_jsonl.c_str());
+  std::printf("%s\n", format_decode_stats(gen->describe(), gen->stats()).c_str());
+  logger.event(nlohmann::json{{"type", "exact_match"},
+                              {"step", step},
+                              {"dataset", cfg.do_eval_dataset},
+                              {"exact_match", er.exact_match},
+                              {"correct", er.correct},
+                              {"samples", er.samples},
+                              {"seconds", er.seconds}}
+                   .dump());
+}
+
+}  // namespace lt::train

@@ -1,0 +1,73 @@
+// The parts of `run_training` (trainer.cpp) that set a run up and close it: the output directory and
+// resume point, the tokenised data, the step shape and LR schedule, the optimizer and trainer state,
+// a step's metrics, and the final exact-match evaluation. Internal to src/train.
+#pragma once
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "data/batch.h"
+#include "data/prepare.h"
+#include "exec/executor.h"
+#include "exec/optim_hook.h"
+#include "train/checkpoint.h"
+#include "train/config.h"
+#include "train/lr_schedule.h"
+#include "train/metrics.h"
+#include "train/model_setup.h"
+#include "train/planning.h"
+#include "train/trainer.h"
+
+namespace lt::train {
+
+namespace fs = std::filesystem;
+
+// The checkpoint to resume from (resume_from_checkpoint), after clearing a previous run's files when
+// overwrite_output_dir allows it; creates output_dir.
+std::optional<fs::path> prepare_output_dir(const TrainConfig& cfg);
+
+// Tokenised train/validation data, every id checked against the model's vocabulary.
+data::PreparedData load_training_data(const TrainConfig& cfg, const ModelSetup& ms);
+
+// Micro-batch shape, steps and LR schedule of the run.
+struct StepShape {
+  int64_t seq = 0, batch = 0, ga = 1;
+  int64_t batches_per_epoch = 0, updates_per_epoch = 0, total_steps = 0;
+  LrSchedule sched;
+};
+// seq: packing fills cutoff_len; padding needs only the longest sample (rounded up to 8).
+int64_t sequence_length(const TrainConfig& cfg, const data::PreparedData& data);
+data::LoaderOptions loader_options(const TrainConfig& cfg, int64_t seq, int32_t pad_id);
+StepShape step_shape(const TrainConfig& cfg, int64_t seq, int64_t batches_per_epoch);
+
+OptimizerSetup optimizer_setup(const TrainConfig& cfg, const TrainingPlan& tp, bool gpu);
+
+// A fresh trainer state for this run's shape and plan.
+TrainerState initial_trainer_state(const TrainConfig& cfg, const StepShape& shape, const TrainingPlan& tp,
+                                   const ModelSetup& ms);
+// Loads the checkpoint's weights, moments and data position into st / the optimizer / loader and ts,
+// after checking it was made for the same data shape and optimizer.
+void resume_from(const fs::path& ckpt, const TrainConfig& cfg, const ModelSetup& ms, HostState& st,
+                 AdamWHook& hook, data::DataLoader& loader, TrainerState& ts);
+
+// The command that resumes a stopped run (printed when a signal stops it).
+std::string resume_command(const TrainConfig& cfg);
+
+// One step's metrics record.
+struct StepFigures {
+  const StepResult* r = nullptr;
+  double grad_norm = 0, lr = 0, step_time = 0;
+  int64_t nonpad = 0;
+};
+StepMetrics step_metrics(const TrainerState& ts, const StepShape& shape, const StepFigures& f, const FlopModel& flops,
+                         double peak, bool gpu, const TrainingPlan& tp);
+
+// The held-out exact-match evaluation after training (do_eval_dataset): on the GPU that trained when
+// the hooks allow it (then the executor is released first: its device buffers go back to the arena),
+// else on the CPU.
+void final_evaluation(const TrainConfig& cfg, const TrainHooks& hooks, const ModelSetup& ms,
+                      const data::PreparedData& data, HostState& st, Backend& be, bool gpu,
+                      std::unique_ptr<Executor>& executor, MetricsLogger& logger, int64_t step, TrainResult& result);
+
+}  // namespace lt::train
