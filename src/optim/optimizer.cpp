@@ -9,10 +9,20 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/timer.h"
+#include "optim/master_tiles.h"
 #include "optim/quant8.h"
 #include "optim/thread_pool.h"
 
 namespace lt::optim {
+
+const char* master_format_name(MasterFormat f) {
+  switch (f) {
+    case MasterFormat::F32: return "fp32";
+    case MasterFormat::Split: return "split";
+    case MasterFormat::Bf16Sr: return "bf16-sr";
+  }
+  return "?";
+}
 
 const char* state_format_name(StateFormat f) { return f == StateFormat::Q8 ? "8bit" : "fp32"; }
 
@@ -31,11 +41,18 @@ float clip_coefficient(double total_norm, float max_norm) {
 
 double grad_sumsq(const float* g, int64_t n, Isa isa) { return sumsq(isa, g, n); }
 
+double grad_sumsq_bf16(const bf16_t* g, int64_t n) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += double(bf16_to_f32(g[i])) * double(bf16_to_f32(g[i]));
+  return s;
+}
+
 struct CpuAdamW::WorkItem {
   int unit;
   int tensor;
   int64_t begin, count;  // element range within the tensor (begin is a block multiple)
   AdamWScalars s;
+  int64_t s_step;        // the AdamW step t this update makes (stochastic rounding's counter)
 };
 
 CpuAdamW::CpuAdamW(std::vector<UnitSpec> units, AdamWConfig cfg)
@@ -182,7 +199,7 @@ void CpuAdamW::submit(int unit, const UnitBuffers& bufs) {
   LT_CHECK(unit >= 0 && size_t(unit) < units_.size(), "optimizer: unit {} out of range (have {})", unit,
            units_.size());
   LT_CHECK(begun_, "optimizer: submit({}) before begin_step()", unit);
-  LT_CHECK(bufs.master && bufs.grad, "optimizer: submit({}) needs master and grad buffers", unit);
+  check_buffers(unit, bufs);
   UnitState& us = state_[size_t(unit)];
   LT_CHECK(!us.submitted, "optimizer: unit {} submitted twice in one step", unit);
   if (us.pending) {  // the previous step's update of this unit is still running
@@ -204,7 +221,7 @@ void CpuAdamW::enqueue_unit_locked(int unit) {
     double lr = double(lr_) * double(gh.lr_scale);
     AdamWScalars s = make_adamw_scalars(lr, gh.weight_decay, cfg_.beta1, cfg_.beta2, cfg_.eps, step_, info_.clip_coef);
     for (int64_t b = 0; b < ts.numel; b += cfg_.chunk_elems) {
-      WorkItem w{unit, int(t), b, std::min(cfg_.chunk_elems, ts.numel - b), s};
+      WorkItem w{unit, int(t), b, std::min(cfg_.chunk_elems, ts.numel - b), s, step_};
       ++us.pending;
       pool_->push(unit, [this, w] { run_item(w); });
     }
@@ -218,16 +235,13 @@ void CpuAdamW::run_item(const WorkItem& w) {
   try {
     const TensorSpec& ts = units_[size_t(w.unit)].tensors[size_t(w.tensor)];
     TensorState& st = us.tensors[size_t(w.tensor)];
-    int64_t off = ts.offset + w.begin;
-    float* p = us.bufs.master + off;
-    const float* g = us.bufs.grad + off;
-    bf16_t* out = us.bufs.bf16 ? us.bufs.bf16 + off : nullptr;
-    if (ts.format == StateFormat::F32) {
-      adamw_f32(isa_, w.s, p, g, st.m.data() + w.begin, st.v.data() + w.begin, out, w.count);
+    const int64_t off = ts.offset + w.begin;
+    const UnitBuffers& b = us.bufs;
+    if (cfg_.master == MasterFormat::F32 && b.grad) {  // the kernels' own format: no conversion
+      bf16_t* out = b.bf16 ? b.bf16 + off : nullptr;
+      update_range(ts, st, w, 0, b.master + off, b.grad + off, out, w.count);
     } else {
-      int64_t blk = w.begin / kQ8Block;
-      adamw_q8(isa_, w.s, p, g, st.mq.data() + w.begin, st.vq.data() + w.begin, st.ms.data() + blk,
-               st.vs.data() + blk, out, w.count);
+      run_tiles(w, b, off);
     }
   } catch (...) {
     err = std::current_exception();
@@ -239,6 +253,57 @@ void CpuAdamW::run_item(const WorkItem& w) {
     std::lock_guard<std::mutex> lk(mu_);
     if (err && !us.error) us.error = err;
     if (--us.pending == 0) done_cv_.notify_all();
+  }
+}
+
+void CpuAdamW::check_buffers(int unit, const UnitBuffers& b) const {
+  LT_CHECK((b.grad != nullptr) != (b.grad_bf16 != nullptr),
+           "optimizer: submit({}) needs exactly one gradient buffer (fp32 or bf16)", unit);
+  switch (cfg_.master) {
+    case MasterFormat::F32:
+      LT_CHECK(b.master && !b.lo, "optimizer: submit({}): fp32 masters need `master` (and no remainders)", unit);
+      break;
+    case MasterFormat::Split:
+      LT_CHECK(!b.master && b.bf16 && b.lo, "optimizer: submit({}): split masters need `bf16` and `lo`", unit);
+      break;
+    case MasterFormat::Bf16Sr:
+      LT_CHECK(!b.master && b.bf16 && !b.lo, "optimizer: submit({}): bf16-sr masters need `bf16` only", unit);
+      break;
+  }
+}
+
+// One kernel call over [w.begin + at, + n) of the tensor with fp32 p and g (block-aligned `at`).
+void CpuAdamW::update_range(const TensorSpec& ts, TensorState& st, const WorkItem& w, int64_t at, float* p,
+                            const float* g, bf16_t* out, int64_t n) {
+  const int64_t e = w.begin + at;
+  if (ts.format == StateFormat::F32) {
+    adamw_f32(isa_, w.s, p, g, st.m.data() + e, st.v.data() + e, out, n);
+  } else {
+    const int64_t blk = e / kQ8Block;
+    adamw_q8(isa_, w.s, p, g, st.mq.data() + e, st.vq.data() + e, st.ms.data() + blk, st.vs.data() + blk, out, n);
+  }
+}
+
+// Non-fp32 storage (master_tiles.h): per tile, fp32 master and gradient in scratch, the fp32 kernel,
+// then the master back in its form. The fp32 values the kernel sees are exactly those of the F32
+// format (Split rebuilds them bit-exactly), so Split masters equal F32 masters bit for bit.
+void CpuAdamW::run_tiles(const WorkItem& w, const UnitBuffers& b, int64_t off) {
+  const TensorSpec& ts = units_[size_t(w.unit)].tensors[size_t(w.tensor)];
+  TensorState& st = state_[size_t(w.unit)].tensors[size_t(w.tensor)];
+  alignas(64) float pt[kMasterTile];
+  alignas(64) float gt[kMasterTile];
+  for (int64_t at = 0; at < w.count; at += kMasterTile) {
+    const int64_t n = std::min(kMasterTile, w.count - at), o = off + at;
+    float* p = b.master ? b.master + o : pt;
+    if (cfg_.master == MasterFormat::Split) join_tile(b.bf16 + o, b.lo + o, pt, n);
+    if (cfg_.master == MasterFormat::Bf16Sr) widen_tile(b.bf16 + o, pt, n);
+    const float* g = b.grad ? b.grad + o : gt;
+    if (b.grad_bf16) widen_tile(b.grad_bf16 + o, gt, n);
+    bf16_t* out = cfg_.master == MasterFormat::F32 && b.bf16 ? b.bf16 + o : nullptr;
+    update_range(ts, st, w, at, p, g, out, n);
+    if (cfg_.master == MasterFormat::Split) split_tile(pt, b.bf16 + o, b.lo + o, n);
+    if (cfg_.master == MasterFormat::Bf16Sr)
+      round_tile_sr(pt, b.bf16 + o, n, cfg_.sr_seed, uint64_t(w.s_step), (uint64_t(w.unit) << 40) + uint64_t(o));
   }
 }
 
@@ -271,8 +336,9 @@ StepInfo CpuAdamW::step(float lr, const std::vector<UnitBuffers>& bufs) {
            units_.size());
   begin_step(lr);
   for (size_t u = 0; u < units_.size(); ++u) {
-    LT_CHECK(bufs[u].grad, "optimizer: step() unit {} has no gradient buffer", u);
-    add_grad_sumsq(int(u), grad_sumsq(bufs[u].grad, units_[u].numel, isa_));
+    const UnitBuffers& b = bufs[u];
+    LT_CHECK(b.grad || b.grad_bf16, "optimizer: step() unit {} has no gradient buffer", u);
+    add_grad_sumsq(int(u), b.grad ? grad_sumsq(b.grad, units_[u].numel, isa_) : grad_sumsq_bf16(b.grad_bf16, units_[u].numel));
   }
   for (size_t u = 0; u < units_.size(); ++u) submit(int(u), bufs[u]);
   wait_all();

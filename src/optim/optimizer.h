@@ -35,6 +35,14 @@ namespace lt::optim {
 
 class ThreadPool;
 
+// How the master weights the update reads and writes are stored (core/model_state.h, split_master.h).
+//   F32     fp32 array (`master`); a bf16 streaming copy is written to `bf16` when given.
+//   Split   the exact fp32 master as bf16 high half (`bf16`, also the streaming copy) + 16-bit
+//           remainder (`lo`); rebuilt, updated and split again per tile, bit-identical to F32's master.
+//   Bf16Sr  bf16 master (`bf16`), rounded stochastically after the update (AdamWConfig::sr_seed).
+enum class MasterFormat : uint8_t { F32 = 0, Split = 1, Bf16Sr = 2 };
+const char* master_format_name(MasterFormat f);  // "fp32", "split", "bf16-sr"
+
 // Optimizer-state format of one tensor.
 enum class StateFormat : uint8_t { F32 = 0, Q8 = 1 };
 const char* state_format_name(StateFormat f);  // "fp32", "8bit"
@@ -72,6 +80,8 @@ struct AdamWConfig {
   int threads = 0;              // worker threads; 0 = hardware concurrency
   int64_t chunk_elems = 1 << 18;  // work item size; large tensors are split across threads
   Isa isa = Isa::Auto;          // kernel path (Auto = best the CPU supports; LT_OPTIM_ISA env overrides Auto)
+  MasterFormat master = MasterFormat::F32;
+  uint64_t sr_seed = 0;         // Bf16Sr: the rounding bits are a function of (seed, step, unit, element)
 };
 
 // What the step decided once the global norm was known.
@@ -83,9 +93,12 @@ struct StepInfo {
 };
 
 struct UnitBuffers {
-  float* master = nullptr;      // [numel] fp32 master weights (updated in place)
-  const float* grad = nullptr;  // [numel] fp32 gradient (read once)
-  bf16_t* bf16 = nullptr;       // [numel] streaming copy to write; may be null (no copy wanted)
+  float* master = nullptr;      // [numel] fp32 master weights (MasterFormat::F32; updated in place)
+  const float* grad = nullptr;  // [numel] fp32 gradient (read once); or grad_bf16 (exactly one of them)
+  bf16_t* bf16 = nullptr;       // [numel] F32: streaming copy to write, may be null (no copy wanted);
+                                // Split: the high halves; Bf16Sr: the bf16 master (read and written)
+  uint16_t* lo = nullptr;       // [numel] Split: the remainders (read and written)
+  const bf16_t* grad_bf16 = nullptr;  // [numel] bf16 gradient
 };
 
 struct UpdaterStats {
@@ -159,6 +172,10 @@ class CpuAdamW {
 
   void enqueue_unit_locked(int unit);
   void run_item(const WorkItem& w);
+  void run_tiles(const WorkItem& w, const UnitBuffers& b, int64_t off);
+  void update_range(const TensorSpec& ts, TensorState& st, const WorkItem& w, int64_t at, float* p,
+                    const float* g, bf16_t* out, int64_t n);
+  void check_buffers(int unit, const UnitBuffers& b) const;
   void finish_norm_locked();
   void zero_states();
 
@@ -187,6 +204,7 @@ class CpuAdamW {
 // CPU partial sum of squares of a gradient (double accumulation, vectorised). Read-only pass; the CPU
 // backend calls it where it finishes a unit's gradient, while the data is still in cache.
 double grad_sumsq(const float* g, int64_t n, Isa isa = Isa::Auto);
+double grad_sumsq_bf16(const bf16_t* g, int64_t n);
 
 // torch.nn.utils.clip_grad_norm_: clip_coef = max_norm / (total_norm + 1e-6), applied only if < 1.
 float clip_coefficient(double total_norm, float max_norm);
