@@ -39,10 +39,17 @@ struct MicroBatch {
 // HostState::grad(u) (sumsq = its sum of squares, for exact global-norm clipping); the hook may then
 // update master(u) and the streaming copy stream(u) asynchronously. Before the next step reads unit u's
 // weights it calls wait(u). Nothing is called for a step that failed.
+//
+// Gradients held on the device (HostState option GradHome::Device): at the end of the step the executor
+// calls grad_norm_part(u, sumsq) for every such unit (the norm is then known), and later, as each
+// gradient reaches a pinned staging buffer, grad_staged(u, grad, dtype); that buffer stays untouched
+// until wait(u) returned. Units with a host gradient still get grad_ready.
 class UpdateHook {
  public:
   virtual ~UpdateHook() = default;
   virtual void grad_ready(int64_t unit, double sumsq) = 0;
+  virtual void grad_norm_part(int64_t unit, double sumsq);
+  virtual void grad_staged(int64_t unit, const void* grad, DType dtype);
   virtual void wait(int64_t unit) = 0;  // blocks until unit's update (if any was submitted) finished
 };
 

@@ -1,45 +1,95 @@
-// Host-side model state (DESIGN §2), one entry per unit (0 = embedding, 1..L = layers, L+1 = head):
-//  * master(u): fp32 master weights in host DRAM, the source of truth (UnitLayout flat layout);
-//  * stream(u): the streaming copy in pinned memory, in the backend's weight dtype, uploaded to the device
-//    each step. bf16 (CUDA): a separate buffer written by the optimizer pass. fp32 (CPU backend): the
-//    master itself (then allocated in pinned memory), so no copy exists and nothing needs refreshing;
-//  * grad(u):   fp32 gradient in pinned memory, summed over the micro-batches of a step;
-//  * sumsq(u):  sum of squares of grad(u) for the step (set by the executor, for exact clipping).
+// Host-side model state (DESIGN §2, core/model_state.h), one entry per unit (0 = embedding, 1..L =
+// layers, L+1 = head):
+//  * the master weights, the source of truth, in one of four storages (MasterStorage below);
+//  * stream(u): the streaming copy in pinned memory, in the backend's weight dtype, uploaded to the
+//    device each step;
+//  * grad(u): the fp32 gradient in pinned memory, summed over the micro-batches of a step. With
+//    gradients held on the device (GradHome::Device) only units whose gradient the host computes
+//    (the embedding when it is not on the device) have one; grad(u) is null for the others;
+//  * sumsq(u): sum of squares of the step's gradient (set by the executor, for exact clipping).
 // With tied embeddings the head has no LM matrix: its gradient lands in unit 0.
 #pragma once
 #include <cstdint>
 #include <vector>
 
 #include "backend/backend.h"
+#include "core/model_state.h"
+#include "optim/optimizer.h"
 
 namespace lt {
+
+// How the masters are held (bytes per parameter for master + streaming copy in brackets).
+//   Aliased  fp32 master that is itself the fp32 streaming copy (CPU backend) [4]
+//   F32Copy  fp32 master + separate bf16 streaming copy (the data-parallel path all-gathers fp32) [6]
+//   Split    bf16 streaming copy + 16-bit remainder: the exact fp32 master (core/split_master.h) [4];
+//            on an fp32-streaming backend a rebuilt fp32 streaming copy is kept beside it [+4]
+//   Bf16     the bf16 master, stochastically rounded (bf16-sr) [2]; on fp32 streaming +4 as above
+enum class MasterStorage : uint8_t { Aliased, F32Copy, Split, Bf16 };
+const char* master_storage_name(MasterStorage s);
+
+struct HostStateOptions {
+  MasterMode master = MasterMode::Fp32;
+  GradHome grads = GradHome::Host;
+  // Units that keep a host gradient although grads == Device (the executor's host-computed ones).
+  std::vector<int64_t> host_grad_units;
+  bool split_on_fp32_stream = false;  // fp32 streaming (CPU backend): store the master split anyway
+  bool fp32_master_array = false;     // bf16 streaming: F32Copy instead of Split (data parallel)
+};
 
 class HostState {
  public:
   // Zero-initialised master weights.
-  explicit HostState(Backend& be);
+  explicit HostState(Backend& be, HostStateOptions o = {});
   int64_t units() const { return int64_t(numel_.size()); }
   int64_t numel(int64_t u) const { return numel_[size_t(u)]; }
-  float* master(int64_t u) { return master_ptr_[size_t(u)]; }
-  const float* master(int64_t u) const { return master_ptr_[size_t(u)]; }
-  void* stream(int64_t u) { return aliased() ? static_cast<void*>(master(u)) : stream_[size_t(u)].data(); }
-  bool aliased() const { return stream_dtype_ == DType::F32; }  // stream(u) is master(u)
-  float* grad(int64_t u) { return grad_[size_t(u)].as<float>(); }
+  MasterStorage storage() const { return storage_; }
+  const HostStateOptions& options() const { return opt_; }
+  optim::MasterFormat optimizer_format() const;
+
+  // The fp32 master array (Aliased, F32Copy only; throws for the others: use read/write_master).
+  float* master(int64_t u);
+  const float* master(int64_t u) const;
+  // The exact fp32 values of unit u (all storages), and setting them (refreshes the streaming copy).
+  void read_master(int64_t u, float* dst) const { read_master(u, 0, numel(u), dst); }
+  void read_master(int64_t u, int64_t offset, int64_t n, float* dst) const;  // elements [offset, offset + n)
+  void write_master(int64_t u, const float* src);
+
+  void* stream(int64_t u) { return stream_ptr_[size_t(u)]; }
+  bool aliased() const { return storage_ == MasterStorage::Aliased; }  // stream(u) is master(u)
+  // The streaming copy is rebuilt from the master after an update (fp32 streaming of a Split or Bf16
+  // master); the optimizer hook calls refresh_stream(u) once the update is done.
+  bool stream_rebuilt() const;
+  float* grad(int64_t u) { return grad_ptr_[size_t(u)]; }
+  bool has_host_grad(int64_t u) const { return grad_ptr_[size_t(u)] != nullptr; }
   double& sumsq(int64_t u) { return sumsq_[size_t(u)]; }
   DType stream_dtype() const { return stream_dtype_; }
-  // Rewrites stream(u) from master(u) (rounding to bf16 when the backend streams bf16).
+  // What the optimizer updates for unit u, its gradient taken from grad(u) (null when not on the host).
+  optim::UnitBuffers update_buffers(int64_t u);
+  // Rewrites stream(u) from the master (rounding to bf16 for F32Copy, rebuilding fp32 for a rebuilt
+  // copy; nothing to do where the copy is the master or its high half).
   void refresh_stream(int64_t u);
   void refresh_all_streams();
   void zero_grads();
   int64_t total_numel() const;
+  // Host bytes per storage part (for the start-up report): master + copy, gradients.
+  int64_t master_bytes() const;
+  int64_t grad_bytes() const;
 
  private:
+  void allocate_unit(Backend& be, int64_t u, int64_t n, bool host_grad);
+
   DType stream_dtype_;
+  HostStateOptions opt_;
+  MasterStorage storage_;
   std::vector<int64_t> numel_;
-  std::vector<std::vector<float>> master_;  // bf16 streaming: plain host memory
-  std::vector<Buffer> master_pinned_;       // fp32 streaming: pinned, doubles as the streaming copy
-  std::vector<float*> master_ptr_;
-  std::vector<Buffer> stream_, grad_;
+  std::vector<Buffer> pinned_;               // streaming copies (and Aliased masters)
+  std::vector<std::vector<float>> f32_;      // F32Copy masters
+  std::vector<std::vector<bf16_t>> hi_;      // Split / Bf16 on fp32 streaming (else the pinned copy)
+  std::vector<std::vector<uint16_t>> lo_;    // Split remainders
+  std::vector<Buffer> grad_;
+  std::vector<float*> f32_ptr_, grad_ptr_;
+  std::vector<bf16_t*> hi_ptr_;
+  std::vector<void*> stream_ptr_;
   std::vector<double> sumsq_;
 };
 

@@ -1,8 +1,25 @@
 #include "exec/optim_hook.h"
 
+#include "core/error.h"
+
 namespace lt {
 
-AdamWHook::AdamWHook(const ModelLayout& layout, HostState& st, const OptimizerSetup& s) : st_(st) {
+void UpdateHook::grad_norm_part(int64_t unit, double) {
+  fail("internal: this update hook does not take gradients held on the device (unit {})", unit);
+}
+void UpdateHook::grad_staged(int64_t unit, const void*, DType) {
+  fail("internal: this update hook does not take gradients held on the device (unit {})", unit);
+}
+
+AdamWHook::AdamWHook(optim::CpuAdamW& opt, HostState& st)
+    : opt_(&opt), st_(st), rebuild_(size_t(st.units()), 0) {
+  LT_CHECK(opt.config().master == st.optimizer_format(),
+           "internal: optimizer masters are {}, the host state holds {}", optim::master_format_name(opt.config().master),
+           master_storage_name(st.storage()));
+}
+
+AdamWHook::AdamWHook(const ModelLayout& layout, HostState& st, const OptimizerSetup& s)
+    : st_(st), rebuild_(size_t(st.units()), 0) {
   optim::AdamWConfig c;
   c.beta1 = s.beta1;
   c.beta2 = s.beta2;
@@ -11,25 +28,44 @@ AdamWHook::AdamWHook(const ModelLayout& layout, HostState& st, const OptimizerSe
   c.max_grad_norm = s.max_grad_norm;
   c.on_nonfinite = optim::NonFinitePolicy::Skip;
   c.threads = s.threads;
+  c.master = st.optimizer_format();
+  c.sr_seed = s.sr_seed;
   std::vector<optim::UnitSpec> units;
   for (const auto& u : layout.units) units.push_back(optim::unit_spec_from_layout(u, s.kind, &s.tensors_8bit));
   owned_ = std::make_unique<optim::CpuAdamW>(std::move(units), c);
   opt_ = owned_.get();
 }
 
-void AdamWHook::grad_ready(int64_t unit, double sumsq) {
-  optim::UnitBuffers b;
-  b.master = st_.master(unit);
-  b.grad = st_.grad(unit);
-  // fp32 streaming (CPU backend): the master is the streaming copy, nothing else to write.
-  b.bf16 = st_.aliased() ? nullptr : static_cast<bf16_t*>(st_.stream(unit));
+void AdamWHook::submit(int64_t unit, const optim::UnitBuffers& b) {
   opt_->submit(int(unit), b);
+  rebuild_[size_t(unit)] = st_.stream_rebuilt();
+}
+
+void AdamWHook::grad_ready(int64_t unit, double sumsq) {
+  submit(unit, st_.update_buffers(unit));
   // The optimizer fixes the exact global norm (and the clip factor) once every unit reported its
   // partial sum of squares, then runs the queued updates.
   opt_->add_grad_sumsq(int(unit), sumsq);
 }
 
-void AdamWHook::wait(int64_t unit) { opt_->wait(int(unit)); }
+void AdamWHook::grad_norm_part(int64_t unit, double sumsq) { opt_->add_grad_sumsq(int(unit), sumsq); }
+
+void AdamWHook::grad_staged(int64_t unit, const void* grad, DType dtype) {
+  LT_CHECK(dtype == DType::F32 || dtype == DType::BF16, "internal: staged gradient of unit {} in {}", unit,
+           dtype_name(dtype));
+  optim::UnitBuffers b = st_.update_buffers(unit);
+  b.grad = dtype == DType::F32 ? static_cast<const float*>(grad) : nullptr;
+  b.grad_bf16 = dtype == DType::BF16 ? static_cast<const bf16_t*>(grad) : nullptr;
+  submit(unit, b);
+}
+
+void AdamWHook::wait(int64_t unit) {
+  opt_->wait(int(unit));
+  if (rebuild_[size_t(unit)]) {
+    st_.refresh_stream(unit);
+    rebuild_[size_t(unit)] = 0;
+  }
+}
 
 void AdamWHook::wait_all() {
   for (int64_t u = 0; u < st_.units(); ++u) wait(u);

@@ -24,25 +24,31 @@ struct OptimizerSetup {
   int threads = 0;
   optim::OptimizerKind kind = optim::OptimizerKind::AdamW;
   std::set<std::string> tensors_8bit;  // hybrid: full HF names with 8-bit moments (the plan's choice)
+  uint64_t sr_seed = 0;                // bf16-sr masters: the stochastic rounding's seed
 };
 
 class AdamWHook final : public UpdateHook {
  public:
   // Borrows opt (which must outlive the hook).
-  AdamWHook(optim::CpuAdamW& opt, HostState& st) : opt_(&opt), st_(st) {}
+  AdamWHook(optim::CpuAdamW& opt, HostState& st);
   // Owns an optimizer built for the layout's units from s.
   AdamWHook(const ModelLayout& layout, HostState& st, const OptimizerSetup& s);
 
   void begin_step(float lr) { opt_->begin_step(lr); }
   void grad_ready(int64_t unit, double sumsq) override;
+  void grad_norm_part(int64_t unit, double sumsq) override;
+  void grad_staged(int64_t unit, const void* grad, DType dtype) override;
   void wait(int64_t unit) override;
   void wait_all();
   optim::CpuAdamW& optimizer() { return *opt_; }
 
  private:
+  void submit(int64_t unit, const optim::UnitBuffers& b);
+
   std::unique_ptr<optim::CpuAdamW> owned_;
   optim::CpuAdamW* opt_;
   HostState& st_;
+  std::vector<char> rebuild_;  // units whose rebuilt streaming copy is stale (HostState::stream_rebuilt)
 };
 
 }  // namespace lt

@@ -138,10 +138,11 @@ void TensorStore::read_f32(const std::string& name, float* out) const {
   r->file->read_f32(*r->tensor, out);
 }
 
-void load_weights(const fs::path& dir, const ModelConfig& c, const ModelLayout& layout,
-                  const std::vector<float*>& units, int threads) {
-  LT_CHECK(units.size() == layout.units.size(), "load_weights: {} unit buffers for {} units", units.size(),
-           layout.units.size());
+namespace {
+
+// load_weights into the units whose buffer is not null (the names of all units are checked).
+void load_units(const fs::path& dir, const ModelConfig& c, const ModelLayout& layout, const std::vector<float*>& units,
+                int threads) {
   TensorStore store(dir);
   struct Job {
     const TensorStore::Ref* ref;
@@ -155,10 +156,10 @@ void load_weights(const fs::path& dir, const ModelConfig& c, const ModelLayout& 
     // Zero only the alignment padding; every tensor is overwritten below.
     int64_t pos = 0;
     for (auto& p : layout.units[u].params) {
-      std::fill(units[u] + pos, units[u] + p.offset, 0.0f);
+      if (units[u]) std::fill(units[u] + pos, units[u] + p.offset, 0.0f);
       pos = p.offset + p.numel;
     }
-    std::fill(units[u] + pos, units[u] + layout.units[u].numel, 0.0f);
+    if (units[u]) std::fill(units[u] + pos, units[u] + layout.units[u].numel, 0.0f);
     for (auto& p : layout.units[u].params) {
       auto* r = store.find(p.name);
       if (!r) {
@@ -172,7 +173,7 @@ void load_weights(const fs::path& dir, const ModelConfig& c, const ModelLayout& 
                "{}: tensor '{}': dtype {} cannot be loaded as weights (supported: F32, BF16, F16)",
                r->file->path().string(), p.name, r->tensor->dtype);
       constexpr int64_t kPiece = 8 << 20;
-      for (int64_t b = 0; b < p.numel || b == 0; b += kPiece)
+      for (int64_t b = 0; units[u] && (b < p.numel || b == 0); b += kPiece)
         jobs.push_back({r, units[u] + p.offset, b, std::min(kPiece, p.numel - b)});
     }
   }
@@ -220,6 +221,29 @@ void load_weights(const fs::path& dir, const ModelConfig& c, const ModelLayout& 
   if (err) std::rethrow_exception(err);
 }
 
+}  // namespace
+
+void load_weights(const fs::path& dir, const ModelConfig& c, const ModelLayout& layout,
+                  const std::vector<float*>& units, int threads) {
+  LT_CHECK(units.size() == layout.units.size(), "load_weights: {} unit buffers for {} units", units.size(),
+           layout.units.size());
+  for (size_t u = 0; u < units.size(); ++u) LT_CHECK(units[u], "load_weights: unit {} has no buffer", u);
+  load_units(dir, c, layout, units, threads);
+}
+
+void load_weights(const fs::path& dir, const ModelConfig& c, const ModelLayout& layout, const UnitSink& sink,
+                  int threads) {
+  int64_t largest = 0;
+  for (auto& u : layout.units) largest = std::max(largest, u.numel);
+  std::vector<float> buf(static_cast<size_t>(largest));
+  for (size_t u = 0; u < layout.units.size(); ++u) {
+    std::vector<float*> ptrs(layout.units.size(), nullptr);
+    ptrs[u] = buf.data();
+    load_units(dir, c, layout, ptrs, threads);
+    sink(int64_t(u), buf.data());
+  }
+}
+
 ModelWeights load_model(const fs::path& dir, int threads) {
   ModelConfig c = load_model_config(dir);
   ModelWeights w = make_weights(c);
@@ -233,6 +257,13 @@ void save_model(const fs::path& dir, const ModelConfig& c, const ModelLayout& la
                 const std::vector<const float*>& units, const SaveOptions& opt) {
   LT_CHECK(units.size() == layout.units.size(), "save_model: {} unit buffers for {} units", units.size(),
            layout.units.size());
+  save_model(dir, c, layout, [&](int64_t u, int64_t off, int64_t n, float* dst) {
+    std::copy(units[size_t(u)] + off, units[size_t(u)] + off + n, dst);
+  }, opt);
+}
+
+void save_model(const fs::path& dir, const ModelConfig& c, const ModelLayout& layout, const UnitReader& read,
+                const SaveOptions& opt) {
   LT_CHECK(opt.dtype == DType::F32 || opt.dtype == DType::BF16, "save_model: dtype must be F32 or BF16, got {}",
            dtype_name(opt.dtype));
   LT_CHECK(opt.max_shard_bytes > 0, "save_model: max_shard_bytes must be positive");
@@ -248,7 +279,11 @@ void save_model(const fs::path& dir, const ModelConfig& c, const ModelLayout& la
   // HF order: embedding, layers, final norm, lm_head.
   std::vector<StWriteTensor> all;
   for (size_t u = 0; u < layout.units.size(); ++u)
-    for (auto& p : layout.units[u].params) all.push_back({p.name, p.shape, units[u] + p.offset});
+    for (auto& p : layout.units[u].params) {
+      StWriteTensor t{p.name, p.shape, nullptr};
+      t.read = [&read, u, off = p.offset](int64_t b, int64_t n, float* dst) { read(int64_t(u), off + b, n, dst); };
+      all.push_back(std::move(t));
+    }
   // Pass-through tensors last (the writer puts raw tensors after converted ones in every shard).
   std::unique_ptr<TensorStore> source;
   if (!opt.passthrough_from.empty()) source = std::make_unique<TensorStore>(opt.passthrough_from);

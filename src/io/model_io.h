@@ -8,6 +8,7 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -54,6 +55,11 @@ class TensorStore {
 // are ignored, and so are pass-through tensors). Errors name the file, tensor, expected vs actual shape.
 void load_weights(const std::filesystem::path& dir, const ModelConfig& c, const ModelLayout& layout,
                   const std::vector<float*>& units, int threads = 0);
+// The same, one unit at a time through a buffer of the largest unit: `sink(u, values)` receives unit u's
+// layout.units[u].numel floats, so that no fp32 copy of the whole model is held (host state in 4 B/param).
+using UnitSink = std::function<void(int64_t unit, const float* values)>;
+void load_weights(const std::filesystem::path& dir, const ModelConfig& c, const ModelLayout& layout,
+                  const UnitSink& sink, int threads = 0);
 // config.json + weights.
 ModelWeights load_model(const std::filesystem::path& dir, int threads = 0);
 
@@ -72,6 +78,11 @@ bool passthrough_tensor(const ModelConfig& c, const std::string& name);
 // Earlier model*.safetensors files and the index in dir are removed first so that no stale shard remains.
 void save_model(const std::filesystem::path& dir, const ModelConfig& c, const ModelLayout& layout,
                 const std::vector<const float*>& units, const SaveOptions& opt = {});
+// The same with values read in pieces: `read(u, offset, n, dst)` writes unit u's elements [offset,
+// offset + n) as fp32 to dst (masters stored in another form are rebuilt piece by piece).
+using UnitReader = std::function<void(int64_t unit, int64_t offset, int64_t n, float* dst)>;
+void save_model(const std::filesystem::path& dir, const ModelConfig& c, const ModelLayout& layout,
+                const UnitReader& read, const SaveOptions& opt = {});
 void save_model(const std::filesystem::path& dir, const ModelWeights& w, const SaveOptions& opt = {});
 
 }  // namespace lt

@@ -243,23 +243,36 @@ void write_safetensors(const std::filesystem::path& path, const std::vector<StWr
   std::vector<bf16_t> bufs[2];
   std::future<void> pending;
   struct Piece {
-    const float* src;
-    int64_t n;
+    const StWriteTensor* t;
+    int64_t begin, n;
+  };
+  // The fp32 values of a piece: in place, or read into scratch.
+  auto values = [](const Piece& pc, std::vector<float>& scratch) -> const float* {
+    if (pc.t->data) return pc.t->data + pc.begin;
+    scratch.resize(size_t(pc.n));
+    pc.t->read(pc.begin, pc.n, scratch.data());
+    return scratch.data();
   };
   std::vector<Piece> pieces;
+  std::vector<float> f32_scratch;
   for (auto& t : tensors) {
     if (t.raw) continue;
+    LT_CHECK(t.data || t.read, "{}: tensor '{}' has no values", path.string(), t.name);
     int64_t n = 1;
     for (auto d : t.shape) n *= d;
-    if (dtype == DType::F32) {
-      put(t.data, size_t(n) * 4);
-      continue;
+    for (int64_t i = 0; i < n; i += chunk) {
+      const Piece pc{&t, i, std::min(chunk, n - i)};
+      if (dtype == DType::F32)
+        put(values(pc, f32_scratch), size_t(pc.n) * 4);
+      else
+        pieces.push_back(pc);
     }
-    for (int64_t i = 0; i < n; i += chunk) pieces.push_back({t.data + i, std::min(chunk, n - i)});
   }
-  auto convert = [](Piece pc, std::vector<bf16_t>* out) {
+  auto convert = [values](Piece pc, std::vector<bf16_t>* out) {
+    std::vector<float> scratch;
+    const float* src = values(pc, scratch);
     out->resize(size_t(pc.n));
-    for (int64_t k = 0; k < pc.n; ++k) (*out)[size_t(k)] = f32_to_bf16(pc.src[k]);
+    for (int64_t k = 0; k < pc.n; ++k) (*out)[size_t(k)] = f32_to_bf16(src[k]);
   };
   if (!pieces.empty()) pending = std::async(std::launch::async, convert, pieces[0], &bufs[0]);
   for (size_t i = 0; i < pieces.size(); ++i) {

@@ -7,6 +7,7 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -70,7 +71,8 @@ void convert_to_f32(const std::string& dtype, const uint8_t* src, int64_t n, flo
 struct StWriteTensor {
   std::string name;
   std::vector<int64_t> shape;
-  const float* data = nullptr;  // numel(shape) fp32 values
+  const float* data = nullptr;  // numel(shape) fp32 values; or, when null, read() gives them in pieces
+  std::function<void(int64_t begin, int64_t n, float* dst)> read;
   // Or raw bytes written unchanged with their own dtype (tensors passed through from another file,
   // e.g. a vision tower lazytrain does not train). Raw tensors must come after all converted ones.
   const uint8_t* raw = nullptr;

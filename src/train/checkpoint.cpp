@@ -100,7 +100,7 @@ TrainerState read_trainer_state(const fs::path& ckpt) {
 }
 
 void load_checkpoint_weights(const fs::path& ckpt, const ModelConfig& c, const ModelLayout& layout,
-                             const std::vector<float*>& masters, optim::CpuAdamW* optimizer) {
+                             const UnitSink& masters, optim::CpuAdamW* optimizer) {
   load_weights(ckpt / "trainer_state" / "master", c, layout, masters);
   if (optimizer) optimizer->load(ckpt / "trainer_state" / "optimizer.bin");
 }

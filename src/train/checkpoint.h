@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "exec/host_state.h"
+#include "io/model_io.h"
 #include "model/model_config.h"
 #include "model/param_layout.h"
 #include "optim/optimizer.h"
@@ -47,7 +48,7 @@ TrainerState trainer_state_from_json(const nlohmann::json& j, const std::string&
 struct CheckpointContents {
   const ModelConfig* model = nullptr;
   const ModelLayout* layout = nullptr;
-  std::vector<const float*> masters;  // fp32 master of every unit
+  UnitReader masters;                 // the fp32 master of every unit, read in pieces
   optim::CpuAdamW* optimizer = nullptr;  // its in-flight updates must be finished
   TrainerState state;
   std::string config_yaml;
@@ -63,6 +64,6 @@ fs::path save_checkpoint(const fs::path& output_dir, const CheckpointContents& c
 TrainerState read_trainer_state(const fs::path& ckpt);
 // Loads the fp32 masters (into the given unit buffers) and the optimizer state.
 void load_checkpoint_weights(const fs::path& ckpt, const ModelConfig& c, const ModelLayout& layout,
-                             const std::vector<float*>& masters, optim::CpuAdamW* optimizer);
+                             const UnitSink& masters, optim::CpuAdamW* optimizer);
 
 }  // namespace lt::train

@@ -133,7 +133,7 @@ class TrainSession {
   HostState& load_weights_into(HostState& st) {
     for (int64_t u = 0; u < st.units(); ++u) {
       LT_CHECK(st.numel(u) == ms_.layout.units[size_t(u)].numel, "internal: unit {} size mismatch", u);
-      std::copy(ms_.initial.units[size_t(u)].begin(), ms_.initial.units[size_t(u)].end(), st.master(u));
+      st.write_master(u, ms_.initial.units[size_t(u)].data());
     }
     ms_.initial.units.clear();
     return st;
@@ -156,7 +156,7 @@ class TrainSession {
     CheckpointContents cc;
     cc.model = &ms_.model;
     cc.layout = &ms_.layout;
-    for (int64_t u = 0; u < st_.units(); ++u) cc.masters.push_back(st_.master(u));
+    cc.masters = [this](int64_t u, int64_t off, int64_t n, float* dst) { st_.read_master(u, off, n, dst); };
     cc.optimizer = &hook_.optimizer();
     cc.state = ts_;
     cc.config_yaml = config_yaml_;

@@ -143,9 +143,8 @@ void resume_from(const fs::path& ckpt, const TrainConfig& cfg, const ModelSetup&
   if (saved.total_steps != ts.total_steps)
     log_warn("resume: total steps changed from {} to {}; the LR schedule follows the new total", saved.total_steps,
              ts.total_steps);
-  std::vector<float*> masters;
-  for (int64_t u = 0; u < st.units(); ++u) masters.push_back(st.master(u));
-  load_checkpoint_weights(ckpt, ms.model, ms.layout, masters, &hook.optimizer());
+  load_checkpoint_weights(ckpt, ms.model, ms.layout, [&st](int64_t u, const float* v) { st.write_master(u, v); },
+                          &hook.optimizer());
   ts.global_step = saved.global_step;
   ts.micro_batches_done = saved.micro_batches_done;
   ts.losses = saved.losses;
@@ -195,7 +194,17 @@ void final_evaluation(const TrainConfig& cfg, const TrainHooks& hooks, const Mod
   ro.seed = uint64_t(cfg.seed) + 7;
   auto records = data::load_records(cfg.do_eval_dataset, ro);
   ModelWeightsView v{&ms.model, &ms.layout, {}};
-  for (int64_t u = 0; u < st.units(); ++u) v.units.push_back(st.master(u));
+  // The decoder reads fp32 units: the master itself where it is an fp32 array, else a rebuilt copy.
+  std::vector<std::vector<float>> rebuilt;
+  for (int64_t u = 0; u < st.units(); ++u) {
+    if (st.storage() == MasterStorage::Aliased || st.storage() == MasterStorage::F32Copy) {
+      v.units.push_back(st.master(u));
+      continue;
+    }
+    rebuilt.emplace_back(size_t(st.numel(u)));
+    st.read_master(u, rebuilt.back().data());
+    v.units.push_back(rebuilt.back().data());
+  }
   EvalOptions eopt;
   eopt.batch_size = cfg.per_device_eval_batch_size > 0 ? cfg.per_device_eval_batch_size : 64;
   eopt.max_new_tokens = cfg.max_new_tokens;
