@@ -107,7 +107,7 @@ constexpr float kLr = 1e-4f;
 // share (a.micro micro-batches) of a global batch of world * a.micro micro-batches.
 RankStats run_rank(dist::Communicator& comm, const Args& a, const ModelConfig& c, Backend& be, const ExecPlan& plan,
                    std::vector<double>* losses = nullptr, std::vector<std::vector<float>>* masters = nullptr) {
-  HostState st(be);
+  HostState st(be, dist::dp_host_state());
   init_state(st, c, be.layout(), a.init_threads);
   const auto full = full_specs(be, a);
   const auto shards = dist::make_shard_layout(full, comm.size());
@@ -147,7 +147,7 @@ RankStats run_rank(dist::Communicator& comm, const Args& a, const ModelConfig& c
 // on `be`; compares the losses (tolerance loss_tol, relative) and reports the weight differences.
 bool verify(const Args& a, const ModelConfig& c, Backend& be, const ExecPlan& plan, int world,
             const std::vector<double>& dp_losses, const std::vector<std::vector<float>>& dp_masters, double loss_tol) {
-  HostState st(be);
+  HostState st(be, dist::dp_host_state());
   init_state(st, c, be.layout(), a.init_threads);
   optim::AdamWConfig oc;
   oc.threads = a.opt_threads;

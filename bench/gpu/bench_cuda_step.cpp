@@ -60,12 +60,12 @@ int main(int argc, char** argv) {
     CudaBackend be(c, bo);
     HostState st(be);
     for (int64_t u = 0; u < st.units(); ++u) {
-      float* m = st.master(u);
+      std::vector<float> m(static_cast<size_t>(st.numel(u)));
       const bool small = st.numel(u) < 100000;
       for (int64_t i = 0; i < st.numel(u); ++i)
-        m[i] = small ? 1.f : 0.04f * (float((uint32_t(uint64_t(i + u * 7919) * 2654435761u) >> 8) & 0xffff) / 65536.f - 0.5f);
+        m[size_t(i)] = small ? 1.f : 0.04f * (float((uint32_t(uint64_t(i + u * 7919) * 2654435761u) >> 8) & 0xffff) / 65536.f - 0.5f);
+      st.write_master(u, m.data());
     }
-    st.refresh_all_streams();
     const int64_t T = batch * seq;
     std::vector<int32_t> ids(static_cast<size_t>(T)), tg(static_cast<size_t>(T));
     for (int64_t t = 0; t < T; ++t) {

@@ -17,6 +17,9 @@ struct CommTimer {
 ShardedUpdateHook::ShardedUpdateHook(Communicator& comm, HostState& st, ShardLayout shards, optim::CpuAdamW& opt)
     : comm_(comm), st_(st), shards_(std::move(shards)), opt_(opt), pending_(size_t(st.units()), 0),
       stale_(size_t(st.units()), 0) {
+  LT_CHECK(st.storage() == MasterStorage::Aliased || st.storage() == MasterStorage::F32Copy,
+           "ShardedUpdateHook: the ranks all-gather fp32 masters; build the HostState with fp32_master_array "
+           "(it holds {})", master_storage_name(st.storage()));
   LT_CHECK(shards_.world == comm.size(), "ShardedUpdateHook: shard layout for {} ranks, communicator has {}",
            shards_.world, comm.size());
   LT_CHECK(int64_t(shards_.bounds.size()) == st.units(), "ShardedUpdateHook: shard layout has {} units, model state {}",

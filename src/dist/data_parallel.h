@@ -24,6 +24,14 @@
 
 namespace lt::dist {
 
+// The host state of a data-parallel rank: fp32 master arrays (the ranks all-gather fp32; the split
+// 4 B master of single-GPU runs is not supported here yet).
+inline HostStateOptions dp_host_state() {
+  HostStateOptions o;
+  o.fp32_master_array = true;
+  return o;
+}
+
 class ShardedUpdateHook final : public UpdateHook {
  public:
   ShardedUpdateHook(Communicator& comm, HostState& st, ShardLayout shards, optim::CpuAdamW& shard_opt);

@@ -257,9 +257,9 @@ void write_safetensors(const std::filesystem::path& path, const std::vector<StWr
   std::vector<float> f32_scratch;
   for (auto& t : tensors) {
     if (t.raw) continue;
-    LT_CHECK(t.data || t.read, "{}: tensor '{}' has no values", path.string(), t.name);
     int64_t n = 1;
     for (auto d : t.shape) n *= d;
+    LT_CHECK(n == 0 || t.data || t.read, "{}: tensor '{}' has no values", path.string(), t.name);
     for (int64_t i = 0; i < n; i += chunk) {
       const Piece pc{&t, i, std::min(chunk, n - i)};
       if (dtype == DType::F32)

@@ -134,6 +134,7 @@ class CpuAdamW {
   // Convenience for a synchronous CPU caller: begin_step, CPU partial sums, submit all, wait_all.
   StepInfo step(float lr, const std::vector<UnitBuffers>& bufs);
 
+  void set_sr_seed(uint64_t seed) { cfg_.sr_seed = seed; }  // bf16-sr: before the first step (resume)
   bool norm_known() const;      // the current step's norm is fixed
   StepInfo last_step() const;   // decision of the current (or last) step; valid once norm_known()
   UpdaterStats stats() const;

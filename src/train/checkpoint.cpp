@@ -22,6 +22,7 @@ nlohmann::json trainer_state_to_json(const TrainerState& s) {
            {{"type", s.lr_scheduler_type}, {"base_lr", s.base_lr}, {"warmup_steps", s.warmup_steps},
             {"last_lr", s.last_lr}}},
           {"optimizer", s.optimizer},
+          {"master_weights", s.master_weights},
           {"tensors_8bit", s.tensors_8bit},
           {"model", s.model_name},
           {"losses", s.losses}};
@@ -47,6 +48,7 @@ TrainerState trainer_state_from_json(const nlohmann::json& j, const std::string&
     s.warmup_steps = ls.at("warmup_steps").get<int64_t>();
     s.last_lr = ls.at("last_lr").get<double>();
     s.optimizer = j.at("optimizer").get<std::string>();
+    s.master_weights = j.value("master_weights", std::string("fp32"));
     s.tensors_8bit = j.at("tensors_8bit").get<std::vector<std::string>>();
     s.model_name = j.value("model", "");
     s.losses = j.at("losses").get<std::vector<double>>();

@@ -39,6 +39,7 @@ struct TrainerState {
   double last_lr = 0;
   std::vector<double> losses;         // loss of every step so far (resume tests, plots)
   std::string optimizer;              // adamw | adamw8bit | hybrid
+  std::string master_weights = "fp32";  // fp32 | bf16-sr (absent in older checkpoints: fp32)
   std::vector<std::string> tensors_8bit;
   std::string model_name;
 };

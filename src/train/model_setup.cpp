@@ -5,7 +5,6 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "io/model_io.h"
-#include "model/init.h"
 
 namespace lt::train {
 
@@ -63,7 +62,7 @@ ModelSetup setup_model(const TrainConfig& cfg, const std::optional<fs::path>& re
   if (resume) {
     ms.model = load_model_config(*resume);
     ms.layout = model_layout(ms.model);
-    ms.initial = make_weights(ms.model);  // overwritten by the checkpoint's fp32 masters
+    ms.initial.source = InitialWeights::Source::Checkpoint;
     ms.weights_source = *resume;
     return ms;
   }
@@ -75,8 +74,8 @@ ModelSetup setup_model(const TrainConfig& cfg, const std::optional<fs::path>& re
              cfg.model_name_or_path);
     LT_CHECK(tok.vocab_size() <= c.vocab, "tokenizer '{}' has {} ids but the model's vocab_size is {}",
              tok_path.string(), tok.vocab_size(), c.vocab);
-    ms.initial = load_model(cfg.model_name_or_path);
-    ms.model = ms.initial.config;
+    ms.initial = {InitialWeights::Source::Pretrained, cfg.model_name_or_path, 0};
+    ms.model = load_model_config(cfg.model_name_or_path);
     ms.pretrained = true;
     ms.weights_source = cfg.model_name_or_path;
   } else {
@@ -99,9 +98,9 @@ ModelSetup setup_model(const TrainConfig& cfg, const std::optional<fs::path>& re
     if (id_of(tc.bos_token) >= 0) c.bos_token_id = id_of(tc.bos_token);
     if (id_of(tc.pad_token) >= 0) c.pad_token_id = id_of(tc.pad_token);
     ms.model = c;
-    ms.initial = random_model(c, uint64_t(cfg.seed));
+    ms.initial = {InitialWeights::Source::Random, {}, uint64_t(cfg.seed)};
     log_info("model: {} initialised at random (seed {}), {} parameters", c.name, cfg.seed,
-             ms.initial.layout.parameter_count());
+             model_layout(c).parameter_count());
   }
   ms.layout = model_layout(ms.model);
   return ms;

@@ -2,6 +2,7 @@
 // tokenizer, and the initial fp32 weights (loaded from safetensors, or seeded random init when the
 // model has no weights; a resumed run takes both from the checkpoint).
 #pragma once
+#include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <vector>
@@ -9,17 +10,26 @@
 #include "data/chat_template.h"
 #include "model/model_config.h"
 #include "model/param_layout.h"
-#include "model/weights.h"
 #include "train/config.h"
 
 namespace lt::train {
+
+// Where the starting weights come from. They are written into the host state unit by unit
+// (write_initial_weights, trainer_setup.h): a whole fp32 copy of a 14B model beside its host state
+// would not fit the host.
+struct InitialWeights {
+  enum class Source { Checkpoint, Pretrained, Random };
+  Source source = Source::Random;
+  std::filesystem::path dir;  // Pretrained: the model directory
+  uint64_t seed = 0;          // Random
+};
 
 struct ModelSetup {
   data::LoadedTokenizer tokenizer;
   std::filesystem::path tokenizer_dir;  // copied into checkpoints
   ModelConfig model;
   ModelLayout layout;
-  ModelWeights initial;                 // empty units when resuming (the checkpoint provides them)
+  InitialWeights initial;               // Checkpoint when resuming (the checkpoint provides them)
   bool pretrained = false;              // weights came from safetensors
   // The directory the weights came from (model dir or resumed checkpoint): checkpoints copy its
   // pass-through tensors (Qwen3.5's vision tower and MTP layers) unchanged. Empty for random init.

@@ -78,7 +78,7 @@ class TrainSession {
         probe_(hooks.probe_device ? hooks.probe_device(cfg) : DeviceProbe{}),
         tp_(make_training_plan(cfg, ms_.model, shape_.batch, shape_.seq, probe_.name, probe_.gpu)),
         bc_(make_backend()),
-        st_(*bc_.backend),
+        st_(*bc_.backend, host_state_options(cfg_, tp_)),
         hook_(ms_.layout, load_weights_into(st_), optimizer_setup(cfg, tp_, bc_.gpu)),
         ts_(initial_trainer_state(cfg, shape_, tp_, ms_)),
         logger_(out_ / "metrics.jsonl", cfg.progress_bar, bool(resume_)),
@@ -129,13 +129,8 @@ class TrainSession {
     return bc;
   }
 
-  // The initial weights move into the host state (which owns them from here).
   HostState& load_weights_into(HostState& st) {
-    for (int64_t u = 0; u < st.units(); ++u) {
-      LT_CHECK(st.numel(u) == ms_.layout.units[size_t(u)].numel, "internal: unit {} size mismatch", u);
-      st.write_master(u, ms_.initial.units[size_t(u)].data());
-    }
-    ms_.initial.units.clear();
+    write_initial_weights(ms_, st, int(cfg_.threads));
     return st;
   }
 

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "model/init.h"
 #include "train/checkpoint_dir.h"
 #include "train/evaluate.h"
 
@@ -113,7 +114,36 @@ OptimizerSetup optimizer_setup(const TrainConfig& cfg, const TrainingPlan& tp, b
   os.tensors_8bit = tp.tensors_8bit;
   // On the CPU backend the compute lane needs the cores; one optimizer thread overlaps with it.
   os.threads = gpu ? int(cfg.threads) : 1;
+  os.sr_seed = rounding_seed(uint64_t(cfg.seed));
   return os;
+}
+
+HostStateOptions host_state_options(const TrainConfig& cfg, const TrainingPlan& tp) {
+  (void)tp;
+  HostStateOptions o;
+  o.master = parse_master_mode(cfg.master_weights);
+  return o;
+}
+
+uint64_t rounding_seed(uint64_t seed) { return seed * 0x2545f4914f6cdd1dull + 0x5eed; }
+
+void write_initial_weights(const ModelSetup& ms, HostState& st, int threads) {
+  const InitialWeights& iw = ms.initial;
+  if (iw.source == InitialWeights::Source::Checkpoint) return;
+  auto to_state = [&st, &ms](int64_t u, const float* v) {
+    LT_CHECK(st.numel(u) == ms.layout.units[size_t(u)].numel, "internal: unit {} size mismatch", u);
+    st.write_master(u, v);
+  };
+  if (iw.source == InitialWeights::Source::Pretrained) {
+    load_weights(iw.dir, ms.model, ms.layout, to_state, threads);
+    return;
+  }
+  std::vector<float> buf;
+  for (int64_t u = 0; u < st.units(); ++u) {
+    buf.resize(size_t(st.numel(u)));
+    init_unit(ms.model, ms.layout.units[size_t(u)], buf.data(), iw.seed, threads);
+    to_state(u, buf.data());
+  }
 }
 
 TrainerState initial_trainer_state(const TrainConfig& cfg, const StepShape& shape, const TrainingPlan& tp,
@@ -126,6 +156,7 @@ TrainerState initial_trainer_state(const TrainConfig& cfg, const StepShape& shap
   ts.base_lr = cfg.learning_rate;
   ts.warmup_steps = shape.sched.warmup_steps;
   ts.optimizer = cfg.optimizer;
+  ts.master_weights = cfg.master_weights;
   ts.tensors_8bit.assign(tp.tensors_8bit.begin(), tp.tensors_8bit.end());
   ts.model_name = ms.model.name;
   return ts;
@@ -140,6 +171,11 @@ void resume_from(const fs::path& ckpt, const TrainConfig& cfg, const ModelSetup&
            ckpt.string(), saved.batches_per_epoch, ts.batches_per_epoch);
   LT_CHECK(saved.optimizer == cfg.optimizer, "resume: checkpoint '{}' used optimizer '{}', the config says '{}'",
            ckpt.string(), saved.optimizer, cfg.optimizer);
+  LT_CHECK(saved.master_weights == cfg.master_weights,
+           "resume: checkpoint '{}' trained with master_weights '{}', the config says '{}'", ckpt.string(),
+           saved.master_weights, cfg.master_weights);
+  // bf16-sr: the rounding continues the checkpoint's random stream.
+  hook.optimizer().set_sr_seed(rounding_seed(saved.seed));
   if (saved.total_steps != ts.total_steps)
     log_warn("resume: total steps changed from {} to {}; the LR schedule follows the new total", saved.total_steps,
              ts.total_steps);

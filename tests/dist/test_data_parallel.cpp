@@ -72,7 +72,7 @@ struct DpRun {
 
 DpRun single_process(const DpSetup& S, int steps) {
   CpuBackend be(S.c, test::cpu_opts());
-  HostState st(be);
+  HostState st(be, dp_host_state());
   test::random_weights(be.layout(), st, 7);
   optim::CpuAdamW opt(S.specs(be.layout()), S.oc);
   AdamWHook hook(opt, st);
@@ -94,7 +94,7 @@ DpRun data_parallel(const DpSetup& S, int W, int from, int to, const fs::path& l
   std::mutex mu;
   run_ranks(W, [&](Communicator& comm) {
     CpuBackend be(S.c, test::cpu_opts());
-    HostState st(be);
+    HostState st(be, dp_host_state());
     test::random_weights(be.layout(), st, 7);
     const auto full = S.specs(be.layout());
     const ShardLayout shards = make_shard_layout(full, W);

@@ -72,7 +72,7 @@ void check_hook(int W, int steps) {
   for (int r = 0; r < W; ++r) N += tokens[size_t(r)] = 10 + 7 * r;
   // Reference: unsharded optimizer on the summed gradient, reduced exactly as the ranks do.
   B rbe(c);
-  HostState ref(rbe);
+  HostState ref(rbe, dp_host_state());
   test::random_weights(rbe.layout(), ref, 3);
   std::vector<optim::UnitSpec> full;
   for (auto& u : rbe.layout().units) full.push_back(optim::unit_spec_from_layout(u, optim::OptimizerKind::AdamW8bit));
@@ -101,7 +101,7 @@ void check_hook(int W, int steps) {
   }
   run_ranks(W, [&](Communicator& comm) {
     B be(c);
-    HostState st(be);
+    HostState st(be, dp_host_state());
     test::random_weights(be.layout(), st, 3);
     optim::CpuAdamW opt(rank_unit_specs(full, shards, comm.rank()), oc);
     ShardedUpdateHook hook(comm, st, shards, opt);

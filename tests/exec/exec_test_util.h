@@ -58,13 +58,12 @@ inline void random_weights(const ModelLayout& lay, HostState& st, uint64_t seed)
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> n(0.0f, 0.08f);
   for (size_t u = 0; u < lay.units.size(); ++u) {
-    float* m = st.master(int64_t(u));
-    std::memset(m, 0, size_t(lay.units[u].numel) * 4);
+    std::vector<float> m(size_t(lay.units[u].numel), 0.0f);
     for (auto& p : lay.units[u].params) {
       const bool norm = p.suffix.find("norm") != std::string::npos;
-      for (int64_t i = 0; i < p.numel; ++i) m[p.offset + i] = norm ? 1.0f + 0.1f * n(rng) : n(rng);
+      for (int64_t i = 0; i < p.numel; ++i) m[size_t(p.offset + i)] = norm ? 1.0f + 0.1f * n(rng) : n(rng);
     }
-    st.refresh_stream(int64_t(u));
+    st.write_master(int64_t(u), m.data());
   }
 }
 
