@@ -3,13 +3,16 @@
 //   bench_optim [--threads N] [--params N] [--units N] [--iters N] [--rounds N] [--isa auto|scalar|avx2|avx512]
 //               [--stream-mib N] [--clock wall|cpu] [--fwd-ms X] [--in-cache]
 //
-// For each state format (fp32, 8-bit) the model is --units equal units of --params/--units elements (one
-// tensor each), updated through CpuAdamW (thread pool, chunking, bf16 copy) exactly as in training; the
-// global norm is given (the executor computes it where gradients are produced). Reported:
+// For each variant (state format fp32 / 8-bit x master storage x gradient dtype) the model is --units
+// equal units of --params/--units elements (one tensor each), updated through CpuAdamW (thread pool,
+// chunking, bf16 copy) exactly as in training; the global norm is given (the executor computes it where
+// gradients are produced). Reported:
 //   params/s        elements updated per second (best of --iters steps)
-//   bytes/param     what the update must move: fp32  g, p, m, v read + p, m, v, bf16 written = 30 B
-//                                              8-bit g, p, m8, v8 read + p, m8, v8, bf16 written = 18 B
-//                                              (+ 8 B of block scales per 256 elements, read and written)
+//   bytes/param     what the update must move, e.g. fp32 states, fp32 master: g, p, m, v read + p, m, v,
+//                   bf16 written = 30 B; 8-bit: g, p, m8, v8 read + p, m8, v8, bf16 written = 18 B
+//                   (+ 8 B of block scales per 256 elements, read and written); a split master reads and
+//                   writes bf16 + 16-bit remainder (8 B) instead of p and the copy (10 B); a bf16-sr
+//                   master 4 B; a bf16 gradient 2 B instead of 4
 //   GB/s, % of bw   bytes/param * params/s, and its share of the best bandwidth measured in this run
 // Bandwidth: copy, triad and an update-like read-modify-write over 4 arrays of --stream-mib MiB each
 // (see BandwidthTest); the reference is the best of the three (the most conservative share).
@@ -203,47 +206,84 @@ class Q8TrafficTest {
   AlignedBuffer<uint16_t> out_;
 };
 
-// `units` units of one tensor each (params/units elements, rounded up to whole 8-bit blocks) in format
-// `fmt`, their masters and gradients (noise-valued) and page-aligned bf16 copies, as in training.
+// One configuration of the update: moments' format, masters' storage, gradients' dtype.
+struct Variant {
+  const char* name;
+  StateFormat state;
+  MasterFormat master;
+  bool bf16_grad;
+  double bytes_per_param() const {
+    const double moments = state == StateFormat::F32 ? 16.0 : 4.0 + 16.0 / double(kQ8Block);
+    const double masters = master == MasterFormat::F32 ? 10.0 : master == MasterFormat::Split ? 8.0 : 4.0;
+    return moments + masters + (bf16_grad ? 2.0 : 4.0);
+  }
+};
+const Variant kVariants[] = {
+    {"fp32", StateFormat::F32, MasterFormat::F32, false},           // fp32 master + bf16 copy (6 B)
+    {"8bit", StateFormat::Q8, MasterFormat::F32, false},
+    {"fp32/split", StateFormat::F32, MasterFormat::Split, false},   // exact fp32 master in 4 B
+    {"8bit/split", StateFormat::Q8, MasterFormat::Split, false},
+    {"8bit/split/g16", StateFormat::Q8, MasterFormat::Split, true}, // + bf16 gradients (held on the GPU)
+    {"8bit/sr/g16", StateFormat::Q8, MasterFormat::Bf16Sr, true},   // bf16-sr master
+};
+
+// `units` units of one tensor each (params/units elements, rounded up to whole 8-bit blocks) in the
+// variant's formats, their masters and gradients (noise-valued) and page-aligned bf16 copies, as in training.
 struct UnitsUnderTest {
+  Variant v{};
   int64_t per = 0;
   std::unique_ptr<CpuAdamW> opt;
   // Allocated like the trainer's pinned host buffers (huge-page backed where the kernel allows).
   std::vector<AlignedBuffer<float>> p, g;
-  std::vector<AlignedBuffer<bf16_t>> out;
+  std::vector<AlignedBuffer<bf16_t>> out, g16;
+  std::vector<AlignedBuffer<uint16_t>> lo;
   bool warm = false;  // a step has run (the state pages are faulted in)
-  UnitBuffers buffers(int u) { return {p[size_t(u)].data(), g[size_t(u)].data(), out[size_t(u)].data()}; }
+  UnitBuffers buffers(int u) {
+    const size_t i = size_t(u);
+    UnitBuffers b;
+    if (v.master == MasterFormat::F32) b.master = p[i].data();
+    if (v.master == MasterFormat::Split) b.lo = lo[i].data();
+    b.bf16 = out[i].data();
+    if (v.bf16_grad) b.grad_bf16 = g16[i].data();
+    else b.grad = g[i].data();
+    return b;
+  }
 };
 
-UnitsUnderTest make_units(StateFormat fmt, int threads, int64_t params, int units, Isa isa) {
+UnitsUnderTest make_units(const Variant& v, int threads, int64_t params, int units, Isa isa) {
   UnitsUnderTest t;
+  t.v = v;
   t.per = (params / units + kQ8Block - 1) / kQ8Block * kQ8Block;
   std::vector<UnitSpec> specs;
   for (int u = 0; u < units; ++u) {
     UnitSpec s;
     s.numel = t.per;
-    s.tensors.push_back(TensorSpec{fmt::format("unit{}.weight", u), 0, t.per, 0, fmt});
+    s.tensors.push_back(TensorSpec{fmt::format("unit{}.weight", u), 0, t.per, 0, v.state});
     specs.push_back(s);
   }
   AdamWConfig cfg;
   cfg.threads = threads;
   cfg.isa = isa;
   cfg.max_grad_norm = 1.0f;
+  cfg.master = v.master;
   t.opt = std::make_unique<CpuAdamW>(specs, cfg);
-  t.p.resize(static_cast<size_t>(units));
-  t.g.resize(static_cast<size_t>(units));
-  t.out.resize(static_cast<size_t>(units));
   std::mt19937 rng(1);
   std::normal_distribution<float> d(0.f, 1.f);
   std::vector<float> noise(4096);
   for (auto& x : noise) x = d(rng);
+  const auto n = size_t(t.per);
   for (int u = 0; u < units; ++u) {
-    t.p[size_t(u)].reset(size_t(t.per), false);
-    t.g[size_t(u)].reset(size_t(t.per), false);
-    t.out[size_t(u)].reset(size_t(t.per));
-    for (int64_t i = 0; i < t.per; ++i) {
-      t.p[size_t(u)][size_t(i)] = noise[size_t(i & 4095)] * 0.02f;
-      t.g[size_t(u)][size_t(i)] = noise[size_t((i * 7 + u) & 4095)] * 1e-3f;
+    t.out.emplace_back(n);
+    if (v.master == MasterFormat::F32) t.p.emplace_back(n);
+    if (v.master == MasterFormat::Split) t.lo.emplace_back(n);
+    if (v.bf16_grad) t.g16.emplace_back(n);
+    else t.g.emplace_back(n);
+    for (size_t i = 0; i < n; ++i) {
+      const float w = noise[i & 4095] * 0.02f, gr = noise[(i * 7 + size_t(u)) & 4095] * 1e-3f;
+      if (v.master == MasterFormat::F32) t.p.back()[i] = w;
+      else t.out.back()[i] = f32_to_bf16(w);
+      if (v.bf16_grad) t.g16.back()[i] = f32_to_bf16(gr);
+      else t.g.back()[i] = gr;
     }
   }
   return t;
@@ -253,7 +293,7 @@ UnitsUnderTest make_units(StateFormat fmt, int threads, int64_t params, int unit
 // seconds.
 double best_step_s(UnitsUnderTest& t, int iters) {
   CpuAdamW& opt = *t.opt;
-  const int units = int(t.p.size());
+  const int units = int(t.out.size());
   double best = 1e30;
   for (int it = 0; it < iters + (t.warm ? 0 : 1); ++it) {
     double t0 = clock_now();
@@ -268,14 +308,12 @@ double best_step_s(UnitsUnderTest& t, int iters) {
   return best;
 }
 
-double bytes_per_param(StateFormat fmt) { return fmt == StateFormat::F32 ? 30.0 : 18.0 + 16.0 / double(kQ8Block); }
-
 // Overlap: after "backward" (all partial sums known) the next step's forward consumes the units in
 // order, each taking fwd_ms of (simulated, GPU-side) compute after wait(u). Returns the exposed time
 // (blocked in wait) per step and the update's span, in ms.
-std::pair<double, double> bench_overlap(StateFormat fmt, int threads, int64_t params, int units, double fwd_ms,
+std::pair<double, double> bench_overlap(const Variant& v, int threads, int64_t params, int units, double fwd_ms,
                                         int iters, Isa isa) {
-  UnitsUnderTest t = make_units(fmt, threads, params, units, isa);
+  UnitsUnderTest t = make_units(v, threads, params, units, isa);
   CpuAdamW& opt = *t.opt;
   double best_exposed = 1e30, span = 0;
   for (int it = 0; it < iters + 1; ++it) {
@@ -369,22 +407,23 @@ int main(int argc, char** argv) {
     const bool avx2 = __builtin_cpu_supports("avx2");
     std::unique_ptr<Q8TrafficTest> traffic;
     if (avx2) traffic = std::make_unique<Q8TrafficTest>(threads, std::min<int64_t>(params, int64_t(64) << 20));
-    const StateFormat formats[2] = {StateFormat::F32, StateFormat::Q8};
-    UnitsUnderTest uut[2] = {make_units(formats[0], threads, params, units, isa),
-                             make_units(formats[1], threads, params, units, isa)};
-    double best_s[2] = {1e30, 1e30}, plain = 0, nt = 0;
-    std::vector<double> round_share[2];
+    constexpr int kN = int(std::size(kVariants));
+    std::vector<UnitsUnderTest> uut;
+    for (const Variant& v : kVariants) uut.push_back(make_units(v, threads, params, units, isa));
+    std::vector<double> best_s(kN, 1e30);
+    double plain = 0, nt = 0;
+    std::vector<std::vector<double>> round_share(kN);
     for (int r = 0; r < rounds; ++r) {
       const double ref = bw.trial().best();
       if (traffic) {
         auto [a, b] = traffic->trial();
         plain = std::max(plain, a), nt = std::max(nt, b);
       }
-      for (int f = 0; f < 2; ++f) {
-        const double s = best_step_s(uut[f], iters);
-        best_s[f] = std::min(best_s[f], s);
-        const double gbs = double(uut[f].per * units) * bytes_per_param(formats[f]) / s * 1e-9;
-        round_share[f].push_back(100 * gbs / ref);
+      for (int f = 0; f < kN; ++f) {
+        const double s = best_step_s(uut[size_t(f)], iters);
+        best_s[size_t(f)] = std::min(best_s[size_t(f)], s);
+        const double gbs = double(uut[size_t(f)].per * units) * kVariants[f].bytes_per_param() / s * 1e-9;
+        round_share[size_t(f)].push_back(100 * gbs / ref);
       }
     }
     const Bandwidth& b = bw.best();
@@ -395,22 +434,23 @@ int main(int argc, char** argv) {
       fmt::print("8-bit update's data movement alone (no arithmetic): {:.1f} GB/s ({:.1f}% of bw); "
                  "with non-temporal bf16 stores {:.1f} GB/s ({:.1f}%)\n",
                  plain, 100 * plain / b.best(), nt, 100 * nt / b.best());
-    fmt::print("{:<6} {:>12} {:>11} {:>8} {:>10} {:>12}   {}\n", "format", "Mparams/s", "bytes/param", "GB/s",
+    fmt::print("{:<15} {:>12} {:>11} {:>8} {:>10} {:>12}   {}\n", "variant", "Mparams/s", "bytes/param", "GB/s",
                "% of bw", "ns/param/thr", "% of bw in each round (that round's reference)");
-    for (int f = 0; f < 2; ++f) {
-      const double pps = double(uut[f].per * units) / best_s[f];
-      const double gbs = pps * bytes_per_param(formats[f]) * 1e-9;
+    for (int f = 0; f < kN; ++f) {
+      const Variant& v = kVariants[f];
+      const double pps = double(uut[size_t(f)].per * units) / best_s[size_t(f)];
+      const double gbs = pps * v.bytes_per_param() * 1e-9;
       std::string rs;
-      for (double x : round_share[f]) rs += fmt::format(" {:.1f}", x);
-      fmt::print("{:<6} {:>12.1f} {:>11.2f} {:>8.1f} {:>9.1f}% {:>12.2f}  {}\n", state_format_name(formats[f]),
-                 pps * 1e-6, bytes_per_param(formats[f]), gbs, 100 * gbs / b.best(), 1e9 * threads / pps, rs);
+      for (double x : round_share[size_t(f)]) rs += fmt::format(" {:.1f}", x);
+      fmt::print("{:<15} {:>12.1f} {:>11.2f} {:>8.1f} {:>9.1f}% {:>12.2f}  {}\n", v.name, pps * 1e-6,
+                 v.bytes_per_param(), gbs, 100 * gbs / b.best(), 1e9 * threads / pps, rs);
     }
     if (fwd_ms > 0) {
       fmt::print("overlap: forward of each of {} units takes {} ms after wait(u) (wall clock)\n", units, fwd_ms);
-      for (StateFormat f : {StateFormat::F32, StateFormat::Q8}) {
-        auto [exposed, span] = bench_overlap(f, threads, params, units, fwd_ms, iters, isa);
-        fmt::print("{:<6} exposed optimizer time {:.1f} ms per step (forward span {:.1f} ms, forward alone {:.1f} ms)\n",
-                   state_format_name(f), exposed, span, fwd_ms * units);
+      for (const Variant& v : kVariants) {
+        auto [exposed, span] = bench_overlap(v, threads, params, units, fwd_ms, iters, isa);
+        fmt::print("{:<15} exposed optimizer time {:.1f} ms per step (forward span {:.1f} ms, forward alone {:.1f} ms)\n",
+                   v.name, exposed, span, fwd_ms * units);
       }
     }
   } catch (const std::exception& e) {

@@ -34,46 +34,53 @@ inline float bits_f32(uint32_t u) {
   return f;
 }
 
-// Splits x into its streaming copy *hi (round to nearest, ties away) and remainder *lo.
+// Splits x into its streaming copy *hi (round to nearest, ties away) and remainder *lo. Branch-free, so
+// that loops over it vectorise.
 inline void split_master(float x, bf16_t* hi, uint16_t* lo) {
   const uint32_t u = f32_bits(x), sign = u & 0x80000000u, mag = u & 0x7fffffffu;
-  if (mag > 0x7f800000u) {  // NaN
-    *hi = static_cast<bf16_t>((u >> 16) | 0x40);
-    *lo = static_cast<uint16_t>(u);
-    return;
-  }
   const uint32_t h = (mag + 0x8000u) >> 16;  // <= 0x7f80 (inf) for every finite or infinite mag
-  *hi = static_cast<bf16_t>((sign >> 16) | h);
-  *lo = static_cast<uint16_t>(mag - (h << 16));  // two's complement of a value in [-2^15, 2^15)
+  const bool nan = mag > 0x7f800000u;
+  *hi = static_cast<bf16_t>(nan ? ((u >> 16) | 0x40u) : ((sign >> 16) | h));
+  *lo = static_cast<uint16_t>(nan ? u : mag - (h << 16));  // two's complement of a value in [-2^15, 2^15)
 }
 
 // Rebuilds the exact fp32 from the pair.
 inline float join_master(bf16_t hi, uint16_t lo) {
   const uint32_t sign = uint32_t(hi & 0x8000u) << 16, h = hi & 0x7fffu;
-  if (h > 0x7f80u) return bits_f32((uint32_t(hi) << 16) | lo);  // NaN
   const uint32_t mag = (h << 16) + uint32_t(int32_t(int16_t(lo)));
-  return bits_f32(sign | mag);
+  return bits_f32(h > 0x7f80u ? (uint32_t(hi) << 16) | lo : sign | mag);  // NaN: the bits as stored
 }
 
-// Counter-based random bits for stochastic rounding: a pure function of (seed, step, index), so the
-// result does not depend on the threads or chunks an update is split into (splitmix64 finaliser).
-inline uint32_t sr_bits(uint64_t seed, uint64_t step, uint64_t index) {
-  uint64_t z = seed ^ (step * 0x9e3779b97f4a7c15ull) ^ (index * 0xd1b54a32d192ed03ull);
+// Counter-based random bits for stochastic rounding: a pure function of (seed, step, unit, element), so
+// the result does not depend on the threads or chunks an update is split into. The per-(step, unit) key
+// is a splitmix64 mix; the per-element bits are murmur3's 32-bit finaliser of key + element * golden
+// ratio (32-bit integer arithmetic only, so the tile loops vectorise). Elements are offsets inside a
+// unit (< 2^32).
+inline uint32_t sr_key(uint64_t seed, uint64_t step, uint64_t unit) {
+  uint64_t z = seed ^ (step * 0x9e3779b97f4a7c15ull) ^ (unit * 0xd1b54a32d192ed03ull);
   z += 0x9e3779b97f4a7c15ull;
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   z ^= z >> 31;
   return static_cast<uint32_t>(z);
 }
+inline uint32_t sr_bits(uint32_t key, uint32_t element) {
+  uint32_t h = key + element * 0x9e3779b9u;
+  h ^= h >> 16;
+  h *= 0x85ebca6bu;
+  h ^= h >> 13;
+  h *= 0xc2b2ae35u;
+  h ^= h >> 16;
+  return h;
+}
 
 // x rounded to bf16 stochastically with the low 16 bits of r (NaN stays NaN; values that would round
 // past the largest finite bf16 become inf, as in round-to-nearest).
 inline bf16_t round_bf16_sr(float x, uint32_t r) {
   const uint32_t u = f32_bits(x), sign = u & 0x80000000u, mag = u & 0x7fffffffu;
-  if (mag >= 0x7f800000u) return f32_to_bf16(x);  // inf, NaN
-  uint32_t m = mag + (r & 0xffffu);
-  if (m > 0x7f800000u) m = 0x7f800000u;
-  return static_cast<bf16_t>((sign | m) >> 16);
+  const uint32_t m = (mag + (r & 0xffffu)) >> 16;  // past the largest finite: 0x7f80, inf
+  const bool special = mag >= 0x7f800000u;          // inf, NaN: as round-to-nearest
+  return static_cast<bf16_t>(special ? ((u >> 16) | (mag > 0x7f800000u ? 0x40u : 0u)) : ((sign >> 16) | m));
 }
 
 }  // namespace lt

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/timer.h"
+#include "core/split_master.h"
 #include "optim/master_tiles.h"
 #include "optim/quant8.h"
 #include "optim/thread_pool.h"
@@ -303,7 +304,7 @@ void CpuAdamW::run_tiles(const WorkItem& w, const UnitBuffers& b, int64_t off) {
     update_range(ts, st, w, at, p, g, out, n);
     if (cfg_.master == MasterFormat::Split) split_tile(pt, b.bf16 + o, b.lo + o, n);
     if (cfg_.master == MasterFormat::Bf16Sr)
-      round_tile_sr(pt, b.bf16 + o, n, cfg_.sr_seed, uint64_t(w.s_step), (uint64_t(w.unit) << 40) + uint64_t(o));
+      round_tile_sr(pt, b.bf16 + o, n, sr_key(cfg_.sr_seed, uint64_t(w.s_step), uint64_t(w.unit)), uint32_t(o));
   }
 }
 

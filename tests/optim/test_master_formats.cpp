@@ -84,15 +84,48 @@ TEST(SplitMaster, StochasticRoundingIsUnbiasedAndReproducible) {
   double sum = 0;
   const int n = 200000;
   for (int i = 0; i < n; ++i) {
-    const bf16_t r = round_bf16_sr(x, sr_bits(42, 3, uint64_t(i)));
+    const bf16_t r = round_bf16_sr(x, sr_bits(sr_key(42, 3, 0), uint32_t(i)));
     const float v = bf16_to_f32(r);
     ASSERT_TRUE(v == 1.0f || v == 1.0f + std::ldexp(1.0f, -7));
     sum += v;
   }
   EXPECT_NEAR(sum / n, double(x), 2e-5);
-  EXPECT_EQ(round_bf16_sr(x, sr_bits(42, 3, 17)), round_bf16_sr(x, sr_bits(42, 3, 17)));
+  EXPECT_EQ(round_bf16_sr(x, sr_bits(sr_key(42, 3, 0), 17)), round_bf16_sr(x, sr_bits(sr_key(42, 3, 0), 17)));
   EXPECT_EQ(round_bf16_sr(-0.0f, 0xffff), 0x8000);  // exact values never move
   EXPECT_EQ(round_bf16_sr(2.0f, 0xffff), f32_to_bf16(2.0f));
+}
+
+TEST(MasterTiles, EveryVectorPathEqualsTheScalarFunctions) {
+  std::mt19937_64 rng(3);
+  const int64_t n = 100003;  // not a multiple of 16: the tails too
+  std::vector<float> x(static_cast<size_t>(n));
+  const uint32_t special[] = {0x00000000u, 0x80000000u, 0x00000001u, 0x807fffffu, 0x7f7fffffu, 0xff7fffffu,
+                              0x7f800000u, 0xff800000u, 0x7fc00001u, 0xffffffffu, 0x3f808000u, 0x3f818000u};
+  for (int64_t i = 0; i < n; ++i)
+    x[size_t(i)] = bits_f32(i < 12 ? special[i] : uint32_t(rng()));
+  for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512}) {
+    if (!isa_supported(isa)) continue;
+    limit_tile_isa(isa);
+    std::vector<bf16_t> hi(size_t(n)), sr(size_t(n));
+    std::vector<uint16_t> lo(size_t(n));
+    std::vector<float> back(size_t(n)), wide(size_t(n));
+    split_tile(x.data(), hi.data(), lo.data(), n);
+    join_tile(hi.data(), lo.data(), back.data(), n);
+    widen_tile(hi.data(), wide.data(), n);
+    round_tile_sr(x.data(), sr.data(), n, 0xabcdef01u, 5);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      bf16_t h;
+      uint16_t l;
+      split_master(x[size_t(i)], &h, &l);
+      bad += hi[size_t(i)] != h || lo[size_t(i)] != l;
+      bad += f32_bits(back[size_t(i)]) != f32_bits(join_master(h, l));
+      bad += f32_bits(wide[size_t(i)]) != f32_bits(bf16_to_f32(h));
+      bad += sr[size_t(i)] != round_bf16_sr(x[size_t(i)], sr_bits(0xabcdef01u, 5 + uint32_t(i)));
+    }
+    EXPECT_EQ(bad, 0) << isa_name(isa);
+  }
+  limit_tile_isa(Isa::Auto);
 }
 
 // Two units of mixed fp32 / 8-bit tensors and groups; sizes that cut tiles and blocks unevenly.
