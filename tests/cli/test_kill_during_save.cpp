@@ -1,0 +1,125 @@
+// `kill -9` of `lazytrain train` at arbitrary moments, most of them inside a checkpoint save (one save
+// per step): the newest checkpoint on disk is always complete, and resuming from it finishes with the
+// same losses as a run that was never killed (exact resume), for each master-weight mode.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fcntl.h>
+
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../common/repo_path.h"
+#include "train/checkpoint_dir.h"
+
+extern char** environ;
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string lazytrain() {
+  const char* env = std::getenv("LT_BIN");
+  return env && *env ? env : LT_LAZYTRAIN;
+}
+
+fs::path write_config(const fs::path& dir) {
+  const fs::path cfg = dir / "kill.yaml";
+  std::ofstream(cfg) << "model_name_or_path: tiny-qwen2\n"
+                     << "tokenizer: " << (lt::testing::repo_root() / "configs" / "demo").string() << "\n"
+                     << "template: chatml\ndataset: builtin:math\nmax_samples: 256\ncutoff_len: 96\n"
+                     << "per_device_train_batch_size: 4\nlearning_rate: 2.0e-3\nwarmup_steps: 1\n"
+                     << "max_steps: 30\nsave_steps: 1\nsave_total_limit: 2\nlogging_steps: 1\n"
+                     << "progress_bar: false\nthreads: 1\nbackend: cpu\n";
+  return cfg;
+}
+
+// Starts lazytrain with the arguments; returns its pid (stdout/stderr to log).
+pid_t start(const std::vector<std::string>& args, const fs::path& log) {
+  std::vector<std::string> all = {lazytrain()};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : all) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  pid_t pid = -1;
+  EXPECT_EQ(posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ), 0);
+  posix_spawn_file_actions_destroy(&fa);
+  return pid;
+}
+
+int finish(pid_t pid) {
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return status;
+}
+
+// The "train" records of metrics.jsonl as (step, loss), every one (a resumed run appends to the file and
+// logs again the steps after its checkpoint; a line cut by the kill is skipped).
+std::vector<std::pair<int64_t, double>> losses(const fs::path& out) {
+  std::vector<std::pair<int64_t, double>> v;
+  std::ifstream f(out / "metrics.jsonl");
+  for (std::string line; std::getline(f, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.value("type", "") == "train") v.emplace_back(j["step"].get<int64_t>(), j["loss"].get<double>());
+  }
+  return v;
+}
+
+void kill_and_resume(const std::string& mode) {
+  const fs::path dir = fs::temp_directory_path() / ("lt_kill_" + std::to_string(::getpid()) + "_" + mode);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const fs::path cfg = write_config(dir);
+  const std::string m = "master_weights=" + mode;
+  // Reference: never killed.
+  ASSERT_EQ(finish(start({"train", cfg.string(), m, "output_dir=" + (dir / "ref").string()}, dir / "ref.log")), 0);
+  std::map<int64_t, double> ref;
+  for (auto& [step, loss] : losses(dir / "ref")) ref[step] = loss;
+  ASSERT_EQ(ref.size(), 30u);
+  const fs::path out = dir / "killed";
+  int kills = 0;
+  for (int k = 0; k < 6; ++k) {
+    std::vector<std::string> args = {"train", cfg.string(), m, "output_dir=" + out.string()};
+    if (k > 0) args.push_back("resume_from_checkpoint=auto");
+    const pid_t pid = start(args, dir / "killed.log");
+    std::this_thread::sleep_for(std::chrono::milliseconds(900 + 170 * k));
+    kills += ::kill(pid, SIGKILL) == 0;
+    finish(pid);
+    auto last = lt::train::latest_checkpoint(out);
+    if (!last) continue;  // killed before the first save completed
+    EXPECT_TRUE(lt::train::is_complete_checkpoint(last->path)) << last->path;
+  }
+  EXPECT_GT(kills, 0);
+  ASSERT_EQ(finish(start({"train", cfg.string(), m, "output_dir=" + out.string(), "resume_from_checkpoint=auto"},
+                         dir / "killed.log")),
+            0);
+  // Every step the killed runs logged again after a resume has the reference's loss, bit for bit.
+  std::map<int64_t, int> seen;
+  for (auto& [step, loss] : losses(out)) {
+    ++seen[step];
+    ASSERT_TRUE(ref.count(step)) << step;
+    EXPECT_EQ(loss, ref.at(step)) << mode << " step " << step;
+  }
+  EXPECT_EQ(seen.size(), 30u);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+
+TEST(KillDuringSave, Fp32MasterLosesNothing) { kill_and_resume("fp32"); }
+TEST(KillDuringSave, Bf16SrMasterLosesNothing) { kill_and_resume("bf16-sr"); }
