@@ -1,0 +1,49 @@
+// How the model state is stored and where each part lives (issue 15, docs/memory.md). Shared by the
+// optimizer (what its kernels read and write), the host state (what is allocated), the planner (what
+// each mode costs in bytes) and the trainer (the config keys `master_weights` and `gradients`).
+//
+// Master weights
+//   fp32     exact fp32 masters. On a backend that streams bf16 they are stored as the bf16 streaming
+//            copy (round to nearest, ties away from zero: what the GPU reads) plus a 16-bit signed
+//            remainder, from which the fp32 value is rebuilt bit-exactly: 4 B/param for master and
+//            copy together (split_master.h). On the fp32-streaming CPU backend the master is the copy.
+//   bf16-sr  the bf16 streaming copy is the master (2 B/param); the update rounds stochastically
+//            (seeded, counter-based: reproducible whatever the threading).
+// Gradients
+//   host     accumulated in fp32 in pinned host memory (4 B/param in DRAM), as before.
+//   device   held in HBM in the backend's gradient dtype until the global clipping norm is known,
+//            then streamed down unit by unit through a small pinned staging ring as the optimizer
+//            consumes them (during the next step's forward).
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "core/error.h"
+
+namespace lt {
+
+enum class MasterMode : uint8_t { Fp32 = 0, Bf16Sr = 1 };
+enum class GradHome : uint8_t { Host = 0, Device = 1 };
+
+inline const char* master_mode_name(MasterMode m) { return m == MasterMode::Fp32 ? "fp32" : "bf16-sr"; }
+inline const char* grad_home_name(GradHome g) { return g == GradHome::Host ? "host" : "device"; }
+
+inline MasterMode parse_master_mode(const std::string& s) {
+  if (s == "fp32") return MasterMode::Fp32;
+  if (s == "bf16-sr") return MasterMode::Bf16Sr;
+  fail("master_weights: expected fp32 or bf16-sr, got '{}'", s);
+}
+inline GradHome parse_grad_home(const std::string& s) {
+  if (s == "host") return GradHome::Host;
+  if (s == "device") return GradHome::Device;
+  fail("gradients: expected host or device, got '{}'", s);
+}
+
+// The storage modes of one run. The planner fills it (plan JSON: "master_weights", "gradients");
+// the trainer may force either part from its config.
+struct StatePlacement {
+  MasterMode master = MasterMode::Fp32;
+  GradHome grads = GradHome::Host;
+};
+
+}  // namespace lt
