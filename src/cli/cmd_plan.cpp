@@ -4,6 +4,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/model_state.h"
 #include "plan/heuristics.h"
 #include "core/units.h"
 #include "model/model_config.h"
@@ -15,7 +16,7 @@ namespace lt::cli {
 void add_plan(CLI::App& app) {
   struct Opts {
     std::string model, batch = "1", profile = "h800-80g", planner = "milp", optimizer = "hybrid";
-    std::string gpu_mem, host_mem, nvme_mem, out, svg;
+    std::string gpu_mem, host_mem, nvme_mem, out, svg, master, grads = "auto";
     int64_t seq = 1024, chunk = 0;
     int ring = 2, micro = 1;
     double time_limit = 30, gap = 0.005;
@@ -32,6 +33,12 @@ void add_plan(CLI::App& app) {
   sub->add_option("--host-mem", o->host_mem, "override the profile's DRAM budget");
   sub->add_option("--nvme-mem", o->nvme_mem, "override the profile's NVMe capacity");
   sub->add_option("--optimizer", o->optimizer, "adamw | adamw8bit | hybrid")->capture_default_str();
+  sub->add_option("--master-weights", o->master,
+                  "fp32 | bf16-sr | auto (bf16-sr only if nothing else fits); default fp32")
+      ->check(CLI::IsMember({"fp32", "bf16-sr", "auto"}));
+  sub->add_option("--gradients", o->grads, "host | device | auto (device only if the host state does not fit)")
+      ->check(CLI::IsMember({"host", "device", "auto"}))
+      ->capture_default_str();
   sub->add_option("--micro-batches", o->micro, "micro-batches per optimizer step (gradient accumulation)")->capture_default_str();
   sub->add_option("--ring", o->ring, "weight ring buffers on the GPU")->capture_default_str();
   sub->add_option("--chunk", o->chunk, "samples per chunk inside a layer pass (0: largest that fits)")->capture_default_str();
@@ -55,6 +62,9 @@ void add_plan(CLI::App& app) {
     if (!o->nvme_mem.empty()) r.profile.nvme_bytes = parse_bytes(o->nvme_mem);
     r.planner = canonical_planner(o->planner);
     r.optimizer = o->optimizer;
+    if (o->master == "auto") r.allow_bf16_master = true;
+    else if (!o->master.empty()) r.master = parse_master_mode(o->master);
+    if (o->grads != "auto") r.grads = parse_grad_home(o->grads);
     r.ring = o->ring;
     r.micro_batches = o->micro;
     r.chunk = o->chunk;

@@ -28,7 +28,7 @@ class Dp {
       : in_(in), L_(in.L), allow_cpu_(allow_cpu), allow_nvme_(allow_nvme) {
     // A state's GPU boundaries are resident in the backward slot of its own layer: the smallest layer
     // working set bounds the count.
-    const double room = in.hbm_cap - in.ring - *std::min_element(in.ws_bwd.begin(), in.ws_bwd.end());
+    const double room = in.hbm_room() - in.ring - *std::min_element(in.ws_bwd.begin(), in.ws_bwd.end());
     gmax_ = std::clamp(int(std::floor(room / in.A)), 0, L_ + 1);
     cdim_ = (!allow_cpu || cmax >= L_ - 1) ? 1 : cmax + 1;
     ndim_ = (!allow_nvme || nmax >= L_ - 1) ? 1 : nmax + 1;
@@ -85,7 +85,7 @@ class Dp {
                     // pred(i)); its forward slots F_j hold the GPU boundaries < j, in/out and layer j's
                     // workspace. Layer i's slots do not depend on e; a larger e adds layer e-1's, so
                     // stop at the first e that does not fit.
-                    const double room = in_.hbm_cap - in_.ring;
+                    const double room = in_.hbm_room() - in_.ring;
                     const double resident = in_.A * double(g + off(ti));
                     if (resident + in_.A * double(off(tp)) + in_.ws_bwd[size_t(i)] > room) continue;
                     if (in_.A * double(g - (ti == G) + 2) + in_.ws_fwd[size_t(i)] > room) continue;

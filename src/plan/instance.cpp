@@ -18,8 +18,11 @@ double Instance::slot_time(double C, double h, double d, double r, double w) con
 
 std::vector<double> Instance::opt_done() const {
   std::vector<double> o(opt.size());
-  double t = 0;
-  for (size_t u = 0; u < opt.size(); ++u) o[u] = (t += opt[u]);
+  double t = 0, d2h = 0;
+  for (size_t u = 0; u < opt.size(); ++u) {
+    if (u < opt_d2h.size()) t = std::max(t, d2h += opt_d2h[u]);
+    o[u] = (t += opt[u]);
+  }
   return o;
 }
 
@@ -43,8 +46,6 @@ double Instance::block_floor(int s, int e) const {
   return ring + m + A * (1 + (s > 0));
 }
 
-double moment_bytes(int64_t n, bool q8) { return q8 ? 2.0 * double(n) + 2.0 * 4.0 * double((n + 255) / 256) : 8.0 * double(n); }
-
 namespace {
 
 double unit_opt_time(const UnitLayout& u, const std::set<std::string>& q8, double r32, double r8) {
@@ -52,26 +53,6 @@ double unit_opt_time(const UnitLayout& u, const std::set<std::string>& q8, doubl
   for (auto& p : u.params) t += double(p.numel) / (q8.count(p.name) ? r8 : r32);
   return t;
 }
-}  // namespace
-
-double model_state_dram(const ModelConfig& c, const std::vector<std::string>& eight_bit) {
-  std::set<std::string> q8(eight_bit.begin(), eight_bit.end());
-  auto lay = model_layout(c);
-  double bytes = 0, largest_layer = 0;
-  for (auto& u : lay.units) {
-    double ub = 0;
-    for (auto& p : u.params) {
-      // fp32 master + bf16 streaming copy + fp32 gradient accumulation + moments.
-      ub += 4.0 * double(p.numel) + 2.0 * double(p.numel) + 4.0 * double(p.numel) + moment_bytes(p.numel, q8.count(p.name));
-    }
-    bytes += ub;
-    if (u.kind == UnitKind::Layer) largest_layer = std::max(largest_layer, double(unit_param_count(u)));
-  }
-  // Pinned bf16 gradient slabs receiving D2H: two layers' worth (double buffering).
-  return bytes + 2.0 * 2.0 * largest_layer;
-}
-
-namespace {
 
 // What every layer of one kind shares: times at the whole batch, costs at the whole batch and at the chunk.
 struct KindCosts {
@@ -103,6 +84,17 @@ void set_optimizer_times(Instance& in, const ModelConfig& c, const ModelLayout& 
     in.opt.push_back(unit_opt_time(lay.head(), q8, r32, r8));
     in.opt.push_back(unit_opt_time(lay.embedding(), q8, r32, r8));
   }
+}
+
+// Gradients held on the device: no gradient D2H in the backward slots (a tied LM head's matrix
+// gradient still goes down in B_{L-1}, to the CPU embedding's accumulator) nor in the epilogue;
+// instead each held unit's bf16 gradient streams down before its update (opt_d2h, update order).
+void hold_gradients(Instance& in, const ModelConfig& c, const ModelLayout& lay) {
+  std::fill(in.G.begin(), in.G.end(), 0.0);
+  in.G_head = c.tied ? 2.0 * double(c.vocab * c.hidden) : 0.0;
+  for (int j = 0; j < in.L; ++j) in.opt_d2h.push_back(2.0 * double(unit_param_count(lay.layer(j))) / in.bd);
+  in.opt_d2h.push_back(2.0 * double(unit_param_count(lay.head())) / in.bd);
+  in.opt_d2h.push_back(0.0);  // the embedding's gradient is on the host
 }
 
 // Per-layer times, bytes and working sets, each from that layer's kind.
@@ -157,8 +149,11 @@ Instance make_instance(const ModelConfig& c, int64_t batch, int64_t seq, const R
   const int64_t head_chunk = std::min<int64_t>(o.head_chunk_tokens, batch * seq);
   in.ws_head = in.P_head + in.G_head + double(head_chunk_workspace_bytes(c, head_chunk)) + in.A;
   in.ws_pro = in.A;
+  const StateBytes state = model_state_bytes(c, o.optimizer_8bit, o.placement);
+  in.hbm_fixed = state.hbm();
+  if (o.placement.grads == GradHome::Device) hold_gradients(in, c, lay);
   in.dram_cap = double(prof.dram_bytes);
-  in.dram_fixed = model_state_dram(c, o.optimizer_8bit);
+  in.dram_fixed = state.dram();
   in.nvme_cap = double(prof.nvme_bytes);
   in.allow_nvme = o.allow_nvme && prof.nvme_bytes > 0;
   return in;

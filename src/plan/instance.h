@@ -15,14 +15,12 @@
 #include <string>
 #include <vector>
 
+#include "core/model_state.h"
 #include "model/model_config.h"
 #include "plan/profile.h"
+#include "plan/state_bytes.h"
 
 namespace lt {
-
-// Optimizer-moment bytes of a tensor of n elements: fp32 m and v (8 B each element), or 8-bit codes
-// with one fp32 absmax per 256 elements for each moment.
-double moment_bytes(int64_t n, bool q8);
 
 // Layers need not be alike (hybrid models mix attention and Gated DeltaNet layers in any order): every
 // per-layer quantity is a vector indexed by layer. Boundaries are alike (A is the hidden state of every
@@ -37,17 +35,21 @@ struct Instance {
   // Bytes.
   double A = 0;              // one boundary
   std::vector<double> P;     // layer j's bf16 weights (H2D per use)
-  std::vector<double> G;     // layer j's gradient (D2H per backward)
+  std::vector<double> G;     // layer j's gradient D2H per backward (0: held on the device, gradients: device)
   double P_head = 0;  // head weights streamed in F_{L-1}
-  double G_head = 0;  // head gradient, D2H in B_{L-1}
+  double G_head = 0;  // head gradient, D2H in B_{L-1} (held on the device: only a tied matrix's, for the CPU embedding)
   double pro_h2d = 0; // prologue H2D besides layer 0's weights (boundary 0 from the CPU embedding)
   double epi_d2h = 0; // epilogue D2H besides layer 0's gradient (boundary-0 gradient for the CPU embedding backward)
   // Bandwidths, bytes/s.
   double bh = 1, bd = 1, bb = 1, bnr = 1, bnw = 1;
   // CPU optimizer time per unit in update order: layers 0..L-1, then head, then embedding (size L+2).
   std::vector<double> opt;
-  // GPU memory, bytes. Usable = hbm cap - reserve.
-  double hbm_cap = 0;
+  // Gradients held on the device (gradients: device): D2H time of each unit's gradient in the same
+  // order (empty: none). One stream from the step's start; a unit's update waits for its gradient.
+  std::vector<double> opt_d2h;
+  // GPU memory, bytes. Usable = hbm cap - reserve; hbm_fixed is held for the whole step (the model's
+  // gradients with gradients: device), so the plan's slots have hbm_room().
+  double hbm_cap = 0, hbm_fixed = 0;
   double ring = 0;             // weight ring: k buffers of the largest layer (k * max_j P[j])
   std::vector<double> ws_fwd;  // forward slot of layer j: transient (workspace), besides input and output boundaries
   std::vector<double> ws_bwd;  // backward slot of layer j: its internals + workspace + dY/dX + gradient buffers
@@ -60,13 +62,14 @@ struct Instance {
   bool allow_nvme = true;
 
   int slots() const { return 2 * L + 1; }
+  double hbm_room() const { return hbm_cap - hbm_fixed; }
   int slot_F(int j) const { return j; }
   int slot_H() const { return L; }
   int slot_B(int j) const { return 2 * L - j; }
   LayerKind kind_of(int j) const { return kind.empty() ? LayerKind::Attention : kind[size_t(j)]; }
   double pcie(double h, double d) const;
   double slot_time(double C, double h, double d, double r, double w) const;
-  // Cumulative optimizer finish times: O(u) = sum of opt[0..u].
+  // Optimizer finish times: O(u) = max(O(u-1), D(u)) + opt[u], D(u) = sum of opt_d2h[0..u].
   std::vector<double> opt_done() const;
   double R(int s, int e) const;         // block recompute time: rho[s..e-2]
   double R_bytes(int s, int e) const;   // weights the block's recompute loads: P[s..e-2]
@@ -90,14 +93,11 @@ struct InstanceOptions {
   int ring = 2;
   int64_t chunk = 0;  // 0: whole batch
   std::vector<std::string> optimizer_8bit;  // tensors with 8-bit moments
+  StatePlacement placement;                 // master mode and gradient home
   bool allow_nvme = true;
   int64_t head_chunk_tokens = 1024;
   int micro_batches = 1;
 };
-
-// DRAM of the model state (fp32 master, bf16 copy, fp32 grad accumulation, moments per format,
-// pinned gradient slabs), bytes. Exposed for the hybrid 8-bit selection.
-double model_state_dram(const ModelConfig& c, const std::vector<std::string>& eight_bit);
 
 Instance make_instance(const ModelConfig& c, int64_t batch, int64_t seq, const ResourceProfile& prof,
                        const InstanceOptions& o);

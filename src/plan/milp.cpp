@@ -149,7 +149,7 @@ struct Model {
     for (int s = 0; s < L; ++s)
       for (int e = s + 1; e <= L; ++e) {
         // Prune blocks whose working set cannot fit even with nothing else resident.
-        if (in.block_floor(s, e) > in.hbm_cap) continue;
+        if (in.block_floor(s, e) > in.hbm_room()) continue;
         x[size_t(s)][size_t(e)] = lp.var(0, 1, 0, true, fmt::format("x_{}_{}", s, e));
       }
     const double cpu_room = in.dram_cap - in.dram_fixed;
@@ -358,7 +358,7 @@ struct Model {
         mc += in.ws_bwd[size_t(j)];
       }
       lp.label = fmt::format("hbm slot {}", w);
-      lp.row(m, -kInf, in.hbm_cap - mc, 1.0 / A);
+      lp.row(m, -kInf, in.hbm_room() - mc, 1.0 / A);
     }
     // ---- DRAM and NVMe
     {

@@ -300,6 +300,8 @@ json plan_to_json(const Plan& p) {
   j["embedding_resident"] = p.embedding_resident;
   j["head_resident"] = p.head_resident;
   j["optimizer_8bit"] = p.optimizer_8bit;
+  j["master_weights"] = master_mode_name(p.placement.master);
+  j["gradients"] = grad_home_name(p.placement.grads);
   j["planner"] = p.planner;
   j["hbm_cap"] = p.hbm_cap;
   j["dram_cap"] = p.dram_cap;
@@ -376,6 +378,12 @@ Plan plan_from_json(const json& j, const std::string& source) {
       LT_CHECK(n.is_string(), "{}: optimizer_8bit entries must be strings, got {}", source, n.dump());
       p.optimizer_8bit.push_back(n.get<std::string>());
     }
+  }
+  try {
+    p.placement.master = parse_master_mode(o.get_or<std::string>("master_weights", "fp32"));
+    p.placement.grads = parse_grad_home(o.get_or<std::string>("gradients", "host"));
+  } catch (const Error& e) {
+    fail("{}: {}", source, e.what());
   }
   p.planner = o.get_or<std::string>("planner", "");
   p.hbm_cap = o.get_or<int64_t>("hbm_cap", 0);

@@ -44,12 +44,18 @@
 // OPTIMIZER. optimizer_8bit lists the full HF tensor names whose AdamW moments are 8-bit blockwise;
 // every other tensor uses fp32 moments. Updates run on the CPU after backward (exact global-norm
 // clipping), in the order layer 0..L-1, head, embedding, overlapping the next step's forward.
+//
+// MODEL STATE. master_weights (fp32 | bf16-sr) and gradients (host | device): where the model state
+// lives (core/model_state.h, docs/memory.md). Optional in the JSON (fp32 / host when absent: plans
+// written before they existed load unchanged).
 #pragma once
 #include <cstdint>
 #include <filesystem>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
+
+#include "core/model_state.h"
 
 namespace lt {
 
@@ -111,6 +117,7 @@ struct Plan {
   bool embedding_resident = false;  // false: embedding lookup/backward on the CPU, only boundary 0 crosses PCIe
   bool head_resident = false;       // false: final norm + LM head streamed in window F_{L-1}
   std::vector<std::string> optimizer_8bit;
+  StatePlacement placement;  // JSON "master_weights", "gradients"
   // Budgets the plan was made for and who made it (informative).
   std::string planner;  // "milp", "dp", "megatrain:4", ...
   int64_t hbm_cap = 0, dram_cap = 0, nvme_cap = 0;

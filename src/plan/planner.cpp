@@ -8,11 +8,14 @@
 #include "core/units.h"
 #include "model/accounting.h"
 #include "model/param_layout.h"
+#include "plan/fit_advice.h"
 #include "plan/heuristics.h"
+#include "plan/placement.h"
 
 namespace lt {
 
-std::vector<std::string> choose_8bit(const ModelConfig& c, const std::string& mode, double dram_budget) {
+std::vector<std::string> choose_8bit(const ModelConfig& c, const std::string& mode, double dram_budget,
+                                     StatePlacement s) {
   LT_CHECK(mode == "adamw" || mode == "adamw8bit" || mode == "hybrid",
            "unknown optimizer '{}': expected adamw, adamw8bit or hybrid", mode);
   std::vector<std::string> out;
@@ -33,7 +36,7 @@ std::vector<std::string> choose_8bit(const ModelConfig& c, const std::string& mo
   }
   // Hybrid: largest first (ties: lower layer first), until the model state fits.
   std::stable_sort(elig.begin(), elig.end(), [](const T& a, const T& b) { return a.numel > b.numel; });
-  double need = model_state_dram(c, {});
+  double need = model_state_bytes(c, {}, s).dram();
   for (auto& t : elig) {
     if (need <= dram_budget) break;
     out.push_back(t.name);
@@ -44,7 +47,7 @@ std::vector<std::string> choose_8bit(const ModelConfig& c, const std::string& mo
 
 namespace {
 
-Plan plan_meta(const PlanRequest& r, int64_t chunk, const std::vector<std::string>& q8) {
+Plan plan_meta(const PlanRequest& r, int64_t chunk, const StateChoice& st) {
   Plan p;
   p.model = r.model.name;
   p.layers = r.model.layers;
@@ -55,7 +58,8 @@ Plan plan_meta(const PlanRequest& r, int64_t chunk, const std::vector<std::strin
   p.micro_batches = r.micro_batches;
   p.chunk = chunk;
   p.ring = r.ring;
-  p.optimizer_8bit = q8;
+  p.optimizer_8bit = st.q8;
+  p.placement = st.placement;
   p.hbm_cap = r.profile.hbm_bytes;
   p.dram_cap = r.profile.dram_bytes;
   p.nvme_cap = r.profile.nvme_bytes;
@@ -81,6 +85,94 @@ Candidate score(const Instance& in, Plan p, const std::string& name) {
   return c;
 }
 
+// A state choice with its instance and the DP's plan at the largest chunk that works.
+struct Prepared {
+  StateChoice st;
+  Instance inst;
+  DpResult dp;
+  int64_t chunk = 0;
+  double step = 1e300;  // simulated step of the DP's plan (hybrid 8-bit comparison)
+};
+
+// Chunk: the whole batch if the DP finds a plan with it, else halve.
+Prepared prepare(const PlanRequest& r, StateChoice st) {
+  InstanceOptions io;
+  io.ring = r.ring;
+  io.micro_batches = r.micro_batches;
+  io.optimizer_8bit = st.q8;
+  io.placement = st.placement;
+  Prepared pr;
+  pr.st = std::move(st);
+  pr.chunk = r.chunk > 0 ? std::min(r.chunk, r.batch) : r.batch;
+  for (;;) {
+    io.chunk = pr.chunk;
+    pr.inst = make_instance(r.model, r.batch, r.seq, r.profile, io);
+    pr.dp = solve_dp(pr.inst);
+    if (pr.dp.feasible || r.chunk > 0 || pr.chunk == 1) break;
+    pr.chunk = (pr.chunk + 1) / 2;
+  }
+  return pr;
+}
+
+// The placement ladder: the first choice whose state fits and whose DP finds a plan; the last one
+// (the most frugal) when none does, for the "does not fit" message.
+Prepared choose_state(const PlanRequest& r) {
+  auto ladder = placement_ladder(r);
+  for (size_t k = 0; k + 1 < ladder.size(); ++k) {
+    if (!state_fits(r, ladder[k])) continue;
+    Prepared pr = prepare(r, ladder[k]);
+    if (pr.dp.feasible) return pr;
+  }
+  return prepare(r, ladder.back());
+}
+
+// Hybrid: the minimal 8-bit set leaves no DRAM for CPU checkpoints. Also try switching more tensors
+// to free room for k boundaries, and keep the set whose DP plan simulates fastest.
+void widen_8bit(const PlanRequest& r, Prepared& best) {
+  if (r.optimizer != "hybrid" || best.st.q8.empty()) return;
+  const auto& c = r.model;
+  const double A = double(r.batch * r.seq * c.hidden * 2);
+  auto score_prep = [&](Prepared& pr) {
+    if (!pr.dp.feasible) return;
+    Plan p = plan_meta(r, pr.chunk, pr.st);
+    p.tier = pr.dp.tier;
+    assign_tied_traffic(pr.inst, p);
+    pr.step = simulate(pr.inst, p).pred.step_s;
+  };
+  score_prep(best);
+  for (int k : {std::max(1, int(c.layers) / 4), std::max(1, int(c.layers) / 2), int(c.layers)}) {
+    StateChoice st{best.st.placement, choose_8bit(c, "hybrid", double(r.profile.dram_bytes) - k * A, best.st.placement)};
+    if (st.q8.size() == best.st.q8.size()) continue;
+    Prepared pr = prepare(r, std::move(st));
+    score_prep(pr);
+    if (pr.step < best.step * (1 - 1e-6)) best = std::move(pr);
+  }
+}
+
+// Nothing fits: name the tightest resource.
+std::string why_not(const PlanOutcome& out, const StateChoice& st, int64_t chunk) {
+  const Instance& in = out.inst;
+  if (in.dram_fixed > in.dram_cap)
+    return fmt::format("does not fit: dram short by {} (needs {} for the model state with {}, has {})",
+                       format_bytes(in.dram_fixed - in.dram_cap), format_bytes(in.dram_fixed), describe_choice(st),
+                       format_bytes(in.dram_cap));
+  // The smallest HBM footprint in the plan space: every boundary offloaded (blocks of one layer).
+  std::string why;
+  double least = 1e300;
+  for (auto& cd : out.candidates)
+    if (!cd.why.empty() && cd.why.rfind("does not fit", 0) == 0 && cd.sim.pred.peak_hbm > 0 &&
+        double(cd.sim.pred.peak_hbm) < least) {
+      least = double(cd.sim.pred.peak_hbm);
+      why = cd.why;
+    }
+  const double floor_hbm = in.hbm_fixed + in.ring + in.max_ws_bwd() + 3 * in.A;
+  if (why.empty() || floor_hbm > in.hbm_cap)
+    why = fmt::format("does not fit: gpu short by {} (needs {} for the {}weight ring, the largest layer's backward and 3 "
+                      "boundaries at chunk {}, has {})", format_bytes(floor_hbm - in.hbm_cap), format_bytes(floor_hbm),
+                      in.hbm_fixed > 0 ? "held gradients, the " : "", chunk, format_bytes(in.hbm_cap));
+  return why;
+}
+
 }  // namespace
 
 PlanOutcome make_plan(const PlanRequest& r) {
@@ -88,54 +180,12 @@ PlanOutcome make_plan(const PlanRequest& r) {
   PlanOutcome out;
   const auto& c = r.model;
   out.flops_per_step = model_flops_per_step(c, r.batch * r.seq * r.micro_batches);
-  InstanceOptions io;
-  io.ring = r.ring;
-  io.micro_batches = r.micro_batches;
-
-  // Chunk: the whole batch if the DP finds a plan with it, else halve.
-  struct Prepared {
-    std::vector<std::string> q8;
-    Instance inst;
-    DpResult dp;
-    int64_t chunk = 0;
-    double step = 1e300;  // simulated step of the DP's plan
-  };
-  auto prepare = [&](std::vector<std::string> q8) {
-    Prepared pr;
-    pr.q8 = std::move(q8);
-    io.optimizer_8bit = pr.q8;
-    pr.chunk = r.chunk > 0 ? std::min(r.chunk, r.batch) : r.batch;
-    for (;;) {
-      io.chunk = pr.chunk;
-      pr.inst = make_instance(c, r.batch, r.seq, r.profile, io);
-      pr.dp = solve_dp(pr.inst);
-      if (pr.dp.feasible || r.chunk > 0 || pr.chunk == 1) break;
-      pr.chunk = (pr.chunk + 1) / 2;
-    }
-    return pr;
-  };
-  Prepared best_prep = prepare(choose_8bit(c, r.optimizer, double(r.profile.dram_bytes)));
-  if (r.optimizer == "hybrid" && !best_prep.q8.empty()) {
-    // Hybrid: the minimal 8-bit set leaves no DRAM for CPU checkpoints. Also try switching more
-    // tensors to free room for k boundaries, and keep the set whose DP plan simulates fastest.
-    const double A = double(r.batch * r.seq * c.hidden * 2);
-    auto score_prep = [&](Prepared& pr) {
-      if (!pr.dp.feasible) return;
-      Plan p = plan_meta(r, pr.chunk, pr.q8);
-      p.tier = pr.dp.tier;
-      assign_tied_traffic(pr.inst, p);
-      pr.step = simulate(pr.inst, p).pred.step_s;
-    };
-    score_prep(best_prep);
-    for (int k : {std::max(1, int(c.layers) / 4), std::max(1, int(c.layers) / 2), int(c.layers)}) {
-      auto q8 = choose_8bit(c, "hybrid", double(r.profile.dram_bytes) - k * A);
-      if (q8.size() == best_prep.q8.size()) continue;
-      Prepared pr = prepare(std::move(q8));
-      score_prep(pr);
-      if (pr.step < best_prep.step * (1 - 1e-6)) best_prep = std::move(pr);
-    }
-  }
-  const auto q8 = best_prep.q8;
+  Prepared best_prep = choose_state(r);
+  widen_8bit(r, best_prep);
+  const StateChoice st = best_prep.st;
+  out.placement = st.placement;
+  out.state = model_state_bytes(c, st.q8, st.placement);
+  const auto& q8 = st.q8;
   auto lay = model_layout(c);
   for (auto& n : q8) {
     ++out.eight_bit_tensors;
@@ -148,7 +198,7 @@ PlanOutcome make_plan(const PlanRequest& r) {
   const int64_t chunk = best_prep.chunk;
   const Instance& in = out.inst;
   out.dp = dp;
-  const Plan meta = plan_meta(r, chunk, q8);
+  const Plan meta = plan_meta(r, chunk, st);
 
   auto with_tiers = [&](std::vector<Tier> t) {
     Plan p = meta;
@@ -213,31 +263,14 @@ PlanOutcome make_plan(const PlanRequest& r) {
       if (cd.feasible) cd.sim.pred.tflops = out.flops_per_step / cd.sim.pred.step_s / 1e12;
     return out;
   }
-  // Nothing fits: name the tightest resource.
-  if (in.dram_fixed > in.dram_cap) {
-    out.why = fmt::format("does not fit: dram short by {} (needs {} for the model state with {} 8-bit tensors, has {})",
-                          format_bytes(in.dram_fixed - in.dram_cap), format_bytes(in.dram_fixed), q8.size(),
-                          format_bytes(in.dram_cap));
-    return out;
-  }
-  // The smallest HBM footprint in the plan space: every boundary offloaded (blocks of one layer).
-  double least = 1e300;
-  for (auto& cd : out.candidates)
-    if (!cd.why.empty() && cd.why.rfind("does not fit", 0) == 0 && cd.sim.pred.peak_hbm > 0 &&
-        double(cd.sim.pred.peak_hbm) < least) {
-      least = double(cd.sim.pred.peak_hbm);
-      out.why = cd.why;
-    }
-  const double floor_hbm = in.ring + in.max_ws_bwd() + 3 * in.A;
-  if (out.why.empty() || floor_hbm > in.hbm_cap)
-    out.why = fmt::format("does not fit: gpu short by {} (needs {} for the weight ring, the largest layer's backward and 3 "
-                          "boundaries at chunk {}, has {})", format_bytes(floor_hbm - in.hbm_cap), format_bytes(floor_hbm),
-                          chunk, format_bytes(in.hbm_cap));
+  out.why = why_not(out, st, chunk);
+  if (r.explain) out.why += fit_advice(r).text();
   return out;
 }
 
 int64_t max_feasible_batch(PlanRequest r, const std::string& planner, int64_t hi) {
   r.compare = false;
+  r.explain = false;
   r.planner = planner == "milp" ? "dp" : planner;
   auto ok = [&](int64_t b) {
     r.batch = b;

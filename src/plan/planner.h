@@ -1,11 +1,12 @@
-// The planner entry point: picks the chunk and the optimizer-state formats (hybrid 8-bit), builds
-// the Instance, runs the DP, the heuristics and the MILP, scores every candidate with the simulator
+// The planner entry point: picks the model-state placement (master mode, gradient home, hybrid 8-bit
+// moments: placement.h) and the chunk, builds the Instance, runs the DP, the heuristics and the MILP, scores every candidate with the simulator
 // and returns the best feasible plan (never worse than the DP's or any heuristic's).
 #pragma once
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "core/model_state.h"
 #include "model/model_config.h"
 #include "plan/dp.h"
 #include "plan/instance.h"
@@ -13,6 +14,7 @@
 #include "plan/plan.h"
 #include "plan/profile.h"
 #include "plan/simulator.h"
+#include "plan/state_bytes.h"
 
 namespace lt {
 
@@ -27,6 +29,11 @@ struct PlanRequest {
   int64_t chunk = 0;                // 0: the largest that fits
   bool compare = true;              // also score every heuristic (side-by-side table)
   MilpOptions milp;
+  // Model-state placement (placement.h): unset = the planner chooses.
+  std::optional<MasterMode> master;  // unset: fp32, or bf16-sr as the last resort when allow_bf16_master
+  std::optional<GradHome> grads;     // unset: host if the model state fits the DRAM, else device
+  bool allow_bf16_master = false;    // `--master-weights auto`
+  bool explain = true;               // when nothing fits, re-plan to name the smallest change that fits
 };
 
 struct Candidate {
@@ -39,7 +46,8 @@ struct Candidate {
 
 struct PlanOutcome {
   bool feasible = false;
-  std::string why;  // "does not fit: <tier> short by <bytes> (needs ..., has ...)"
+  // "does not fit: <tier> short by <bytes> (needs ..., has ...)[; it fits with <change>]"
+  std::string why;
   Plan plan;
   SimResult sim;
   Instance inst;
@@ -48,13 +56,16 @@ struct PlanOutcome {
   std::optional<DpResult> dp;
   std::string chosen;  // which candidate became the plan
   int64_t eight_bit_tensors = 0, eight_bit_params = 0;
+  StatePlacement placement;  // also in plan.placement
+  StateBytes state;          // bytes and home of each part of the model state
   double flops_per_step = 0;  // 6 * N * batch * seq
 };
 
 // Tensors switched to 8-bit moments for the request's optimizer mode: none (adamw), every eligible
-// layer matrix (adamw8bit), or the fewest largest layer matrices until the model state fits the
-// DRAM budget (hybrid). Embeddings, norms, biases and the LM head keep fp32 moments.
-std::vector<std::string> choose_8bit(const ModelConfig& c, const std::string& mode, double dram_budget);
+// layer matrix (adamw8bit), or the fewest largest layer matrices until the model state (with
+// placement s) fits the DRAM budget (hybrid). Embeddings, norms, biases and the LM head keep fp32 moments.
+std::vector<std::string> choose_8bit(const ModelConfig& c, const std::string& mode, double dram_budget,
+                                     StatePlacement s = {});
 
 PlanOutcome make_plan(const PlanRequest& r);
 

@@ -5,6 +5,7 @@
 
 #include "core/units.h"
 #include "model/accounting.h"
+#include "plan/state_report.h"
 
 namespace lt {
 
@@ -79,8 +80,10 @@ std::string plan_report(const PlanRequest& r, const PlanOutcome& o) {
                    format_bytes(double(r.profile.hbm_bytes)), format_bytes(in.hbm_cap), format_bytes(in.dram_cap),
                    format_bytes(in.nvme_cap), format_bytes(in.A), format_bytes(in.ring), r.ring);
   s += kind_summary(r, in);
-  s += fmt::format("optimizer {}: {} tensors ({:.2f}B params) with 8-bit moments; model state in DRAM {}\n", r.optimizer,
-                   o.eight_bit_tensors, double(o.eight_bit_params) / 1e9, format_bytes(in.dram_fixed));
+  s += fmt::format("optimizer {}: {} tensors ({:.2f}B params) with 8-bit moments; master_weights {}, gradients {}; "
+                   "model state in DRAM {}, in HBM {}\n", r.optimizer, o.eight_bit_tensors, double(o.eight_bit_params) / 1e9,
+                   master_mode_name(o.placement.master), grad_home_name(o.placement.grads), format_bytes(in.dram_fixed),
+                   format_bytes(in.hbm_fixed));
   if (o.dp) s += fmt::format("dp: {} in {:.3f} s ({} states)\n", o.dp->feasible ? "feasible" : "infeasible", o.dp->solve_s, o.dp->states);
   if (o.milp) {
     const auto& m = *o.milp;
@@ -92,7 +95,7 @@ std::string plan_report(const PlanRequest& r, const PlanOutcome& o) {
       s += fmt::format("no solution, {:.2f} s\n", m.solve_s);
   }
   if (!o.feasible) {
-    s += o.why + "\n";
+    s += memory_table(o) + o.why + "\n";
     return s;
   }
   const auto& p = o.plan;
@@ -113,6 +116,7 @@ std::string plan_report(const PlanRequest& r, const PlanOutcome& o) {
   s += fmt::format("  peaks: gpu {} of {}, dram {} of {}, nvme {} of {}\n", format_bytes(double(q.peak_hbm)),
                    format_bytes(in.hbm_cap), format_bytes(double(q.peak_dram)), format_bytes(in.dram_cap),
                    format_bytes(double(q.nvme_bytes)), format_bytes(in.nvme_cap));
+  s += "\n" + memory_table(o);
   if (r.model.hybrid()) s += layer_table(in, p);
   s += "\ncandidates (same simulator):\n";
   s += fmt::format("  {:<14} {:>10} {:>8} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11}  {}\n", "planner", "step ms", "TFLOPS",

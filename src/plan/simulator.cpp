@@ -115,11 +115,12 @@ SimResult simulate(const Instance& in, const Plan& p, bool record_ops) {
     if (record_ops && b > a) R.ops.push_back({l, a, b, std::move(lab), ex, kind});
   };
   if (record_ops) {
-    double t = 0;
+    double d = 0;
     for (int u = 0; u < L + 2; ++u) {
       std::string lab = u < L ? fmt::format("opt {}", u) : (u == L ? "opt head" : "opt emb");
-      op(SimLane::Optimizer, t, O[size_t(u)], lab);
-      t = O[size_t(u)];
+      op(SimLane::Optimizer, O[size_t(u)] - in.opt[size_t(u)], O[size_t(u)], lab);
+      if (size_t(u) < in.opt_d2h.size()) op(SimLane::D2H, d, d + in.opt_d2h[size_t(u)], "held grad " + lab.substr(4));
+      if (size_t(u) < in.opt_d2h.size()) d += in.opt_d2h[size_t(u)];
     }
   }
   double t = O[0];
@@ -252,9 +253,9 @@ SimResult simulate(const Instance& in, const Plan& p, bool record_ops) {
   };
   auto bo = block_of_layers(p);
   R.slot_hbm.assign(size_t(S), 0);
-  double peak = in.ring + in.ws_pro;
+  double peak = in.hbm_fixed + in.ring + in.ws_pro;
   for (int w = 0; w < S; ++w) {
-    double m = in.ring;
+    double m = in.hbm_fixed + in.ring;
     if (w < L) {
       const int j = w;
       for (int i = 0; i < j; ++i) m += in.A * present(i, w);

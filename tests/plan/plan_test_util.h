@@ -16,6 +16,38 @@
 
 namespace lt::test {
 
+// A 2-layer instance with round numbers, checked against hand computation of the slot rules.
+inline Instance two_layer_instance() {
+  Instance in;
+  in.L = 2;
+  in.rho = {1.0, 1.0};
+  in.beta = {3.0, 3.0};
+  in.head_s = 2.0;
+  in.A = 10;
+  in.P = {20, 20};
+  in.G = {20, 20};
+  in.P_head = 40;
+  in.G_head = 40;
+  in.pro_h2d = 10;
+  in.epi_d2h = 10;
+  in.bh = 10;   // 20 bytes of weights take 2 s: weights are exposed in every slot
+  in.bd = 10;
+  in.bb = 15;   // both ways at once: 15 B/s in total
+  in.bnr = 5;
+  in.bnw = 5;
+  in.opt = {0, 0, 0, 0};
+  in.ring = 40;
+  in.ws_fwd = {1, 1};
+  in.ws_bwd = {2, 2};
+  in.ws_head = 3;
+  in.ws_pro = 10;
+  in.hbm_cap = 1000;
+  in.dram_cap = 1000;
+  in.dram_fixed = 100;
+  in.nvme_cap = 1000;
+  return in;
+}
+
 // Times in ms-ish units, bytes in MB-ish units; bandwidths chosen so transfers are comparable to
 // compute (some hidden, some exposed); capacities so that memory binds in some instances.
 inline Instance random_instance(std::mt19937& rng, int L, bool with_opt = true) {

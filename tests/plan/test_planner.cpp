@@ -102,13 +102,13 @@ TEST(Planner, DoesNotFitMessages) {
 
 TEST(Planner, Hybrid8bitSwitchesLargestFirstUntilItFits) {
   auto c = preset_config("qwen2.5-7b");
-  const double fp32 = model_state_dram(c, {});
+  const double fp32 = model_state_bytes(c, {}, {}).dram();
   EXPECT_TRUE(choose_8bit(c, "hybrid", fp32 + 1).empty());
   auto some = choose_8bit(c, "hybrid", fp32 - 10.0 * GiB);
   ASSERT_FALSE(some.empty());
-  EXPECT_LE(model_state_dram(c, some), fp32 - 10.0 * GiB);
+  EXPECT_LE(model_state_bytes(c, some, {}).dram(), fp32 - 10.0 * GiB);
   auto fewer = std::vector<std::string>(some.begin(), some.end() - 1);
-  EXPECT_GT(model_state_dram(c, fewer), fp32 - 10.0 * GiB);  // minimal
+  EXPECT_GT(model_state_bytes(c, fewer, {}).dram(), fp32 - 10.0 * GiB);  // minimal
   for (auto& n : some) EXPECT_NE(n.find("mlp"), std::string::npos) << n;  // the FFN matrices are the largest
   auto all = choose_8bit(c, "adamw8bit", 0);
   EXPECT_EQ(all.size(), size_t(c.layers * 7));

@@ -6,37 +6,7 @@
 namespace lt {
 namespace {
 
-// A 2-layer instance with round numbers, checked against hand computation of the slot rules.
-Instance tiny() {
-  Instance in;
-  in.L = 2;
-  in.rho = {1.0, 1.0};
-  in.beta = {3.0, 3.0};
-  in.head_s = 2.0;
-  in.A = 10;
-  in.P = {20, 20};
-  in.G = {20, 20};
-  in.P_head = 40;
-  in.G_head = 40;
-  in.pro_h2d = 10;
-  in.epi_d2h = 10;
-  in.bh = 10;   // 20 bytes of weights take 2 s: weights are exposed in every slot
-  in.bd = 10;
-  in.bb = 15;   // both ways at once: 15 B/s in total
-  in.bnr = 5;
-  in.bnw = 5;
-  in.opt = {0, 0, 0, 0};
-  in.ring = 40;
-  in.ws_fwd = {1, 1};
-  in.ws_bwd = {2, 2};
-  in.ws_head = 3;
-  in.ws_pro = 10;
-  in.hbm_cap = 1000;
-  in.dram_cap = 1000;
-  in.dram_fixed = 100;
-  in.nvme_cap = 1000;
-  return in;
-}
+Instance tiny() { return test::two_layer_instance(); }
 
 TEST(PlanSimulator, SlotRulesByHand) {
   Instance in = tiny();

@@ -1,0 +1,35 @@
+// The model-state placement decision (docs/planner.md, "Model-state placement"): which master mode,
+// which gradient home and which tensors get 8-bit moments. The planner walks a ladder of choices,
+// cheapest in accuracy first, and keeps the first one whose model state fits and for which the DP
+// finds a plan:
+//   1. gradients host (fp32 accumulators in DRAM), fp32 moments
+//   2. gradients device (bf16, held in HBM: less DRAM, less HBM for activations)      if grads unset
+//   3. + hybrid 8-bit moments (the fewest largest matrices until the state fits)    if optimizer hybrid
+//   4. + bf16-sr master (2 B/param instead of 4)                 if master unset and allow_bf16_master
+// Forced modes (PlanRequest::master / grads) are kept on every rung; adamw and adamw8bit fix the
+// moments on every rung.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "core/model_state.h"
+#include "plan/planner.h"
+#include "plan/state_bytes.h"
+
+namespace lt {
+
+struct StateChoice {
+  StatePlacement placement;
+  std::vector<std::string> q8;  // tensors with 8-bit moments
+};
+
+// The rungs for a request, in order (at least one).
+std::vector<StateChoice> placement_ladder(const PlanRequest& r);
+
+// The model state of a choice fits the profile's DRAM, and its HBM part leaves room on the GPU.
+bool state_fits(const PlanRequest& r, const StateChoice& s);
+
+// "master fp32, gradients device, 12 8-bit tensors": for messages.
+std::string describe_choice(const StateChoice& s);
+
+}  // namespace lt

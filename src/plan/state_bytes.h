@@ -1,0 +1,58 @@
+// Bytes and home of each part of the model state for one placement (issue 15; docs/memory.md).
+// Per parameter, on the bf16-streaming (CUDA) backend:
+//   master + streaming copy  fp32: 4 B (bf16 copy + 16-bit remainder); bf16-sr: 2 B         DRAM
+//   gradients                host: fp32 4 B, pinned                                       DRAM
+//                            device: bf16 2 B held for the whole step (every unit but the
+//                            embedding, whose backward runs on the CPU: fp32 4 B in DRAM)  HBM
+//   moments                  fp32 8 B, or 8-bit 2 B + one fp32 absmax per 256 per moment    DRAM
+//   staging (pinned)         host: 2 bf16 slabs of the largest layer (D2H double buffer);
+//                            device: 3 bf16 buffers of the largest device-held unit          DRAM
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/model_state.h"
+#include "model/model_config.h"
+#include "model/param_layout.h"
+
+namespace lt {
+
+// Optimizer-moment bytes of a tensor of n elements: fp32 m and v (8 B each element), or 8-bit codes
+// with one fp32 absmax per 256 elements for each moment.
+double moment_bytes(int64_t n, bool q8);
+
+// Master + bf16 streaming copy, bytes per parameter.
+double master_bytes_per_param(MasterMode m);
+
+// Whether unit u's gradient is held in HBM: with GradHome::Device every unit but the embedding (the
+// embedding backward runs on the CPU; with tied embeddings that includes the LM head matrix).
+bool grad_held_on_device(const UnitLayout& u, GradHome g);
+
+enum class StateHome : uint8_t { Gpu, Dram, Nvme };
+const char* state_home_name(StateHome h);  // "gpu", "dram", "nvme"
+
+struct StatePart {
+  std::string name;
+  StateHome home = StateHome::Dram;
+  double bytes = 0;
+};
+
+struct StateBytes {
+  StatePlacement placement;
+  int64_t params = 0;           // parameters (tied counted once)
+  int64_t eight_bit_tensors = 0;
+  double master = 0;            // master + streaming copy (DRAM)
+  double grads_host = 0;        // fp32 accumulators in pinned DRAM
+  double grads_device = 0;      // bf16 gradients held in HBM
+  double moments = 0;           // DRAM
+  double staging = 0;           // pinned DRAM receiving the gradient D2H
+  double dram() const { return master + grads_host + moments + staging; }
+  double hbm() const { return grads_device; }
+  // The non-empty parts with a display name ("master + copy (fp32)", "gradients (bf16, device)", ...).
+  std::vector<StatePart> parts() const;
+};
+
+StateBytes model_state_bytes(const ModelConfig& c, const std::vector<std::string>& eight_bit, StatePlacement s);
+
+}  // namespace lt

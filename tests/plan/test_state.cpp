@@ -1,0 +1,263 @@
+// Model-state placement (issue 15): the byte model, the planner's choice of master mode / gradient
+// home / 8-bit moments, forced modes, the "it fits with ..." advice, the plan JSON fields, and the
+// device-gradient accounting in the instance and the simulator.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/units.h"
+#include "plan/fit_advice.h"
+#include "plan/planner.h"
+#include "plan/state_bytes.h"
+#include "plan/state_report.h"
+#include "plan_test_util.h"
+
+namespace lt {
+namespace {
+
+// tiny-qwen3: hidden 64, 2 layers, 4 heads / 2 KV heads of 32, FFN 128, vocab 256, untied, QK norms.
+// Per layer: norms 64 + 64, q 128x64 = 8192, k and v 64x64 = 4096 each, o 64x128 = 8192, q/k norms
+// 32 + 32, gate/up/down 8192 each: 49344 (matrices 49152 in 7 tensors, 192 in 4 vectors).
+// Embedding 256x64 = 16384; head: final norm 64 + lm_head 16384 = 16448.
+constexpr double kLayer = 49344, kEmb = 16384, kHead = 16448;
+constexpr double kN = kEmb + 2 * kLayer + kHead;  // 131520
+// 8-bit moments of one layer's matrices: 2 B per element + 2 moments x 4 B per 256-element block
+// (q 32 blocks, k 16, v 16, o 32, gate/up/down 32 each = 192 blocks).
+constexpr double kLayer8 = 2 * 49152 + 8 * 192;
+constexpr double kMomentsAll8 = 2 * (kLayer8 + 8 * 192) + 8 * (kEmb + kHead);  // vectors, embedding, head: fp32
+
+ModelConfig tiny() { return preset_config("tiny-qwen3"); }
+
+std::vector<std::string> all_matrices(const ModelConfig& c) { return choose_8bit(c, "adamw8bit", 0); }
+
+TEST(PlanState, BytesPerModeByHand) {
+  const auto c = tiny();
+  {
+    const auto b = model_state_bytes(c, {}, {MasterMode::Fp32, GradHome::Host});
+    EXPECT_EQ(b.params, int64_t(kN));
+    EXPECT_DOUBLE_EQ(b.master, 4 * kN);  // bf16 copy + 16-bit remainder
+    EXPECT_DOUBLE_EQ(b.grads_host, 4 * kN);
+    EXPECT_DOUBLE_EQ(b.grads_device, 0);
+    EXPECT_DOUBLE_EQ(b.moments, 8 * kN);
+    EXPECT_DOUBLE_EQ(b.staging, 2 * 2 * kLayer);  // two bf16 slabs of the largest layer
+    EXPECT_DOUBLE_EQ(b.dram(), 16 * kN + 4 * kLayer);
+    EXPECT_DOUBLE_EQ(b.hbm(), 0);
+  }
+  {
+    const auto b = model_state_bytes(c, all_matrices(c), {MasterMode::Bf16Sr, GradHome::Device});
+    EXPECT_DOUBLE_EQ(b.master, 2 * kN);
+    EXPECT_DOUBLE_EQ(b.grads_device, 2 * (2 * kLayer + kHead));  // bf16, every unit but the embedding
+    EXPECT_DOUBLE_EQ(b.grads_host, 4 * kEmb);                    // the CPU embedding backward's fp32
+    EXPECT_DOUBLE_EQ(b.moments, kMomentsAll8);
+    EXPECT_EQ(b.eight_bit_tensors, 14);
+    EXPECT_DOUBLE_EQ(b.staging, 3 * 2 * kLayer);  // 3 bf16 buffers of the largest held unit
+    EXPECT_DOUBLE_EQ(b.hbm(), 2 * (2 * kLayer + kHead));
+  }
+  // Tied embeddings: the head unit is the final norm only; the tied matrix's gradient stays on the host.
+  const auto t = preset_config("tiny-qwen2");
+  const auto lay = model_layout(t);
+  const auto b = model_state_bytes(t, {}, {MasterMode::Fp32, GradHome::Device});
+  EXPECT_DOUBLE_EQ(b.grads_host, 4.0 * double(t.vocab * t.hidden));
+  EXPECT_DOUBLE_EQ(b.grads_device, 2.0 * double(b.params - t.vocab * t.hidden));
+  EXPECT_EQ(lay.head().params.size(), 1u);
+}
+
+TEST(PlanState, TableListsEveryPart) {
+  const auto c = tiny();
+  const auto s = state_table(model_state_bytes(c, all_matrices(c), {MasterMode::Fp32, GradHome::Device}), int64_t(kN));
+  for (const char* want : {"master + copy (fp32)", "gradients (bf16, held)", "gradients (fp32, embedding)",
+                           "moments (14 8-bit tensors)", "gradient staging ring", "gpu", "dram", "4.00", "total:"})
+    EXPECT_NE(s.find(want), std::string::npos) << want << "\n" << s;
+}
+
+// The DRAM the model state needs on each rung of the ladder (tiny-qwen3, bytes).
+constexpr double kHostFp32 = 16 * kN + 4 * kLayer;                                   // 2301696
+constexpr double kDevFp32 = 4 * kN + 4 * kEmb + 6 * kLayer + 8 * kN;                  // 1939840
+constexpr double kDevAll8 = 4 * kN + 4 * kEmb + 6 * kLayer + kMomentsAll8;            // 1353088
+constexpr double kDevAll8Bf16 = 2 * kN + 4 * kEmb + 6 * kLayer + kMomentsAll8;        // 1090048
+
+PlanRequest tiny_request(double dram) {
+  PlanRequest r;
+  r.model = tiny();
+  r.batch = 1;
+  r.seq = 64;
+  r.profile = load_profile_file(lt::testing::repo_root().string() + "/configs/profiles/h200.json");
+  r.profile.dram_bytes = int64_t(dram);
+  r.milp.time_limit_s = 10;
+  return r;
+}
+
+void expect_choice(const PlanOutcome& o, MasterMode m, GradHome g, bool eight_bit) {
+  ASSERT_TRUE(o.feasible) << o.why;
+  EXPECT_EQ(o.placement.master, m);
+  EXPECT_EQ(o.placement.grads, g);
+  EXPECT_EQ(o.plan.placement.master, m);
+  EXPECT_EQ(o.plan.placement.grads, g);
+  EXPECT_EQ(o.plan.optimizer_8bit.empty(), !eight_bit);
+  EXPECT_LE(o.state.dram(), double(o.plan.dram_cap));
+}
+
+TEST(PlanState, AutoChoiceOrder) {
+  EXPECT_DOUBLE_EQ(kHostFp32, 2301696);
+  EXPECT_DOUBLE_EQ(kDevFp32, 1939840);
+  EXPECT_DOUBLE_EQ(kDevAll8, 1353088);
+  EXPECT_DOUBLE_EQ(kDevAll8Bf16, 1090048);
+  expect_choice(make_plan(tiny_request(kHostFp32 + 1e5)), MasterMode::Fp32, GradHome::Host, false);
+  expect_choice(make_plan(tiny_request(kDevFp32 + 1e5)), MasterMode::Fp32, GradHome::Device, false);
+  expect_choice(make_plan(tiny_request(kDevAll8 + 1e5)), MasterMode::Fp32, GradHome::Device, true);
+  auto r = tiny_request(kDevAll8Bf16 + 1e5);
+  EXPECT_FALSE(make_plan(r).feasible);  // bf16-sr only when allowed
+  r.allow_bf16_master = true;
+  expect_choice(make_plan(r), MasterMode::Bf16Sr, GradHome::Device, true);
+  // The device rung holds the gradients in HBM: the GPU peak includes them.
+  const auto o = make_plan(tiny_request(kDevFp32 + 1e5));
+  EXPECT_DOUBLE_EQ(o.inst.hbm_fixed, o.state.hbm());
+  EXPECT_GE(double(o.sim.pred.peak_hbm), o.state.hbm() + o.inst.ring);
+}
+
+TEST(PlanState, ForcedModesRespected) {
+  auto r = tiny_request(kDevFp32 + 1e5);
+  r.grads = GradHome::Host;  // host + fp32 moments does not fit: 8-bit moments instead of device gradients
+  expect_choice(make_plan(r), MasterMode::Fp32, GradHome::Host, true);
+  r = tiny_request(1e9);
+  r.grads = GradHome::Device;
+  r.master = MasterMode::Bf16Sr;
+  expect_choice(make_plan(r), MasterMode::Bf16Sr, GradHome::Device, false);
+  r = tiny_request(kDevAll8Bf16 + 1e5);
+  r.master = MasterMode::Fp32;
+  r.allow_bf16_master = true;  // forced fp32 wins over the permission
+  EXPECT_FALSE(make_plan(r).feasible);
+  r = tiny_request(kDevFp32 + 1e5);
+  r.optimizer = "adamw";
+  expect_choice(make_plan(r), MasterMode::Fp32, GradHome::Device, false);
+}
+
+// The advice names a change; the request with that change (planned as asked: MILP, side-by-side) fits.
+void expect_advice(PlanRequest r, const std::string& change) {
+  const auto o = make_plan(r);
+  ASSERT_FALSE(o.feasible);
+  EXPECT_NE(o.why.find("; it fits with " + change), std::string::npos) << o.why;
+  const auto a = fit_advice(r);
+  EXPECT_EQ(a.change, change);
+  const auto fixed = make_plan(a.request);
+  EXPECT_TRUE(fixed.feasible) << fixed.why;
+}
+
+TEST(PlanState, AdviceNamesAChangeThatFits) {
+  {
+    auto r = tiny_request(kDevFp32 + 1e5);
+    r.grads = GradHome::Host;
+    r.optimizer = "adamw";
+    expect_advice(r, "gradients: device");
+  }
+  {
+    auto r = tiny_request(kDevFp32 - 1e5);
+    r.optimizer = "adamw";
+    expect_advice(r, "optimizer: hybrid");
+  }
+  expect_advice(tiny_request(kDevAll8Bf16 + 1e5), "master_weights: bf16-sr");
+  {
+    auto r = tiny_request(kDevAll8Bf16 - 1e5);
+    r.allow_bf16_master = true;
+    expect_advice(r, "host_mem >= 1 GiB");
+  }
+  {
+    // The GPU is short at this batch: the largest batch that fits.
+    auto r = tiny_request(1e12);
+    r.model = preset_config("qwen2.5-0.5b");
+    r.seq = 1024;
+    r.profile.hbm_bytes = 6 * GiB;
+    r.profile.hbm_reserve = GiB;
+    r.batch = 512;
+    const int64_t b = max_feasible_batch(r, "dp", 511);
+    ASSERT_GT(b, 1);
+    expect_advice(r, fmt::format("batch <= {}", b));
+  }
+}
+
+TEST(PlanState, AdviceListsWhatWasTriedWhenNothingFits) {
+  auto r = tiny_request(1e12);
+  r.profile.hbm_bytes = 100 * KiB;  // not even the weight ring (2 x 96 KiB) fits
+  r.profile.hbm_reserve = 0;
+  const auto o = make_plan(r);
+  ASSERT_FALSE(o.feasible);
+  EXPECT_EQ(o.why.rfind("does not fit: gpu short by ", 0), 0u) << o.why;
+  EXPECT_NE(o.why.find("; none of these fits: master_weights: bf16-sr; more host memory; a smaller batch"),
+            std::string::npos) << o.why;
+}
+
+TEST(PlanState, PlanJsonFields) {
+  std::mt19937 rng(5);
+  Instance in = test::random_instance(rng, 4, false);
+  Plan p = test::plan_for(in, {Tier::Gpu, Tier::Cpu, Tier::Gpu, Tier::None, Tier::Gpu});
+  p.placement = {MasterMode::Bf16Sr, GradHome::Device};
+  auto j = plan_to_json(p);
+  EXPECT_EQ(j["master_weights"], "bf16-sr");
+  EXPECT_EQ(j["gradients"], "device");
+  const Plan q = plan_from_json(j);
+  EXPECT_EQ(q.placement.master, MasterMode::Bf16Sr);
+  EXPECT_EQ(q.placement.grads, GradHome::Device);
+  EXPECT_EQ(plan_to_json(q).dump(), j.dump());
+  // A plan written before the fields existed loads with fp32 masters and host gradients.
+  j.erase("master_weights");
+  j.erase("gradients");
+  const Plan old = plan_from_json(j);
+  EXPECT_EQ(old.placement.master, MasterMode::Fp32);
+  EXPECT_EQ(old.placement.grads, GradHome::Host);
+  j["gradients"] = "disk";
+  try {
+    plan_from_json(j, "p.json");
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("p.json: gradients: expected host or device, got 'disk'"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(PlanState, DeviceGradientsInTheInstance) {
+  const auto c = tiny();
+  const auto prof = load_profile_file(lt::testing::repo_root().string() + "/configs/profiles/h200.json");
+  InstanceOptions o;
+  const Instance host = make_instance(c, 1, 64, prof, o);
+  o.placement.grads = GradHome::Device;
+  const Instance dev = make_instance(c, 1, 64, prof, o);
+  EXPECT_DOUBLE_EQ(host.hbm_fixed, 0);
+  EXPECT_DOUBLE_EQ(dev.hbm_fixed, 2 * (2 * kLayer + kHead));
+  EXPECT_DOUBLE_EQ(dev.hbm_room(), host.hbm_cap - dev.hbm_fixed);
+  EXPECT_TRUE(host.opt_d2h.empty());
+  for (int j = 0; j < dev.L; ++j) {
+    EXPECT_DOUBLE_EQ(host.d_B(j), j < dev.L - 1 ? 2 * kLayer : 2 * kHead);
+    EXPECT_DOUBLE_EQ(dev.d_B(j), 0);  // no gradient D2H in the backward
+  }
+  EXPECT_DOUBLE_EQ(dev.epilogue(), dev.pcie(0, dev.A));  // only the boundary-0 gradient
+  ASSERT_EQ(dev.opt_d2h.size(), size_t(dev.L + 2));
+  EXPECT_DOUBLE_EQ(dev.opt_d2h[0], 2 * kLayer / prof.d2h_bw);
+  EXPECT_DOUBLE_EQ(dev.opt_d2h[size_t(dev.L)], 2 * kHead / prof.d2h_bw);
+  EXPECT_DOUBLE_EQ(dev.opt_d2h[size_t(dev.L + 1)], 0);
+  EXPECT_DOUBLE_EQ(dev.dram_fixed, model_state_bytes(c, {}, o.placement).dram());
+  EXPECT_LT(dev.dram_fixed, host.dram_fixed);
+}
+
+// The simulator with held gradients, by hand on a 2-layer instance (test_simulator.cpp's numbers).
+TEST(PlanState, SimulatorWithHeldGradientsByHand) {
+  Instance in = test::two_layer_instance();
+  in.G = {0, 0};
+  in.G_head = 0;
+  in.opt = {1, 1, 1, 1};
+  in.opt_d2h = {3, 0.5, 0.5, 0};  // layer 0's gradient takes 3 s to come down: its update waits
+  in.hbm_fixed = 100;
+  const auto O = in.opt_done();
+  EXPECT_EQ(O, (std::vector<double>{4, 5, 6, 7}));  // max(previous update, gradient down) + update
+  auto r = simulate(in, test::plan_for(in, {Tier::Gpu, Tier::Gpu, Tier::Gpu}));
+  // prologue at O0 = 4: 3; F0 (waits O1 = 5): 2; F1 (waits O2 = 6): 4; H: 2; B1: max(3, 20/10) = 3;
+  // B0: 3; epilogue: boundary-0 gradient 10/10 = 1.
+  EXPECT_DOUBLE_EQ(r.pred.step_s, 4 + 3 + 2 + 4 + 2 + 3 + 3 + 1);
+  EXPECT_DOUBLE_EQ(r.pred.exposed_d2h_s, 1);
+  EXPECT_EQ(r.pred.peak_hbm, 73 + 100);  // the held gradients on top of the head slot's 73
+  in.hbm_cap = 172;
+  EXPECT_FALSE(simulate(in, test::plan_for(in, {Tier::Gpu, Tier::Gpu, Tier::Gpu})).fits);
+}
+
+}  // namespace
+}  // namespace lt
