@@ -38,8 +38,10 @@ std::string totals(const Totals& tot, const Caps& caps) {
 }
 
 std::string header(const StateBytes& s, int64_t params) {
-  return fmt::format("memory (master {}, gradients {}; {:.2f}B params):\n", master_mode_name(s.placement.master),
-                     grad_home_name(s.placement.grads), double(params) / 1e9);
+  const std::string n = params >= 100'000'000 ? fmt::format("{:.2f}B", double(params) / 1e9)
+                                               : fmt::format("{:.2f}M", double(params) / 1e6);
+  return fmt::format("memory (master {}, gradients {}; {} params):\n", master_mode_name(s.placement.master),
+                     grad_home_name(s.placement.grads), n);
 }
 
 // The plan's own memory beside the model state's: the GPU peak's working part, the checkpoints.

@@ -74,6 +74,7 @@ const std::vector<Field>& fields() {
       {"profile", &C::profile},
       {"optimizer", &C::optimizer},
       {"master_weights", &C::master_weights},
+      {"gradients", &C::gradients},
       {"backend", &C::backend},
       {"threads", &C::threads},
       {"peak_tflops", &C::peak_tflops},
@@ -314,7 +315,8 @@ void validate_config(const TrainConfig& c) {
   one_of("overlong", c.overlong, {"truncate", "skip"});
   one_of("lr_scheduler_type", c.lr_scheduler_type, {"constant", "linear", "cosine"});
   one_of("optimizer", c.optimizer, {"adamw", "adamw8bit", "hybrid"});
-  one_of("master_weights", c.master_weights, {"fp32", "bf16-sr"});
+  one_of("master_weights", c.master_weights, {"fp32", "bf16-sr", "auto"});
+  one_of("gradients", c.gradients, {"host", "device", "auto"});
   one_of("backend", c.backend, {"auto", "cpu", "cuda"});
   one_of("save_dtype", c.save_dtype, {"bf16", "fp32"});
   (void)canonical_planner(c.planner);  // the same names as `plan --planner` (plan/heuristics.h); resolved in planning

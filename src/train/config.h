@@ -63,7 +63,8 @@ struct TrainConfig {
   std::string planner = "milp";              // kPlannerNames (plan/heuristics.h): milp | dp | megatrain:K | all-gpu | sqrt | cpu-all
   std::string profile;                       // resource profile JSON or preset; empty = measure/estimate
   std::string optimizer = "adamw";           // adamw | adamw8bit | hybrid
-  std::string master_weights = "fp32";       // fp32 (exact; 4 B/param with its bf16 copy) | bf16-sr
+  std::string master_weights = "fp32";       // fp32 (exact; 4 B/param with its bf16 copy) | bf16-sr | auto
+  std::string gradients = "auto";            // where the step's gradient waits for the norm: host | device | auto
   std::string backend = "auto";              // auto | cpu | cuda
   int64_t threads = 0;                       // CPU threads; 0 = all cores
   double peak_tflops = 0;                    // MFU denominator; 0 = by device (989 on H100/H200 class)

@@ -13,9 +13,11 @@
 #include "core/error.h"
 #include "plan/heuristics.h"
 #include "core/host_memory.h"
+#include "plan/state_report.h"
 #include "core/log.h"
 #include "core/timer.h"
 #include "core/units.h"
+#include "exec/executor.h"
 #include "exec/plan_adapter.h"
 #include "model/accounting.h"
 #include "optim/throughput.h"
@@ -123,6 +125,10 @@ TrainingPlan make_training_plan(const TrainConfig& cfg, const ModelConfig& model
   r.planner = canonical_planner(cfg.planner);  // one list of names: plan/heuristics.h
   r.optimizer = cfg.optimizer;
   r.micro_batches = int(cfg.gradient_accumulation_steps);  // predictions per optimizer step, as measured
+  // The model-state placement: what the config fixes, the rest the planner's choice (plan/placement.h).
+  if (cfg.master_weights == "auto") r.allow_bf16_master = true;
+  else r.master = parse_master_mode(cfg.master_weights);
+  if (cfg.gradients != "auto") r.grads = parse_grad_home(cfg.gradients);
   r.compare = false;
   const double t0 = now_seconds();
   PlanOutcome o = make_plan(r);
@@ -131,6 +137,9 @@ TrainingPlan make_training_plan(const TrainConfig& cfg, const ModelConfig& model
 
   tp.exec = exec_plan_from(o.plan, model);  // o.plan.predicted is the chosen candidate's o.sim.pred
   tp.tensors_8bit.insert(o.plan.optimizer_8bit.begin(), o.plan.optimizer_8bit.end());
+  tp.placement = o.placement;
+  tp.embedding_on_device = embedding_on_device(model, tp.exec);
+  tp.state_table = memory_table(o);
   tp.planner = o.chosen.empty() ? r.planner : o.chosen;
   tp.predicted_step_s = o.sim.pred.step_s;
   tp.predicted_tflops = o.sim.pred.tflops;
@@ -149,12 +158,12 @@ TrainingPlan make_training_plan(const TrainConfig& cfg, const ModelConfig& model
       "plan: {} planner chose '{}' in {:.2f} s (profile '{}', device {})\n"
       "  boundaries: {} gpu, {} cpu, {} nvme, {} recomputed | {} recompute blocks | chunk {} of {} samples | ring {}\n"
       "  tiers: {}\n"
-      "  optimizer: {} ({} tensors / {} params with 8-bit moments)\n"
+      "  optimizer: {} ({} tensors / {} params with 8-bit moments); master weights {}, gradients on the {}\n"
       "  predicted: {:.3f} s/step, {:.3f} TFLOPS, exposed transfer {:.1f} ms, exposed optimizer {:.1f} ms\n"
       "  memory: device peak {} of {}, host {} of {}, nvme {} of {}\n",
       r.planner, tp.planner, plan_s, r.profile.name, device_name, n_gpu, n_cpu, n_nvme, n_none,
       o.plan.blocks.size(), o.plan.chunk, o.plan.batch, o.plan.ring, describe_tiers(o.plan), cfg.optimizer,
-      o.eight_bit_tensors, o.eight_bit_params, tp.predicted_step_s, tp.predicted_tflops,
+      o.eight_bit_tensors, o.eight_bit_params, master_mode_name(o.placement.master), grad_home_name(o.placement.grads), tp.predicted_step_s, tp.predicted_tflops,
       1e3 * tp.predicted_exposed_transfer_s, 1e3 * tp.predicted_exposed_optimizer_s,
       format_bytes(double(o.sim.pred.peak_hbm)), format_bytes(double(r.profile.hbm_bytes - r.profile.hbm_reserve)),
       format_bytes(double(o.sim.pred.peak_dram)), format_bytes(double(r.profile.dram_bytes)),

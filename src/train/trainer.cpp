@@ -136,6 +136,7 @@ class TrainSession {
 
   void print_summary() const {
     std::printf("%s", tp_.summary.c_str());
+    std::printf("%s", tp_.state_table.c_str());
     std::printf("training: %s on %s | %lld samples, seq %lld, batch %lld x %lld accumulation | %lld steps "
                 "(%lld per epoch) | %s %s, lr %.3g %s, warmup %lld\n",
                 ms_.model.name.c_str(), bc_.backend->name().c_str(), (long long)data_.train.size(),

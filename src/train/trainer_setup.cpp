@@ -119,9 +119,13 @@ OptimizerSetup optimizer_setup(const TrainConfig& cfg, const TrainingPlan& tp, b
 }
 
 HostStateOptions host_state_options(const TrainConfig& cfg, const TrainingPlan& tp) {
-  (void)tp;
+  (void)cfg;
   HostStateOptions o;
-  o.master = parse_master_mode(cfg.master_weights);
+  o.master = tp.placement.master;
+  o.grads = tp.placement.grads;
+  // The embedding's backward runs on the host when its table is not on the device: its gradient
+  // stays a host one (exec/executor.h embedding_on_device).
+  if (o.grads == GradHome::Device && !tp.embedding_on_device) o.host_grad_units.push_back(0);
   return o;
 }
 
@@ -156,7 +160,7 @@ TrainerState initial_trainer_state(const TrainConfig& cfg, const StepShape& shap
   ts.base_lr = cfg.learning_rate;
   ts.warmup_steps = shape.sched.warmup_steps;
   ts.optimizer = cfg.optimizer;
-  ts.master_weights = cfg.master_weights;
+  ts.master_weights = master_mode_name(tp.placement.master);
   ts.tensors_8bit.assign(tp.tensors_8bit.begin(), tp.tensors_8bit.end());
   ts.model_name = ms.model.name;
   return ts;
@@ -171,9 +175,9 @@ void resume_from(const fs::path& ckpt, const TrainConfig& cfg, const ModelSetup&
            ckpt.string(), saved.batches_per_epoch, ts.batches_per_epoch);
   LT_CHECK(saved.optimizer == cfg.optimizer, "resume: checkpoint '{}' used optimizer '{}', the config says '{}'",
            ckpt.string(), saved.optimizer, cfg.optimizer);
-  LT_CHECK(saved.master_weights == cfg.master_weights,
-           "resume: checkpoint '{}' trained with master_weights '{}', the config says '{}'", ckpt.string(),
-           saved.master_weights, cfg.master_weights);
+  LT_CHECK(saved.master_weights == ts.master_weights,
+           "resume: checkpoint '{}' trained with master_weights '{}', this run's is '{}' (master_weights: {})",
+           ckpt.string(), saved.master_weights, ts.master_weights, cfg.master_weights);
   // bf16-sr: the rounding continues the checkpoint's random stream.
   hook.optimizer().set_sr_seed(rounding_seed(saved.seed));
   if (saved.total_steps != ts.total_steps)
