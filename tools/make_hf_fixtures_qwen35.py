@@ -74,9 +74,15 @@ def models():
         rope_parameters=rope(1e7, 128))
 
 
+BF16_WEIGHTS = True  # --fp32-weights turns it off
+
+
 def randomize(model, gen):
     # Norms near their identity (Qwen3_5RMSNorm scales by 1 + w: w near 0; the gated norm by w: near 1),
-    # the conv wide enough to matter, everything else small normal.
+    # the conv wide enough to matter, everything else small normal. Every weight is then rounded to a
+    # bf16 value (kept in fp32): the reference step is still exact fp32 math, and the GPU's bf16 step
+    # (HybridHfStepBf16) is measured against it without the weight rounding, which on models this small
+    # already moved gradient cosines to 0.98 by itself (docs/notes.md 0b).
     with torch.no_grad():
         for name, p in model.named_parameters():
             r = torch.randn(p.shape, generator=gen)
@@ -92,6 +98,8 @@ def randomize(model, gen):
                 p.copy_(0.5 * r)
             else:
                 p.copy_(0.08 * r)
+            if BF16_WEIGHTS:
+                p.copy_(p.to(torch.bfloat16).float())
 
 
 def batch(gen):
@@ -204,7 +212,10 @@ def main():
     ap.add_argument("--out", default=os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
                                                                    "tests", "fixtures", "hf")))
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--fp32-weights", action="store_true", help="keep the random weights in full fp32 precision")
     a = ap.parse_args()
+    global BF16_WEIGHTS
+    BF16_WEIGHTS = not a.fp32_weights
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -220,7 +231,8 @@ def main():
     make_composite(kw, first, a.out, dev)
     with open(os.path.join(a.out, "PROVENANCE_qwen35.json"), "w") as f:
         json.dump({"script": "tools/make_hf_fixtures_qwen35.py", "torch": torch.__version__,
-                   "transformers": transformers.__version__, "device": a.device, "batch": B, "seq": S}, f, indent=1,
+                   "transformers": transformers.__version__, "device": a.device, "batch": B, "seq": S,
+                   "bf16_weights": BF16_WEIGHTS}, f, indent=1,
                   sort_keys=True)
         f.write("\n")
 
