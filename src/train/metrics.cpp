@@ -90,6 +90,7 @@ std::string format_console_line(const StepMetrics& m) {
     s += fmt::format(" | exposed optim {:.1f} ms", 1e3 * m.exposed_optimizer_s);
     if (m.exposed_optimizer_pred_s >= 0) s += fmt::format(" (pred {:.1f})", 1e3 * m.exposed_optimizer_pred_s);
   }
+  if (m.breakdown.valid) s += "\n" + format_breakdown(m.breakdown);
   return s;
 }
 
@@ -118,6 +119,7 @@ std::string to_json_line(const StepMetrics& m) {
   if (m.exposed_optimizer_s >= 0) j["exposed_optimizer_s"] = m.exposed_optimizer_s;
   if (m.exposed_optimizer_pred_s >= 0) j["exposed_optimizer_pred_s"] = m.exposed_optimizer_pred_s;
   if (m.optimizer_wait_s >= 0) j["optimizer_wait_s"] = m.optimizer_wait_s;
+  if (m.breakdown.valid) j["breakdown"] = breakdown_json(m.breakdown);
   return j.dump();
 }
 

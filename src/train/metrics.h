@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <string>
 
+#include "train/step_breakdown.h"
+
 #include "model/model_config.h"
 
 namespace lt::train {
@@ -33,6 +35,7 @@ struct StepMetrics {
   double exposed_transfer_s = -1, exposed_transfer_pred_s = -1;
   double exposed_optimizer_s = -1, exposed_optimizer_pred_s = -1;
   double optimizer_wait_s = -1;  // host time blocked on optimizer updates (may overlap queued GPU work)
+  StepBreakdown breakdown;        // where the step's time went (step_breakdown.h)
 };
 
 // FLOP counts for one optimizer step of `tokens` tokens (batch x seq x micro-batches).

@@ -223,6 +223,8 @@ StepMetrics step_metrics(const TrainerState& ts, const StepShape& shape, const S
   m.exposed_optimizer_s = r.exposed_optimizer_s;
   m.exposed_optimizer_pred_s = tp.predicted_exposed_optimizer_s;
   m.optimizer_wait_s = r.update_wait_s;
+  m.breakdown = step_breakdown(r, shape.ga, f.step_time, tp.predicted_step_s, tp.predicted_exposed_transfer_s,
+                               tp.predicted_exposed_optimizer_s);
   return m;
 }
 
