@@ -73,6 +73,7 @@ const std::vector<Field>& fields() {
       {"planner", &C::planner},
       {"profile", &C::profile},
       {"optimizer", &C::optimizer},
+      {"gradients", &C::gradients},
       {"backend", &C::backend},
       {"threads", &C::threads},
       {"peak_tflops", &C::peak_tflops},
@@ -313,6 +314,7 @@ void validate_config(const TrainConfig& c) {
   one_of("overlong", c.overlong, {"truncate", "skip"});
   one_of("lr_scheduler_type", c.lr_scheduler_type, {"constant", "linear", "cosine"});
   one_of("optimizer", c.optimizer, {"adamw", "adamw8bit", "hybrid"});
+  one_of("gradients", c.gradients, {"host", "device"});
   one_of("backend", c.backend, {"auto", "cpu", "cuda"});
   one_of("save_dtype", c.save_dtype, {"bf16", "fp32"});
   (void)canonical_planner(c.planner);  // the same names as `plan --planner` (plan/heuristics.h); resolved in planning

@@ -63,6 +63,7 @@ struct TrainConfig {
   std::string planner = "milp";              // kPlannerNames (plan/heuristics.h): milp | dp | megatrain:K | all-gpu | sqrt | cpu-all
   std::string profile;                       // resource profile JSON or preset; empty = measure/estimate
   std::string optimizer = "adamw";           // adamw | adamw8bit | hybrid
+  std::string gradients = "host";            // host | device: weight gradients held in GPU memory until the norm is known
   std::string backend = "auto";              // auto | cpu | cuda
   int64_t threads = 0;                       // CPU threads; 0 = all cores
   double peak_tflops = 0;                    // MFU denominator; 0 = by device (989 on H100/H200 class)

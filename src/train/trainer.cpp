@@ -78,7 +78,7 @@ class TrainSession {
         probe_(hooks.probe_device ? hooks.probe_device(cfg) : DeviceProbe{}),
         tp_(make_training_plan(cfg, ms_.model, shape_.batch, shape_.seq, probe_.name, probe_.gpu)),
         bc_(make_backend()),
-        st_(*bc_.backend),
+        st_(*bc_.backend, host_state_options()),
         hook_(ms_.layout, load_weights_into(st_), optimizer_setup(cfg, tp_, bc_.gpu)),
         ts_(initial_trainer_state(cfg, shape_, tp_, ms_)),
         logger_(out_ / "metrics.jsonl", cfg.progress_bar, bool(resume_)),
@@ -91,6 +91,7 @@ class TrainSession {
     ExecOptions eo;
     eo.nvme_dir = cfg.nvme_dir.empty() ? fs::path() : fs::path(cfg.nvme_dir);
     eo.timing = true;
+    eo.micro_batches = int32_t(shape_.ga);
     executor_ = std::make_unique<Executor>(ms_.model, *bc_.backend, tp_.exec, st_, eo);
     executor_->set_update_hook(&hook_);
     if (hooks.install_signal_handlers) signals_ = std::make_unique<StopSignals>();
@@ -102,7 +103,7 @@ class TrainSession {
     const double t_start = now_seconds();
     while (ts_.global_step < shape_.total_steps)
       if (!step()) break;
-    hook_.wait_all();
+    wait_updates();
     logger_.finish();
     if (!result_.interrupted && cfg_.save_final && !saved_at_current_ && steps_this_run_ > 0) save();
     result_.train_seconds = now_seconds() - t_start;
@@ -129,6 +130,19 @@ class TrainSession {
     return bc;
   }
 
+  HostStateOptions host_state_options() const {
+    HostStateOptions o;
+    o.grads = parse_grad_home(cfg_.gradients);
+    if (o.grads == GradHome::Device) o.host_grad_units = host_grad_units(ms_.model, tp_.exec);
+    return o;
+  }
+
+  // Every update of the last step done (gradients held on the device are streamed to the optimizer first).
+  void wait_updates() {
+    executor_->flush_updates();
+    hook_.wait_all();
+  }
+
   // The initial weights move into the host state (which owns them from here).
   HostState& load_weights_into(HostState& st) {
     for (int64_t u = 0; u < st.units(); ++u) {
@@ -152,7 +166,7 @@ class TrainSession {
   }
 
   void save() {
-    hook_.wait_all();
+    wait_updates();
     CheckpointContents cc;
     cc.model = &ms_.model;
     cc.layout = &ms_.layout;
@@ -173,7 +187,7 @@ class TrainSession {
   }
 
   void eval_loss() {
-    hook_.wait_all();
+    wait_updates();
     double sum = 0;
     int64_t n = 0;
     std::vector<int32_t> tgt;
