@@ -91,7 +91,7 @@ TEST(CudaBackendRuntime, GradAddAccumulatesAndSumsSquares) {
   o.gpu_mem_cap = int64_t(1) << 30;
   CudaBackend be(tiny(), o);
   const int64_t n = 300001;
-  std::vector<float> a(size_t(n)), g(size_t(n));
+  std::vector<float> a(sz(n)), g(sz(n));
   for (int64_t i = 0; i < n; ++i) {
     a[size_t(i)] = float(i % 17) * 0.25f - 2.0f;
     g[size_t(i)] = float(i % 5) * 0.5f - 1.0f;
