@@ -11,7 +11,7 @@
 //            (seeded, counter-based: reproducible whatever the threading).
 // Gradients
 //   host     accumulated in fp32 in pinned host memory (4 B/param in DRAM), as before.
-//   device   held in HBM in the backend's gradient dtype until the global clipping norm is known,
+//   device   held in HBM in fp32 (the backends' gradient dtype) until the global clipping norm is known,
 //            then streamed down unit by unit through a small pinned staging ring as the optimizer
 //            consumes them (during the next step's forward).
 #pragma once

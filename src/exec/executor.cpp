@@ -102,7 +102,9 @@ class MicroBatchRun {
   void wait_update(int64_t unit) {
     if (!hook_ || waited_[size_t(unit)]) return;
     const double t0 = now_seconds();
+    if (I.dgrads) I.dgrads->before_wait(unit);  // a device-held gradient reached the hook
     hook_->wait(unit);
+    if (I.dgrads) I.dgrads->after_wait(unit);   // its staging slot takes the next gradient
     const double t1 = now_seconds();
     waited_[size_t(unit)] = 1;
     update_wait_ += t1 - t0;
@@ -318,6 +320,23 @@ class MicroBatchRun {
   }
 
   // ---- gradients
+  // Zeroes the buffer the backward accumulates unit's gradient into; a held buffer first waits until the
+  // previous step's gradient left it.
+  void zero_grad(int64_t unit, void* dst, int64_t bytes, bool held) {
+    if (held) I.dgrads->before_write(unit);
+    be.fill_zero(Lane::Compute, dst, bytes, lab("grad.zero", int32_t(unit)));
+  }
+  // Unit's gradient of this micro-batch is complete in dgrad: offloaded to the host or, held on the
+  // device, its sum of squares taken (held_direct) or added into the unit's fp32 accumulator (the sum
+  // of squares with the last micro-batch's addition, as the host does).
+  void grad_done(int64_t unit, void* dgrad, int64_t numel) {
+    double* sumsq = I.d_scal.as<double>() + 2 + unit;
+    if (!I.dgrads) return offload_grad(unit, dgrad, numel);
+    if (I.held_direct) return be.grad_sumsq(dgrad, numel, sumsq, lab("grad.sumsq", int32_t(unit)));
+    auto* acc = static_cast<float*>(I.dgrads->buffer(unit));
+    if (mbi_ == 0) zero_grad(unit, acc, numel * 4, true);
+    be.grad_add(acc, dgrad, numel, mbi_ + 1 == nmb_ ? sumsq : nullptr, lab("grad.add", int32_t(unit)));
+  }
   // D2H of a unit's device gradient to the host; accumulation/conversion on the sink thread.
   void offload_grad(int64_t unit, void* dgrad, int64_t numel) {
     const int64_t bytes = numel * int64_t(I.g_sz);
@@ -497,20 +516,20 @@ void MicroBatchRun::run() {
   char* d_lm_w = nullptr;
   if (I.c.tied) {
     lm_w = I.emb_w.as<char>();
-    d_lm_w = I.emb_g.as<char>();
+    d_lm_w = static_cast<char*>(I.emb_grad);
   } else {
     const int64_t off = lay.head().find("lm_head.weight").offset;
     lm_w = I.head_w.as<char>() + off * int64_t(I.w_sz);
-    d_lm_w = I.head_g.as<char>() + off * int64_t(I.g_sz);
+    d_lm_w = static_cast<char*>(I.head_grad) + off * int64_t(I.g_sz);
   }
   if (train_) {
-    be.fill_zero(Lane::Compute, I.head_g.data(), I.head_g.bytes(), lab("grad.zero", int32_t(L + 1)));
-    if (I.emb_on_device) be.fill_zero(Lane::Compute, I.emb_g.data(), I.emb_g.bytes(), lab("grad.zero", 0));
+    zero_grad(L + 1, I.head_grad, lay.head().numel * int64_t(I.g_sz), I.held_direct);
+    if (I.emb_on_device) zero_grad(0, I.emb_grad, lay.embedding().numel * int64_t(I.g_sz), I.held_direct);
     dy_ = I.pool->acquire(Lane::Compute);
   }
   for_chunks([&](int64_t r0, const DevGeometry& g) {
     be.head_loss(I.head_w.data(), lm_w, I.d_tgt.as<int32_t>() + r0, g, row(X(xbuf_[size_t(L)]), r0), scale_,
-                 train_ ? row(X(dy_), r0) : nullptr, train_ ? I.head_g.data() : nullptr, train_ ? d_lm_w : nullptr,
+                 train_ ? row(X(dy_), r0) : nullptr, train_ ? I.head_grad : nullptr, train_ ? d_lm_w : nullptr,
                  I.d_scal.as<double>(), lab("head", -1));
   });
   {
@@ -519,7 +538,7 @@ void MicroBatchRun::run() {
     xbuf_[size_t(L)] = -1;
     release_offloaded(cur_w_, ev);
   }
-  if (train_) offload_grad(L + 1, I.head_g.data(), lay.head().numel);
+  if (train_) grad_done(L + 1, I.head_grad, lay.head().numel);
   if (!train_) return;
 
   // ---- backward, block by block in reverse
@@ -555,23 +574,23 @@ void MicroBatchRun::run() {
       block_start();
       const void* wt = weights_for_use();
       const int k = gslot_next_++ % 2;
-      void* dw = I.gslot[k].data();
+      void* dw = I.held_direct ? I.dgrads->buffer(j + 1) : I.gslot[k].data();
       be.wait(Lane::Compute, gslot_free_[k]);
-      be.fill_zero(Lane::Compute, dw, I.gslot[k].bytes(), lab("grad.zero", int32_t(j + 1)));
+      zero_grad(j + 1, dw, lay.layer(j).numel * int64_t(I.g_sz), I.held_direct);
       const int dx = I.pool->acquire(Lane::Compute);
       for_chunks([&](int64_t r0, const DevGeometry& g) {
         be.layer_backward(j, wt, g, row(X(xbuf_[size_t(j)]), r0), row(X(dy_), r0), row(X(dx), r0), dw,
                           lab("bwd", int32_t(j)));
       });
       if (j == 0 && I.emb_on_device)
-        be.embed_backward(I.d_ids.as<int32_t>(), T, X(dx), I.emb_g.data(), lab("embed.bwd", 0));
+        be.embed_backward(I.d_ids.as<int32_t>(), T, X(dx), I.emb_grad, lab("embed.bwd", 0));
       end_use();
       const Event ev = use_done_[size_t(use_ - 1)];
       I.pool->release(xbuf_[size_t(j)], {ev});
       xbuf_[size_t(j)] = -1;
       I.pool->release(dy_, {ev});
       dy_ = dx;
-      offload_grad(j + 1, dw, lay.layer(j).numel);
+      grad_done(j + 1, dw, lay.layer(j).numel);
       gslot_free_[k] = last_grad_d2h_;
     }
   }
@@ -579,7 +598,7 @@ void MicroBatchRun::run() {
   // (Executor::train_step).
   cur_w_ = w - 1;
   if (I.emb_on_device) {
-    offload_grad(0, I.emb_g.data(), lay.embedding().numel);
+    grad_done(0, I.emb_grad, lay.embedding().numel);
   } else {
     be.wait(Lane::D2H, be.record(Lane::Compute));
     be.copy(Lane::D2H, I.p_dx0.data(), X(dy_), I.A, lab("dx0.d2h", 0));
@@ -599,6 +618,47 @@ Executor::Executor(const ModelConfig& c, Backend& be, const ExecPlan& plan, Host
 Executor::~Executor() = default;
 
 int64_t Executor::nvme_files_live() const { return impl_->store ? impl_->store->live_files() : 0; }
+
+void Executor::flush_updates() {
+  if (impl_->dgrads) impl_->dgrads->flush();
+}
+
+// After a failed step or eval: drain every lane and worker, drop this step's NVMe files, put gradients
+// whose streaming failed back in line, forget the error.
+void Executor::Impl::recover_from_failure() {
+  try {
+    be.synchronize();
+  } catch (...) {
+  }
+  if (nvme_worker) nvme_worker->drain();
+  sink_worker->drain();
+  if (dgrads) dgrads->recover();  // before clear_error: a skipped copy must still read as failed
+  if (store) store->remove_all();
+  be.clear_error();
+  pool->reset();
+  pool->mark_reserved();
+  be.take_spans();
+}
+
+// The step's per-unit sums of squares (device, or host where the host formed the gradient) into the
+// host state; the update hook gets each unit (grad_ready, or grad_norm_part for a gradient held on the
+// device), then the held gradients start streaming. Returns the global norm.
+double Executor::Impl::report_gradients(int32_t nmb, UpdateHook* hook) {
+  const double* sc = p_scal.as<double>();
+  double total = 0;
+  for (int64_t u = 0; u < L + 2; ++u) {
+    const bool host = (u == 0 && !emb_on_device) || (!dgrads && nmb > 1);
+    st.sumsq(u) = host ? host_sumsq[size_t(u)] : sc[2 + u];
+    total += st.sumsq(u);
+  }
+  if (!hook) return std::sqrt(total);
+  for (int64_t u = 0; u < L + 2; ++u) {
+    if (dgrads && dgrads->held(u)) hook->grad_norm_part(u, st.sumsq(u));
+    else hook->grad_ready(u, st.sumsq(u));
+  }
+  if (dgrads) dgrads->start(hook);
+  return std::sqrt(total);
+}
 
 
 StepResult Executor::train_step(const std::vector<MicroBatch>& mbs) {
@@ -622,7 +682,9 @@ StepResult Executor::train_step(const std::vector<MicroBatch>& mbs) {
   be_.take_spans();
   be_.memory().reset_peaks();
   const int32_t nmb = int32_t(mbs.size());
-  if (nmb > 1 || I.g_sz != 4) {
+  LT_CHECK(!I.held_direct || nmb == 1, "train_step: {} micro-batches, but the gradients held on the device are "
+           "sized for one (set ExecOptions::micro_batches)", nmb);
+  if (!I.dgrads && (nmb > 1 || I.g_sz != 4)) {
     if (I.gslab.empty()) {
       int64_t mx = 0;
       for (auto& u : be_.layout().units) mx = std::max(mx, u.numel);
@@ -671,34 +733,14 @@ StepResult Executor::train_step(const std::vector<MicroBatch>& mbs) {
     be_.copy(Lane::D2H, I.p_scal.data(), I.d_scal.data(), I.d_scal.bytes(), OpLabel{"scalars.d2h", -1, -1});
     be_.synchronize();
   } catch (const std::exception& e) {
-    // Clean up: drain every lane and worker, drop this step's NVMe files, forget the error.
-    try {
-      be_.synchronize();
-    } catch (...) {
-    }
-    if (I.nvme_worker) I.nvme_worker->drain();
-    I.sink_worker->drain();
-    if (I.store) I.store->remove_all();
-    be_.clear_error();
-    I.pool->reset();
-    I.pool->mark_reserved();
-    be_.take_spans();
+    I.recover_from_failure();
     fail("train step failed: {}", e.what());
   }
   const double* sc = I.p_scal.as<double>();
   res.n_tokens = int64_t(sc[1]);
   res.loss = res.n_tokens > 0 ? sc[0] / double(res.n_tokens) : 0.0;
   res.rows = T * nmb;
-  double total = 0;
-  for (int64_t u = 0; u < L + 2; ++u) {
-    const bool host = nmb > 1 || (u == 0 && !I.emb_on_device);
-    const double s = host ? I.host_sumsq[size_t(u)] : sc[2 + u];
-    state_.sumsq(u) = s;
-    total += s;
-  }
-  res.grad_norm = std::sqrt(total);
-  if (hook_)
-    for (int64_t u = 0; u < L + 2; ++u) hook_->grad_ready(u, state_.sumsq(u));
+  res.grad_norm = I.report_gradients(nmb, hook_);
   res.update_wait_s = update_wait;
   for (auto& w : res.windows) res.predicted_exposed_s += w.predicted.exposed * nmb;
   res.peak_device = be_.memory().peak(MemKind::Device);
@@ -719,12 +761,7 @@ double Executor::eval_loss(const MicroBatch& mb, int64_t* n_tokens) {
     be_.synchronize();
     I.pool->reset();
   } catch (const std::exception& e) {
-    try {
-      be_.synchronize();
-    } catch (...) {
-    }
-    be_.clear_error();
-    I.pool->reset();
+    I.recover_from_failure();
     fail("eval failed: {}", e.what());
   }
   be_.take_spans();

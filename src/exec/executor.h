@@ -42,8 +42,10 @@ struct MicroBatch {
 //
 // Gradients held on the device (HostState option GradHome::Device): at the end of the step the executor
 // calls grad_norm_part(u, sumsq) for every such unit (the norm is then known), and later, as each
-// gradient reaches a pinned staging buffer, grad_staged(u, grad, dtype); that buffer stays untouched
-// until wait(u) returned. Units with a host gradient still get grad_ready.
+// gradient reaches a pinned staging buffer, grad_staged(u, grad, dtype) — from a worker thread, possibly
+// during the next train_step or eval_loss, and always before the executor calls wait(u); that buffer
+// stays untouched until wait(u) returned. wait(u) may be called more than once per step (it must be
+// idempotent). Units with a host gradient still get grad_ready.
 class UpdateHook {
  public:
   virtual ~UpdateHook() = default;
@@ -58,6 +60,11 @@ struct ExecOptions {
   std::shared_ptr<IoLayer> io;             // file I/O for the NVMe tier; nullptr = default (O_DIRECT, io_uring)
   int64_t nvme_budget = -1;                // bytes the NVMe tier may use; < 0 = unlimited
   bool timing = true;                      // collect spans and per-window figures
+  // Micro-batches per step the executor is sized for. Matters only with gradients held on the device
+  // (GradHome::Device): 1 = the backward writes into the held buffers (train_step then takes one
+  // micro-batch); > 1 = each micro-batch's gradient is added into fp32 held accumulators on the device
+  // (Backend::grad_add), beside per-micro-batch buffers as with host gradients (any count works).
+  int32_t micro_batches = 1;
 };
 
 struct WindowStats {
@@ -98,32 +105,53 @@ int64_t count_act_buffers(const ExecPlan& p);
 // Otherwise (untied, not resident) both run on the host and only boundary 0 crosses PCIe.
 bool embedding_on_device(const ModelConfig& c, const ExecPlan& p);
 
+// Units whose gradient the executor forms on the host whatever GradHome says (the embedding when it is
+// not on the device): with GradHome::Device, HostStateOptions::host_grad_units must list them.
+std::vector<int64_t> host_grad_units(const ModelConfig& c, const ExecPlan& p);
+
 // Bytes the executor allocates for a plan (what its constructor reserves), so that a planner or a
 // `--batch max` search can use the executor's own numbers. device includes the backend workspace
 // given; pinned excludes HostState (master/stream/grads) and the gradient slabs that only several
-// micro-batches or bf16 gradients need (2 x the largest unit in the grad dtype).
+// micro-batches or bf16 gradients need with host gradients (2 x the largest unit in the grad dtype).
+// With gradients held on the device (grads, micro_batches as ExecOptions::micro_batches) device
+// includes the held gradients of every device-computed unit ("grads.held": in the grad dtype for one
+// micro-batch, replacing the two layer gradient buffers; fp32 accumulators beside them for several)
+// and pinned the staging ring ("grads.staging": GradStream::kSlots x the largest held unit).
 struct ExecMemory {
   int64_t device = 0, pinned = 0, nvme = 0;
 };
-ExecMemory executor_memory(const ModelConfig& c, const ExecPlan& p, BackendDTypes dt, int64_t workspace_bytes);
+ExecMemory executor_memory(const ModelConfig& c, const ExecPlan& p, BackendDTypes dt, int64_t workspace_bytes,
+                           GradHome grads = GradHome::Host, int32_t micro_batches = 1);
 
 class Executor {
  public:
   Executor(const ModelConfig& c, Backend& be, const ExecPlan& plan, HostState& state, ExecOptions opts = {});
-  ~Executor();  // waits for all work, removes its NVMe files and directory, frees its allocations
+  // Waits for all work, removes its NVMe files and directory, frees its allocations. With gradients held
+  // on the device it first streams what is left (flush_updates) and waits for the updates reading its
+  // staging buffers, so the update hook must outlive the executor.
+  ~Executor();
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
 
   void set_update_hook(UpdateHook* hook) { hook_ = hook; }
 
   // Forward + loss + backward of every micro-batch (gradient accumulation; the loss is normalised by
-  // the non-ignored tokens of the whole step), then the global norm and UpdateHook::grad_ready per unit.
-  // On any error (I/O, memory, backend) throws lt::Error after cleaning up: the hook is not called, so
-  // master weights and optimizer state are untouched (host gradients are undefined), this step's NVMe
-  // files are removed, and the executor stays usable.
+  // the non-ignored tokens of the whole step), then the global norm and UpdateHook::grad_ready per unit
+  // (gradients held on the device: grad_norm_part, then they stream to the hook as the next forward
+  // waits for the updates; see flush_updates).
+  // On any error (I/O, memory, backend) throws lt::Error after cleaning up: the hook is not called for
+  // this step, so master weights and optimizer state are untouched (host gradients are undefined), this
+  // step's NVMe files are removed, and the executor stays usable. The previous step's device-held
+  // gradients are not lost: those not yet handed over stream again in the next step or flush_updates.
   StepResult train_step(const std::vector<MicroBatch>& micro_batches);
-  // Mean loss over non-ignored targets of one micro-batch (forward only, no gradients, no update).
+  // Mean loss over non-ignored targets of one micro-batch (forward only, no gradients, no update). Its
+  // forward waits for each unit's update like a step's (streaming device-held gradients as it goes).
   double eval_loss(const MicroBatch& mb, int64_t* n_tokens = nullptr);
+  // Gradients held on the device: issues the copy of every gradient not yet streamed (waiting for
+  // staging slots' updates as needed) and returns once each was handed to the hook, so that the hook's
+  // wait(u) / AdamWHook::wait_all covers the whole step. Call it before waiting for all updates (a
+  // checkpoint save, the end of training); no-op with host gradients.
+  void flush_updates();
 
   // Chrome/Perfetto trace (one track per lane, plus NVMe and host tracks) of the last train_step.
   void write_trace(const std::filesystem::path& path) const;

@@ -8,6 +8,7 @@
 
 #include "exec/act_pool.h"
 #include "exec/executor.h"
+#include "exec/grad_stream.h"
 #include "exec/host_worker.h"
 #include "exec/nvme_store.h"
 #include "exec/weight_ring.h"
@@ -46,11 +47,18 @@ struct Executor::Impl {
   std::vector<int64_t> block_end;          // for a checkpoint s: the e of its block
   RingSchedule ring_sched, eval_sched;
   bool emb_on_device = true;  // embedding_on_device(): device buffers, lookup and backward on the device
+  // Gradients held on the device (GradHome::Device): the held buffers and their streaming; null with
+  // host gradients. held_direct: the backward writes into the held buffers (ExecOptions::micro_batches
+  // == 1), else each micro-batch's gradient is added into fp32 held accumulators.
+  std::unique_ptr<GradStream> dgrads;
+  bool held_direct = false;
+  void* emb_grad = nullptr;   // where the backward writes the embedding's / head's gradient: emb_g /
+  void* head_grad = nullptr;  // head_g, or their held buffers when held_direct
 
   // device
   std::vector<Buffer> ring;
   Buffer emb_w, head_w, emb_g, head_g;
-  Buffer gslot[2];
+  Buffer gslot[2];  // layer gradients of one micro-batch (not allocated when held_direct)
   Buffer d_ids, d_tgt, d_pos, d_seg, d_scal;  // d_scal: loss_sum, n_tokens, sumsq[units]
   std::unique_ptr<ActPool> pool;
   // pinned
@@ -68,6 +76,9 @@ struct Executor::Impl {
   std::vector<std::vector<WindowStats>> trace_windows;  // per micro-batch of the last step
 
   void allocate();
+  void allocate_grads();
+  void recover_from_failure();
+  double report_gradients(int32_t nmb, UpdateHook* hook);
   // Sums of squares of units whose final gradient is formed on the host (several micro-batches, or
   // the host embedding), computed in the pass that forms it.
   std::vector<double> host_sumsq;

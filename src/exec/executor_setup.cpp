@@ -51,16 +51,65 @@ int64_t count_act_buffers(const ExecPlan& p) {
 
 bool embedding_on_device(const ModelConfig& c, const ExecPlan& p) { return p.embedding_resident || c.tied; }
 
-ExecMemory executor_memory(const ModelConfig& c, const ExecPlan& p, BackendDTypes dt, int64_t workspace_bytes) {
+std::vector<int64_t> host_grad_units(const ModelConfig& c, const ExecPlan& p) {
+  if (embedding_on_device(c, p)) return {};
+  return {0};
+}
+
+namespace {
+
+// Device-held units in the order the next forward waits for their updates: the embedding (on the device)
+// and a resident head at its start, the layers, a streamed head in F_{L-1}.
+std::vector<int64_t> held_grad_order(const ModelConfig& c, const ExecPlan& p) {
+  const int64_t L = c.layers;
+  std::vector<int64_t> o;
+  if (embedding_on_device(c, p)) o.push_back(0);
+  if (p.head_resident) o.push_back(L + 1);
+  for (int64_t u = 1; u <= L; ++u) o.push_back(u);
+  if (!p.head_resident) o.push_back(L + 1);
+  return o;
+}
+
+std::vector<int64_t> unit_numels(const ModelLayout& lay) {
+  std::vector<int64_t> n;
+  for (const auto& u : lay.units) n.push_back(u.numel);
+  return n;
+}
+
+// Device and pinned bytes of the weight gradients: per-micro-batch buffers (host gradients, or
+// accumulation into fp32 held buffers) and the held buffers with their staging ring.
+ExecMemory grad_memory(const ModelConfig& c, const ExecPlan& p, const ModelLayout& lay, DType grad, GradHome home,
+                       int32_t micro_batches) {
+  const int64_t g = int64_t(dtype_size(grad));
+  ExecMemory m;
+  const int64_t scratch = (2 * lay.max_layer_numel() + lay.head().numel +
+                           (embedding_on_device(c, p) ? lay.embedding().numel : 0)) * g;
+  if (home == GradHome::Host) {
+    m.device = scratch;
+    return m;
+  }
+  const auto order = held_grad_order(c, p);
+  const auto numel = unit_numels(lay);
+  const DType held = micro_batches > 1 ? DType::F32 : grad;
+  m.device = (micro_batches > 1 ? scratch : 0) + GradStream::device_bytes(order, numel, held);
+  m.pinned = GradStream::pinned_bytes(order, numel, held, GradStream::kSlots);
+  return m;
+}
+
+}  // namespace
+
+ExecMemory executor_memory(const ModelConfig& c, const ExecPlan& p, BackendDTypes dt, int64_t workspace_bytes,
+                           GradHome grads, int32_t micro_batches) {
   const auto lay = model_layout(c);
   const int64_t L = c.layers, T = p.batch * p.seq;
-  const int64_t w = int64_t(dtype_size(dt.weight)), g = int64_t(dtype_size(dt.grad)), a = int64_t(dtype_size(dt.act));
+  const int64_t w = int64_t(dtype_size(dt.weight)), a = int64_t(dtype_size(dt.act));
   const int64_t A = T * c.hidden * a, Apad = io_round_up(A), ln = lay.max_layer_numel();
+  const ExecMemory gm = grad_memory(c, p, lay, dt.grad, grads, micro_batches);
   ExecMemory m;
-  m.device = p.ring * ln * w + 2 * ln * g + lay.head().numel * (w + g) + 4 * T * 4 + (2 + L + 2) * 8 +
-             count_act_buffers(p) * A + workspace_bytes;
-  if (embedding_on_device(c, p)) m.device += lay.embedding().numel * (w + g);
-  m.pinned = 4 * T * 4 + (2 + L + 2) * 8;
+  m.device = p.ring * ln * w + lay.head().numel * w + 4 * T * 4 + (2 + L + 2) * 8 + count_act_buffers(p) * A +
+             workspace_bytes + gm.device;
+  if (embedding_on_device(c, p)) m.device += lay.embedding().numel * w;
+  m.pinned = 4 * T * 4 + (2 + L + 2) * 8 + gm.pinned;
   if (!embedding_on_device(c, p)) m.pinned += 2 * A;  // host lookup: boundary 0 and its gradient
   int64_t n_cpu = 0, n_nvme = 0;
   for (int64_t i = 0; i < L; ++i) {
@@ -102,6 +151,12 @@ Executor::Impl::Impl(Executor& e) : ex(e), be(e.be_), P(e.plan_), st(e.state_), 
   for (int64_t i = 0; i < L; ++i)
     if (P.tier[size_t(i)] == CkptTier::Cpu || P.tier[size_t(i)] == CkptTier::Nvme) traffic[size_t(i)] = effective_traffic(P, i);
   emb_on_device = embedding_on_device(c, P);
+  LT_CHECK(ex.opts_.micro_batches >= 1, "executor: ExecOptions::micro_batches must be >= 1, got {}",
+           ex.opts_.micro_batches);
+  if (st.options().grads == GradHome::Device)
+    for (int64_t u : host_grad_units(c, P))
+      LT_CHECK(st.has_host_grad(u), "executor: gradients are held on the device, but unit {} (the embedding, "
+               "looked up on the host) needs a host gradient: list host_grad_units() in HostStateOptions", u);
   if (!emb_on_device)
     LT_CHECK(dt.act == dt.weight, "executor: host embedding needs activation dtype {} == weight dtype {}",
              dtype_name(dt.act), dtype_name(dt.weight));
@@ -136,13 +191,9 @@ void Executor::Impl::allocate() {
          format_bytes(double(ex.opts_.nvme_budget)));
   // Device.
   for (int k = 0; k < P.ring; ++k) ring.emplace_back(be, MemKind::Device, layer_numel * int64_t(w_sz), "weights.ring");
-  if (emb_on_device) {
-    emb_w = Buffer(be, MemKind::Device, lay.embedding().numel * int64_t(w_sz), "weights.embedding");
-    emb_g = Buffer(be, MemKind::Device, lay.embedding().numel * int64_t(g_sz), "grads.embedding");
-  }
+  if (emb_on_device) emb_w = Buffer(be, MemKind::Device, lay.embedding().numel * int64_t(w_sz), "weights.embedding");
   head_w = Buffer(be, MemKind::Device, lay.head().numel * int64_t(w_sz), "weights.head");
-  head_g = Buffer(be, MemKind::Device, lay.head().numel * int64_t(g_sz), "grads.head");
-  for (auto& g : gslot) g = Buffer(be, MemKind::Device, layer_numel * int64_t(g_sz), "grads.layer");
+  allocate_grads();
   const int64_t ib = T * 4;
   d_ids = Buffer(be, MemKind::Device, ib, "batch.inputs");
   d_tgt = Buffer(be, MemKind::Device, ib, "batch.inputs");
@@ -178,7 +229,27 @@ void Executor::Impl::allocate() {
   be.set_timing(ex.opts_.timing);
 }
 
+// Weight gradient buffers on the device: per micro-batch (host gradients, or several micro-batches
+// accumulated into held fp32 buffers) and, with GradHome::Device, the held buffers and their stream.
+void Executor::Impl::allocate_grads() {
+  const auto& lay = be.layout();
+  const bool device = st.options().grads == GradHome::Device;
+  held_direct = device && ex.opts_.micro_batches == 1;
+  if (!held_direct) {
+    if (emb_on_device) emb_g = Buffer(be, MemKind::Device, lay.embedding().numel * int64_t(g_sz), "grads.embedding");
+    head_g = Buffer(be, MemKind::Device, lay.head().numel * int64_t(g_sz), "grads.head");
+    for (auto& g : gslot) g = Buffer(be, MemKind::Device, lay.max_layer_numel() * int64_t(g_sz), "grads.layer");
+  }
+  if (device) {
+    const DType held = held_direct ? be.dtypes().grad : DType::F32;
+    dgrads = std::make_unique<GradStream>(be, held_grad_order(c, P), unit_numels(lay), held, GradStream::kSlots);
+  }
+  emb_grad = held_direct && emb_on_device ? dgrads->buffer(0) : emb_g.data();
+  head_grad = held_direct ? dgrads->buffer(L + 1) : head_g.data();
+}
+
 Executor::Impl::~Impl() {
+  dgrads.reset();  // streams what is left and waits for the updates reading its staging slots
   try {
     be.synchronize();
   } catch (const std::exception& e) {

@@ -36,19 +36,35 @@ AdamWHook::AdamWHook(const ModelLayout& layout, HostState& st, const OptimizerSe
   opt_ = owned_.get();
 }
 
+void AdamWHook::begin_step(float lr) {
+  if (st_.options().grads == GradHome::Host) return opt_->begin_step(lr);
+  deferred_ = true;
+  deferred_lr_ = lr;
+}
+
+void AdamWHook::begin_deferred() {
+  if (!deferred_) return;
+  deferred_ = false;
+  opt_->begin_step(deferred_lr_);
+}
+
 void AdamWHook::submit(int64_t unit, const optim::UnitBuffers& b) {
   opt_->submit(int(unit), b);
   rebuild_[size_t(unit)] = st_.stream_rebuilt();
 }
 
 void AdamWHook::grad_ready(int64_t unit, double sumsq) {
+  begin_deferred();
   submit(unit, st_.update_buffers(unit));
   // The optimizer fixes the exact global norm (and the clip factor) once every unit reported its
   // partial sum of squares, then runs the queued updates.
   opt_->add_grad_sumsq(int(unit), sumsq);
 }
 
-void AdamWHook::grad_norm_part(int64_t unit, double sumsq) { opt_->add_grad_sumsq(int(unit), sumsq); }
+void AdamWHook::grad_norm_part(int64_t unit, double sumsq) {
+  begin_deferred();
+  opt_->add_grad_sumsq(int(unit), sumsq);
+}
 
 void AdamWHook::grad_staged(int64_t unit, const void* grad, DType dtype) {
   LT_CHECK(dtype == DType::F32 || dtype == DType::BF16, "internal: staged gradient of unit {} in {}", unit,

@@ -34,7 +34,10 @@ class AdamWHook final : public UpdateHook {
   // Owns an optimizer built for the layout's units from s.
   AdamWHook(const ModelLayout& layout, HostState& st, const OptimizerSetup& s);
 
-  void begin_step(float lr) { opt_->begin_step(lr); }
+  // With gradients held on the device the previous step's gradients are still being handed over
+  // (grad_staged) during the next train_step, so the optimizer's step begins at the first gradient
+  // report of the new step (grad_ready / grad_norm_part) instead of here.
+  void begin_step(float lr);
   void grad_ready(int64_t unit, double sumsq) override;
   void grad_norm_part(int64_t unit, double sumsq) override;
   void grad_staged(int64_t unit, const void* grad, DType dtype) override;
@@ -48,7 +51,11 @@ class AdamWHook final : public UpdateHook {
   std::unique_ptr<optim::CpuAdamW> owned_;
   optim::CpuAdamW* opt_;
   HostState& st_;
+  void begin_deferred();
+
   std::vector<char> rebuild_;  // units whose rebuilt streaming copy is stale (HostState::stream_rebuilt)
+  bool deferred_ = false;      // begin_step(deferred_lr_) still to do (gradients held on the device)
+  float deferred_lr_ = 0;
 };
 
 }  // namespace lt

@@ -88,12 +88,12 @@ void set_optimizer_times(Instance& in, const ModelConfig& c, const ModelLayout& 
 
 // Gradients held on the device: no gradient D2H in the backward slots (a tied LM head's matrix
 // gradient still goes down in B_{L-1}, to the CPU embedding's accumulator) nor in the epilogue;
-// instead each held unit's bf16 gradient streams down before its update (opt_d2h, update order).
+// instead each held unit's fp32 gradient streams down before its update (opt_d2h, update order).
 void hold_gradients(Instance& in, const ModelConfig& c, const ModelLayout& lay) {
   std::fill(in.G.begin(), in.G.end(), 0.0);
   in.G_head = c.tied ? 2.0 * double(c.vocab * c.hidden) : 0.0;
-  for (int j = 0; j < in.L; ++j) in.opt_d2h.push_back(2.0 * double(unit_param_count(lay.layer(j))) / in.bd);
-  in.opt_d2h.push_back(2.0 * double(unit_param_count(lay.head())) / in.bd);
+  for (int j = 0; j < in.L; ++j) in.opt_d2h.push_back(4.0 * double(unit_param_count(lay.layer(j))) / in.bd);
+  in.opt_d2h.push_back(4.0 * double(unit_param_count(lay.head())) / in.bd);
   in.opt_d2h.push_back(0.0);  // the embedding's gradient is on the host
 }
 

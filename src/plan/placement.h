@@ -3,7 +3,7 @@
 // cheapest in accuracy first, and keeps the first one whose model state fits and for which the DP
 // finds a plan:
 //   1. gradients host (fp32 accumulators in DRAM), fp32 moments
-//   2. gradients device (bf16, held in HBM: less DRAM, less HBM for activations)      if grads unset
+//   2. gradients device (fp32, held in HBM: less DRAM, less HBM for activations)      if grads unset
 //   3. + hybrid 8-bit moments (the fewest largest matrices until the state fits)    if optimizer hybrid
 //   4. + bf16-sr master (2 B/param instead of 4)                 if master unset and allow_bf16_master
 // Forced modes (PlanRequest::master / grads) are kept on every rung; adamw and adamw8bit fix the

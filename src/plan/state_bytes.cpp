@@ -30,7 +30,7 @@ StateBytes model_state_bytes(const ModelConfig& c, const std::vector<std::string
     const bool held = grad_held_on_device(u, s.grads);
     b.params += int64_t(n);
     b.master += master_bytes_per_param(s.master) * n;
-    (held ? b.grads_device : b.grads_host) += (held ? 2.0 : 4.0) * n;
+    (held ? b.grads_device : b.grads_host) += 4.0 * n;  // fp32: the backends' gradient dtype
     for (auto& p : u.params) {
       b.moments += moment_bytes(p.numel, q8.count(p.name) > 0);
       b.eight_bit_tensors += q8.count(p.name) > 0;
@@ -38,14 +38,14 @@ StateBytes model_state_bytes(const ModelConfig& c, const std::vector<std::string
     if (u.kind == UnitKind::Layer) largest_layer = std::max(largest_layer, n);
     if (held) largest_held = std::max(largest_held, n);
   }
-  b.staging = s.grads == GradHome::Host ? 2.0 * 2.0 * largest_layer : 3.0 * 2.0 * largest_held;
+  b.staging = s.grads == GradHome::Host ? 2.0 * 2.0 * largest_layer : 3.0 * 4.0 * largest_held;
   return b;
 }
 
 std::vector<StatePart> StateBytes::parts() const {
   std::vector<StatePart> v;
   v.push_back({fmt::format("master + copy ({})", master_mode_name(placement.master)), StateHome::Dram, master});
-  if (grads_device > 0) v.push_back({"gradients (bf16, held)", StateHome::Gpu, grads_device});
+  if (grads_device > 0) v.push_back({"gradients (fp32, held)", StateHome::Gpu, grads_device});
   if (grads_host > 0)
     v.push_back({placement.grads == GradHome::Host ? "gradients (fp32)" : "gradients (fp32, embedding)", StateHome::Dram,
                  grads_host});

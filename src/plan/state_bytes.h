@@ -44,12 +44,12 @@ struct StateBytes {
   int64_t eight_bit_tensors = 0;
   double master = 0;            // master + streaming copy (DRAM)
   double grads_host = 0;        // fp32 accumulators in pinned DRAM
-  double grads_device = 0;      // bf16 gradients held in HBM
+  double grads_device = 0;      // fp32 gradients held in HBM
   double moments = 0;           // DRAM
   double staging = 0;           // pinned DRAM receiving the gradient D2H
   double dram() const { return master + grads_host + moments + staging; }
   double hbm() const { return grads_device; }
-  // The non-empty parts with a display name ("master + copy (fp32)", "gradients (bf16, device)", ...).
+  // The non-empty parts with a display name ("master + copy (fp32)", "gradients (fp32, held)", ...).
   std::vector<StatePart> parts() const;
 };
 

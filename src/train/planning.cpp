@@ -138,7 +138,7 @@ TrainingPlan make_training_plan(const TrainConfig& cfg, const ModelConfig& model
   tp.exec = exec_plan_from(o.plan, model);  // o.plan.predicted is the chosen candidate's o.sim.pred
   tp.tensors_8bit.insert(o.plan.optimizer_8bit.begin(), o.plan.optimizer_8bit.end());
   tp.placement = o.placement;
-  tp.embedding_on_device = embedding_on_device(model, tp.exec);
+  tp.model = model;
   tp.state_table = memory_table(o);
   tp.planner = o.chosen.empty() ? r.planner : o.chosen;
   tp.predicted_step_s = o.sim.pred.step_s;

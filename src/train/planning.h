@@ -21,7 +21,7 @@ struct TrainingPlan {
   std::set<std::string> tensors_8bit;  // hybrid: the tensors the plan switched to 8-bit state
   StatePlacement placement;            // master mode and gradient home (the plan's, or the config's)
   std::string state_table;             // where every byte of the model state lives (start-up report)
-  bool embedding_on_device = true;     // exec/executor.h embedding_on_device() for the plan
+  ModelConfig model;                   // the model planned for
   std::string summary;                 // multi-line: what goes where, predicted TFLOPS, memory per tier
   std::string planner;                 // who made it
   double predicted_step_s = 0, predicted_tflops = 0;

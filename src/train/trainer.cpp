@@ -91,6 +91,7 @@ class TrainSession {
     ExecOptions eo;
     eo.nvme_dir = cfg.nvme_dir.empty() ? fs::path() : fs::path(cfg.nvme_dir);
     eo.timing = true;
+    eo.micro_batches = int32_t(shape_.ga);
     executor_ = std::make_unique<Executor>(ms_.model, *bc_.backend, tp_.exec, st_, eo);
     executor_->set_update_hook(&hook_);
     if (hooks.install_signal_handlers) signals_ = std::make_unique<StopSignals>();
@@ -102,7 +103,7 @@ class TrainSession {
     const double t_start = now_seconds();
     while (ts_.global_step < shape_.total_steps)
       if (!step()) break;
-    hook_.wait_all();
+    wait_updates();
     logger_.finish();
     if (!result_.interrupted && cfg_.save_final && !saved_at_current_ && steps_this_run_ > 0) save();
     result_.train_seconds = now_seconds() - t_start;
@@ -129,6 +130,12 @@ class TrainSession {
     return bc;
   }
 
+  // Every update of the last step done (gradients held on the device are streamed to the optimizer first).
+  void wait_updates() {
+    executor_->flush_updates();
+    hook_.wait_all();
+  }
+
   HostState& load_weights_into(HostState& st) {
     write_initial_weights(ms_, st, int(cfg_.threads));
     return st;
@@ -148,7 +155,7 @@ class TrainSession {
   }
 
   void save() {
-    hook_.wait_all();
+    wait_updates();
     CheckpointContents cc;
     cc.model = &ms_.model;
     cc.layout = &ms_.layout;
@@ -169,7 +176,7 @@ class TrainSession {
   }
 
   void eval_loss() {
-    hook_.wait_all();
+    wait_updates();
     double sum = 0;
     int64_t n = 0;
     std::vector<int32_t> tgt;

@@ -123,9 +123,8 @@ HostStateOptions host_state_options(const TrainConfig& cfg, const TrainingPlan& 
   HostStateOptions o;
   o.master = tp.placement.master;
   o.grads = tp.placement.grads;
-  // The embedding's backward runs on the host when its table is not on the device: its gradient
-  // stays a host one (exec/executor.h embedding_on_device).
-  if (o.grads == GradHome::Device && !tp.embedding_on_device) o.host_grad_units.push_back(0);
+  // Units whose gradient the host computes (the embedding when its table is not on the device).
+  if (o.grads == GradHome::Device) o.host_grad_units = host_grad_units(tp.model, tp.exec);
   return o;
 }
 

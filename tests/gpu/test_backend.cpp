@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <vector>
 
 #include "backend/cuda/cuda_backend.h"
 #include "core/error.h"
@@ -80,6 +81,42 @@ TEST(CudaBackendRuntime, LanesEventsAndPinnedRoundTrip) {
   be.free(h2);
   be.free(d);
   EXPECT_EQ(be.memory().current(MemKind::Pinned), 0);
+}
+
+// Backend::grad_add: fp32 accumulation on the device (gradients held on the device, several
+// micro-batches), with the sum of squares of the result.
+TEST(CudaBackendRuntime, GradAddAccumulatesAndSumsSquares) {
+  REQUIRE_GPU();
+  CudaBackendOptions o;
+  o.gpu_mem_cap = int64_t(1) << 30;
+  CudaBackend be(tiny(), o);
+  const int64_t n = 300001;
+  std::vector<float> a(sz(n)), g(sz(n));
+  for (int64_t i = 0; i < n; ++i) {
+    a[size_t(i)] = float(i % 17) * 0.25f - 2.0f;
+    g[size_t(i)] = float(i % 5) * 0.5f - 1.0f;
+  }
+  Allocation ha = be.alloc(MemKind::Pinned, n * 4, "pin"), hg = be.alloc(MemKind::Pinned, n * 4, "pin");
+  Allocation da = be.alloc(MemKind::Device, n * 4, "dev"), dg = be.alloc(MemKind::Device, n * 4, "dev");
+  Allocation ds = be.alloc(MemKind::Device, 8, "dev"), hs = be.alloc(MemKind::Pinned, 8, "pin");
+  std::memcpy(ha.ptr, a.data(), size_t(n) * 4);
+  std::memcpy(hg.ptr, g.data(), size_t(n) * 4);
+  be.copy(Lane::Compute, da.ptr, ha.ptr, n * 4, {"t", -1, -1});
+  be.copy(Lane::Compute, dg.ptr, hg.ptr, n * 4, {"t", -1, -1});
+  be.fill_zero(Lane::Compute, ds.ptr, 8, {"t", -1, -1});
+  be.grad_add(static_cast<float*>(da.ptr), dg.ptr, n, nullptr, {"t", -1, -1});
+  be.grad_add(static_cast<float*>(da.ptr), dg.ptr, n, static_cast<double*>(ds.ptr), {"t", -1, -1});
+  be.copy(Lane::Compute, ha.ptr, da.ptr, n * 4, {"t", -1, -1});
+  be.copy(Lane::Compute, hs.ptr, ds.ptr, 8, {"t", -1, -1});
+  be.synchronize();
+  double ss = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float want = (a[size_t(i)] + g[size_t(i)]) + g[size_t(i)];
+    ASSERT_EQ(static_cast<float*>(ha.ptr)[i], want) << i;
+    ss += double(want) * double(want);
+  }
+  EXPECT_NEAR(*static_cast<double*>(hs.ptr), ss, 1e-9 * ss);
+  for (Allocation* x : {&ha, &hg, &da, &dg, &ds, &hs}) be.free(*x);
 }
 
 TEST(CudaBackendRuntime, BadTokenIdIsReportedAtSynchronize) {

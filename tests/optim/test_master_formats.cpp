@@ -106,9 +106,10 @@ TEST(MasterTiles, EveryVectorPathEqualsTheScalarFunctions) {
   for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512}) {
     if (!isa_supported(isa)) continue;
     limit_tile_isa(isa);
-    std::vector<bf16_t> hi(size_t(n)), sr(size_t(n));
-    std::vector<uint16_t> lo(size_t(n));
-    std::vector<float> back(size_t(n)), wide(size_t(n));
+    const auto N = static_cast<size_t>(n);
+    std::vector<bf16_t> hi(N), sr(N);
+    std::vector<uint16_t> lo(N);
+    std::vector<float> back(N), wide(N);
     split_tile(x.data(), hi.data(), lo.data(), n);
     join_tile(hi.data(), lo.data(), back.data(), n);
     widen_tile(hi.data(), wide.data(), n);

@@ -47,35 +47,35 @@ TEST(PlanState, BytesPerModeByHand) {
   {
     const auto b = model_state_bytes(c, all_matrices(c), {MasterMode::Bf16Sr, GradHome::Device});
     EXPECT_DOUBLE_EQ(b.master, 2 * kN);
-    EXPECT_DOUBLE_EQ(b.grads_device, 2 * (2 * kLayer + kHead));  // bf16, every unit but the embedding
+    EXPECT_DOUBLE_EQ(b.grads_device, 4 * (2 * kLayer + kHead));  // fp32, every unit but the embedding
     EXPECT_DOUBLE_EQ(b.grads_host, 4 * kEmb);                    // the CPU embedding backward's fp32
     EXPECT_DOUBLE_EQ(b.moments, kMomentsAll8);
     EXPECT_EQ(b.eight_bit_tensors, 14);
-    EXPECT_DOUBLE_EQ(b.staging, 3 * 2 * kLayer);  // 3 bf16 buffers of the largest held unit
-    EXPECT_DOUBLE_EQ(b.hbm(), 2 * (2 * kLayer + kHead));
+    EXPECT_DOUBLE_EQ(b.staging, 3 * 4 * kLayer);  // 3 fp32 buffers of the largest held unit
+    EXPECT_DOUBLE_EQ(b.hbm(), 4 * (2 * kLayer + kHead));
   }
   // Tied embeddings: the head unit is the final norm only; the tied matrix's gradient stays on the host.
   const auto t = preset_config("tiny-qwen2");
   const auto lay = model_layout(t);
   const auto b = model_state_bytes(t, {}, {MasterMode::Fp32, GradHome::Device});
   EXPECT_DOUBLE_EQ(b.grads_host, 4.0 * double(t.vocab * t.hidden));
-  EXPECT_DOUBLE_EQ(b.grads_device, 2.0 * double(b.params - t.vocab * t.hidden));
+  EXPECT_DOUBLE_EQ(b.grads_device, 4.0 * double(b.params - t.vocab * t.hidden));
   EXPECT_EQ(lay.head().params.size(), 1u);
 }
 
 TEST(PlanState, TableListsEveryPart) {
   const auto c = tiny();
   const auto s = state_table(model_state_bytes(c, all_matrices(c), {MasterMode::Fp32, GradHome::Device}), int64_t(kN));
-  for (const char* want : {"master + copy (fp32)", "gradients (bf16, held)", "gradients (fp32, embedding)",
+  for (const char* want : {"master + copy (fp32)", "gradients (fp32, held)", "gradients (fp32, embedding)",
                            "moments (14 8-bit tensors)", "gradient staging ring", "gpu", "dram", "4.00", "total:"})
     EXPECT_NE(s.find(want), std::string::npos) << want << "\n" << s;
 }
 
 // The DRAM the model state needs on each rung of the ladder (tiny-qwen3, bytes).
 constexpr double kHostFp32 = 16 * kN + 4 * kLayer;                                   // 2301696
-constexpr double kDevFp32 = 4 * kN + 4 * kEmb + 6 * kLayer + 8 * kN;                  // 1939840
-constexpr double kDevAll8 = 4 * kN + 4 * kEmb + 6 * kLayer + kMomentsAll8;            // 1353088
-constexpr double kDevAll8Bf16 = 2 * kN + 4 * kEmb + 6 * kLayer + kMomentsAll8;        // 1090048
+constexpr double kDevFp32 = 4 * kN + 4 * kEmb + 12 * kLayer + 8 * kN;                  // 2235904
+constexpr double kDevAll8 = 4 * kN + 4 * kEmb + 12 * kLayer + kMomentsAll8;            // 1649152
+constexpr double kDevAll8Bf16 = 2 * kN + 4 * kEmb + 12 * kLayer + kMomentsAll8;        // 1386112
 
 PlanRequest tiny_request(double dram) {
   PlanRequest r;
@@ -100,35 +100,35 @@ void expect_choice(const PlanOutcome& o, MasterMode m, GradHome g, bool eight_bi
 
 TEST(PlanState, AutoChoiceOrder) {
   EXPECT_DOUBLE_EQ(kHostFp32, 2301696);
-  EXPECT_DOUBLE_EQ(kDevFp32, 1939840);
-  EXPECT_DOUBLE_EQ(kDevAll8, 1353088);
-  EXPECT_DOUBLE_EQ(kDevAll8Bf16, 1090048);
-  expect_choice(make_plan(tiny_request(kHostFp32 + 1e5)), MasterMode::Fp32, GradHome::Host, false);
-  expect_choice(make_plan(tiny_request(kDevFp32 + 1e5)), MasterMode::Fp32, GradHome::Device, false);
-  expect_choice(make_plan(tiny_request(kDevAll8 + 1e5)), MasterMode::Fp32, GradHome::Device, true);
-  auto r = tiny_request(kDevAll8Bf16 + 1e5);
+  EXPECT_DOUBLE_EQ(kDevFp32, 2235904);
+  EXPECT_DOUBLE_EQ(kDevAll8, 1649152);
+  EXPECT_DOUBLE_EQ(kDevAll8Bf16, 1386112);
+  expect_choice(make_plan(tiny_request(kHostFp32 + 3e4)), MasterMode::Fp32, GradHome::Host, false);
+  expect_choice(make_plan(tiny_request(kDevFp32 + 3e4)), MasterMode::Fp32, GradHome::Device, false);
+  expect_choice(make_plan(tiny_request(kDevAll8 + 3e4)), MasterMode::Fp32, GradHome::Device, true);
+  auto r = tiny_request(kDevAll8Bf16 + 3e4);
   EXPECT_FALSE(make_plan(r).feasible);  // bf16-sr only when allowed
   r.allow_bf16_master = true;
   expect_choice(make_plan(r), MasterMode::Bf16Sr, GradHome::Device, true);
   // The device rung holds the gradients in HBM: the GPU peak includes them.
-  const auto o = make_plan(tiny_request(kDevFp32 + 1e5));
+  const auto o = make_plan(tiny_request(kDevFp32 + 3e4));
   EXPECT_DOUBLE_EQ(o.inst.hbm_fixed, o.state.hbm());
   EXPECT_GE(double(o.sim.pred.peak_hbm), o.state.hbm() + o.inst.ring);
 }
 
 TEST(PlanState, ForcedModesRespected) {
-  auto r = tiny_request(kDevFp32 + 1e5);
+  auto r = tiny_request(kDevFp32 + 3e4);
   r.grads = GradHome::Host;  // host + fp32 moments does not fit: 8-bit moments instead of device gradients
   expect_choice(make_plan(r), MasterMode::Fp32, GradHome::Host, true);
   r = tiny_request(1e9);
   r.grads = GradHome::Device;
   r.master = MasterMode::Bf16Sr;
   expect_choice(make_plan(r), MasterMode::Bf16Sr, GradHome::Device, false);
-  r = tiny_request(kDevAll8Bf16 + 1e5);
+  r = tiny_request(kDevAll8Bf16 + 3e4);
   r.master = MasterMode::Fp32;
   r.allow_bf16_master = true;  // forced fp32 wins over the permission
   EXPECT_FALSE(make_plan(r).feasible);
-  r = tiny_request(kDevFp32 + 1e5);
+  r = tiny_request(kDevFp32 + 3e4);
   r.optimizer = "adamw";
   expect_choice(make_plan(r), MasterMode::Fp32, GradHome::Device, false);
 }
@@ -146,7 +146,7 @@ void expect_advice(PlanRequest r, const std::string& change) {
 
 TEST(PlanState, AdviceNamesAChangeThatFits) {
   {
-    auto r = tiny_request(kDevFp32 + 1e5);
+    auto r = tiny_request(kDevFp32 + 3e4);
     r.grads = GradHome::Host;
     r.optimizer = "adamw";
     expect_advice(r, "gradients: device");
@@ -156,7 +156,7 @@ TEST(PlanState, AdviceNamesAChangeThatFits) {
     r.optimizer = "adamw";
     expect_advice(r, "optimizer: hybrid");
   }
-  expect_advice(tiny_request(kDevAll8Bf16 + 1e5), "master_weights: bf16-sr");
+  expect_advice(tiny_request(kDevAll8Bf16 + 3e4), "master_weights: bf16-sr");
   {
     auto r = tiny_request(kDevAll8Bf16 - 1e5);
     r.allow_bf16_master = true;
@@ -223,7 +223,7 @@ TEST(PlanState, DeviceGradientsInTheInstance) {
   o.placement.grads = GradHome::Device;
   const Instance dev = make_instance(c, 1, 64, prof, o);
   EXPECT_DOUBLE_EQ(host.hbm_fixed, 0);
-  EXPECT_DOUBLE_EQ(dev.hbm_fixed, 2 * (2 * kLayer + kHead));
+  EXPECT_DOUBLE_EQ(dev.hbm_fixed, 4 * (2 * kLayer + kHead));
   EXPECT_DOUBLE_EQ(dev.hbm_room(), host.hbm_cap - dev.hbm_fixed);
   EXPECT_TRUE(host.opt_d2h.empty());
   for (int j = 0; j < dev.L; ++j) {
@@ -232,8 +232,8 @@ TEST(PlanState, DeviceGradientsInTheInstance) {
   }
   EXPECT_DOUBLE_EQ(dev.epilogue(), dev.pcie(0, dev.A));  // only the boundary-0 gradient
   ASSERT_EQ(dev.opt_d2h.size(), size_t(dev.L + 2));
-  EXPECT_DOUBLE_EQ(dev.opt_d2h[0], 2 * kLayer / prof.d2h_bw);
-  EXPECT_DOUBLE_EQ(dev.opt_d2h[size_t(dev.L)], 2 * kHead / prof.d2h_bw);
+  EXPECT_DOUBLE_EQ(dev.opt_d2h[0], 4 * kLayer / prof.d2h_bw);
+  EXPECT_DOUBLE_EQ(dev.opt_d2h[size_t(dev.L)], 4 * kHead / prof.d2h_bw);
   EXPECT_DOUBLE_EQ(dev.opt_d2h[size_t(dev.L + 1)], 0);
   EXPECT_DOUBLE_EQ(dev.dram_fixed, model_state_bytes(c, {}, o.placement).dram());
   EXPECT_LT(dev.dram_fixed, host.dram_fixed);

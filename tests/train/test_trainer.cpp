@@ -90,6 +90,36 @@ TEST(Trainer, ExactResumeIsBitIdentical) {
   for (size_t u = 0; u < a.units.size(); ++u) EXPECT_EQ(a.units[u], b.units[u]) << "unit " << u;
 }
 
+// gradients: device (held in device memory, streamed to the optimizer during the next forward) trains
+// exactly as host gradients, with checkpoints and validation in between (each flushes the stream).
+TEST(Trainer, GradientsOnTheDeviceTrainLikeHostGradients) {
+  TmpDir host_dir("_host"), dev_dir("_dev");
+  const std::vector<std::string> ov = {"save_steps=2", "eval_steps=2", "val_size=8"};
+  TrainResult host = run_training(tiny_config(host_dir.p, ov), quiet_hooks());
+  auto ov_dev = ov;
+  ov_dev.push_back("gradients=device");
+  TrainResult dev = run_training(tiny_config(dev_dir.p, ov_dev), quiet_hooks());
+  ASSERT_EQ(dev.losses.size(), 5u);
+  EXPECT_EQ(dev.losses, host.losses);
+  for (int step : {2, 5}) {
+    ModelWeights a = load_model(checkpoint_path(host_dir.p, step) / "trainer_state" / "master");
+    ModelWeights b = load_model(checkpoint_path(dev_dir.p, step) / "trainer_state" / "master");
+    ASSERT_EQ(a.units.size(), b.units.size());
+    for (size_t u = 0; u < a.units.size(); ++u) EXPECT_EQ(a.units[u], b.units[u]) << "step " << step << " unit " << u;
+  }
+  auto eval_losses = [](const fs::path& dir) {
+    std::ifstream m(dir / "metrics.jsonl");
+    std::vector<double> v;
+    for (std::string line; std::getline(m, line);) {
+      auto j = nlohmann::json::parse(line);
+      if (j["type"] == "eval") v.push_back(j["eval_loss"].get<double>());
+    }
+    return v;
+  };
+  EXPECT_EQ(eval_losses(dev_dir.p).size(), 2u);
+  EXPECT_EQ(eval_losses(dev_dir.p), eval_losses(host_dir.p));
+}
+
 TEST(Trainer, CheckpointIsHfModelDirPlusTrainerState) {
   TmpDir t;
   TrainResult r = run_training(tiny_config(t.p, {"max_steps=4", "save_steps=1", "save_total_limit=2"}), quiet_hooks());

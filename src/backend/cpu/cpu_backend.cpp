@@ -388,6 +388,22 @@ void CpuBackend::grad_sumsq(const void* grad, int64_t n, double* out, OpLabel l)
   impl_->push(Lane::Compute, std::move(t));
 }
 
+void CpuBackend::grad_add(float* acc, const void* grad, int64_t n, double* sumsq, OpLabel l) {
+  Task t;
+  t.fn = [acc, grad, n, sumsq] {
+    // One pass in element order: the host's accumulation (and its sum of squares) bit for bit.
+    const float* g = static_cast<const float*>(grad);
+    double s = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      acc[i] += g[i];
+      s += double(acc[i]) * double(acc[i]);
+    }
+    if (sumsq) *sumsq += s;
+  };
+  t.label = l;
+  impl_->push(Lane::Compute, std::move(t));
+}
+
 void CpuBackend::inject_failure(Lane lane, int64_t nth, const std::string& msg) {
   auto& L = impl_->lanes[int(lane)];
   std::lock_guard<std::mutex> g(L.mu);

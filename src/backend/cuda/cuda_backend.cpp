@@ -375,4 +375,12 @@ void CudaBackend::grad_sumsq(const void* grad, int64_t n, double* out, OpLabel l
           [&](cudaStream_t s) { cuda::sumsq_accum(static_cast<const float*>(grad), n, out, m.sumsq_partial, s); });
 }
 
+void CudaBackend::grad_add(float* acc, const void* grad, int64_t n, double* sumsq, OpLabel l) {
+  Impl& m = *impl_;
+  enqueue(m, Lane::Compute, l, 0, [&](cudaStream_t s) {
+    cuda::add_f32(acc, static_cast<const float*>(grad), n, s);  // dtypes().grad is fp32
+    if (sumsq) cuda::sumsq_accum(acc, n, sumsq, m.sumsq_partial, s);
+  });
+}
+
 }  // namespace lt

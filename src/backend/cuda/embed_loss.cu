@@ -1,5 +1,6 @@
 // Embedding forward/backward (deterministic), cross-entropy over fp32 logit chunks, loss and
 // squared-gradient reductions in fp64 with a fixed summation order.
+#include <algorithm>
 #include <cub/device/device_radix_sort.cuh>
 #include <cuda_bf16.h>
 
@@ -167,6 +168,11 @@ __global__ void __launch_bounds__(kSumsqBlocks) sumsq_finish_kernel(const double
   if (threadIdx.x == 0) *out += t;
 }
 
+__global__ void add_f32_kernel(float* acc, const float* g, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    acc[i] += g[i];
+}
+
 }  // namespace
 
 void embed_fwd(const void* emb, const int32_t* ids, int64_t n, int64_t hidden, int64_t vocab, void* x, int* err,
@@ -221,6 +227,13 @@ void sumsq_accum(const float* g, int64_t n, double* out, double* partial, cudaSt
   sumsq_partial_kernel<<<kSumsqBlocks, kSumsqThreads, 0, st>>>(g, n, partial);
   LT_CUDA_LAUNCH();
   sumsq_finish_kernel<<<1, kSumsqBlocks, 0, st>>>(partial, out);
+  LT_CUDA_LAUNCH();
+}
+
+void add_f32(float* acc, const float* g, int64_t n, cudaStream_t st) {
+  if (n == 0) return;
+  const int64_t blocks = std::min<int64_t>((n + 255) / 256, 65536);
+  add_f32_kernel<<<unsigned(blocks), 256, 0, st>>>(acc, g, n);
   LT_CUDA_LAUNCH();
 }
 

@@ -107,6 +107,8 @@ void loss_accumulate(const float* row_loss, const int32_t* targets, int64_t n, d
 // *out += sum of squares of g[0..n) (fp32 data, fp64 accumulation, fixed order). partial: kSumsqBlocks doubles.
 constexpr int kSumsqBlocks = 512;
 void sumsq_accum(const float* g, int64_t n, double* out, double* partial, cudaStream_t st);
+// acc[i] += g[i] for i < n (fp32; gradient accumulation on the device).
+void add_f32(float* acc, const float* g, int64_t n, cudaStream_t st);
 void f32_to_bf16(const float* src, int64_t n, void* dst, cudaStream_t st);
 void bf16_to_f32(const void* src, int64_t n, float* dst, cudaStream_t st);
 // dst[i] = src[rows[i]] rows of `dim` bf16 (gathers rows for generation logits).

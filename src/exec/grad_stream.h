@@ -1,0 +1,94 @@
+// Gradients held in device memory until the step's global norm is known, then streamed to the host
+// through a small ring of pinned staging slots as the optimizer consumes them (HostState option
+// GradHome::Device; docs/executor.md, "Gradients held on the device").
+//
+// Life of one unit's gradient (the executor drives it; all calls from the executor's thread):
+//   backward   before_write(u), then the compute lane writes buffer(u)
+//   step end   start(hook): every held unit is pending; the first `slots` of them in streaming order
+//              are copied (D2H) into free slots, each handed to hook->grad_staged(u, slot, dtype) by
+//              a worker thread once its copy completed
+//   forward    before_wait(u) (u's gradient reached the hook), hook->wait(u), after_wait(u): u's slot
+//              is free and takes the next pending unit
+// A unit's slot stays untouched until hook->wait(u) returned; when every slot is taken the stream
+// frees the oldest by calling hook->wait on its unit itself.
+#pragma once
+#include <cstdint>
+#include <future>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "exec/host_worker.h"
+
+namespace lt {
+
+class UpdateHook;
+
+class GradStream {
+ public:
+  // order: the device-held units, in the order the next forward waits for them; numel: elements of
+  // every unit (indexed by unit); dtype: of the held buffers. Allocates one device buffer per held unit
+  // ("grads.held") and `slots` pinned staging buffers of the largest held unit ("grads.staging").
+  GradStream(Backend& be, std::vector<int64_t> order, const std::vector<int64_t>& numel, DType dtype, int slots);
+  // Streams what is left (flush) and waits for every update that reads a slot, so no callback or
+  // update refers to the slots after it returns; errors are logged.
+  ~GradStream();
+  GradStream(const GradStream&) = delete;
+  GradStream& operator=(const GradStream&) = delete;
+
+  static constexpr int kSlots = 3;
+  // Bytes GradStream allocates: device (held buffers) and pinned (slots).
+  static int64_t device_bytes(const std::vector<int64_t>& order, const std::vector<int64_t>& numel, DType dtype);
+  static int64_t pinned_bytes(const std::vector<int64_t>& order, const std::vector<int64_t>& numel, DType dtype,
+                              int slots);
+
+  bool held(int64_t u) const { return held_[size_t(u)] != nullptr; }
+  void* buffer(int64_t u) const { return held_[size_t(u)]->data(); }
+  int64_t bytes(int64_t u) const { return held_[size_t(u)]->bytes(); }
+  DType dtype() const { return dtype_; }
+
+  // The step's gradients are final in the held buffers (lanes synchronised, the norm reported): stream
+  // them to `hook`, the first `slots` now.
+  void start(UpdateHook* hook);
+  // Before hook->wait(u): u's copy is issued (with every earlier pending unit's) and u's gradient was
+  // handed to the hook, so that wait(u) covers its update. Rethrows a failed copy.
+  void before_wait(int64_t u);
+  // After hook->wait(u) returned: u's slot takes the next pending units.
+  void after_wait(int64_t u);
+  // Before the compute lane writes buffer(u) again: u was handed over, and the lane waits for its copy.
+  void before_write(int64_t u);
+  // Issues every pending copy (waiting for slots' updates as needed) and waits until each gradient was
+  // handed to the hook: afterwards UpdateHook::wait covers every unit of the step.
+  void flush();
+  // After a failed step, lanes synchronised and the backend's error NOT yet cleared: waits for the
+  // worker; a unit whose copy or hand-over failed is pending again (its held buffer was not written
+  // since: before_write needs the hand-over), so it is streamed by the next before_wait / flush.
+  void recover();
+
+ private:
+  enum class State : uint8_t { Idle, Pending, Issued };
+  struct Unit {
+    State state = State::Idle;
+    int slot = -1;
+    Event copied;                         // D2H of the unit's gradient into its slot
+    std::shared_future<void> handed;      // the worker's host_wait + hook->grad_staged
+  };
+  void issue_next();       // the first pending unit in order, into a free slot (freeing one if needed)
+  int free_slot();         // a free slot; the oldest owner's update is waited for when none is
+  void release(int64_t u); // u's update finished: its slot is free
+  void hand_over(int64_t u);  // waits for u's hand-over (rethrows)
+  bool any_pending() const;
+
+  Backend& be_;
+  std::vector<int64_t> order_;
+  std::vector<int64_t> pos_;  // position of each unit in order_ (-1: not held)
+  DType dtype_;
+  std::vector<std::unique_ptr<Buffer>> held_;
+  std::vector<Buffer> slots_;
+  std::vector<int64_t> owner_;  // unit whose gradient occupies each slot, -1 = free
+  std::vector<Unit> units_;
+  UpdateHook* hook_ = nullptr;
+  std::unique_ptr<HostWorker> worker_;
+};
+
+}  // namespace lt

@@ -1,0 +1,278 @@
+// Gradients held on the device (GradHome::Device, exec/grad_stream.h): training through AdamWHook gives
+// the same losses, norms and master weights as host gradients, bit for bit, across micro-batch counts,
+// tied/untied and host/device embeddings and offloaded checkpoints; memory is where it should be; a
+// failed step (while the previous step's gradients stream), an eval in between and destroying the
+// executor without a flush lose nothing.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <functional>
+
+#include "backend/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "exec/executor.h"
+#include "exec/optim_hook.h"
+#include "exec_test_util.h"
+
+namespace lt {
+namespace {
+
+struct Outcome {
+  std::vector<double> loss, norm, opt_norm, eval;
+  std::vector<std::vector<float>> masters;
+  int64_t grad_bytes = 0, peak_device = 0, failures = 0;
+};
+
+// Called before step s; returns true when that step is expected to fail (it is then run again).
+using BeforeStep = std::function<bool(CpuBackend&, Executor&, int)>;
+
+struct Case {
+  ModelConfig c;
+  ExecPlan p;
+  int nmb = 1;
+  int steps = 4;
+  bool eval_after_step_1 = false;
+  bool flush = true;  // flush_updates before wait_all (false: the executor's destructor does it)
+};
+
+std::vector<optim::UnitSpec> unit_specs(const ModelLayout& lay) {
+  std::vector<optim::UnitSpec> v;
+  for (auto& u : lay.units) v.push_back(optim::unit_spec_from_layout(u, optim::OptimizerKind::AdamW));
+  return v;
+}
+
+Outcome train(const Case& s, GradHome home, const BeforeStep& before = {}) {
+  CpuBackend be(s.c, test::cpu_opts());
+  HostStateOptions ho;
+  ho.grads = home;
+  if (home == GradHome::Device) ho.host_grad_units = host_grad_units(s.c, s.p);
+  HostState st(be, ho);
+  test::random_weights(be.layout(), st, 11);
+  optim::AdamWConfig oc;
+  oc.max_grad_norm = 0.05f;  // clipping active: the global norm must be exact before any update
+  oc.threads = 1;
+  optim::CpuAdamW opt(unit_specs(be.layout()), oc);
+  AdamWHook hook(opt, st);
+  Outcome r;
+  r.grad_bytes = st.grad_bytes();
+  auto dir = test::temp_dir("dgrad");
+  {
+    ExecOptions eo;
+    eo.nvme_dir = dir;
+    eo.micro_batches = s.nmb;
+    Executor ex(s.c, be, s.p, st, eo);
+    ex.set_update_hook(&hook);
+    for (int step = 0; step < s.steps; ++step) {
+      std::vector<test::Batch> bs;
+      std::vector<MicroBatch> mbs;
+      for (int m = 0; m < s.nmb; ++m) bs.push_back(test::random_batch(s.c, s.p.batch, s.p.seq, 100 + 10 * step + m));
+      for (auto& b : bs) mbs.push_back({b.ids.data(), b.targets.data(), nullptr, nullptr});
+      hook.begin_step(1e-2f);
+      if (before && before(be, ex, step)) {
+        EXPECT_THROW(ex.train_step(mbs), Error) << "step " << step;
+        r.failures++;
+        hook.begin_step(1e-2f);  // the trainer's retry
+      }
+      const StepResult res = ex.train_step(mbs);
+      r.loss.push_back(res.loss);
+      r.norm.push_back(res.grad_norm);
+      r.opt_norm.push_back(opt.last_step().grad_norm);
+      r.peak_device = std::max(r.peak_device, res.peak_device);
+      if (step == 1 && s.eval_after_step_1) r.eval.push_back(ex.eval_loss(mbs[0]));
+    }
+    if (s.flush) {
+      ex.flush_updates();
+      hook.wait_all();
+    }
+  }
+  hook.wait_all();
+  std::filesystem::remove_all(dir);
+  for (int64_t u = 0; u < st.units(); ++u) {
+    r.masters.emplace_back(size_t(st.numel(u)));
+    st.read_master(u, r.masters.back().data());
+  }
+  return r;
+}
+
+void expect_same(const Outcome& a, const Outcome& b, const std::string& what) {
+  ASSERT_EQ(a.loss.size(), b.loss.size()) << what;
+  for (size_t k = 0; k < a.loss.size(); ++k) {
+    EXPECT_EQ(a.loss[k], b.loss[k]) << what << " step " << k;
+    EXPECT_EQ(a.norm[k], b.norm[k]) << what << " step " << k;
+    EXPECT_EQ(a.opt_norm[k], b.opt_norm[k]) << what << " step " << k;
+  }
+  EXPECT_EQ(a.eval, b.eval) << what;
+  ASSERT_EQ(a.masters.size(), b.masters.size());
+  for (size_t u = 0; u < a.masters.size(); ++u)
+    EXPECT_EQ(std::memcmp(a.masters[u].data(), b.masters[u].data(), a.masters[u].size() * 4), 0)
+        << what << " unit " << u;
+}
+
+ExecPlan offload_plan(int64_t L, int64_t batch, int64_t seq) {
+  ExecPlan p = ExecPlan::keep_all(L, batch, seq);
+  for (int64_t i = 1; i < L; ++i) p.tier[size_t(i)] = i % 2 ? CkptTier::Cpu : CkptTier::None;
+  p.ring = 2;
+  return p;
+}
+
+int64_t held_extra_device(const Case& s, const CpuBackend& be) {
+  const int64_t chunk = s.p.chunk_samples > 0 ? s.p.chunk_samples : s.p.batch;
+  const int64_t ws = be.layer_workspace_bytes(chunk * s.p.seq);
+  return executor_memory(s.c, s.p, be.dtypes(), ws, GradHome::Device, s.nmb).device -
+         executor_memory(s.c, s.p, be.dtypes(), ws, GradHome::Host, s.nmb).device;
+}
+
+TEST(ExecDeviceGrads, TrainingMatchesHostGradientsBitForBit) {
+  int cases = 0;
+  for (bool tied : {false, true})
+    for (bool emb_resident : {true, false})
+      for (int nmb : {1, 2})
+        for (bool offload : {false, true}) {
+          Case s;
+          s.c = test::tiny_config(Arch::Qwen2, 5, tied);
+          s.p = offload ? offload_plan(s.c.layers, 2, 8) : ExecPlan::keep_all(s.c.layers, 2, 8);
+          s.p.embedding_resident = emb_resident;
+          s.p.head_resident = !offload;
+          s.nmb = nmb;
+          const std::string what = fmt::format("tied {} emb_resident {} nmb {} {}", tied, emb_resident, nmb,
+                                               describe_plan(s.p));
+          const Outcome host = train(s, GradHome::Host);
+          const Outcome dev = train(s, GradHome::Device);
+          expect_same(host, dev, what);
+          // Host memory: only the gradient the host forms (an untied, non-resident embedding) is there.
+          const bool host_emb = !embedding_on_device(s.c, s.p);
+          CpuBackend be(s.c, test::cpu_opts());
+          EXPECT_EQ(dev.grad_bytes, host_emb ? 4 * be.layout().embedding().numel : 0) << what;
+          EXPECT_GT(host.grad_bytes, dev.grad_bytes) << what;
+          // Device memory: the peak grows by the held gradients (less the per-micro-batch buffers they replace).
+          const int64_t extra = held_extra_device(s, be);
+          EXPECT_GT(extra, 0) << what;
+          EXPECT_EQ(dev.peak_device - host.peak_device, extra) << what;
+          ++cases;
+        }
+  EXPECT_EQ(cases, 16);
+}
+
+TEST(ExecDeviceGrads, RandomPlansMatchHostGradients) {
+  std::mt19937_64 rng(23);
+  for (int k = 0; k < 6; ++k) {
+    Case s;
+    s.c = test::tiny_config(k % 2 ? Arch::Qwen3 : Arch::Llama, 4, k % 3 == 0);
+    s.p = test::random_plan(s.c.layers, 3, 8, rng);
+    s.nmb = 1 + k % 2;
+    s.steps = 3;
+    expect_same(train(s, GradHome::Host), train(s, GradHome::Device), describe_plan(s.p));
+  }
+}
+
+TEST(ExecDeviceGrads, PredictedBytesEqualAllocatedBytes) {
+  std::mt19937_64 rng(9);
+  auto dir = test::temp_dir("dgrad-mem");
+  for (bool tied : {false, true})
+    for (int nmb : {1, 3}) {
+      auto c = test::tiny_config(Arch::Qwen3, 6, tied);
+      for (int k = 0; k < 4; ++k) {
+        ExecPlan p = test::random_plan(c.layers, 3, 8, rng);
+        CpuBackend be(c, test::cpu_opts());
+        HostStateOptions ho;
+        ho.grads = GradHome::Device;
+        ho.host_grad_units = host_grad_units(c, p);
+        HostState st(be, ho);
+        const int64_t dev0 = be.memory().current(MemKind::Device), pin0 = be.memory().current(MemKind::Pinned);
+        ExecOptions o;
+        o.nvme_dir = dir;
+        o.micro_batches = nmb;
+        Executor ex(c, be, p, st, o);
+        const int64_t chunk = p.chunk_samples > 0 ? p.chunk_samples : p.batch;
+        auto m = executor_memory(c, p, be.dtypes(), be.layer_workspace_bytes(chunk * p.seq), GradHome::Device, nmb);
+        EXPECT_EQ(be.memory().current(MemKind::Device) - dev0, m.device) << describe_plan(p);
+        EXPECT_EQ(be.memory().current(MemKind::Pinned) - pin0, m.pinned) << describe_plan(p);
+        const std::string table = ex.memory_table();
+        for (const char* tag : {"grads.held", "grads.staging"})
+          EXPECT_NE(table.find(tag), std::string::npos) << tag << " missing in\n" << table;
+      }
+    }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ExecDeviceGrads, FailedStepsWhileGradientsStreamLoseNothing) {
+  for (int nmb : {1, 2}) {
+    Case s;
+    s.c = test::tiny_config(Arch::Qwen2, 5, true);
+    s.p = offload_plan(s.c.layers, 2, 8);
+    s.nmb = nmb;
+    s.steps = 5;
+    const Outcome host = train(s, GradHome::Host);
+    // Step 1: a compute op of the forward fails while step 0's gradients stream; step 2: the first D2H
+    // copy (a gradient on its way to the optimizer) fails; step 3: an op late in the backward fails,
+    // after held buffers were overwritten.
+    const Outcome dev = train(s, GradHome::Device, [](CpuBackend& be, Executor&, int step) {
+      if (step == 1) be.inject_failure(Lane::Compute, 3, "injected forward failure");
+      if (step == 2) be.inject_failure(Lane::D2H, 1, "injected copy failure");
+      if (step == 3) be.inject_failure(Lane::Compute, 30, "injected backward failure");
+      return step >= 1 && step <= 3;
+    });
+    EXPECT_EQ(dev.failures, 3);
+    expect_same(host, dev, fmt::format("nmb {}", nmb));
+  }
+}
+
+TEST(ExecDeviceGrads, EvalWhileGradientsStreamAndDestroyWithoutFlush) {
+  Case s;
+  s.c = test::tiny_config(Arch::Qwen3, 4, false);
+  s.p = ExecPlan::keep_all(s.c.layers, 2, 8);
+  s.p.head_resident = false;
+  s.eval_after_step_1 = true;
+  const Outcome host = train(s, GradHome::Host);
+  const Outcome dev = train(s, GradHome::Device);
+  ASSERT_EQ(dev.eval.size(), 1u);
+  expect_same(host, dev, "eval in between");
+  s.flush = false;  // the executor's destructor streams the last step's gradients
+  expect_same(host, train(s, GradHome::Device), "destroyed without flush");
+}
+
+TEST(ExecDeviceGrads, SeveralMicroBatchesNeedAccumulators) {
+  auto c = test::tiny_config(Arch::Qwen2, 3, false);
+  CpuBackend be(c, test::cpu_opts());
+  HostStateOptions ho;
+  ho.grads = GradHome::Device;
+  HostState st(be, ho);
+  Executor ex(c, be, ExecPlan::keep_all(c.layers, 2, 8), st);
+  auto b = test::random_batch(c, 2, 8, 1);
+  MicroBatch mb{b.ids.data(), b.targets.data(), nullptr, nullptr};
+  try {
+    ex.train_step({mb, mb});
+    ADD_FAILURE() << "two micro-batches into one-micro-batch held gradients";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ExecOptions::micro_batches"), std::string::npos) << e.what();
+  }
+  // An untied, non-resident embedding is differentiated on the host: it needs its host gradient.
+  ExecPlan p = ExecPlan::keep_all(c.layers, 2, 8);
+  p.embedding_resident = false;
+  try {
+    Executor ex2(c, be, p, st);
+    ADD_FAILURE() << "host embedding without a host gradient";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("host_grad_units"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ExecDeviceGrads, BackendGradAddAccumulatesAndSumsSquares) {
+  auto c = test::tiny_config(Arch::Qwen2, 2, false);
+  CpuBackend be(c, test::cpu_opts());
+  Buffer acc(be, MemKind::Device, 3 * 4, "t"), g(be, MemKind::Device, 3 * 4, "t"), ss(be, MemKind::Device, 8, "t");
+  const float a0[3] = {1.0f, -2.0f, 0.25f}, g0[3] = {0.5f, 1.0f, -0.25f};
+  std::memcpy(acc.data(), a0, sizeof a0);
+  std::memcpy(g.data(), g0, sizeof g0);
+  *ss.as<double>() = 1.0;
+  be.grad_add(acc.as<float>(), g.data(), 3, nullptr, {"t", -1, -1});
+  be.grad_add(acc.as<float>(), g.data(), 3, ss.as<double>(), {"t", -1, -1});
+  be.synchronize();
+  EXPECT_EQ(acc.as<float>()[0], 2.0f);
+  EXPECT_EQ(acc.as<float>()[1], 0.0f);
+  EXPECT_EQ(acc.as<float>()[2], -0.25f);
+  EXPECT_EQ(*ss.as<double>(), 1.0 + 4.0 + 0.0625);
+}
+
+}  // namespace
+}  // namespace lt
