@@ -1,4 +1,4 @@
-#include "exec/nvme_store.h"
+#include "nvme/nvme_store.h"
 
 #include <fcntl.h>
 #include <liburing.h>
@@ -116,7 +116,8 @@ std::shared_ptr<IoLayer> default_io() {
   return posix_io();
 }
 
-NvmeStore::NvmeStore(const std::filesystem::path& dir, std::shared_ptr<IoLayer> io) : io_(std::move(io)) {
+NvmeStore::NvmeStore(const std::filesystem::path& dir, std::shared_ptr<IoLayer> io, std::string prefix)
+    : io_(std::move(io)), prefix_(std::move(prefix)) {
   LT_CHECK(!dir.empty(), "NVMe tier: the plan puts checkpoints on NVMe but no --nvme-dir was given");
   if (!io_) io_ = default_io();
   std::error_code ec;
@@ -133,7 +134,7 @@ NvmeStore::~NvmeStore() {
   std::filesystem::remove_all(dir_, ec);  // anything a failed write left behind
 }
 
-std::string NvmeStore::file_name(int64_t key) const { return (dir_ / fmt::format("ckpt-{}.bin", key)).string(); }
+std::string NvmeStore::file_name(int64_t key) const { return (dir_ / fmt::format("{}-{}.bin", prefix_, key)).string(); }
 
 int NvmeStore::open_file(const std::string& path, bool write) {
   const int base = write ? (O_WRONLY | O_CREAT) : O_RDONLY;
