@@ -1,7 +1,7 @@
 // CPU optimizer throughput against measured memory bandwidth, in the same run and with the same threads.
 //
 //   bench_optim [--threads N] [--params N] [--units N] [--iters N] [--rounds N] [--isa auto|scalar|avx2|avx512]
-//               [--stream-mib N] [--clock wall|cpu] [--fwd-ms X] [--in-cache]
+//               [--stream-mib N] [--clock wall|cpu] [--fwd-ms X] [--in-cache] [--nvme-dir DIR [--nvme-slots N]]
 //
 // For each variant (state format fp32 / 8-bit x master storage x gradient dtype) the model is --units
 // equal units of --params/--units elements (one tensor each), updated through CpuAdamW (thread pool,
@@ -22,6 +22,10 @@
 // its best trial. The share in each round (update / reference measured seconds apart) is printed too.
 // All arrays (bandwidth test, masters, gradients, states, bf16 copies) are allocated alike: 64-byte
 // aligned and on transparent huge pages where the kernel allows, as the trainer's buffers are.
+// --nvme-dir: instead, the 8-bit variant with every unit's moments in DRAM and with every unit's moments on
+// NVMe under DIR (optim/nvme_moments.h; --nvme-slots staging slots), interleaved over the rounds: Mparams/s
+// of both, and the NVMe tier's I/O (moment bytes read + written per step over the step time, and over the
+// I/O thread's own time).
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -250,7 +254,8 @@ struct UnitsUnderTest {
   }
 };
 
-UnitsUnderTest make_units(const Variant& v, int threads, int64_t params, int units, Isa isa) {
+UnitsUnderTest make_units(const Variant& v, int threads, int64_t params, int units, Isa isa,
+                          const std::string& nvme_dir = "", int nvme_slots = 3) {
   UnitsUnderTest t;
   t.v = v;
   t.per = (params / units + kQ8Block - 1) / kQ8Block * kQ8Block;
@@ -259,6 +264,7 @@ UnitsUnderTest make_units(const Variant& v, int threads, int64_t params, int uni
     UnitSpec s;
     s.numel = t.per;
     s.tensors.push_back(TensorSpec{fmt::format("unit{}.weight", u), 0, t.per, 0, v.state});
+    s.moments_on_nvme = !nvme_dir.empty();
     specs.push_back(s);
   }
   AdamWConfig cfg;
@@ -266,6 +272,8 @@ UnitsUnderTest make_units(const Variant& v, int threads, int64_t params, int uni
   cfg.isa = isa;
   cfg.max_grad_norm = 1.0f;
   cfg.master = v.master;
+  cfg.nvme_dir = nvme_dir;
+  cfg.nvme_slots = nvme_slots;
   t.opt = std::make_unique<CpuAdamW>(specs, cfg);
   std::mt19937 rng(1);
   std::normal_distribution<float> d(0.f, 1.f);
@@ -362,6 +370,31 @@ double in_cache_ns(Isa isa, bool q8, int64_t n, int reps) {
   return best / double(n) * 1e9;
 }
 
+// --nvme-dir: the 8-bit variant with DRAM moments and with NVMe moments, `rounds` interleaved rounds of
+// `iters` steps each; best step of each.
+void bench_nvme(const std::string& dir, int slots, int threads, int64_t params, int units, int iters, int rounds,
+                Isa isa) {
+  const Variant& v = kVariants[1];
+  UnitsUnderTest dram = make_units(v, threads, params, units, isa);
+  UnitsUnderTest nvme = make_units(v, threads, params, units, isa, dir, slots);
+  double best_d = 1e30, best_n = 1e30;
+  for (int r = 0; r < rounds; ++r) {
+    best_d = std::min(best_d, best_step_s(dram, iters));
+    best_n = std::min(best_n, best_step_s(nvme, iters));
+  }
+  const MomentHomes h = nvme.opt->moment_homes();
+  const UpdaterStats s = nvme.opt->stats();
+  const double n = double(nvme.per * units), io_bytes = 2.0 * double(h.nvme);  // each step reads and writes all
+  fmt::print("NVMe moments under {}: {:.2f} GiB of files, {} staging slots ({:.1f} MiB DRAM)\n", dir,
+             double(h.nvme) / double(1 << 30), slots, double(h.staging) / double(1 << 20));
+  fmt::print("{:<15} {:>12} {:>12} {:>14}\n", "variant", "Mparams/s", "I/O GB/s", "I/O thread GB/s");
+  fmt::print("{:<15} {:>12.1f}\n", "8bit (DRAM)", n / best_d * 1e-6);
+  fmt::print("{:<15} {:>12.1f} {:>12.2f} {:>14.2f}   (read + write {:.2f} GiB per step)\n", "8bit (NVMe)",
+             n / best_n * 1e-6, io_bytes / best_n * 1e-9,
+             s.nvme_io_s > 0 ? double(s.nvme_read_bytes + s.nvme_write_bytes) / s.nvme_io_s * 1e-9 : 0.0,
+             io_bytes / double(1 << 30));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -386,6 +419,10 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"wall", "cpu"}));
   bool in_cache = false;
   app.add_flag("--in-cache", in_cache, "only the arithmetic cost: ns/element of each ISA path, data in cache, 1 thread");
+  std::string nvme_dir;
+  int nvme_slots = 3;
+  app.add_option("--nvme-dir", nvme_dir, "only the 8-bit variant, moments in DRAM and on NVMe under this directory");
+  app.add_option("--nvme-slots", nvme_slots, "DRAM staging slots of the NVMe moments")->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
   try {
     if (in_cache) {
@@ -403,6 +440,10 @@ int main(int argc, char** argv) {
     g_threads = threads;
     fmt::print("threads {}  isa {}  params {} in {} units  clock {}  {} rounds of {} steps\n", threads, isa_name(isa),
                params, units, clock_s, rounds, iters);
+    if (!nvme_dir.empty()) {
+      bench_nvme(nvme_dir, nvme_slots, threads, params, units, iters, rounds, isa);
+      return 0;
+    }
     BandwidthTest bw(threads, stream_mib);
     const bool avx2 = __builtin_cpu_supports("avx2");
     std::unique_ptr<Q8TrafficTest> traffic;

@@ -11,6 +11,7 @@
 #include "core/timer.h"
 #include "core/split_master.h"
 #include "optim/master_tiles.h"
+#include "optim/nvme_moments.h"
 #include "optim/quant8.h"
 #include "optim/thread_pool.h"
 
@@ -77,6 +78,7 @@ CpuAdamW::CpuAdamW(std::vector<UnitSpec> units, AdamWConfig cfg)
                "optimizer: unit {} tensor '{}' group {} out of range (have {} groups)", u, ts.name, ts.group,
                cfg_.groups.size());
       TensorState& st = state_[u].tensors[t];
+      if (us.moments_on_nvme) continue;  // in a file, staged through the NVMe tier's slots
       if (ts.format == StateFormat::F32) {
         st.m.reset(size_t(ts.numel), false);
         st.v.reset(size_t(ts.numel), false);
@@ -92,6 +94,11 @@ CpuAdamW::CpuAdamW(std::vector<UnitSpec> units, AdamWConfig cfg)
   int threads = cfg_.threads > 0 ? cfg_.threads : int(std::max(1u, std::thread::hardware_concurrency()));
   pool_ = std::make_unique<ThreadPool>(threads);
   zero_states();
+  if (std::any_of(units_.begin(), units_.end(), [](const UnitSpec& u) { return u.moments_on_nvme; }))
+    nvme_ = std::make_unique<NvmeMoments>(units_, cfg_.nvme_dir, cfg_.nvme_io, cfg_.nvme_slots,
+                                          [this](const NvmeMoments::Event& e) {
+                                            on_nvme_event(e.unit, e.write, e.ticket, e.slot, e.err);
+                                          });
 }
 
 void CpuAdamW::zero_states() {
@@ -129,11 +136,12 @@ CpuAdamW::~CpuAdamW() {
     std::unique_lock<std::mutex> lk(mu_);
     done_cv_.wait(lk, [&] {
       for (auto& s : state_)
-        if (s.pending) return false;
+        if (busy(s)) return false;
       return true;
     });
   } catch (...) {
   }
+  nvme_.reset();  // before the pool: its last event may still arrive
   pool_.reset();
 }
 
@@ -147,6 +155,7 @@ void CpuAdamW::begin_step(float lr) {
     s.submitted = false;
     s.sumsq = 0;
   }
+  if (nvme_) nvme_begin_step_locked();  // start staging this step's NVMe moments, lowest unit first
   begun_ = true;
   in_step_ = true;
   norm_known_ = false;
@@ -203,9 +212,9 @@ void CpuAdamW::submit(int unit, const UnitBuffers& bufs) {
   check_buffers(unit, bufs);
   UnitState& us = state_[size_t(unit)];
   LT_CHECK(!us.submitted, "optimizer: unit {} submitted twice in one step", unit);
-  if (us.pending) {  // the previous step's update of this unit is still running
+  if (busy(us)) {  // the previous step's update of this unit is still running
     double t0 = now_seconds();
-    done_cv_.wait(lk, [&] { return us.pending == 0; });
+    done_cv_.wait(lk, [&] { return !busy(us); });
     stats_.exposed_wait_s += now_seconds() - t0;
   }
   us.submitted = true;
@@ -214,6 +223,11 @@ void CpuAdamW::submit(int unit, const UnitBuffers& bufs) {
 }
 
 void CpuAdamW::enqueue_unit_locked(int unit) {
+  if (units_[size_t(unit)].moments_on_nvme && !nvme_enqueue_locked(unit)) return;  // pushed once staged
+  push_items_locked(unit);
+}
+
+void CpuAdamW::push_items_locked(int unit) {
   UnitState& us = state_[size_t(unit)];
   const UnitSpec& spec = units_[size_t(unit)];
   for (size_t t = 0; t < spec.tensors.size(); ++t) {
@@ -235,7 +249,7 @@ void CpuAdamW::run_item(const WorkItem& w) {
   std::exception_ptr err;
   try {
     const TensorSpec& ts = units_[size_t(w.unit)].tensors[size_t(w.tensor)];
-    TensorState& st = us.tensors[size_t(w.tensor)];
+    const MomentArrays st = arrays(w.unit, w.tensor);
     const int64_t off = ts.offset + w.begin;
     const UnitBuffers& b = us.bufs;
     if (cfg_.master == MasterFormat::F32 && b.grad) {  // the kernels' own format: no conversion
@@ -253,8 +267,18 @@ void CpuAdamW::run_item(const WorkItem& w) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (err && !us.error) us.error = err;
-    if (--us.pending == 0) done_cv_.notify_all();
+    if (--us.pending == 0) {
+      if (us.io) nvme_items_done_locked(w.unit);  // write the moments back; done when it lands
+      done_cv_.notify_all();
+    }
   }
+}
+
+MomentArrays CpuAdamW::arrays(int unit, int tensor) {
+  if (units_[size_t(unit)].moments_on_nvme)
+    return image_arrays(state_[size_t(unit)].nv.slot, units_[size_t(unit)], nvme_->image(unit), size_t(tensor));
+  TensorState& st = state_[size_t(unit)].tensors[size_t(tensor)];
+  return {st.m.data(), st.v.data(), st.mq.data(), st.vq.data(), st.ms.data(), st.vs.data()};
 }
 
 void CpuAdamW::check_buffers(int unit, const UnitBuffers& b) const {
@@ -274,14 +298,14 @@ void CpuAdamW::check_buffers(int unit, const UnitBuffers& b) const {
 }
 
 // One kernel call over [w.begin + at, + n) of the tensor with fp32 p and g (block-aligned `at`).
-void CpuAdamW::update_range(const TensorSpec& ts, TensorState& st, const WorkItem& w, int64_t at, float* p,
+void CpuAdamW::update_range(const TensorSpec& ts, const MomentArrays& st, const WorkItem& w, int64_t at, float* p,
                             const float* g, bf16_t* out, int64_t n) {
   const int64_t e = w.begin + at;
   if (ts.format == StateFormat::F32) {
-    adamw_f32(isa_, w.s, p, g, st.m.data() + e, st.v.data() + e, out, n);
+    adamw_f32(isa_, w.s, p, g, st.m + e, st.v + e, out, n);
   } else {
     const int64_t blk = e / kQ8Block;
-    adamw_q8(isa_, w.s, p, g, st.mq.data() + e, st.vq.data() + e, st.ms.data() + blk, st.vs.data() + blk, out, n);
+    adamw_q8(isa_, w.s, p, g, st.mq + e, st.vq + e, st.ms + blk, st.vs + blk, out, n);
   }
 }
 
@@ -290,7 +314,7 @@ void CpuAdamW::update_range(const TensorSpec& ts, TensorState& st, const WorkIte
 // format (Split rebuilds them bit-exactly), so Split masters equal F32 masters bit for bit.
 void CpuAdamW::run_tiles(const WorkItem& w, const UnitBuffers& b, int64_t off) {
   const TensorSpec& ts = units_[size_t(w.unit)].tensors[size_t(w.tensor)];
-  TensorState& st = state_[size_t(w.unit)].tensors[size_t(w.tensor)];
+  const MomentArrays st = arrays(w.unit, w.tensor);
   alignas(64) float pt[kMasterTile];
   alignas(64) float gt[kMasterTile];
   for (int64_t at = 0; at < w.count; at += kMasterTile) {
@@ -315,7 +339,7 @@ void CpuAdamW::wait(int unit) {
   UnitState& us = state_[size_t(unit)];
   // Done when nothing of the unit is queued or running, and a submitted update is not still held back
   // waiting for the global norm (it blocks until the last partial sum arrives, from another thread).
-  auto done = [&] { return us.pending == 0 && !(us.submitted && !norm_known_); };
+  auto done = [&] { return !busy(us) && !(us.submitted && !norm_known_); };
   if (!done()) {
     double t0 = now_seconds();
     done_cv_.wait(lk, done);
@@ -361,6 +385,12 @@ UpdaterStats CpuAdamW::stats() const {
   UpdaterStats s = stats_;
   s.busy_s = double(busy_ns_.load()) * 1e-9;
   s.params_updated = params_done_.load();
+  if (nvme_) {
+    const NvmeIoStats io = nvme_->stats();
+    s.nvme_read_bytes = io.read_bytes;
+    s.nvme_write_bytes = io.write_bytes;
+    s.nvme_io_s = io.io_s;
+  }
   return s;
 }
 
@@ -376,12 +406,26 @@ void CpuAdamW::read_state(int unit, int tensor, std::vector<float>& m, std::vect
                size_t(tensor) < units_[size_t(unit)].tensors.size(),
            "optimizer: read_state({}, {}) out of range", unit, tensor);
   const TensorSpec& ts = units_[size_t(unit)].tensors[size_t(tensor)];
-  const TensorState& st = state_[size_t(unit)].tensors[size_t(tensor)];
+  IoBuffer image;  // NVMe moments: the unit's file, read here
+  MomentArrays st;
+  if (units_[size_t(unit)].moments_on_nvme) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      LT_CHECK(!busy(state_[size_t(unit)]), "optimizer: read_state({}) while the unit's update is in flight", unit);
+      LT_CHECK(!state_[size_t(unit)].nv.lost, "optimizer: read_state({}): the unit's NVMe moments were lost in a "
+               "failed write-back at step {}; resume from the last checkpoint", unit, state_[size_t(unit)].nv.step);
+    }
+    image = IoBuffer(nvme_->image(unit).bytes);
+    nvme_->read_image(unit, image.data());
+    st = image_arrays(image.data(), units_[size_t(unit)], nvme_->image(unit), size_t(tensor));
+  } else {
+    st = const_cast<CpuAdamW*>(this)->arrays(unit, tensor);
+  }
   m.resize(size_t(ts.numel));
   v.resize(size_t(ts.numel));
   if (ts.format == StateFormat::F32) {
-    std::copy(st.m.data(), st.m.data() + ts.numel, m.begin());
-    std::copy(st.v.data(), st.v.data() + ts.numel, v.begin());
+    std::copy(st.m, st.m + ts.numel, m.begin());
+    std::copy(st.v, st.v + ts.numel, v.begin());
     return;
   }
   const QuantMap& qm = signed_dynamic_map();

@@ -31,9 +31,15 @@
 #include "optim/adamw_kernels.h"
 #include "optim/aligned_buffer.h"
 
+namespace lt {
+class IoLayer;
+}
+
 namespace lt::optim {
 
 class ThreadPool;
+class NvmeMoments;
+struct MomentArrays;
 
 // How the master weights the update reads and writes are stored (core/model_state.h, split_master.h).
 //   F32     fp32 array (`master`); a bf16 streaming copy is written to `bf16` when given.
@@ -61,6 +67,9 @@ struct TensorSpec {
 struct UnitSpec {
   std::vector<TensorSpec> tensors;
   int64_t numel = 0;            // flat buffer size (elements); tensors must lie inside it
+  // The unit's moments live in a file under AdamWConfig::nvme_dir, staged through a small ring of DRAM
+  // slots for its update (optim/nvme_moments.h); not part of the state file's layout.
+  bool moments_on_nvme = false;
 };
 
 // Per-group hyperparameters (PyTorch param groups). The effective lr of a group is lr * lr_scale.
@@ -82,6 +91,17 @@ struct AdamWConfig {
   Isa isa = Isa::Auto;          // kernel path (Auto = best the CPU supports; LT_OPTIM_ISA env overrides Auto)
   MasterFormat master = MasterFormat::F32;
   uint64_t sr_seed = 0;         // Bf16Sr: the rounding bits are a function of (seed, step, unit, element)
+  // NVMe-resident moments (UnitSpec::moments_on_nvme): files in a private directory under nvme_dir;
+  // nvme_io nullptr = default_io() (O_DIRECT through io_uring); nvme_slots DRAM staging slots of the
+  // largest such unit's moment bytes (2: read/update and write overlap; 3: read, update, write at once).
+  std::filesystem::path nvme_dir;
+  std::shared_ptr<IoLayer> nvme_io;
+  int nvme_slots = 3;
+};
+
+// Where the moments are: DRAM arrays, DRAM staging slots of the NVMe tier, NVMe files (bytes).
+struct MomentHomes {
+  int64_t dram = 0, staging = 0, nvme = 0;
 };
 
 // What the step decided once the global norm was known.
@@ -107,6 +127,9 @@ struct UpdaterStats {
   int64_t steps = 0;            // steps taken
   int64_t skipped_steps = 0;    // steps skipped for a non-finite norm
   int64_t params_updated = 0;   // elements updated (cumulative)
+  int64_t nvme_read_bytes = 0;  // NVMe moments moved (cumulative; save/load included)
+  int64_t nvme_write_bytes = 0;
+  double nvme_io_s = 0;         // time the NVMe tier spent in reads and writes (cumulative)
 };
 
 class CpuAdamW {
@@ -127,8 +150,10 @@ class CpuAdamW {
   void submit(int unit, const UnitBuffers& bufs);
   // Blocks until unit u's latest submitted update (and its bf16 copy) is done; an update still held
   // back for the global norm is waited for too (so the last partial sum must come from another
-  // thread, or before). Time spent blocked is counted as exposed optimizer time. Rethrows a worker's
-  // error.
+  // thread, or before). For a unit with NVMe moments this includes their write-back: when wait(u)
+  // returns, the file holds the updated moments and the staging slot is free. Time spent blocked is
+  // counted as exposed optimizer time. Rethrows a worker's error or the NVMe tier's (lt::Error naming
+  // the file, the bytes and the cause, and what it left: see docs/optimizer.md).
   void wait(int unit);
   void wait_all();
   // Convenience for a synchronous CPU caller: begin_step, CPU partial sums, submit all, wait_all.
@@ -142,7 +167,8 @@ class CpuAdamW {
   const std::vector<UnitSpec>& units() const { return units_; }
   const AdamWConfig& config() const { return cfg_; }
   Isa isa() const { return isa_; }
-  int64_t state_bytes() const;  // total optimizer-state bytes held
+  int64_t state_bytes() const;  // total optimizer-state bytes (m, v, block scales), wherever they live
+  MomentHomes moment_homes() const;
 
   // Read access to a tensor's state (tests, checkpoint tools). m/v are dequantised for 8-bit tensors.
   void read_state(int unit, int tensor, std::vector<float>& m, std::vector<float>& v) const;
@@ -160,8 +186,20 @@ class CpuAdamW {
     AlignedBuffer<uint8_t> mq, vq;          // Q8 codes
     AlignedBuffer<float> ms, vs;            // Q8 per-block absmax scales
   };
+  struct NvmeUnit {                         // the unit's place in the NVMe pipeline (nvme_moments.h)
+    bool requested = false;                 // a read is queued, running or done (slot held)
+    bool loaded = false;                    // the image is in `slot`
+    bool want = false;                      // request the next step's read once this write-back ends
+    bool lost = false;                      // a write-back failed: the moments are gone
+    uint64_t ticket = 0;                    // of the current request (stale events are ignored)
+    char* slot = nullptr;
+    std::exception_ptr read_error;          // a prefetch failed before the update was queued
+    int64_t step = 0;                       // of the latest update queued (messages)
+  };
   struct UnitState {
     std::vector<TensorState> tensors;
+    NvmeUnit nv;
+    bool io = false;                        // NVMe unit: the update's read .. write-back in flight
     bool reported = false;
     double sumsq = 0;                       // this step's partial sum of squares
     bool submitted = false;
@@ -174,8 +212,19 @@ class CpuAdamW {
   void enqueue_unit_locked(int unit);
   void run_item(const WorkItem& w);
   void run_tiles(const WorkItem& w, const UnitBuffers& b, int64_t off);
-  void update_range(const TensorSpec& ts, TensorState& st, const WorkItem& w, int64_t at, float* p,
+  void push_items_locked(int unit);
+  MomentArrays arrays(int unit, int tensor);
+  void update_range(const TensorSpec& ts, const MomentArrays& st, const WorkItem& w, int64_t at, float* p,
                     const float* g, bf16_t* out, int64_t n);
+  bool busy(const UnitState& s) const { return s.pending || s.io; }
+  // NVMe moments (optimizer_nvme.cpp).
+  void nvme_begin_step_locked();
+  bool nvme_enqueue_locked(int unit);       // false: the update cannot run (error recorded) or waits for its read
+  void nvme_items_done_locked(int unit);
+  void on_nvme_event(int unit, bool write, uint64_t ticket, char* slot, std::exception_ptr err);
+  void nvme_request_locked(int unit);
+  void nvme_release_leftovers_locked();
+  void nvme_check_intact_locked(const char* what) const;
   void check_buffers(int unit, const UnitBuffers& b) const;
   void finish_norm_locked();
   void zero_states();
@@ -184,6 +233,7 @@ class CpuAdamW {
   AdamWConfig cfg_;
   Isa isa_;
   std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<NvmeMoments> nvme_;       // when some unit has moments_on_nvme
   std::vector<UnitState> state_;
 
   mutable std::mutex mu_;

@@ -7,6 +7,8 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "optim/nvme_moments.h"
+#include "optim/quant8.h"
 
 namespace lt::optim {
 
@@ -180,25 +182,59 @@ void StateReader::read_at(uint64_t offset, void* p, size_t n) {
   LT_CHECK(in_.good(), "optimizer state {}: read error at offset {}", path_.string(), offset);
 }
 
+namespace {
+
+// One tensor's payload, in file order (fp32: m, v; 8-bit: m codes, v codes, m scales, v scales).
+void write_payload(StateWriter& w, const TensorSpec& ts, const MomentArrays& a) {
+  const size_t n = size_t(ts.numel), blocks = size_t((ts.numel + kQ8Block - 1) / kQ8Block);
+  if (ts.format == StateFormat::F32) {
+    w.raw(a.m, n * 4);
+    w.raw(a.v, n * 4);
+  } else {
+    w.raw(a.mq, n);
+    w.raw(a.vq, n);
+    w.raw(a.ms, blocks * 4);
+    w.raw(a.vs, blocks * 4);
+  }
+}
+
+void read_payload(StateReader& r, const TensorSpec& ts, const MomentArrays& a) {
+  const size_t n = size_t(ts.numel), blocks = size_t((ts.numel + kQ8Block - 1) / kQ8Block);
+  if (ts.format == StateFormat::F32) {
+    r.raw(a.m, n * 4, "m");
+    r.raw(a.v, n * 4, "v");
+  } else {
+    r.raw(a.mq, n, "m codes");
+    r.raw(a.vq, n, "v codes");
+    r.raw(a.ms, blocks * 4, "m scales");
+    r.raw(a.vs, blocks * 4, "v scales");
+  }
+}
+
+}  // namespace
+
+// Units with NVMe moments stream through one staging slot: save reads each unit's file into it, load
+// fills it from the state file and writes a second generation of the unit's file, switched to only
+// after the payload checksum passed (so a failed load changes nothing; the disk holds both meanwhile).
 void CpuAdamW::save(const std::filesystem::path& file) {
   wait_all();
   std::lock_guard<std::mutex> lk(mu_);
   LT_CHECK(norm_known_, "optimizer state {}: cannot save in the middle of a step", file.string());
+  if (nvme_) {
+    nvme_check_intact_locked("save the optimizer state");
+    nvme_release_leftovers_locked();
+    nvme_->quiesce();
+  }
   StateWriter w(file);
   w.header({step_, cfg_.beta1, cfg_.beta2, cfg_.eps}, units_);
-  for (size_t u = 0; u < units_.size(); ++u)
-    for (size_t t = 0; t < units_[u].tensors.size(); ++t) {
-      const TensorState& st = state_[u].tensors[t];
-      if (units_[u].tensors[t].format == StateFormat::F32) {
-        w.raw(st.m.data(), st.m.bytes());
-        w.raw(st.v.data(), st.v.bytes());
-      } else {
-        w.raw(st.mq.data(), st.mq.bytes());
-        w.raw(st.vq.data(), st.vq.bytes());
-        w.raw(st.ms.data(), st.ms.bytes());
-        w.raw(st.vs.data(), st.vs.bytes());
-      }
-    }
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const UnitSpec& spec = units_[u];
+    if (spec.moments_on_nvme) nvme_->read_image(int(u), nvme_->scratch());
+    for (size_t t = 0; t < spec.tensors.size(); ++t)
+      write_payload(w, spec.tensors[t],
+                    spec.moments_on_nvme ? image_arrays(nvme_->scratch(), spec, nvme_->image(int(u)), t)
+                                         : arrays(int(u), int(t)));
+  }
   w.commit();
 }
 
@@ -206,35 +242,53 @@ void CpuAdamW::load(const std::filesystem::path& file) {
   wait_all();
   std::lock_guard<std::mutex> lk(mu_);
   LT_CHECK(norm_known_, "optimizer state {}: cannot load in the middle of a step", file.string());
+  if (nvme_) {
+    nvme_release_leftovers_locked();
+    nvme_->quiesce();
+  }
   StateReader r(file);
   const StateHeader h = r.header(units_);
-  // Read into fresh buffers; commit only when the payload checksum matches.
+  // Read into fresh buffers (NVMe: files of the other generation); commit only when the payload
+  // checksum matches.
   std::vector<std::vector<TensorState>> fresh(units_.size());
-  for (size_t u = 0; u < units_.size(); ++u) {
-    fresh[u].resize(units_[u].tensors.size());
-    for (size_t t = 0; t < units_[u].tensors.size(); ++t) {
-      const TensorSpec& ts = units_[u].tensors[t];
-      TensorState& st = fresh[u][t];
-      if (ts.format == StateFormat::F32) {
-        st.m.reset(size_t(ts.numel));
-        st.v.reset(size_t(ts.numel));
-        r.raw(st.m.data(), st.m.bytes(), "m");
-        r.raw(st.v.data(), st.v.bytes(), "v");
-      } else {
-        size_t blocks = size_t((ts.numel + kQ8Block - 1) / kQ8Block);
-        st.mq.reset(size_t(ts.numel));
-        st.vq.reset(size_t(ts.numel));
-        st.ms.reset(blocks);
-        st.vs.reset(blocks);
-        r.raw(st.mq.data(), st.mq.bytes(), "m codes");
-        r.raw(st.vq.data(), st.vq.bytes(), "v codes");
-        r.raw(st.ms.data(), st.ms.bytes(), "m scales");
-        r.raw(st.vs.data(), st.vs.bytes(), "v scales");
+  try {
+    for (size_t u = 0; u < units_.size(); ++u) {
+      const UnitSpec& spec = units_[u];
+      fresh[u].resize(spec.tensors.size());
+      if (spec.moments_on_nvme) {
+        std::memset(nvme_->scratch(), 0, size_t(nvme_->image(int(u)).bytes));
+        for (size_t t = 0; t < spec.tensors.size(); ++t)
+          read_payload(r, spec.tensors[t], image_arrays(nvme_->scratch(), spec, nvme_->image(int(u)), t));
+        nvme_->stage_image(int(u), nvme_->scratch());
+        continue;
+      }
+      for (size_t t = 0; t < spec.tensors.size(); ++t) {
+        const TensorSpec& ts = spec.tensors[t];
+        TensorState& st = fresh[u][t];
+        if (ts.format == StateFormat::F32) {
+          st.m.reset(size_t(ts.numel));
+          st.v.reset(size_t(ts.numel));
+        } else {
+          size_t blocks = size_t((ts.numel + kQ8Block - 1) / kQ8Block);
+          st.mq.reset(size_t(ts.numel));
+          st.vq.reset(size_t(ts.numel));
+          st.ms.reset(blocks);
+          st.vs.reset(blocks);
+        }
+        read_payload(r, ts, {st.m.data(), st.v.data(), st.mq.data(), st.vq.data(), st.ms.data(), st.vs.data()});
       }
     }
+    r.check_payload();
+  } catch (...) {
+    if (nvme_) nvme_->discard_staged();
+    throw;
   }
-  r.check_payload();
-  for (size_t u = 0; u < units_.size(); ++u) state_[u].tensors = std::move(fresh[u]);
+  for (size_t u = 0; u < units_.size(); ++u) {
+    state_[u].tensors = std::move(fresh[u]);
+    state_[u].nv.lost = false;
+    state_[u].nv.read_error = nullptr;
+  }
+  if (nvme_) nvme_->commit_staged();
   step_ = h.step;
   info_ = StepInfo{step_, 0, 1.0f, false};
   begun_ = false;  // the next step starts with begin_step()
