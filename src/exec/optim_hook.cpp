@@ -1,6 +1,8 @@
 #include "exec/optim_hook.h"
 
 #include "core/error.h"
+#include "core/log.h"
+#include "core/units.h"
 
 namespace lt {
 
@@ -30,10 +32,19 @@ AdamWHook::AdamWHook(const ModelLayout& layout, HostState& st, const OptimizerSe
   c.threads = s.threads;
   c.master = st.optimizer_format();
   c.sr_seed = s.sr_seed;
+  c.nvme_dir = s.nvme_dir;
   std::vector<optim::UnitSpec> units;
-  for (const auto& u : layout.units) units.push_back(optim::unit_spec_from_layout(u, s.kind, &s.tensors_8bit));
+  for (const auto& u : layout.units) {
+    units.push_back(optim::unit_spec_from_layout(u, s.kind, &s.tensors_8bit));
+    units.back().moments_on_nvme =
+        (s.nvme_all_layers && u.kind == UnitKind::Layer) || s.nvme_units.count(int64_t(units.size() - 1));
+  }
   owned_ = std::make_unique<optim::CpuAdamW>(std::move(units), c);
   opt_ = owned_.get();
+  const optim::MomentHomes h = opt_->moment_homes();
+  if (h.nvme > 0)
+    log_info("optimizer moments: {} in DRAM, {} on NVMe under {} ({} DRAM staging)", format_bytes(double(h.dram)),
+             format_bytes(double(h.nvme)), s.nvme_dir, format_bytes(double(h.staging)));
 }
 
 void AdamWHook::begin_step(float lr) {

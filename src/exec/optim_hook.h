@@ -25,6 +25,11 @@ struct OptimizerSetup {
   optim::OptimizerKind kind = optim::OptimizerKind::AdamW;
   std::set<std::string> tensors_8bit;  // hybrid: full HF names with 8-bit moments (the plan's choice)
   uint64_t sr_seed = 0;                // bf16-sr masters: the stochastic rounding's seed
+  // Units whose moments live on NVMe under nvme_dir (optim/nvme_moments.h): every layer unit, and/or the
+  // listed unit indices (the planner's choice).
+  bool nvme_all_layers = false;
+  std::set<int64_t> nvme_units;
+  std::string nvme_dir;
 };
 
 class AdamWHook final : public UpdateHook {

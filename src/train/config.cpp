@@ -75,6 +75,7 @@ const std::vector<Field>& fields() {
       {"optimizer", &C::optimizer},
       {"master_weights", &C::master_weights},
       {"gradients", &C::gradients},
+      {"optimizer_nvme", &C::optimizer_nvme},
       {"backend", &C::backend},
       {"threads", &C::threads},
       {"peak_tflops", &C::peak_tflops},
@@ -317,6 +318,10 @@ void validate_config(const TrainConfig& c) {
   one_of("optimizer", c.optimizer, {"adamw", "adamw8bit", "hybrid"});
   one_of("master_weights", c.master_weights, {"fp32", "bf16-sr", "auto"});
   one_of("gradients", c.gradients, {"host", "device", "auto"});
+  one_of("optimizer_nvme", c.optimizer_nvme, {"none", "auto", "all"});
+  LT_CHECK(c.optimizer_nvme != "all" || !c.nvme_dir.empty(),
+           "config: optimizer_nvme: all keeps every layer's optimizer moments in files on NVMe and needs nvme_dir (a "
+           "directory on a local SSD)");
   one_of("backend", c.backend, {"auto", "cpu", "cuda"});
   one_of("save_dtype", c.save_dtype, {"bf16", "fp32"});
   (void)canonical_planner(c.planner);  // the same names as `plan --planner` (plan/heuristics.h); resolved in planning

@@ -65,6 +65,7 @@ struct TrainConfig {
   std::string optimizer = "adamw";           // adamw | adamw8bit | hybrid
   std::string master_weights = "fp32";       // fp32 (exact; 4 B/param with its bf16 copy) | bf16-sr | auto
   std::string gradients = "auto";            // where the step's gradient waits for the norm: host | device | auto
+  std::string optimizer_nvme = "none";       // optimizer moments on NVMe (nvme_dir): none | auto (the planner's) | all (every layer's)
   std::string backend = "auto";              // auto | cpu | cuda
   int64_t threads = 0;                       // CPU threads; 0 = all cores
   double peak_tflops = 0;                    // MFU denominator; 0 = by device (989 on H100/H200 class)

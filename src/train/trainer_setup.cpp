@@ -115,6 +115,10 @@ OptimizerSetup optimizer_setup(const TrainConfig& cfg, const TrainingPlan& tp, b
   // On the CPU backend the compute lane needs the cores; one optimizer thread overlaps with it.
   os.threads = gpu ? int(cfg.threads) : 1;
   os.sr_seed = rounding_seed(uint64_t(cfg.seed));
+  // optimizer_nvme: all = every layer unit's moments on NVMe; auto = the plan's units (not placed by the
+  // planner yet: none).
+  os.nvme_dir = cfg.nvme_dir;
+  os.nvme_all_layers = cfg.optimizer_nvme == "all";
   return os;
 }
 

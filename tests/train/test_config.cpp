@@ -75,6 +75,9 @@ TEST(TrainConfig, ValidationErrors) {
             std::string::npos);
   EXPECT_NE(err_of("model_name_or_path: x\noptimizer: sgd\n").find("adamw8bit"), std::string::npos);
   EXPECT_NE(err_of("model_name_or_path: x\ngpu_mem: lots\n").find("gpu_mem"), std::string::npos);
+  EXPECT_NE(err_of("model_name_or_path: x\noptimizer_nvme: some\n").find("none, auto, all"), std::string::npos);
+  EXPECT_NE(err_of("model_name_or_path: x\noptimizer_nvme: all\n").find("needs nvme_dir"), std::string::npos);
+  EXPECT_EQ(err_of("model_name_or_path: x\noptimizer_nvme: all\nnvme_dir: /tmp\n"), "");
   EXPECT_NE(err_of("model_name_or_path: x\nper_device_train_batch_size: 0\n").find("must be > 0"), std::string::npos);
   EXPECT_NE(err_of("- a\n- b\n").find("expected a mapping"), std::string::npos);
   EXPECT_NE(err_of("model_name_or_path: [\n").find("invalid YAML"), std::string::npos);

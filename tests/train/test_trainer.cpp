@@ -240,3 +240,22 @@ TEST(Trainer, PeriodicValidationLossAndExactMatchRecords) {
   for (std::string line; std::getline(res, line);) ++lines;
   EXPECT_EQ(lines, 4);
 }
+
+TEST(Trainer, NvmeMomentsTrainAndResumeInDramBitIdentically) {
+  TmpDir full_dir("_full"), split_dir("_split"), nvme_dir("_nvme");
+  std::vector<std::string> ov = {"optimizer=adamw8bit", "max_steps=3", "gradient_accumulation_steps=1"};
+  TrainResult full = run_training(tiny_config(full_dir.p, ov), quiet_hooks());
+  // Two steps with every layer's moments on NVMe, checkpointed, then resumed with them in DRAM.
+  auto on_nvme = ov;
+  on_nvme.push_back("optimizer_nvme=all");
+  on_nvme.push_back("nvme_dir=" + nvme_dir.p.string());
+  TrainHooks stop = quiet_hooks();
+  stop.stop_after_steps = 2;
+  run_training(tiny_config(split_dir.p, on_nvme), stop);
+  EXPECT_TRUE(fs::is_empty(nvme_dir.p)) << "NVMe moment files left behind";
+  auto resume = ov;
+  resume.push_back("resume_from_checkpoint=auto");
+  TrainResult resumed = run_training(tiny_config(split_dir.p, resume), quiet_hooks());
+  ASSERT_EQ(resumed.losses.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(resumed.losses[i], full.losses[i]) << "step " << i + 1;
+}
