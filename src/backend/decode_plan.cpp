@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "backend/decode_split.h"
+#include "backend/decode_state.h"
 #include "core/error.h"
 #include "core/units.h"
 
@@ -48,7 +49,7 @@ DecodeCapacity decode_capacity(int64_t max_batch, int64_t max_seq) {
 
 DecodeWorkspace decode_workspace(const ModelConfig& c, const DecodeCapacity& cap) {
   const int64_t R = std::max(cap.prefill_rows, cap.max_batch), B = cap.max_batch;
-  const int64_t H = c.hidden, QD = c.q_dim(), KD = c.kv_dim(), F = c.ffn;
+  const int64_t H = c.hidden, F = c.ffn;
   DecodeWorkspace w;
   Carver cv;
   // Per-pass tables first, in the order of the host staging buffer (one H2D copy fills them).
@@ -56,6 +57,7 @@ DecodeWorkspace decode_workspace(const ModelConfig& c, const DecodeCapacity& cap
   w.pos = cv.take(R * 4);
   w.seg = cv.take(R * 4);
   w.len = cv.take(B * 4);
+  w.slot = cv.take(B * 4);
   w.dst_row = cv.take(R * 8);
   w.row0 = cv.take(B * 8);
   w.last_rows = cv.take(B * 8);
@@ -66,13 +68,10 @@ DecodeWorkspace decode_workspace(const ModelConfig& c, const DecodeCapacity& cap
   w.x = cv.take(R * H * 2);
   w.x1 = cv.take(R * H * 2);
   w.h = cv.take(R * H * 2);
-  w.q = cv.take(R * QD * 2);
-  w.k = cv.take(R * KD * 2);
-  w.v = cv.take(R * KD * 2);
-  w.o = cv.take(R * QD * 2);
   w.gu = cv.take(R * 2 * F * 2);
   w.act = cv.take(R * F * 2);
-  w.lse = cv.take(R * c.heads * 4);
+  for (int64_t l = 0; l < c.layers; ++l) w.mixer_bytes = std::max(w.mixer_bytes, decode_scratch_bytes(c, c.kind(l), R));
+  w.mixer = cv.take(w.mixer_bytes);
   w.xr = cv.take(B * H * 2);
   w.hn = cv.take(B * H * 2);
   w.logits = cv.take(B * c.vocab * 4);
@@ -93,7 +92,7 @@ DecodeMemory decode_memory(const ModelConfig& c, const ModelLayout& lay, const D
     m.layers += b;
     m.layer_max = std::max(m.layer_max, b);
   }
-  m.kv_cache = 2 * align256(c.layers * cap.max_batch * cap.max_seq * c.kv_dim() * 2);
+  for (int64_t l = 0; l < c.layers; ++l) m.kv_cache += decode_state_bytes(c, c.kind(l), cap);
   m.workspace = decode_workspace(c, cap).bytes;
   return m;
 }

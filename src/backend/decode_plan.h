@@ -31,17 +31,17 @@ DecodeCapacity decode_capacity(int64_t max_batch, int64_t max_seq);
 // Byte offsets of the decoder's workspace pieces (256-byte aligned) from one base pointer.
 // R = max(prefill_rows, max_batch) activation rows; B = max_batch logits rows.
 struct DecodeWorkspace {
-  int64_t x = 0, x1 = 0, h = 0, q = 0, k = 0, v = 0, o = 0, gu = 0, act = 0;  // bf16 activations [R, *]
-  int64_t lse = 0;                                                          // fp32 [R, heads] (prefill attention)
-  int64_t hn = 0, xr = 0;                                                   // bf16 [B, hidden] (head)
-  int64_t logits = 0;                                                       // fp32 [B, vocab]
-  int64_t partial = 0;                                                      // fp32 decode-attention splits
-  int64_t ids = 0, pos = 0, seg = 0, len = 0, out_ids = 0;                  // int32 tables
-  int64_t dst_row = 0, row0 = 0, last_rows = 0;                             // int64 tables
+  int64_t x = 0, x1 = 0, h = 0, gu = 0, act = 0;             // bf16 activations [R, *] (shared by every kind)
+  int64_t mixer = 0, mixer_bytes = 0;                        // the mixers' scratch (decode_state.h), R rows
+  int64_t hn = 0, xr = 0;                                    // bf16 [B, hidden] (head)
+  int64_t logits = 0;                                        // fp32 [B, vocab]
+  int64_t partial = 0;                                       // fp32 decode-attention splits
+  int64_t ids = 0, pos = 0, seg = 0, len = 0, slot = 0, out_ids = 0;  // int32 tables
+  int64_t dst_row = 0, row0 = 0, last_rows = 0;              // int64 tables
   int64_t inv_freq = 0, err = 0;
   int64_t gemm = 0;  // cuBLASLt workspace
   int64_t bytes = 0;
-  // Host staging of the per-pass tables (pinned): ids, pos, seg, len, dst_row, row0, last_rows.
+  // Host staging of the per-pass tables (pinned): ids, pos, seg, len, slot, dst_row, row0, last_rows.
   int64_t table_bytes = 0;
 };
 constexpr int64_t kDecodeGemmWorkspace = int64_t(32) << 20;
@@ -50,7 +50,9 @@ DecodeWorkspace decode_workspace(const ModelConfig& c, const DecodeCapacity& cap
 struct DecodeMemory {
   int64_t embedding = 0, head = 0;      // bf16, always on the device (head: final norm + untied lm_head)
   int64_t layers = 0, layer_max = 0;    // bf16, all layers / the largest one (one streaming slot)
-  int64_t kv_cache = 0;                 // K and V, bf16, [layers, max_batch * max_seq, kv_dim] each
+  int64_t kv_cache = 0;                 // per-layer decoding state (decode_state.h): attention layers' K and V
+                                        // (bf16 [max_batch * max_seq, kv_dim] each), Gated DeltaNet layers'
+                                        // conv windows and recurrent states (fp32, one slot per sequence)
   int64_t workspace = 0;                // DecodeWorkspace::bytes
   int64_t resident() const { return embedding + head + layers + kv_cache + workspace; }
   int64_t streamed() const { return embedding + head + 2 * layer_max + kv_cache + workspace; }

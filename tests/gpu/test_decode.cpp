@@ -22,6 +22,7 @@
 #include "backend/cuda/cuda_decoder.h"
 #include "backend/cuda/decode.h"
 #include "core/error.h"
+#include "decode_test_util.h"
 #include "gpu_test_util.h"
 #include "model/weights.h"
 #include "train/generate.h"
@@ -138,16 +139,6 @@ TEST(DecodeKernels, ArgmaxMatchesMaxElementWithTiesAndNaN) {
 
 // ------------------------------------------------------------------------------------------ decoder
 
-struct Model {
-  ModelWeights w;
-  train::ModelWeightsView view() const { return train::view_of(w); }
-  std::vector<const float*> ptrs() const {
-    std::vector<const float*> p;
-    for (const auto& u : w.units) p.push_back(u.data());
-    return p;
-  }
-};
-
 ModelConfig dec_config(const std::string& kind) {
   ModelConfig c;
   c.name = kind;
@@ -192,65 +183,13 @@ Model make_model(const std::string& kind, uint32_t seed, bool separated = false)
       std::copy(v.begin(), v.end(), m.w.units[u].begin() + p.offset);
     }
   }
-  if (separated) {
-    const ModelConfig& c = m.w.config;
-    EXPECT_FALSE(c.tied);
-    const float* emb = m.w.tensor("model.embed_tokens.weight");
-    float* lm = m.w.tensor("lm_head.weight");
-    for (int64_t i = 0; i < c.vocab; ++i) {
-      const int64_t j = (i * 37 + 11) % c.vocab;  // perm(i)
-      for (int64_t h = 0; h < c.hidden; ++h) lm[j * c.hidden + h] += 4.f * emb[i * c.hidden + h];
-    }
-  }
+  if (separated) separate_tokens(m.w);
   for (auto& u : m.w.units) u = round_bf16(u);
   return m;
 }
 
-std::vector<std::vector<int32_t>> make_prompts(const std::vector<int64_t>& lens, int64_t vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<std::vector<int32_t>> p;
-  for (int64_t L : lens) {
-    std::vector<int32_t> ids(sz(L));
-    for (auto& t : ids) t = int32_t(rng() % uint32_t(vocab));
-    p.push_back(ids);
-  }
-  return p;
-}
-
-std::unique_ptr<cuda::CudaDecoder> make_decoder(const Model& m, WeightsMode mode, int64_t max_batch, int64_t max_seq,
-                                                bool capture = true, cuda::DeviceMemorySource mem = {},
-                                                bool graphs = true) {
-  cuda::DecoderOptions o;
-  o.cuda_graphs = graphs;
-  o.weights = mode;
-  o.max_batch = max_batch;
-  o.max_seq = max_seq;
-  o.capture_logits = capture;
-  o.memory = std::move(mem);
-  return std::make_unique<cuda::CudaDecoder>(m.w.config, m.w.layout, cuda::fp32_units(m.w.layout, m.ptrs()), o);
-}
-
-double rms(const float* a, int64_t n) {
-  double s = 0;
-  for (int64_t i = 0; i < n; ++i) s += double(a[i]) * a[i];
-  return std::sqrt(s / double(n));
-}
-double max_abs_diff(const float* a, const float* b, int64_t n) {
-  double m = 0;
-  for (int64_t i = 0; i < n; ++i) m = std::max(m, std::abs(double(a[i]) - b[i]));
-  return m;
-}
-int32_t argmax(const float* a, int64_t n) { return int32_t(std::max_element(a, a + n) - a); }
-
 constexpr double kRowRelErr = 3e-2;   // relative L2 error of a logits row, GPU vs CPU
 constexpr double kEntryErr = 0.12;    // largest entry error, in units of the row's RMS
-
-// CPU logits of the next token after `ids` (full forward).
-std::vector<float> cpu_next_logits(const Model& m, const std::vector<int32_t>& ids) {
-  auto all = train::forward_logits(m.view(), ids);
-  const int64_t V = m.w.config.vocab;
-  return std::vector<float>(all.end() - V, all.end());
-}
 
 constexpr double kBatchDiff = 0.05;  // batch vs alone: largest logits entry difference, x RMS
 
@@ -260,44 +199,7 @@ class DecoderArch : public ::testing::TestWithParam<const char*> {};
 // forward over the same prefix (the GPU's own tokens), sequences of different lengths in one batch.
 TEST_P(DecoderArch, LogitsOfEveryStepMatchCpuForward) {
   REQUIRE_GPU();
-  const Model m = make_model(GetParam(), 11);
-  const int64_t V = m.w.config.vocab, steps = 10;
-  auto prompts = make_prompts({1, 7, 33, 64, 100, 129}, V, 5);
-  auto dec = make_decoder(m, WeightsMode::Resident, 8, 160);
-  auto gen = dec->generate(prompts, steps, 64, {});
-  const auto& cap = dec->captured_logits();
-  ASSERT_EQ(cap.size(), size_t(steps));  // one prefill pass + steps-1 decode steps, all sequences live
-  double worst_rel = 0, worst_entry = 0;
-  int64_t cpu_agree = 0, total = 0;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    ASSERT_EQ(gen[i].size(), size_t(steps));
-    std::vector<int32_t> prefix = prompts[i];
-    for (int64_t t = 0; t < steps; ++t) {
-      const float* g = cap[sz(t)].data() + i * sz(V);
-      ASSERT_EQ(gen[i][sz(t)], argmax(g, V)) << "the GPU argmax picks the GPU logits' maximum";
-      auto ref = cpu_next_logits(m, prefix);
-      const double e = rel_err(std::vector<float>(g, g + V), ref);
-      const double ent = max_abs_diff(g, ref.data(), V) / rms(ref.data(), V);
-      worst_rel = std::max(worst_rel, e);
-      worst_entry = std::max(worst_entry, ent);
-      EXPECT_LE(e, kRowRelErr) << "seq " << i << " step " << t;
-      EXPECT_LE(ent, kEntryErr) << "seq " << i << " step " << t;
-      // Teacher-forced greedy agreement: where the argmaxes differ, it is a near tie on the CPU.
-      const int32_t c = argmax(ref.data(), V), gt = gen[i][sz(t)];
-      total++;
-      if (c == gt) {
-        cpu_agree++;
-      } else {
-        const double margin = (ref[sz(c)] - ref[sz(gt)]) / rms(ref.data(), V);
-        EXPECT_LE(margin, 2 * kEntryErr) << "seq " << i << " step " << t << ": not a near tie";
-      }
-      prefix.push_back(gt);
-    }
-  }
-  EXPECT_GE(double(cpu_agree), 0.85 * double(total));
-  std::printf("[decode] %s: logits vs CPU over %lld steps: worst row rel err %.2e, worst entry err %.3f x RMS; "
-              "argmax agrees %lld/%lld\n",
-              GetParam(), (long long)total, worst_rel, worst_entry, (long long)cpu_agree, (long long)total);
+  expect_logits_match_cpu(make_model(GetParam(), 11), GetParam(), kRowRelErr, kEntryErr, "[decode]");
 }
 
 // (iii) Resident and streamed weights run the same kernels on the same bytes: identical tokens and
@@ -305,38 +207,7 @@ TEST_P(DecoderArch, LogitsOfEveryStepMatchCpuForward) {
 // replay CUDA graphs, streamed ones launch eagerly; a resident decoder without graphs is compared too.
 TEST_P(DecoderArch, ResidentAndStreamedAreBitIdentical) {
   REQUIRE_GPU();
-  const Model m = make_model(GetParam(), 12);
-  const int64_t V = m.w.config.vocab;
-  auto prompts = make_prompts({3, 50, 17, 90, 1}, V, 6);
-  auto res = make_decoder(m, WeightsMode::Resident, 4, 120);
-  auto str = make_decoder(m, WeightsMode::Streamed, 4, 120);
-  auto eager = make_decoder(m, WeightsMode::Resident, 4, 120, true, {}, false);
-  ASSERT_EQ(res->mode(), WeightsMode::Resident);
-  ASSERT_EQ(str->mode(), WeightsMode::Streamed);
-  ASSERT_FALSE(eager->uses_graphs());
-  auto free_run = res->generate(prompts, 12, 4, {});
-  res->clear_captured_logits();
-  const std::vector<int32_t> stops = {free_run[1][4], free_run[3][2]};
-  auto a = res->generate(prompts, 12, 4, stops);
-  auto b = str->generate(prompts, 12, 4, stops);
-  auto e = eager->generate(prompts, 12, 4, stops);
-  EXPECT_EQ(a, b);
-  EXPECT_EQ(a, e);
-  EXPECT_TRUE(!res->uses_graphs() || res->counters().graphs > 0);
-  const auto &la = res->captured_logits(), &lb = str->captured_logits(), &le = eager->captured_logits();
-  ASSERT_EQ(la.size(), lb.size());
-  ASSERT_EQ(la.size(), le.size());
-  for (size_t p = 0; p < la.size(); ++p) {
-    ASSERT_EQ(la[p].size(), lb[p].size());
-    ASSERT_EQ(la[p].size(), le[p].size());
-    EXPECT_EQ(std::memcmp(la[p].data(), lb[p].data(), la[p].size() * 4), 0) << "pass " << p;
-    EXPECT_EQ(std::memcmp(la[p].data(), le[p].data(), la[p].size() * 4), 0) << "pass " << p;
-  }
-  const auto& cs = str->counters();
-  EXPECT_EQ(cs.bytes_uploaded, cs.passes * str->streamed_bytes_per_pass());
-  std::printf("[decode] %s: resident (%lld graphs) == streamed == resident eager over %zu passes (%lld layer bytes "
-              "streamed)\n",
-              GetParam(), (long long)res->counters().graphs, la.size(), (long long)cs.bytes_uploaded);
+  expect_resident_streamed_eager_identical(make_model(GetParam(), 12), GetParam(), "[decode]");
 }
 
 // (iv) A batch of prompts of different lengths (packed prefill, batched decode) gives the tokens of each
@@ -403,10 +274,7 @@ TEST(Decoder, GreedyTokensEqualCpuOnWellSeparatedModel) {
     for (size_t i = 0; i < prompts.size(); ++i) {
       std::vector<int32_t> prefix = prompts[i];
       for (int64_t t = 0; t < steps; t += 5) {
-        auto ref = cpu_next_logits(m, prefix);
-        std::vector<float> s(ref);
-        std::partial_sort(s.begin(), s.begin() + 2, s.end(), std::greater<float>());
-        min_margin = std::min(min_margin, (s[0] - s[1]) / rms(ref.data(), V));
+        min_margin = std::min(min_margin, top2_margin(cpu_next_logits(m, prefix)));
         for (int64_t k = 0; k < 5 && t + k < steps; ++k) prefix.push_back(cpu[i][sz(t + k)]);
       }
     }

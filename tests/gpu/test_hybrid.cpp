@@ -1,7 +1,7 @@
 // Qwen3.5/3.6 hybrid models on the CUDA backend: one decoder layer of each kind (Gated DeltaNet, gated
 // full attention with (1 + w) norms and partial RoPE) through the CudaBackend against the fp32 CPU
 // reference (src/backend/cpu/reference.h) on the same bf16-rounded weights and inputs, with the
-// tolerances of test_layer.cpp's LayerTest; the head's (1 + w) final norm; GPU decoding's refusal.
+// tolerances of test_layer.cpp's LayerTest; the head's (1 + w) final norm; which shapes GPU decoding refuses.
 // Whole-model HF parity: test_hf_step.cpp (HybridHfStepBf16); plan invariance: test_plan_invariance.cpp.
 #include <gtest/gtest.h>
 
@@ -13,67 +13,12 @@
 #include "backend/cuda/cuda_decoder.h"
 #include "core/error.h"
 #include "gpu_test_util.h"
+#include "hybrid_test_util.h"
 
 using namespace lt;
 using namespace lt::gputest;
 
 namespace {
-
-// Hybrid shapes: "hd64" (flash attention at head_dim 64, Dk = Dv = 32), "hd128" (flash at 128, linear
-// heads of 128 with a GQA ratio 3 and conv 3), "hd256" (the 27B head_dim: flash on sm_90, else the
-// generic attention; linear value heads of 64 and key heads of 128).
-ModelConfig hybrid_config(const std::string& kind) {
-  ModelConfig c;
-  c.name = "hybrid-" + kind;
-  c.arch = Arch::Qwen3_5;
-  c.hidden = 256;
-  c.layers = 2;
-  c.ffn = 512;
-  c.vocab = 1000;
-  c.rms_eps = 1e-6;
-  c.rope_theta = 1e7;
-  c.qk_norm = true;
-  c.attn_output_gate = true;
-  c.norm_plus_one = true;
-  c.partial_rotary = 0.25;
-  if (kind == "hd64") {
-    c.heads = 4, c.kv_heads = 2, c.head_dim = 64;
-    c.linear = LinearAttnConfig{2, 4, 32, 32, 4};
-  } else if (kind == "hd128") {
-    c.heads = 2, c.kv_heads = 1, c.head_dim = 128;
-    c.linear = LinearAttnConfig{1, 3, 128, 128, 3};
-  } else {
-    c.heads = 4, c.kv_heads = 1, c.head_dim = 256;
-    c.linear = LinearAttnConfig{2, 4, 128, 64, 4};
-  }
-  c.layer_kinds = {LayerKind::GatedDeltaNet, LayerKind::Attention};
-  return c;
-}
-
-// Random unit weights rounded to bf16: (1 + w) norms w ~ N(0, 0.1); the gated norm's plain weight near
-// 1; matrices ~ N(0, 0.05); conv taps ~ N(0, 0.3); A_log = log of U(1, 16); dt_bias ~ N(0, 0.5).
-std::vector<float> unit_weights(const UnitLayout& lay, std::mt19937& rng) {
-  std::vector<float> w(sz(lay.numel), 0.f);
-  for (auto& p : lay.params) {
-    std::vector<float> v;
-    if (p.suffix == "linear_attn.norm.weight") {
-      v = randn(sz(p.numel), rng, 0.1f, 1.f);
-    } else if (p.suffix.find("norm") != std::string::npos) {
-      v = randn(sz(p.numel), rng, 0.1f, 0.f);
-    } else if (p.suffix.find("conv1d") != std::string::npos) {
-      v = randn(sz(p.numel), rng, 0.3f);
-    } else if (p.suffix.find("A_log") != std::string::npos) {
-      std::uniform_real_distribution<float> u(1.f, 16.f);
-      for (int64_t i = 0; i < p.numel; ++i) v.push_back(std::log(u(rng)));
-    } else if (p.suffix.find("dt_bias") != std::string::npos) {
-      v = randn(sz(p.numel), rng, 0.5f);
-    } else {
-      v = randn(sz(p.numel), rng, 0.05f);
-    }
-    std::copy(v.begin(), v.end(), w.begin() + p.offset);
-  }
-  return round_bf16(w);
-}
 
 struct Dev {
   CudaBackend& be;
@@ -273,12 +218,15 @@ TEST(HybridBackend, WorkspaceCoversBothKinds) {
   }
 }
 
-// GPU decoding of hybrid models is not implemented: the decoder refuses with a message naming the
-// reason (the callers decode on the CPU under --device auto; see train/decode_device.cpp).
-TEST(HybridDecode, CudaDecoderRefusesHybridModelsClearly) {
+// GPU decoding supports the hybrid shapes the Gated DeltaNet kernels run (test_hybrid_decode.cpp); a
+// shape they lack is refused with a message naming it (the callers then decode on the CPU under --device
+// auto; see train/decode_device.cpp).
+TEST(HybridDecode, RefusesOnlyShapesTheKernelsLack) {
   REQUIRE_GPU();
-  const ModelConfig c = hybrid_config("hd64");
-  EXPECT_NE(cuda::decoder_unsupported(c).find("Gated DeltaNet"), std::string::npos);
+  for (const char* k : {"hd64", "hd128", "hd256"}) EXPECT_EQ(cuda::decoder_unsupported(hybrid_config(k)), "") << k;
+  ModelConfig c = hybrid_config("hd64");
+  c.linear.k_head_dim = 12;  // not a multiple of 8
+  EXPECT_NE(cuda::decoder_unsupported(c).find("Gated DeltaNet shape"), std::string::npos);
   const ModelLayout layout = model_layout(c);
   cuda::DecoderOptions o;
   o.gpu_mem_cap = int64_t(2) << 30;
@@ -286,7 +234,7 @@ TEST(HybridDecode, CudaDecoderRefusesHybridModelsClearly) {
     cuda::CudaDecoder dec(c, layout, [](int64_t, uint16_t*) {}, o);
     FAIL() << "expected lt::Error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("Gated DeltaNet"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("Gated DeltaNet shape"), std::string::npos) << e.what();
   }
 }
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "backend/decode_plan.h"
+#include "backend/decode_state.h"
 #include "core/error.h"
 #include "core/units.h"
 #include "model/init.h"
@@ -98,7 +99,8 @@ TEST(DecodeDevice, MakeGeneratorRoutesOptionsAndBorrow) {
   EXPECT_NE(error_of([&] { make_generator(view(m), o, fake_hooks(true)); }).find("--gpu-mem"), std::string::npos);
 }
 
-// A model the GPU decoder does not support (hybrid Qwen3.5 for now): auto falls back to the CPU, cuda says why.
+// A model the GPU decoder does not support (a hook refusing hybrids stands in for one): auto falls back to
+// the CPU, cuda says why.
 TEST(DecodeDevice, UnsupportedModelDecodesOnTheCpuUnderAutoAndFailsUnderCuda) {
   ModelWeights m = random_model(preset_config("tiny-qwen35"), 3);
   GpuDecodeHooks h = fake_hooks(true);
@@ -145,12 +147,38 @@ TEST(DecodePlan, CapacityAndWorkspaceLayout) {
   // Tables first (one staging copy), every piece 256-byte aligned and inside the workspace.
   EXPECT_EQ(w.ids, 0);
   EXPECT_LE(w.last_rows, w.table_bytes);
-  for (int64_t off : {w.x, w.x1, w.h, w.q, w.k, w.v, w.o, w.gu, w.act, w.lse, w.hn, w.xr, w.logits, w.partial,
-                      w.ids, w.pos, w.seg, w.len, w.out_ids, w.dst_row, w.row0, w.last_rows, w.inv_freq, w.err, w.gemm}) {
+  for (int64_t off : {w.x, w.x1, w.h, w.gu, w.act, w.mixer, w.hn, w.xr, w.logits, w.partial, w.ids, w.pos, w.seg,
+                      w.len, w.slot, w.out_ids, w.dst_row, w.row0, w.last_rows, w.inv_freq, w.err, w.gemm}) {
     EXPECT_EQ(off % 256, 0);
     EXPECT_LT(off, w.bytes);
   }
   EXPECT_GE(w.bytes - w.logits, 128 * c.vocab * 4);  // the logits of a whole batch
+  EXPECT_LE(w.slot, w.table_bytes);
+  EXPECT_EQ(w.mixer_bytes, attn_decode_scratch(c, b.prefill_rows).bytes);  // one kind: its scratch
+}
+
+// Hybrid models: attention layers keep a KV cache, Gated DeltaNet layers conv windows and fp32 recurrent
+// states per sequence slot; the mixers' scratch is the larger kind's.
+TEST(DecodePlan, HybridStatesPerLayerKind) {
+  ModelConfig c = preset_config("tiny-qwen35");
+  ASSERT_TRUE(c.hybrid());
+  ModelLayout lay = model_layout(c);
+  DecodeCapacity cap = decode_capacity(8, 100);
+  DecodeMemory m = decode_memory(c, lay, cap);
+  const auto& l = c.linear;
+  const int64_t kv = 2 * ((8 * 100 * c.kv_dim() * 2 + 255) / 256 * 256);
+  const int64_t conv = (8 * l.conv_dim() * (l.conv_kernel - 1) * 4 + 255) / 256 * 256;
+  const int64_t rec = (8 * l.v_heads * l.k_head_dim * l.v_head_dim * 4 + 255) / 256 * 256;
+  EXPECT_EQ(m.kv_cache, c.count(LayerKind::Attention) * kv + c.count(LayerKind::GatedDeltaNet) * (conv + rec));
+  EXPECT_EQ(decode_state_bytes(c, LayerKind::GatedDeltaNet, cap), conv + rec);
+  DecodeWorkspace w = decode_workspace(c, cap);
+  const int64_t R = cap.prefill_rows;
+  EXPECT_EQ(w.mixer_bytes, std::max(attn_decode_scratch(c, R).bytes, gdn_decode_scratch(c, R).bytes));
+  const GdnDecodeScratch g = gdn_decode_scratch(c, R);
+  EXPECT_GE(g.bytes - g.chunk_states, (R + 63) / 64 * l.v_heads * l.k_head_dim * l.v_head_dim * 4);
+  const AttnDecodeScratch a = attn_decode_scratch(c, R);
+  EXPECT_GE(a.qfull, 0);  // Qwen3.5's gated attention
+  EXPECT_GE(a.bytes - a.qfull, R * 2 * c.q_dim() * 2);
 }
 
 TEST(DecodePlan, MemoryOfQwen05B) {

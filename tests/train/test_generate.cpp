@@ -1,3 +1,4 @@
+#include "../common/hf_fixture.h"
 #include "../common/repo_path.h"
 #include <gtest/gtest.h>
 
@@ -101,18 +102,8 @@ TEST_P(GenerateHf, GreedyTokensEqualHf) {
   const auto dir = lt::testing::repo_root() / "tests" / "fixtures" / "hf" / GetParam();
   ModelWeights m = load_model(dir);
   SafetensorsFile fx(dir / "fixture.safetensors");
-  auto ints = [&](const char* name) {
-    const StTensor* t = fx.find(name);
-    EXPECT_NE(t, nullptr) << name;
-    std::vector<int32_t> out(static_cast<size_t>(t ? t->numel() : 0));
-    for (size_t i = 0; i < out.size(); ++i) {
-      int64_t v;
-      std::memcpy(&v, fx.raw(*t) + 8 * i, 8);
-      out[i] = int32_t(v);
-    }
-    return out;
-  };
-  const auto prompt = ints("gen.prompt"), want = ints("gen.tokens");
+  const auto prompt = lt::testing::read_ids(fx, "gen.prompt");
+  const auto want = lt::testing::read_ids(fx, "gen.tokens");
   GenerateOptions opt;
   opt.max_new_tokens = int64_t(want.size());
   auto got = greedy_generate(view(m), {prompt}, opt)[0];

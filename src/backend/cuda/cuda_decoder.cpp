@@ -12,14 +12,18 @@
 #include "backend/cpu/ops.h"
 #include "backend/cuda/cuda_util.h"
 #include "backend/cuda/decode.h"
+#include "backend/cuda/decode_mixer.h"
+#include "backend/cuda/deltanet.h"
 #include "backend/cuda/device_arena.h"
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/mixer.h"
 #include "backend/cuda/kernels.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/timer.h"
 #include "core/units.h"
+#include "backend/decode_state.h"
 
 namespace lt::cuda {
 
@@ -42,13 +46,17 @@ UnitSource fp32_units(const ModelLayout& layout, std::vector<const float*> units
 }
 
 std::string decoder_unsupported(const ModelConfig& c) {
-  if (c.hybrid())
-    return fmt::format("{} has Gated DeltaNet (linear_attention) layers, which GPU decoding does not support yet",
-                       c.name.empty() ? std::string(arch_hf_name(c.arch)) : c.name);
-  if (c.attn_output_gate || c.norm_plus_one || c.rotary_dim() != c.head_dim)
-    return fmt::format("{}'s gated attention / (1 + w) norms / partial RoPE are not supported by GPU decoding yet",
-                       c.name.empty() ? std::string(arch_hf_name(c.arch)) : c.name);
-  return {};
+  if (c.count(LayerKind::GatedDeltaNet) == 0) return {};
+  const auto& l = c.linear;
+  GdnDims d;
+  d.batch = d.seq = 1;
+  d.Hk = l.k_heads, d.Hv = l.v_heads, d.Dk = l.k_head_dim, d.Dv = l.v_head_dim, d.K = l.conv_kernel;
+  if (gdn_dims_supported(d)) return {};
+  return fmt::format(
+      "{}'s Gated DeltaNet shape (key heads {} x {}, value heads {} x {}, conv kernel {}) is not supported by the "
+      "GPU kernels (head dims multiples of 8 up to 128, conv kernel 1..8, value heads a multiple of key heads)",
+      c.name.empty() ? std::string(arch_hf_name(c.arch)) : c.name, l.k_heads, l.k_head_dim, l.v_heads, l.v_head_dim,
+      l.conv_kernel);
 }
 
 struct CudaDecoder::Impl {
@@ -73,15 +81,14 @@ struct CudaDecoder::Impl {
   int64_t host_layers_bytes = 0;
   bool layer0_ready = false;               // streamed: layer 0 is (being) uploaded into slot 0
   std::vector<int64_t> layer_off, layer_bytes;  // byte offsets in host_layers (streamed), sizes
-  // KV cache + workspace block.
+  // Decoding states (per layer, its kind's: KV cache or conv + recurrent states) + workspace block.
   char* kblock = nullptr;
   int64_t kblock_bytes = 0;
   DecodeCapacity cap;
   DecodeWorkspace ws;
   char* wsb = nullptr;
-  uint16_t* kc = nullptr;
-  uint16_t* vc = nullptr;
-  int64_t kv_rows = 0;  // rows per layer
+  std::vector<char*> layer_state;
+  std::unique_ptr<DecodeMixer> mixers[kNumLayerKinds];  // one per kind present
   char* staging = nullptr;    // pinned: the per-pass tables
   int32_t* out_host = nullptr;  // pinned: ids, then the error flag
   std::unique_ptr<Gemm> gemm;
@@ -132,8 +139,9 @@ struct CudaDecoder::Impl {
 
   void alloc_kv_workspace(const DecodeCapacity& cp);
   void upload_layer(int64_t l);
-  void forward_layers(int64_t T, bool prefill, int64_t max_len);
-  void layer(int64_t l, const uint16_t* w, int64_t T, bool prefill, int64_t max_len);
+  DecodePass pass(int64_t T, int64_t seqs, bool prefill, int64_t max_len) const;
+  void forward_layers(const DecodePass& p);
+  void layer(int64_t l, const uint16_t* w, const DecodePass& p);
   void head(int64_t n, bool gather);
   void finish_pass(int64_t n);
   void enqueue_decode(int64_t n, int64_t max_len);
@@ -154,9 +162,13 @@ void CudaDecoder::Impl::alloc_kv_workspace(const DecodeCapacity& cp) {
   const DecodeMemory m = decode_memory(c, lay, cap);
   kblock_bytes = m.kv_cache + ws.bytes;
   kblock = static_cast<char*>(dev_alloc(kblock_bytes, "decode.kv+workspace"));
-  kv_rows = cap.max_batch * cap.max_seq;
-  kc = reinterpret_cast<uint16_t*>(kblock);
-  vc = reinterpret_cast<uint16_t*>(kblock + m.kv_cache / 2);
+  layer_state.clear();
+  int64_t off = 0;
+  for (int64_t l = 0; l < c.layers; ++l) {
+    layer_state.push_back(kblock + off);
+    off += decode_state_bytes(c, c.kind(l), cap);
+  }
+  LT_CHECK(off == m.kv_cache, "internal: decoding states {} != planned {}", off, m.kv_cache);
   wsb = kblock + m.kv_cache;
   LT_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&staging), size_t(ws.table_bytes), cudaHostAllocDefault));
   LT_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&out_host), size_t(cap.max_batch + 1) * 4, cudaHostAllocDefault));
@@ -187,10 +199,29 @@ void CudaDecoder::Impl::upload_layer(int64_t l) {
   LT_CUDA(cudaEventRecord(up_done[s], copy));
 }
 
+// The device tables of a pass of T rows over `seqs` sequences (the staging copy has filled them).
+DecodePass CudaDecoder::Impl::pass(int64_t T, int64_t seqs, bool prefill, int64_t max_len) const {
+  DecodePass p;
+  p.rows = T;
+  p.seqs = seqs;
+  p.prefill = prefill;
+  p.max_len = max_len;
+  p.pos = at<int32_t>(ws.pos);
+  p.seg = at<int32_t>(ws.seg);
+  p.len = at<int32_t>(ws.len);
+  p.slot = at<int32_t>(ws.slot);
+  p.dst_row = at<int64_t>(ws.dst_row);
+  p.row0 = at<int64_t>(ws.row0);
+  p.last_rows = at<int64_t>(ws.last_rows);
+  p.inv_freq = at<float>(ws.inv_freq);
+  p.attn_partial = at<float>(ws.partial);
+  return p;
+}
+
 // Streamed: layer l+1 is uploaded into the other slot while layer l computes; the copy into a slot
 // waits for the compute of the layer that used it before. Layer 0 of the next pass is uploaded as soon
 // as this pass's layers are done (it overlaps the head, the argmax and the host's bookkeeping).
-void CudaDecoder::Impl::forward_layers(int64_t T, bool prefill, int64_t max_len) {
+void CudaDecoder::Impl::forward_layers(const DecodePass& p) {
   const int64_t L = c.layers;
   if (streamed() && !layer0_ready) upload_layer(0);
   layer0_ready = false;
@@ -204,7 +235,7 @@ void CudaDecoder::Impl::forward_layers(int64_t T, bool prefill, int64_t max_len)
     } else {
       w = layer_dev[size_t(l)];
     }
-    layer(l, w, T, prefill, max_len);
+    layer(l, w, p);
     if (streamed()) LT_CUDA(cudaEventRecord(comp_done[l % 2], comp));
   }
   if (streamed()) {
@@ -213,71 +244,31 @@ void CudaDecoder::Impl::forward_layers(int64_t T, bool prefill, int64_t max_len)
   }
 }
 
-void CudaDecoder::Impl::layer(int64_t l, const uint16_t* w, int64_t T, bool prefill, int64_t max_len) {
+// What every kind shares: x1 = x + mixer(RMSNorm(x)) (the mixer of the layer's kind, decode_mixer.h), then
+// x = x1 + MLP(RMSNorm(x1)). The norms scale by (1 + w) when c.norm_plus_one.
+void CudaDecoder::Impl::layer(int64_t l, const uint16_t* w, const DecodePass& p) {
   const UnitLayout& u = lay.layer(l);
-  const int64_t H = c.hidden, QD = c.q_dim(), KD = c.kv_dim(), F = c.ffn, hd = c.head_dim;
-  const float eps = float(c.rms_eps);
-  auto W = [&](const char* s) { return w + u.find(s).offset; };
-  auto Wopt = [&](const char* s) -> const uint16_t* {
-    const ParamInfo* p = u.try_find(s);
-    return p ? w + p->offset : nullptr;
-  };
-  auto lin = [&](const void* X, const uint16_t* Wm, const uint16_t* bias, void* Y, int64_t N, int64_t K, int64_t ldc,
-                 const void* res) {
-    GemmArgs a;
-    a.trans_b = true;
-    a.m = T, a.n = N, a.k = K;
-    a.a = X, a.b = Wm, a.c = Y, a.ldc = ldc, a.bias = bias;
-    if (res) a.beta = 1.f, a.c_in = res;
-    gemm->run(a, comp);
-  };
+  const int64_t T = p.rows, H = c.hidden, F = c.ffn;
+  const float eps = float(c.rms_eps), noff = c.norm_plus_one ? 1.f : 0.f;
   void* x = at<void>(ws.x);
   void* x1 = at<void>(ws.x1);
   void* h = at<void>(ws.h);
-  void* q = at<void>(ws.q);
-  void* k = at<void>(ws.k);
-  void* v = at<void>(ws.v);
-  void* o = at<void>(ws.o);
   uint16_t* gu = at<uint16_t>(ws.gu);
   void* act = at<void>(ws.act);
-  const int32_t* pos = at<int32_t>(ws.pos);
-  const float* inv_freq = at<float>(ws.inv_freq);
-
-  rmsnorm_fwd(x, W("input_layernorm.weight"), T, H, eps, h, nullptr, comp);
-  lin(h, W("self_attn.q_proj.weight"), Wopt("self_attn.q_proj.bias"), q, QD, H, 0, nullptr);
-  lin(h, W("self_attn.k_proj.weight"), Wopt("self_attn.k_proj.bias"), k, KD, H, 0, nullptr);
-  lin(h, W("self_attn.v_proj.weight"), Wopt("self_attn.v_proj.bias"), v, KD, H, 0, nullptr);
-  if (c.qk_norm) {
-    rmsnorm_fwd(q, W("self_attn.q_norm.weight"), T * c.heads, hd, eps, q, nullptr, comp);
-    rmsnorm_fwd(k, W("self_attn.k_norm.weight"), T * c.kv_heads, hd, eps, k, nullptr, comp);
-  }
-  rope_apply(q, nullptr, T, c.heads, hd, pos, T, inv_freq, false, comp);
-  rope_apply(k, nullptr, T, c.kv_heads, hd, pos, T, inv_freq, false, comp);
-  uint16_t* kc_l = kc + l * kv_rows * KD;
-  uint16_t* vc_l = vc + l * kv_rows * KD;
-  kv_cache_append(k, v, T, KD, at<int64_t>(ws.dst_row), kc_l, vc_l, comp);
-  const float scale = float(1.0 / std::sqrt(double(hd)));
-  if (prefill) {
-    AttnDims d;
-    d.batch = 1, d.seq = T, d.heads = c.heads, d.kv_heads = c.kv_heads, d.head_dim = hd, d.scale = scale;
-    attention_fwd(d, q, k, v, at<int32_t>(ws.seg), o, at<float>(ws.lse), comp);
-  } else {
-    DecodeAttnDims d;
-    d.n = T, d.heads = c.heads, d.kv_heads = c.kv_heads, d.head_dim = hd, d.max_len = max_len, d.scale = scale;
-    decode_attention(d, q, kc_l, vc_l, at<int64_t>(ws.row0), at<int32_t>(ws.len), o, at<float>(ws.partial), comp);
-  }
-  lin(o, W("self_attn.o_proj.weight"), nullptr, x1, H, QD, 0, x);  // x1 = x + o Wo^T
-  rmsnorm_fwd(x1, W("post_attention_layernorm.weight"), T, H, eps, h, nullptr, comp);
-  const uint16_t* wg = W("mlp.gate_proj.weight");
-  const uint16_t* wu = W("mlp.up_proj.weight");
+  rmsnorm_fwd(x, wptr(w, u, "input_layernorm.weight"), T, H, eps, h, nullptr, comp, noff);
+  const DecodeMixerCall mc{u, w, p, cap, layer_state[size_t(l)], at<void>(ws.mixer), *gemm, comp};
+  mixers[int(c.kind(l))]->forward(mc, h, x, x1);  // x1 = x + mixer(h)
+  rmsnorm_fwd(x1, wptr(w, u, "post_attention_layernorm.weight"), T, H, eps, h, nullptr, comp, noff);
+  const uint16_t* wg = wptr(w, u, "mlp.gate_proj.weight");
+  const uint16_t* wu = wptr(w, u, "mlp.up_proj.weight");
   if (wu == wg + F * H) {
-    lin(h, wg, nullptr, gu, 2 * F, H, 0, nullptr);
+    decode_linear(*gemm, comp, T, h, wg, nullptr, gu, 2 * F, H);
   } else {
-    lin(h, wg, nullptr, gu, F, H, 2 * F, nullptr);
-    lin(h, wu, nullptr, gu + F, F, H, 2 * F, nullptr);
+    decode_linear(*gemm, comp, T, h, wg, nullptr, gu, F, H, 2 * F);
+    decode_linear(*gemm, comp, T, h, wu, nullptr, gu + F, F, H, 2 * F);
   }
   swiglu_fwd(gu, T, F, act, comp);
-  lin(act, W("mlp.down_proj.weight"), nullptr, x, H, F, 0, x1);  // x = x1 + act Wd^T
+  decode_linear(*gemm, comp, T, act, wptr(w, u, "mlp.down_proj.weight"), nullptr, x, H, F, 0, x1);  // x = x1 + act Wd^T
 }
 
 // Logits of n rows (the last row of each prompt when gather, else rows 0..n-1), their argmax, the ids
@@ -289,7 +280,7 @@ void CudaDecoder::Impl::head(int64_t n, bool gather) {
     gather_rows(src, at<int64_t>(ws.last_rows), n, H, at<void>(ws.xr), comp);
     src = at<void>(ws.xr);
   }
-  rmsnorm_fwd(src, head_w, n, H, float(c.rms_eps), at<void>(ws.hn), nullptr, comp);
+  rmsnorm_fwd(src, head_w, n, H, float(c.rms_eps), at<void>(ws.hn), nullptr, comp, c.norm_plus_one ? 1.f : 0.f);
   GemmArgs a;
   a.trans_b = true;
   a.m = n, a.n = V, a.k = H;
@@ -318,7 +309,7 @@ void CudaDecoder::Impl::finish_pass(int64_t n) {
 void CudaDecoder::Impl::enqueue_decode(int64_t n, int64_t max_len) {
   LT_CUDA(cudaMemcpyAsync(wsb, staging, size_t(ws.table_bytes), cudaMemcpyHostToDevice, comp));
   embed_fwd(emb, at<int32_t>(ws.ids), n, c.hidden, c.vocab, at<void>(ws.x), at<int>(ws.err), comp);
-  forward_layers(n, false, max_len);
+  forward_layers(pass(n, n, false, max_len));
   head(n, false);
 }
 
@@ -474,6 +465,8 @@ CudaDecoder::CudaDecoder(const ModelConfig& c, const ModelLayout& layout, const 
   cuda::DecodeAttnDims ad;
   ad.heads = c.heads, ad.kv_heads = c.kv_heads, ad.head_dim = c.head_dim;
   decode_attention_setup(ad);  // shared-memory opt-in before any graph capture
+  for (int64_t l = 0; l < c.layers; ++l)
+    if (!m.mixers[int(c.kind(l))]) m.mixers[int(c.kind(l))] = make_decode_mixer(c, c.kind(l));
   m.alloc_kv_workspace(cp);
 }
 
@@ -559,6 +552,7 @@ std::vector<std::vector<int32_t>> CudaDecoder::generate(const std::vector<std::v
       int32_t* seg = m.stage<int32_t>(m.ws.seg);
       int64_t* dst = m.stage<int64_t>(m.ws.dst_row);
       int64_t* last = m.stage<int64_t>(m.ws.last_rows);
+      int32_t* slots = m.stage<int32_t>(m.ws.slot);
       int64_t r = 0;
       for (int64_t s = i; s < j; ++s) {
         const auto& pr = prompts[b0 + size_t(s)];
@@ -569,11 +563,12 @@ std::vector<std::vector<int32_t>> CudaDecoder::generate(const std::vector<std::v
           dst[r] = s * cap_b + int64_t(t);
         }
         last[s - i] = r - 1;
+        slots[s - i] = int32_t(s);
         len[size_t(s)] = int32_t(pr.size());
       }
       LT_CUDA(cudaMemcpyAsync(m.wsb, m.staging, size_t(m.ws.table_bytes), cudaMemcpyHostToDevice, m.comp));
       embed_fwd(m.emb, m.at<int32_t>(m.ws.ids), T, c.hidden, c.vocab, m.at<void>(m.ws.x), m.at<int>(m.ws.err), m.comp);
-      m.forward_layers(T, true, 0);
+      m.forward_layers(m.pass(T, j - i, true, 0));
       m.head(j - i, true);
       m.finish_pass(j - i);
       for (int64_t s = i; s < j; ++s) {
@@ -602,6 +597,7 @@ std::vector<std::vector<int32_t>> CudaDecoder::generate(const std::vector<std::v
       int32_t* lens = m.stage<int32_t>(m.ws.len);
       int64_t* dst = m.stage<int64_t>(m.ws.dst_row);
       int64_t* row0 = m.stage<int64_t>(m.ws.row0);
+      int32_t* slots = m.stage<int32_t>(m.ws.slot);
       int64_t max_len = 0;
       for (int64_t r = 0; r < n; ++r) {
         const int64_t s = live[size_t(r)];
@@ -609,6 +605,7 @@ std::vector<std::vector<int32_t>> CudaDecoder::generate(const std::vector<std::v
         pos[r] = len[size_t(s)];
         lens[r] = len[size_t(s)] + 1;
         row0[r] = s * cap_b;
+        slots[r] = int32_t(s);
         dst[r] = s * cap_b + len[size_t(s)];
         max_len = std::max<int64_t>(max_len, lens[r]);
       }

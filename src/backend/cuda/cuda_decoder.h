@@ -7,6 +7,10 @@
 //  * A batch: all prompts are prefilled together (packed rows, one segment per prompt, causal attention
 //    within each prompt), then all live sequences advance one token per step (decode attention over
 //    each sequence's own cache). Argmax runs on the GPU; only the ids come back.
+//  * Every layer kind (model/layer_kind.h) has its decode mixer (decode_mixer.h) and its decoding state
+//    per layer (decode_state.h): attention layers a KV cache (gated attention, (1 + w) QK-norm and
+//    partial RoPE for Qwen3.5/3.6), Gated DeltaNet layers conv windows and fp32 recurrent states, one
+//    slot per sequence of the batch, written by the prefill and advanced by every decode step.
 //  * Same semantics as lt::train::greedy_generate: batches of batch_size prompts in order, generation of
 //    a sequence ends after a stop id or max_new_tokens, the stop id is part of the output.
 // No CUDA types in this header (it is included from C++20 sources of the CLI, tests and benches).
@@ -55,8 +59,8 @@ struct DecodeCounters {
   double prefill_seconds = 0, decode_seconds = 0;
 };
 
-// Why this model cannot be decoded on the GPU ("" when it can): Qwen3.5/3.6 hybrid models are decoded
-// on the CPU for now (the callers fall back for --device auto; CudaDecoder throws this reason).
+// Why this model cannot be decoded on the GPU ("" when it can): a Gated DeltaNet shape the kernels do not
+// support (the callers fall back to the CPU for --device auto; CudaDecoder throws this reason).
 std::string decoder_unsupported(const ModelConfig& c);
 
 class CudaDecoder {

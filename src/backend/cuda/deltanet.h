@@ -98,10 +98,30 @@ void gdn_gated_norm_bwd(const GdnDims& d, const void* o, const void* z, const vo
                         const void* dout, void* do_, void* dz, float* dw, void* ws, cudaStream_t st);
 
 // Decoding (one token for each of n sequences; GPU decoding of hybrid models): conv window state
-// [n, C, K-1] (oldest first, as cpu::gdn_conv_silu_step) and recurrent state [n, Hv, Dk, Dv] fp32, both
-// updated in place; zero them at a sequence start.
+// [slots, C, K-1] (oldest first, as cpu::gdn_conv_silu_step) and recurrent state [slots, Hv, Dk, Dv] fp32,
+// both updated in place; zero them at a sequence start. Row r uses slot slots[r] (device int32 [n], distinct
+// slots; nullptr: slot r). Per row: y = silu(conv(window, x)) over the q, k, v channels; q, k L2-normalised
+// (q also scaled by 1/sqrt(Dk)); g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b);
+// S = exp(g) S + k (beta (v - exp(g) S^T k))^T; o = S^T q; then the window shifts in x.
 void gdn_decode_step(const GdnDims& d /*batch = n, seq = 1*/, const void* qkv /*[n, C] row stride ldx*/, int64_t ldx,
                      const void* w_conv, const void* a, const void* b, const void* A_log, const void* dt_bias,
-                     float* conv_state, float* rec_state, void* o /*[n, Hv, Dv]*/, cudaStream_t st);
+                     float* conv_state, float* rec_state, void* o /*[n, Hv, Dv]*/, cudaStream_t st,
+                     const int32_t* slots = nullptr);
+
+// Decoding state after a packed prefill pass (GPU decoding of hybrid models). The pass ran the training
+// kernels over d = (batch 1, seq T) rows holding n prompts back to back: prompt p is rows
+// first(p) .. last_rows[p] (first(0) = 0, first(p) = last_rows[p-1] + 1; device int64 [n]) and goes to batch
+// slot slots[p] (device int32 [n]). Inputs: qkv [T, C] (row stride ldx) the pre-conv projections; kn, v,
+// g, beta from gdn_prep_fwd; chunk_states gdn_rule_fwd's state_ws. WRITTEN, for each prompt's slot:
+//   conv window [C, K-1]: row e-(K-2)+j of qkv in column j (zero where that row precedes the prompt),
+//     e = last_rows[p] (cpu::DeltaNetRef::prefill's window);
+//   recurrent state [Hv, Dk, Dv]: the state after row e. With c = e / 64 (the fixed-grid chunk of e), start
+//     from S = chunk_states[c] when first(p) <= 64 c (the chunk-start state of the prompt's own segment),
+//     else from S = 0, and apply the recurrent update S = exp(g_t) S + k_t (beta_t (v_t - exp(g_t) S^T k_t))^T
+//     for t = max(first(p), 64 c) .. e (at most 64 rows).
+void gdn_prefill_state(const GdnDims& d /*batch = 1, seq = T*/, int64_t n, const int64_t* last_rows,
+                       const int32_t* slots, const void* qkv, int64_t ldx, const void* kn, const void* v,
+                       const float* g, const float* beta, const float* chunk_states, float* conv_state,
+                       float* rec_state, cudaStream_t st);
 
 }  // namespace lt::cuda

@@ -256,15 +256,16 @@ __global__ void gnorm_bwd_kernel(const bf16* o, const bf16* z, const bf16* w, co
 // Block (sequence n, value head h), blockDim >= max(Dk, Dv), multiple of 32 (<= 128). The conv outputs of
 // the channels this head reads are recomputed from conv_state (not modified here; conv_shift_kernel
 // updates it afterwards). Thread e < Dv owns column e of the state.
+// Row n's states are those of batch slot slots[n] (slots == nullptr: slot n).
 __global__ void decode_rule_kernel(const bf16* qkv, int64_t ldx, const bf16* w, const bf16* a, const bf16* b,
                                    const bf16* A_log, const bf16* dt_bias, const float* conv_state, float* rec_state,
-                                   int Hk, int Hv, int Dk, int Dv, int K, bf16* o) {
+                                   int Hk, int Hv, int Dk, int Dv, int K, const int32_t* slots, bf16* o) {
   __shared__ float qs[128], ks[128], red[2][4];
-  const int64_t n = blockIdx.x;
+  const int64_t n = blockIdx.x, sn = slots ? int64_t(slots[n]) : n;
   const int h = blockIdx.y, kh = h / (Hv / Hk), tid = threadIdx.x;
   const int64_t C = int64_t(2) * Hk * Dk + int64_t(Hv) * Dv;
   auto conv = [&](int64_t c) {
-    const float* sc = conv_state + (n * C + c) * (K - 1);
+    const float* sc = conv_state + (sn * C + c) * (K - 1);
     float acc = 0.f;
     for (int i = 0; i < K - 1; ++i) acc += ldf(w + c * K + i) * sc[i];
     acc += ldf(w + c * K + K - 1) * ldf(qkv + n * ldx + c);
@@ -290,7 +291,7 @@ __global__ void decode_rule_kernel(const bf16* qkv, int64_t ldx, const bf16* w, 
   const float z = ldf(a + n * Hv + h) + ldf(dt_bias + h);
   const float gdec = expf(-expf(ldf(A_log + h)) * softplus(z)), bt = sigm(ldf(b + n * Hv + h));
   if (tid >= Dv) return;
-  float* S = rec_state + (n * Hv + h) * int64_t(Dk) * Dv + tid;
+  float* S = rec_state + (sn * Hv + h) * int64_t(Dk) * Dv + tid;
   float u = 0.f;
   for (int d = 0; d < Dk; ++d) u += (gdec * S[int64_t(d) * Dv]) * ks[d];
   const float delta = bt * (vv - u);
@@ -303,11 +304,12 @@ __global__ void decode_rule_kernel(const bf16* qkv, int64_t ldx, const bf16* w, 
   o[(n * Hv + h) * Dv + tid] = __float2bfloat16(acc);
 }
 
-__global__ void conv_shift_kernel(const bf16* qkv, int64_t ldx, int64_t n, int64_t C, int K, float* conv_state) {
+__global__ void conv_shift_kernel(const bf16* qkv, int64_t ldx, int64_t n, int64_t C, int K, const int32_t* slots,
+                                  float* conv_state) {
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= n * C || K < 2) return;
-  const int64_t r = idx / C, c = idx % C;
-  float* sc = conv_state + idx * (K - 1);
+  const int64_t r = idx / C, c = idx % C, sr = slots ? int64_t(slots[r]) : r;
+  float* sc = conv_state + (sr * C + c) * (K - 1);
   for (int i = 0; i + 1 < K - 1; ++i) sc[i] = sc[i + 1];
   sc[K - 2] = ldf(qkv + r * ldx + c);
 }
@@ -430,7 +432,7 @@ void gdn_gated_norm_bwd(const GdnDims& d, const void* o, const void* z, const vo
 
 void gdn_decode_step(const GdnDims& d, const void* qkv, int64_t ldx, const void* w_conv, const void* a, const void* b,
                      const void* A_log, const void* dt_bias, float* conv_state, float* rec_state, void* o,
-                     cudaStream_t st) {
+                     cudaStream_t st, const int32_t* slots) {
   check_dims(d, "gdn_decode_step");
   LT_CUDA_REQUIRE(d.seq == 1, "gdn_decode_step: seq must be 1");
   const int64_t n = d.batch, C = d.conv_ch();
@@ -439,10 +441,10 @@ void gdn_decode_step(const GdnDims& d, const void* qkv, int64_t ldx, const void*
   const int threads = int(std::max(d.Dk, d.Dv) + 31) / 32 * 32;
   decode_rule_kernel<<<dim3(unsigned(n), unsigned(d.Hv)), threads, 0, st>>>(
       B(qkv), ldx, B(w_conv), B(a), B(b), B(A_log), B(dt_bias), conv_state, rec_state, int(d.Hk), int(d.Hv),
-      int(d.Dk), int(d.Dv), int(d.K), Bm(o));
+      int(d.Dk), int(d.Dv), int(d.K), slots, Bm(o));
   LT_CUDA_LAUNCH();
   if (d.K >= 2) {
-    conv_shift_kernel<<<nblocks(n * C, 256), 256, 0, st>>>(B(qkv), ldx, n, C, int(d.K), conv_state);
+    conv_shift_kernel<<<nblocks(n * C, 256), 256, 0, st>>>(B(qkv), ldx, n, C, int(d.K), slots, conv_state);
     LT_CUDA_LAUNCH();
   }
 }
