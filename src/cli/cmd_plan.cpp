@@ -16,7 +16,7 @@ namespace lt::cli {
 void add_plan(CLI::App& app) {
   struct Opts {
     std::string model, batch = "1", profile = "h800-80g", planner = "milp", optimizer = "hybrid";
-    std::string gpu_mem, host_mem, nvme_mem, out, svg, master, grads = "auto";
+    std::string gpu_mem, host_mem, nvme_mem, out, svg, master, grads = "auto", optimizer_nvme = "none";
     int64_t seq = 1024, chunk = 0;
     int ring = 2, micro = 1;
     double time_limit = 30, gap = 0.005;
@@ -38,6 +38,10 @@ void add_plan(CLI::App& app) {
       ->check(CLI::IsMember({"fp32", "bf16-sr", "auto"}));
   sub->add_option("--gradients", o->grads, "host | device | auto (device only if the host state does not fit)")
       ->check(CLI::IsMember({"host", "device", "auto"}))
+      ->capture_default_str();
+  sub->add_option("--optimizer-nvme", o->optimizer_nvme,
+                  "none | auto (the last layers' moments on the NVMe tier when nothing else fits DRAM)")
+      ->check(CLI::IsMember({"none", "auto"}))
       ->capture_default_str();
   sub->add_option("--micro-batches", o->micro, "micro-batches per optimizer step (gradient accumulation)")->capture_default_str();
   sub->add_option("--ring", o->ring, "weight ring buffers on the GPU")->capture_default_str();
@@ -65,6 +69,7 @@ void add_plan(CLI::App& app) {
     if (o->master == "auto") r.allow_bf16_master = true;
     else if (!o->master.empty()) r.master = parse_master_mode(o->master);
     if (o->grads != "auto") r.grads = parse_grad_home(o->grads);
+    r.allow_nvme_moments = o->optimizer_nvme == "auto";
     r.ring = o->ring;
     r.micro_batches = o->micro;
     r.chunk = o->chunk;

@@ -44,6 +44,9 @@ inline GradHome parse_grad_home(const std::string& s) {
 struct StatePlacement {
   MasterMode master = MasterMode::Fp32;
   GradHome grads = GradHome::Host;
+  // The optimizer moments of the last nvme_layers decoder layers live in files on the NVMe tier
+  // (optim/nvme_moments.h), staged through DRAM slots; 0 = every moment in DRAM.
+  int64_t nvme_layers = 0;
 };
 
 }  // namespace lt

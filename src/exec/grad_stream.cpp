@@ -10,10 +10,15 @@ namespace lt {
 
 namespace {
 
-int64_t largest(const std::vector<int64_t>& order, const std::vector<int64_t>& numel) {
-  int64_t m = 0;
-  for (int64_t u : order) m = std::max(m, numel[size_t(u)]);
-  return m;
+// Ring capacity in elements: `slots` typical units (the median held unit: a decoder layer), and at
+// least the largest (an untied LM head or the embedding, several layers' size), which then streams with
+// the ring to itself. Sizing by the largest alone would pin `slots` LM heads (14 GiB at 27B).
+int64_t ring_elems(const std::vector<int64_t>& order, const std::vector<int64_t>& numel, int slots) {
+  std::vector<int64_t> n;
+  for (int64_t u : order) n.push_back(numel[size_t(u)]);
+  if (n.empty()) return 0;
+  std::sort(n.begin(), n.end());
+  return std::max(n.back(), int64_t(slots) * n[n.size() / 2]);
 }
 
 }  // namespace
@@ -26,7 +31,7 @@ int64_t GradStream::device_bytes(const std::vector<int64_t>& order, const std::v
 
 int64_t GradStream::pinned_bytes(const std::vector<int64_t>& order, const std::vector<int64_t>& numel, DType dtype,
                                  int slots) {
-  return order.empty() ? 0 : slots * largest(order, numel) * int64_t(dtype_size(dtype));
+  return ring_elems(order, numel, slots) * int64_t(dtype_size(dtype));
 }
 
 GradStream::GradStream(Backend& be, std::vector<int64_t> order, const std::vector<int64_t>& numel, DType dtype,
@@ -41,17 +46,18 @@ GradStream::GradStream(Backend& be, std::vector<int64_t> order, const std::vecto
     held_[size_t(u)] = std::make_unique<Buffer>(be, MemKind::Device, numel[size_t(u)] * esz, "grads.held");
   }
   if (order_.empty()) return;
-  for (int k = 0; k < slots; ++k)
-    slots_.emplace_back(be, MemKind::Pinned, largest(order_, numel) * esz, "grads.staging");
-  owner_.assign(size_t(slots), -1);
+  cap_ = ring_elems(order_, numel, slots) * esz;
+  ring_ = std::make_unique<Buffer>(be, MemKind::Pinned, cap_, "grads.staging");
   worker_ = std::make_unique<HostWorker>("grad-stream");
 }
 
 GradStream::~GradStream() {
   try {
     flush();
-    for (size_t k = 0; k < owner_.size(); ++k)
-      if (owner_[k] >= 0) release(owner_[k]);  // waits for the update reading the slot
+    while (!live_.empty()) {  // waits for the updates reading the ring
+      if (!live_.front().freed) release(live_.front().unit);
+      else live_.pop_front();
+    }
   } catch (const std::exception& e) {
     log_warn("gradient stream shutdown: {}", e.what());
   }
@@ -63,50 +69,73 @@ GradStream::~GradStream() {
 }
 
 void GradStream::start(UpdateHook* hook) {
-  // Slots of the previous step's units that no forward waited for: their updates end first.
-  for (size_t k = 0; k < owner_.size(); ++k)
-    if (owner_[k] >= 0) release(owner_[k]);
+  // Room of the previous step's units that no forward waited for: their updates end first.
+  while (!live_.empty()) {
+    if (!live_.front().freed) release(live_.front().unit);
+    else live_.pop_front();
+  }
   hook_ = hook;
   for (int64_t u : order_) {
     LT_CHECK(units_[size_t(u)].state == State::Idle, "internal: unit {}'s previous gradient was not streamed", u);
     units_[size_t(u)].state = State::Pending;
   }
-  while (any_pending() && std::find(owner_.begin(), owner_.end(), -1) != owner_.end()) issue_next();
-}
-
-bool GradStream::any_pending() const {
-  for (int64_t u : order_)
-    if (units_[size_t(u)].state == State::Pending) return true;
-  return false;
-}
-
-int GradStream::free_slot() {
-  auto it = std::find(owner_.begin(), owner_.end(), -1);
-  if (it == owner_.end()) {
-    // Every slot taken: the unit earliest in the order has its update waited for.
-    it = std::min_element(owner_.begin(), owner_.end(),
-                          [&](int64_t a, int64_t b) { return pos_[size_t(a)] < pos_[size_t(b)]; });
-    release(*it);
+  while (issue_if_room()) {
   }
-  return int(it - owner_.begin());
+}
+
+bool GradStream::any_pending() const { return next_pending() >= 0; }
+
+int64_t GradStream::next_pending() const {
+  for (int64_t v : order_)
+    if (units_[size_t(v)].state == State::Pending) return v;
+  return -1;
+}
+
+// The ring holds the staged units in issue order: the free room is after the newest span, up to the
+// end of the ring or (wrapped) to the oldest live span.
+int64_t GradStream::place(int64_t bytes) {
+  while (!live_.empty() && live_.front().freed) live_.pop_front();
+  if (live_.empty()) return bytes <= cap_ ? 0 : -1;
+  const int64_t tail = live_.front().off, head = live_.back().off + live_.back().size;
+  if (tail < head) {
+    if (head + bytes <= cap_) return head;
+    return bytes <= tail ? 0 : -1;
+  }
+  return head + bytes <= tail ? head : -1;
+}
+
+void GradStream::free_room(int64_t u) {
+  for (auto& sp : live_)
+    if (sp.unit == u && !sp.freed) {
+      sp.freed = true;
+      break;
+    }
+  while (!live_.empty() && live_.front().freed) live_.pop_front();
+}
+
+bool GradStream::issue_if_room() {
+  const int64_t u = next_pending();
+  if (u < 0 || place(bytes(u)) < 0) return false;
+  issue_next();
+  return true;
 }
 
 void GradStream::issue_next() {
-  int64_t u = -1;
-  for (int64_t v : order_)
-    if (units_[size_t(v)].state == State::Pending) {
-      u = v;
-      break;
-    }
+  const int64_t u = next_pending();
   LT_CHECK(u >= 0, "internal: no gradient left to stream");
-  const int k = free_slot();
+  int64_t off;
+  while ((off = place(bytes(u))) < 0) {
+    LT_CHECK(!live_.empty(), "internal: unit {}'s gradient ({} bytes) exceeds the staging ring ({} bytes)", u,
+             bytes(u), cap_);
+    release(live_.front().unit);  // the oldest staged unit's update is waited for
+  }
   Unit& s = units_[size_t(u)];
-  void* dst = slots_[size_t(k)].data();
+  void* dst = static_cast<char*>(ring_->data()) + off;
   be_.copy(Lane::D2H, dst, buffer(u), bytes(u), OpLabel{"grad.d2h", -1, int32_t(u)});
   s.copied = be_.record(Lane::D2H);
-  s.slot = k;
+  s.off = off;
   s.state = State::Issued;
-  owner_[size_t(k)] = u;
+  live_.push_back({u, off, bytes(u), false});
   Backend* be = &be_;
   UpdateHook* hook = hook_;
   const Event ev = s.copied;
@@ -126,8 +155,8 @@ void GradStream::release(int64_t u) {
   Unit& s = units_[size_t(u)];
   hand_over(u);
   hook_->wait(u);  // idempotent: the forward may wait for u again
-  owner_[size_t(s.slot)] = -1;
-  s.slot = -1;
+  free_room(u);
+  s.off = -1;
   s.state = State::Idle;
 }
 
@@ -140,10 +169,11 @@ void GradStream::before_wait(int64_t u) {
 void GradStream::after_wait(int64_t u) {
   if (pos_[size_t(u)] < 0 || units_[size_t(u)].state != State::Issued) return;
   Unit& s = units_[size_t(u)];
-  owner_[size_t(s.slot)] = -1;
-  s.slot = -1;
+  free_room(u);
+  s.off = -1;
   s.state = State::Idle;
-  while (any_pending() && std::find(owner_.begin(), owner_.end(), -1) != owner_.end()) issue_next();
+  while (issue_if_room()) {
+  }
 }
 
 void GradStream::before_write(int64_t u) {
@@ -164,8 +194,8 @@ void GradStream::recover() {
     try {
       s.handed.get();
     } catch (...) {
-      owner_[size_t(s.slot)] = -1;
-      s.slot = -1;
+      free_room(u);
+      s.off = -1;
       s.state = State::Pending;
     }
   }

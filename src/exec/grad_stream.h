@@ -9,10 +9,13 @@
 //              a worker thread once its copy completed
 //   forward    before_wait(u) (u's gradient reached the hook), hook->wait(u), after_wait(u): u's slot
 //              is free and takes the next pending unit
-// A unit's slot stays untouched until hook->wait(u) returned; when every slot is taken the stream
-// frees the oldest by calling hook->wait on its unit itself.
+// The staging memory is one pinned ring of `slots` typical (median) units, at least the largest,
+// filled in streaming order with each unit's own size: several layers are in flight at once, and a
+// unit larger than the rest (an untied LM head) waits until the ring has drained enough for it. A unit's part of the ring stays untouched until hook->wait(u)
+// returned; when the ring is full the stream frees the oldest by calling hook->wait on its unit itself.
 #pragma once
 #include <cstdint>
+#include <deque>
 #include <future>
 #include <memory>
 #include <vector>
@@ -28,7 +31,7 @@ class GradStream {
  public:
   // order: the device-held units, in the order the next forward waits for them; numel: elements of
   // every unit (indexed by unit); dtype: of the held buffers. Allocates one device buffer per held unit
-  // ("grads.held") and `slots` pinned staging buffers of the largest held unit ("grads.staging").
+  // ("grads.held") and a pinned staging ring ("grads.staging", see above).
   GradStream(Backend& be, std::vector<int64_t> order, const std::vector<int64_t>& numel, DType dtype, int slots);
   // Streams what is left (flush) and waits for every update that reads a slot, so no callback or
   // update refers to the slots after it returns; errors are logged.
@@ -69,13 +72,20 @@ class GradStream {
   enum class State : uint8_t { Idle, Pending, Issued };
   struct Unit {
     State state = State::Idle;
-    int slot = -1;
+    int64_t off = -1;                     // its bytes in the ring
     Event copied;                         // D2H of the unit's gradient into its slot
     std::shared_future<void> handed;      // the worker's host_wait + hook->grad_staged
   };
-  void issue_next();       // the first pending unit in order, into a free slot (freeing one if needed)
-  int free_slot();         // a free slot; the oldest owner's update is waited for when none is
-  void release(int64_t u); // u's update finished: its slot is free
+  struct Span {
+    int64_t unit, off, size;
+    bool freed;
+  };
+  int64_t next_pending() const;  // the first pending unit in order, -1 if none
+  bool issue_if_room();    // issues the next pending unit if the ring has room for it now
+  void issue_next();       // the next pending unit, freeing the oldest units' room as needed
+  int64_t place(int64_t bytes) ;  // ring offset for `bytes` now, -1 if there is no room
+  void free_room(int64_t u);      // u's span is free (the ring's tail moves past freed spans)
+  void release(int64_t u); // waits for u's update: its room is free
   void hand_over(int64_t u);  // waits for u's hand-over (rethrows)
   bool any_pending() const;
 
@@ -84,8 +94,9 @@ class GradStream {
   std::vector<int64_t> pos_;  // position of each unit in order_ (-1: not held)
   DType dtype_;
   std::vector<std::unique_ptr<Buffer>> held_;
-  std::vector<Buffer> slots_;
-  std::vector<int64_t> owner_;  // unit whose gradient occupies each slot, -1 = free
+  std::unique_ptr<Buffer> ring_;
+  int64_t cap_ = 0;
+  std::deque<Span> live_;       // staged units in issue order
   std::vector<Unit> units_;
   UpdateHook* hook_ = nullptr;
   std::unique_ptr<HostWorker> worker_;

@@ -121,6 +121,17 @@ void set_layers(Instance& in, const ModelConfig& c, const ModelLayout& lay, cons
 
 }  // namespace
 
+// A layer whose moments are on NVMe: its update cannot end before its moments were read and written
+// back (one I/O queue: read then write, through the optimizer's staging slots).
+void nvme_moment_times(Instance& in, const ModelConfig& c, const InstanceOptions& o) {
+  if (o.placement.nvme_layers <= 0 || in.bnr <= 0 || in.bnw <= 0) return;
+  for (int j = 0; j < in.L; ++j) {
+    if (!moments_on_nvme(c, j, o.placement)) continue;
+    const double b = layer_moment_bytes(c, j, o.optimizer_8bit);
+    in.opt[size_t(j)] = std::max(in.opt[size_t(j)], b / in.bnr + b / in.bnw);
+  }
+}
+
 Instance make_instance(const ModelConfig& c, int64_t batch, int64_t seq, const ResourceProfile& prof,
                        const InstanceOptions& o) {
   LT_CHECK(batch >= 1 && seq >= 1, "plan: batch and seq must be >= 1, got {} and {}", batch, seq);
@@ -154,8 +165,9 @@ Instance make_instance(const ModelConfig& c, int64_t batch, int64_t seq, const R
   if (o.placement.grads == GradHome::Device) hold_gradients(in, c, lay);
   in.dram_cap = double(prof.dram_bytes);
   in.dram_fixed = state.dram();
-  in.nvme_cap = double(prof.nvme_bytes);
-  in.allow_nvme = o.allow_nvme && prof.nvme_bytes > 0;
+  in.nvme_cap = double(prof.nvme_bytes) - state.nvme();  // the moments' files come first
+  in.allow_nvme = o.allow_nvme && in.nvme_cap > 0;
+  nvme_moment_times(in, c, o);
   return in;
 }
 

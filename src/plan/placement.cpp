@@ -3,7 +3,29 @@
 
 #include <fmt/format.h>
 
+#include "plan/state_bytes.h"
+
 namespace lt {
+
+namespace {
+
+// The last rung: the moments of the fewest last layers on the NVMe tier that make the state fit the
+// DRAM (and the files the disk), if any count does.
+void push_nvme_rung(const PlanRequest& r, StatePlacement p, const std::string& moments, std::vector<StateChoice>& v) {
+  const double dram = double(r.profile.dram_bytes), nvme = double(r.profile.nvme_bytes);
+  for (int64_t k = 1; k <= r.model.layers; ++k) {
+    p.nvme_layers = k;
+    StateChoice s{p, choose_8bit(r.model, moments, dram, p)};
+    const StateBytes b = model_state_bytes(r.model, s.q8, p);
+    if (b.nvme() > nvme) return;
+    if (b.dram() <= dram) {
+      v.push_back(std::move(s));
+      return;
+    }
+  }
+}
+
+}  // namespace
 
 std::vector<StateChoice> placement_ladder(const PlanRequest& r) {
   const double dram = double(r.profile.dram_bytes);
@@ -25,6 +47,7 @@ std::vector<StateChoice> placement_ladder(const PlanRequest& r) {
     p.master = MasterMode::Bf16Sr;
     push();
   }
+  if (r.allow_nvme_moments && r.profile.nvme_bytes > 0) push_nvme_rung(r, p, moments, v);
   return v;
 }
 
@@ -34,8 +57,10 @@ bool state_fits(const PlanRequest& r, const StateChoice& s) {
 }
 
 std::string describe_choice(const StateChoice& s) {
-  return fmt::format("master {}, gradients {}, {} 8-bit tensors", master_mode_name(s.placement.master),
-                     grad_home_name(s.placement.grads), s.q8.size());
+  std::string d = fmt::format("master {}, gradients {}, {} 8-bit tensors", master_mode_name(s.placement.master),
+                              grad_home_name(s.placement.grads), s.q8.size());
+  if (s.placement.nvme_layers > 0) d += fmt::format(", moments of {} layers on nvme", s.placement.nvme_layers);
+  return d;
 }
 
 }  // namespace lt

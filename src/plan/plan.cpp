@@ -302,6 +302,7 @@ json plan_to_json(const Plan& p) {
   j["optimizer_8bit"] = p.optimizer_8bit;
   j["master_weights"] = master_mode_name(p.placement.master);
   j["gradients"] = grad_home_name(p.placement.grads);
+  if (p.placement.nvme_layers > 0) j["nvme_moment_layers"] = p.placement.nvme_layers;
   j["planner"] = p.planner;
   j["hbm_cap"] = p.hbm_cap;
   j["dram_cap"] = p.dram_cap;
@@ -382,6 +383,7 @@ Plan plan_from_json(const json& j, const std::string& source) {
   try {
     p.placement.master = parse_master_mode(o.get_or<std::string>("master_weights", "fp32"));
     p.placement.grads = parse_grad_home(o.get_or<std::string>("gradients", "host"));
+    p.placement.nvme_layers = o.get_or<int64_t>("nvme_moment_layers", 0);
   } catch (const Error& e) {
     fail("{}: {}", source, e.what());
   }

@@ -33,6 +33,7 @@ struct PlanRequest {
   std::optional<MasterMode> master;  // unset: fp32, or bf16-sr as the last resort when allow_bf16_master
   std::optional<GradHome> grads;     // unset: host if the model state fits the DRAM, else device
   bool allow_bf16_master = false;    // `--master-weights auto`
+  bool allow_nvme_moments = false;   // `--optimizer-nvme auto`: the last rung puts layers' moments on NVMe
   bool explain = true;               // when nothing fits, re-plan to name the smallest change that fits
 };
 

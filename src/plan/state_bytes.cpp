@@ -24,21 +24,37 @@ StateBytes model_state_bytes(const ModelConfig& c, const std::vector<std::string
   const std::set<std::string> q8(eight_bit.begin(), eight_bit.end());
   StateBytes b;
   b.placement = s;
-  double largest_layer = 0, largest_held = 0;
+  double largest_layer = 0, largest_nvme = 0;
+  std::vector<double> held_units;
   for (auto& u : model_layout(c).units) {
     const double n = double(unit_param_count(u));
     const bool held = grad_held_on_device(u, s.grads);
+    const bool nvme = u.kind == UnitKind::Layer && moments_on_nvme(c, u.layer, s);
     b.params += int64_t(n);
     b.master += master_bytes_per_param(s.master) * n;
     (held ? b.grads_device : b.grads_host) += 4.0 * n;  // fp32: the backends' gradient dtype
+    double mb = 0;
     for (auto& p : u.params) {
-      b.moments += moment_bytes(p.numel, q8.count(p.name) > 0);
+      mb += moment_bytes(p.numel, q8.count(p.name) > 0);
       b.eight_bit_tensors += q8.count(p.name) > 0;
     }
+    (nvme ? b.moments_nvme : b.moments) += mb;
+    if (nvme) largest_nvme = std::max(largest_nvme, mb);
     if (u.kind == UnitKind::Layer) largest_layer = std::max(largest_layer, n);
-    if (held) largest_held = std::max(largest_held, n);
+    if (held) held_units.push_back(n);
   }
-  b.staging = s.grads == GradHome::Host ? 2.0 * 2.0 * largest_layer : 3.0 * 4.0 * largest_held;
+  // Device: exec/grad_stream.cpp's ring, 3 median held units and at least the largest, in fp32.
+  std::sort(held_units.begin(), held_units.end());
+  const double ring = held_units.empty() ? 0 : std::max(held_units.back(), 3.0 * held_units[held_units.size() / 2]);
+  b.staging = s.grads == GradHome::Host ? 2.0 * 2.0 * largest_layer : 4.0 * ring;
+  b.moment_staging = 3.0 * largest_nvme;  // AdamWConfig::nvme_slots
+  return b;
+}
+
+double layer_moment_bytes(const ModelConfig& c, int64_t layer, const std::vector<std::string>& eight_bit) {
+  const std::set<std::string> q8(eight_bit.begin(), eight_bit.end());
+  double b = 0;
+  for (auto& p : model_layout(c).layer(layer).params) b += moment_bytes(p.numel, q8.count(p.name) > 0);
   return b;
 }
 
@@ -51,6 +67,10 @@ std::vector<StatePart> StateBytes::parts() const {
                  grads_host});
   v.push_back({eight_bit_tensors > 0 ? fmt::format("moments ({} 8-bit tensors)", eight_bit_tensors) : "moments (fp32)",
                StateHome::Dram, moments});
+  if (moments_nvme > 0) {
+    v.push_back({fmt::format("moments of the last {} layers", placement.nvme_layers), StateHome::Nvme, moments_nvme});
+    v.push_back({"moment staging slots", StateHome::Dram, moment_staging});
+  }
   v.push_back({placement.grads == GradHome::Host ? "gradient slabs (pinned)" : "gradient staging ring (pinned)",
                StateHome::Dram, staging});
   return v;

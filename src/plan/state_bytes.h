@@ -46,13 +46,23 @@ struct StateBytes {
   double grads_host = 0;        // fp32 accumulators in pinned DRAM
   double grads_device = 0;      // fp32 gradients held in HBM
   double moments = 0;           // DRAM
+  double moments_nvme = 0;      // moments of the NVMe layers (files on the NVMe tier)
+  double moment_staging = 0;    // DRAM slots the NVMe moments are updated in (3 x the largest such layer's)
   double staging = 0;           // pinned DRAM receiving the gradient D2H
-  double dram() const { return master + grads_host + moments + staging; }
+  double dram() const { return master + grads_host + moments + moment_staging + staging; }
   double hbm() const { return grads_device; }
+  double nvme() const { return moments_nvme; }
   // The non-empty parts with a display name ("master + copy (fp32)", "gradients (fp32, held)", ...).
   std::vector<StatePart> parts() const;
 };
 
 StateBytes model_state_bytes(const ModelConfig& c, const std::vector<std::string>& eight_bit, StatePlacement s);
+
+// Whether decoder layer j's moments live on NVMe under placement s (the last s.nvme_layers layers).
+inline bool moments_on_nvme(const ModelConfig& c, int64_t layer, const StatePlacement& s) {
+  return layer >= c.layers - s.nvme_layers;
+}
+// Moment bytes of decoder layer j (its tensors' formats from eight_bit).
+double layer_moment_bytes(const ModelConfig& c, int64_t layer, const std::vector<std::string>& eight_bit);
 
 }  // namespace lt

@@ -129,6 +129,7 @@ TrainingPlan make_training_plan(const TrainConfig& cfg, const ModelConfig& model
   if (cfg.master_weights == "auto") r.allow_bf16_master = true;
   else r.master = parse_master_mode(cfg.master_weights);
   if (cfg.gradients != "auto") r.grads = parse_grad_home(cfg.gradients);
+  r.allow_nvme_moments = cfg.optimizer_nvme == "auto" && !cfg.nvme_dir.empty();
   r.compare = false;
   const double t0 = now_seconds();
   PlanOutcome o = make_plan(r);

@@ -115,10 +115,12 @@ OptimizerSetup optimizer_setup(const TrainConfig& cfg, const TrainingPlan& tp, b
   // On the CPU backend the compute lane needs the cores; one optimizer thread overlaps with it.
   os.threads = gpu ? int(cfg.threads) : 1;
   os.sr_seed = rounding_seed(uint64_t(cfg.seed));
-  // optimizer_nvme: all = every layer unit's moments on NVMe; auto = the plan's units (not placed by the
-  // planner yet: none).
+  // optimizer_nvme: all = every layer unit's moments on NVMe; auto = the plan's (the last
+  // placement.nvme_layers layers, units L - k + 1 .. L).
   os.nvme_dir = cfg.nvme_dir;
   os.nvme_all_layers = cfg.optimizer_nvme == "all";
+  const int64_t L = tp.model.layers;
+  for (int64_t j = L - tp.placement.nvme_layers; j < L; ++j) os.nvme_units.insert(j + 1);
   return os;
 }
 
