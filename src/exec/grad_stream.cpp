@@ -10,15 +10,17 @@ namespace lt {
 
 namespace {
 
-// Ring capacity in elements: `slots` typical units (the median held unit: a decoder layer), and at
-// least the largest (an untied LM head or the embedding, several layers' size), which then streams with
-// the ring to itself. Sizing by the largest alone would pin `slots` LM heads (14 GiB at 27B).
+// Ring capacity in elements: `slots` typical units (the median held unit: a decoder layer), at most all
+// of them, and at least the largest (an untied LM head or the embedding, several layers' size), which then
+// streams with the ring to itself. Sizing by the largest alone would pin `slots` LM heads (14 GiB at 27B).
+// plan/state_bytes.cpp counts the same.
 int64_t ring_elems(const std::vector<int64_t>& order, const std::vector<int64_t>& numel, int slots) {
   std::vector<int64_t> n;
-  for (int64_t u : order) n.push_back(numel[size_t(u)]);
+  int64_t all = 0;
+  for (int64_t u : order) n.push_back(numel[size_t(u)]), all += numel[size_t(u)];
   if (n.empty()) return 0;
   std::sort(n.begin(), n.end());
-  return std::max(n.back(), int64_t(slots) * n[n.size() / 2]);
+  return std::max(n.back(), std::min(all, int64_t(slots) * n[n.size() / 2]));
 }
 
 }  // namespace

@@ -43,9 +43,13 @@ StateBytes model_state_bytes(const ModelConfig& c, const std::vector<std::string
     if (u.kind == UnitKind::Layer) largest_layer = std::max(largest_layer, n);
     if (held) held_units.push_back(n);
   }
-  // Device: exec/grad_stream.cpp's ring, 3 median held units and at least the largest, in fp32.
+  // Device: exec/grad_stream.cpp's ring, kGradRingDepth median held units and at least the largest, in fp32.
   std::sort(held_units.begin(), held_units.end());
-  const double ring = held_units.empty() ? 0 : std::max(held_units.back(), 3.0 * held_units[held_units.size() / 2]);
+  double all_held = 0;
+  for (double n : held_units) all_held += n;
+  const double ring = held_units.empty() ? 0
+                                         : std::max(held_units.back(), std::min(all_held, kGradRingDepth *
+                                                                                              held_units[held_units.size() / 2]));
   b.staging = s.grads == GradHome::Host ? 2.0 * 2.0 * largest_layer : 4.0 * ring;
   b.moment_staging = 3.0 * largest_nvme;  // AdamWConfig::nvme_slots
   return b;

@@ -51,7 +51,7 @@ TEST(PlanState, BytesPerModeByHand) {
     EXPECT_DOUBLE_EQ(b.grads_host, 4 * kEmb);                    // the CPU embedding backward's fp32
     EXPECT_DOUBLE_EQ(b.moments, kMomentsAll8);
     EXPECT_EQ(b.eight_bit_tensors, 14);
-    EXPECT_DOUBLE_EQ(b.staging, 3 * 4 * kLayer);  // 3 fp32 buffers of the largest held unit
+    EXPECT_DOUBLE_EQ(b.staging, 4 * (2 * kLayer + kHead));  // the ring: 8 median units, at most all held ones
     EXPECT_DOUBLE_EQ(b.hbm(), 4 * (2 * kLayer + kHead));
   }
   // Tied embeddings: the head unit is the final norm only; the tied matrix's gradient stays on the host.
@@ -73,9 +73,9 @@ TEST(PlanState, TableListsEveryPart) {
 
 // The DRAM the model state needs on each rung of the ladder (tiny-qwen3, bytes).
 constexpr double kHostFp32 = 16 * kN + 4 * kLayer;                                   // 2301696
-constexpr double kDevFp32 = 4 * kN + 4 * kEmb + 12 * kLayer + 8 * kN;                  // 2235904
-constexpr double kDevAll8 = 4 * kN + 4 * kEmb + 12 * kLayer + kMomentsAll8;            // 1649152
-constexpr double kDevAll8Bf16 = 2 * kN + 4 * kEmb + 12 * kLayer + kMomentsAll8;        // 1386112
+constexpr double kDevFp32 = 4 * kN + 4 * kEmb + 4 * (2 * kLayer + kHead) + 8 * kN;                  // 2104320
+constexpr double kDevAll8 = 4 * kN + 4 * kEmb + 4 * (2 * kLayer + kHead) + kMomentsAll8;            // 1517568
+constexpr double kDevAll8Bf16 = 2 * kN + 4 * kEmb + 4 * (2 * kLayer + kHead) + kMomentsAll8;        // 1254528
 
 PlanRequest tiny_request(double dram) {
   PlanRequest r;
@@ -100,9 +100,9 @@ void expect_choice(const PlanOutcome& o, MasterMode m, GradHome g, bool eight_bi
 
 TEST(PlanState, AutoChoiceOrder) {
   EXPECT_DOUBLE_EQ(kHostFp32, 2301696);
-  EXPECT_DOUBLE_EQ(kDevFp32, 2235904);
-  EXPECT_DOUBLE_EQ(kDevAll8, 1649152);
-  EXPECT_DOUBLE_EQ(kDevAll8Bf16, 1386112);
+  EXPECT_DOUBLE_EQ(kDevFp32, 2104320);
+  EXPECT_DOUBLE_EQ(kDevAll8, 1517568);
+  EXPECT_DOUBLE_EQ(kDevAll8Bf16, 1254528);
   expect_choice(make_plan(tiny_request(kHostFp32 + 3e4)), MasterMode::Fp32, GradHome::Host, false);
   expect_choice(make_plan(tiny_request(kDevFp32 + 3e4)), MasterMode::Fp32, GradHome::Device, false);
   expect_choice(make_plan(tiny_request(kDevAll8 + 3e4)), MasterMode::Fp32, GradHome::Device, true);
