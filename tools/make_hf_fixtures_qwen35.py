@@ -74,15 +74,16 @@ def models():
         rope_parameters=rope(1e7, 128))
 
 
-BF16_WEIGHTS = True  # --fp32-weights turns it off
+BF16_WEIGHTS = False  # --bf16-weights turns it on
 
 
 def randomize(model, gen):
     # Norms near their identity (Qwen3_5RMSNorm scales by 1 + w: w near 0; the gated norm by w: near 1),
-    # the conv wide enough to matter, everything else small normal. Every weight is then rounded to a
-    # bf16 value (kept in fp32): the reference step is still exact fp32 math, and the GPU's bf16 step
-    # (HybridHfStepBf16) is measured against it without the weight rounding, which on models this small
-    # already moved gradient cosines to 0.98 by itself (docs/notes.md 0b).
+    # the conv wide enough to matter, everything else small normal. With --bf16-weights every weight is
+    # then rounded to a bf16 value (kept in fp32), so that the GPU's bf16 step (HybridHfStepBf16) is
+    # measured without the weight rounding. Tried on the H200 (run 29): the two small fixtures still miss
+    # the 0.99 gradient cosine (0.979, 0.924), so the committed fixtures keep full fp32 weights
+    # (docs/notes.md 0b).
     with torch.no_grad():
         for name, p in model.named_parameters():
             r = torch.randn(p.shape, generator=gen)
@@ -212,10 +213,10 @@ def main():
     ap.add_argument("--out", default=os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
                                                                    "tests", "fixtures", "hf")))
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--fp32-weights", action="store_true", help="keep the random weights in full fp32 precision")
+    ap.add_argument("--bf16-weights", action="store_true", help="round the random weights to bf16 values")
     a = ap.parse_args()
     global BF16_WEIGHTS
-    BF16_WEIGHTS = not a.fp32_weights
+    BF16_WEIGHTS = a.bf16_weights
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
     torch.backends.cuda.matmul.allow_tf32 = False
