@@ -42,6 +42,13 @@ void add_launch(CLI::App& app) {
     lo.n = o->n;
     lo.rdzv_dir = o->rdzv_dir;
     lo.grace_s = o->grace;
+    // No lazytrain subcommand knows about ranks yet (issue 18): N copies of `train` would each train the
+    // whole model into the same output directory. Refuse rather than do that silently.
+    LT_CHECK(o->program || o->n == 1,
+             "launch: `lazytrain {}` does not run as several ranks yet: {} processes would each run it whole (a "
+             "`train` would write {} full trainings into one output directory). Run it without launch on one GPU, "
+             "or launch a rank-aware program with --program (e.g. build/bench/bench_dist)",
+             o->args.empty() ? std::string("?") : o->args[0], o->n, o->n);
     if (!o->program) lo.argv.push_back(self_exe());
     lo.argv.insert(lo.argv.end(), o->args.begin(), o->args.end());
     const int rc = dist::launch(lo);

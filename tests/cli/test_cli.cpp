@@ -180,3 +180,12 @@ TEST(CliGenerate, RawNeedsNoTemplate) {
 }
 
 }  // namespace
+
+// `launch -n 2 -- train ...` would start two independent full trainings writing into one output
+// directory: until the trainer knows about ranks, launch refuses every lazytrain subcommand with N > 1.
+TEST(CliLaunch, RefusesSubcommandsThatDoNotRunAsRanks) {
+  const CliRun r = run_cli("launch -n 2 -- train " + quote(kSrc + "/configs/demo.yaml"));
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("`lazytrain train` does not run as several ranks yet"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--program"), std::string::npos) << r.err;
+}
