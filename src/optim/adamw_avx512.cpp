@@ -8,6 +8,7 @@
 #include <cmath>
 #include <limits>
 
+#include "core/split_master.h"
 #include "optim/adamw_elem.h"
 
 #pragma GCC push_options
@@ -17,6 +18,7 @@
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512cd,avx2,fma,bmi2")
 
 #include "optim/adamw_avx512_common.h"
+#include "optim/adamw_avx512_masters.h"
 
 namespace lt::optim::detail {
 
@@ -48,6 +50,50 @@ void adamw_f32_avx512(const AdamWScalars& s, float* p, const float* g, float* m,
   for (; i < n; ++i) {
     adamw_elem(s, p[i], g[i], m[i], v[i]);
     if (out) out[i] = f32_to_bf16(p[i]);
+  }
+}
+
+namespace {
+// adamw_f32_avx512 over masters and gradients in their storage forms (MasterVecs).
+template <MasterFormat F, bool G16>
+void f32_fused(const AdamWScalars& s, const MasterIo& io, float* m, float* v, int64_t n) {
+  const V c(s);
+  const MasterVecs<F, G16, false> mv{io};
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    __m512 p0, p1, g0, g1;
+    mv.load(i, p0, p1);
+    mv.grad(i, g0, g1);
+    __m512 m0 = _mm512_loadu_ps(m + i), v0 = _mm512_loadu_ps(v + i);
+    __m512 m1 = _mm512_loadu_ps(m + i + 16), v1 = _mm512_loadu_ps(v + i + 16);
+    step16(c, p0, g0, m0, v0);
+    step16(c, p1, g1, m1, v1);
+    _mm512_storeu_ps(m + i, m0);
+    _mm512_storeu_ps(v + i, v0);
+    _mm512_storeu_ps(m + i + 16, m1);
+    _mm512_storeu_ps(v + i + 16, v1);
+    mv.store(i, p0, p1, false);
+  }
+  for (; i < n; ++i) {
+    float p = mv.load1(i);
+    adamw_elem(s, p, mv.grad1(i), m[i], v[i]);
+    mv.store1(i, p);
+  }
+}
+
+template <MasterFormat F>
+void f32_grads(const AdamWScalars& s, const MasterIo& io, float* m, float* v, int64_t n) {
+  if (io.g16) f32_fused<F, true>(s, io, m, v, n);
+  else f32_fused<F, false>(s, io, m, v, n);
+}
+}  // namespace
+
+void adamw_f32_avx512_fused(const AdamWScalars& s, MasterFormat f, const MasterIo& io, float* m, float* v,
+                            int64_t n) {
+  switch (f) {
+    case MasterFormat::F32: return f32_grads<MasterFormat::F32>(s, io, m, v, n);
+    case MasterFormat::Split: return f32_grads<MasterFormat::Split>(s, io, m, v, n);
+    case MasterFormat::Bf16Sr: return f32_grads<MasterFormat::Bf16Sr>(s, io, m, v, n);
   }
 }
 

@@ -90,22 +90,32 @@ inline __m512i bf16_rounded(__m512 x) {
   // instruction instead of a class test (a port-5 compare) and a masked blend.
   return _mm512_castps_si512(_mm512_fixupimm_ps(_mm512_castsi512_ps(r), x, _mm512_set1_epi32(0x22), 0));
 }
-// Two vectors of f32 -> 32 bf16: one permute collects the high halves. Vbmi (only where the including
-// file's target has AVX-512 VBMI, as the 8-bit kernel's does): a byte permute (2 uops; the word permute
-// takes 3), bytes 4i+2 and 4i+3 of each lane i of x0 (indices 0-63), then of x1 (64-127).
+// The 16-bit halves (High: bits 16-31, else 0-15) of two vectors' 32-bit lanes -> 32 words in element
+// order, with one permute. Vbmi (only where the including file's target has AVX-512 VBMI, as the 8-bit
+// kernel's does): a byte permute (2 uops; the word permute takes 3), bytes 4i + 2 High and 4i + 2 High + 1
+// of each lane i of x0 (indices 0-63), then of x1 (64-127).
+template <bool High>
+struct HalfIdx {
+  alignas(64) int8_t bytes[64];
+  int16_t words[32];
+  constexpr HalfIdx() : bytes(), words() {
+    for (int i = 0; i < 32; ++i) {
+      bytes[2 * i] = int8_t(4 * i + (High ? 2 : 0));
+      bytes[2 * i + 1] = int8_t(4 * i + (High ? 3 : 1));
+      words[i] = int16_t(2 * i + (High ? 1 : 0));
+    }
+  }
+};
+template <bool Vbmi, bool High>
+inline __m512i halves(__m512i x0, __m512i x1) {
+  static constexpr HalfIdx<High> kIdx{};
+  if constexpr (Vbmi) return _mm512_permutex2var_epi8(x0, _mm512_load_si512(kIdx.bytes), x1);
+  else return _mm512_permutex2var_epi16(x0, _mm512_loadu_si512(kIdx.words), x1);
+}
+// Two vectors of f32 -> 32 bf16.
 template <bool Vbmi>
 inline __m512i to_bf16x2(__m512 x0, __m512 x1) {
-  if constexpr (Vbmi) {
-    alignas(64) static constexpr int8_t kIdx[64] = {
-        2,  3,  6,  7,  10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31, 34, 35, 38, 39, 42, 43,
-        46, 47, 50, 51, 54, 55, 58, 59, 62, 63, 66, 67, 70, 71, 74, 75, 78, 79, 82, 83, 86, 87,
-        90, 91, 94, 95, 98, 99, 102, 103, 106, 107, 110, 111, 114, 115, 118, 119, 122, 123, 126, 127};
-    return _mm512_permutex2var_epi8(bf16_rounded(x0), _mm512_load_si512(kIdx), bf16_rounded(x1));
-  } else {
-    const __m512i odd = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29, 27,
-                                         25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
-    return _mm512_permutex2var_epi16(bf16_rounded(x0), odd, bf16_rounded(x1));
-  }
+  return halves<Vbmi, true>(bf16_rounded(x0), bf16_rounded(x1));
 }
 
 // One vector of f32 -> 16 bf16.

@@ -67,6 +67,29 @@ void adamw_f32(Isa isa, const AdamWScalars& s, float* p, const float* g, float* 
 void adamw_q8(Isa isa, const AdamWScalars& s, float* p, const float* g, uint8_t* mq, uint8_t* vq, float* ms,
               float* vs, bf16_t* out, int64_t n);
 
+// How the master weights are stored (described in optimizer.h).
+enum class MasterFormat : uint8_t { F32 = 0, Split = 1, Bf16Sr = 2 };
+
+// The master weights and gradient of a range in their storage forms, for the fused 8-bit kernel.
+struct MasterIo {
+  float* p = nullptr;          // F32: the masters
+  bf16_t* bf16 = nullptr;      // F32: the streaming copy (may be null); Split: the high halves; Bf16Sr: the masters
+  uint16_t* lo = nullptr;      // Split: the remainders
+  const float* g = nullptr;    // the gradient: fp32, or
+  const bf16_t* g16 = nullptr; // bf16
+  uint32_t sr_key = 0;         // Bf16Sr: element i is rounded with sr_bits(sr_key, sr_element0 + i)
+  uint32_t sr_element0 = 0;
+};
+// adamw_f32 and adamw_q8 over masters and gradients in any storage form, in one pass: each vector is
+// rebuilt from its storage form, updated and stored back inside the AVX-512 kernel (8-bit: the VBMI
+// one), with the same bits as join_master, split_master, round_bf16_sr (core/split_master.h) around the
+// fp32-master kernel, i.e. the optimizer's tile path. Return false, doing nothing, where isa does not
+// run that kernel.
+bool adamw_f32_fused(Isa isa, const AdamWScalars& s, MasterFormat f, const MasterIo& io, float* m, float* v,
+                     int64_t n);
+bool adamw_q8_fused(Isa isa, const AdamWScalars& s, MasterFormat f, const MasterIo& io, uint8_t* mq, uint8_t* vq,
+                    float* ms, float* vs, int64_t n);
+
 // Sum of squares with double accumulation.
 double sumsq(Isa isa, const float* g, int64_t n);
 
@@ -75,9 +98,12 @@ namespace detail {
 void adamw_f32_scalar(const AdamWScalars&, float*, const float*, float*, float*, bf16_t*, int64_t);
 void adamw_f32_avx2(const AdamWScalars&, float*, const float*, float*, float*, bf16_t*, int64_t);
 void adamw_f32_avx512(const AdamWScalars&, float*, const float*, float*, float*, bf16_t*, int64_t);
+void adamw_f32_avx512_fused(const AdamWScalars&, MasterFormat, const MasterIo&, float*, float*, int64_t);
 void adamw_q8_scalar(const AdamWScalars&, float*, const float*, uint8_t*, uint8_t*, float*, float*, bf16_t*, int64_t);
 void adamw_q8_avx2(const AdamWScalars&, float*, const float*, uint8_t*, uint8_t*, float*, float*, bf16_t*, int64_t);
 void adamw_q8_avx512(const AdamWScalars&, float*, const float*, uint8_t*, uint8_t*, float*, float*, bf16_t*, int64_t);
+void adamw_q8_avx512_fused(const AdamWScalars&, MasterFormat, const MasterIo&, uint8_t*, uint8_t*, float*, float*,
+                           int64_t);
 double sumsq_scalar(const float*, int64_t);
 double sumsq_avx2(const float*, int64_t);
 double sumsq_avx512(const float*, int64_t);

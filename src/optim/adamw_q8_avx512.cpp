@@ -13,6 +13,7 @@
 #include <tuple>
 #include <utility>
 
+#include "core/split_master.h"
 #include "optim/adamw_elem.h"
 
 #pragma GCC push_options
@@ -22,6 +23,7 @@
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512cd,avx512vbmi,avx2,fma,bmi2")
 
 #include "optim/adamw_avx512_common.h"
+#include "optim/adamw_avx512_masters.h"
 
 namespace lt::optim::detail {
 namespace {
@@ -96,14 +98,17 @@ inline __m512i pack64(__m512i c0, __m512i c1, __m512i c2, __m512i c3) {
 constexpr int64_t kPrefetchBlocks = 4;
 constexpr int64_t kPrefetchL2Blocks = 16;
 
-// Two consecutive cache lines of an fp32 array into L1, and the same lines kPrefetchL2Blocks blocks
-// further into L2.
-inline void prefetch2(const char* a) {
-  constexpr int64_t far = kPrefetchL2Blocks * kQ8Block * int64_t(sizeof(float));
-  _mm_prefetch(a, _MM_HINT_T0);
-  _mm_prefetch(a + 64, _MM_HINT_T0);
-  _mm_prefetch(a + far, _MM_HINT_T1);
-  _mm_prefetch(a + far + 64, _MM_HINT_T1);
+// One or two (Lines) consecutive cache lines of an array of ElemBytes-byte elements into L1, and the
+// same lines kPrefetchL2Blocks blocks further into L2. Not a loop: GCC 12 deletes loops of prefetches.
+template <int64_t ElemBytes, int Lines = 2>
+inline void prefetch_lines(const void* a) {
+  static_assert(Lines == 1 || Lines == 2);
+  constexpr int64_t far = kPrefetchL2Blocks * kQ8Block * ElemBytes;
+  const char* c = static_cast<const char*>(a);
+  _mm_prefetch(c, _MM_HINT_T0);
+  if constexpr (Lines == 2) _mm_prefetch(c + 64, _MM_HINT_T0);
+  _mm_prefetch(c + far, _MM_HINT_T1);
+  if constexpr (Lines == 2) _mm_prefetch(c + far + 64, _MM_HINT_T1);
 }
 
 // Codes of a block's kQ8Block values x * inv (x 64-byte aligned); also prefetches the kQ8Block bytes at
@@ -200,65 +205,79 @@ inline void dequant64(const DecodePlanes<Signed>& t, const uint8_t* codes, float
 constexpr int64_t kPrefetchAhead = kPrefetchBlocks * kQ8Block;
 
 namespace {
-template <bool Scaled>
-void q8_kernel(const AdamWScalars& s, float* p, const float* g, uint8_t* mq, uint8_t* vq, float* ms, float* vs,
-               bf16_t* out, int64_t n) {
+// The partial last block (len < kQ8Block): the scalar kernel (identical arithmetic) over fp32 scratch.
+template <MasterFormat F, bool G16>
+void q8_partial(const AdamWScalars& s, const MasterVecs<F, G16, true>& mv, int64_t b0, uint8_t* mq, uint8_t* vq,
+                float* ms, float* vs, int64_t len) {
+  alignas(64) float p[kQ8Block], g[kQ8Block];
+  for (int64_t i = 0; i < len; ++i) p[i] = mv.load1(b0 + i), g[i] = mv.grad1(b0 + i);
+  adamw_q8_scalar(s, p, g, mq + b0, vq + b0, ms, vs, nullptr, len);
+  for (int64_t i = 0; i < len; ++i) mv.store1(b0 + i, p[i]);
+}
+
+// F: the masters' storage (MasterVecs); G16: bf16 gradients.
+template <bool Scaled, MasterFormat F, bool G16>
+void q8_kernel(const AdamWScalars& s, const MasterIo& io, uint8_t* mq, uint8_t* vq, float* ms, float* vs,
+               int64_t n) {
   static const QV<true> qm(signed_dynamic_map());
   static const QV<false> qv(unsigned_dynamic_map());
   static const DecodePlanes<true> dm(signed_dynamic_map());
   static const DecodeLines dv(unsigned_dynamic_map());
   const V c(s);
+  const MasterVecs<F, G16, true> mv{io};
   alignas(64) float tm[kQ8Block], tv[kQ8Block];
-  // The bf16 copy is only written here (the GPU upload reads it later): non-temporal stores skip the
-  // read-for-ownership of its lines (measured: 8-bit update 77-89 % -> 94 % of bandwidth on 16 cores
-  // together with the prefetch). They need 64-byte alignment, which pinned buffers have.
-  const bool nt = out && reinterpret_cast<uintptr_t>(out) % 64 == 0;
+  // The bf16 copy of F32 masters is only written here (the GPU upload reads it later): non-temporal
+  // stores skip the read-for-ownership of its lines (measured: 8-bit update 77-89 % -> 94 % of bandwidth
+  // on 16 cores together with the prefetch). They need 64-byte alignment, which pinned buffers have.
+  // (Split and Bf16Sr masters are read first: their lines are in cache.)
+  const bool nt = F == MasterFormat::F32 && io.bf16 && reinterpret_cast<uintptr_t>(io.bf16) % 64 == 0;
+  constexpr int64_t kGradBytes = G16 ? 2 : 4;
+  const char* gbytes = G16 ? reinterpret_cast<const char*>(io.g16) : reinterpret_cast<const char*>(io.g);
   for (int64_t b0 = 0, blk = 0; b0 < n; b0 += kQ8Block, ++blk) {
     int64_t len = std::min<int64_t>(kQ8Block, n - b0);
-    if (len < kQ8Block) {  // partial last block: scalar (identical arithmetic)
-      adamw_q8_scalar(s, p + b0, g + b0, mq + b0, vq + b0, ms + blk, vs + blk, out ? out + b0 : nullptr, len);
+    if (len < kQ8Block) {
+      q8_partial<F, G16>(s, mv, b0, mq, vq, ms + blk, vs + blk, len);
       break;
     }
-    // The block kPrefetchBlocks ahead: its 40 lines are requested evenly over all five passes (p's in
-    // the two decode passes, g's in the update, the codes in the requantisation), so that misses stay
-    // in flight while the core computes instead of bunching in the update pass.
+    // The block kPrefetchBlocks ahead: its lines are requested evenly over all five passes (the
+    // masters' in the two decode passes, g's in the update, the codes in the requantisation), so that
+    // misses stay in flight while the core computes instead of bunching in the update pass.
     const bool pf = b0 + kPrefetchAhead + kQ8Block <= n;
-    const char* pp = reinterpret_cast<const char*>(p + b0 + kPrefetchAhead);
-    const char* pg = reinterpret_cast<const char*>(g + b0 + kPrefetchAhead);
+    const int64_t ahead = b0 + kPrefetchAhead;
     // The blocks' scales enter as factors of beta1 and beta2 (adamw_kernels.h): m is decoded unscaled,
     // v times beta2 * its scale.
     const __m512 b1s = _mm512_set1_ps(s.beta1 * ms[blk]), b2s = _mm512_set1_ps(s.beta2 * vs[blk]);
     // Three passes over the block through L1-resident temporaries, each with few live constants (one
     // fused loop kept ~45 vector constants live and spilled them on every iteration).
-    for (int64_t i = 0; i < kQ8Block; i += 64) {
-      if (pf) prefetch2(pp + 2 * i);  // i = 0, 64, 128, 192: p's lines 0-7 (of 16)
+    for (int64_t i = 0; i < kQ8Block; i += 64) {  // i / 2 elements: the first half of an fp32 array's lines
+      if (pf && F == MasterFormat::F32) prefetch_lines<4>(io.p + ahead + i / 2);
+      if (pf && F != MasterFormat::F32) prefetch_lines<2>(io.bf16 + ahead + i);
       dequant64(dm, mq + b0 + i, tm + i);
     }
     for (int64_t i = 0; i < kQ8Block; i += 64) {
-      if (pf) prefetch2(pp + 512 + 2 * i);  // p's lines 8-15
+      if (pf && F == MasterFormat::F32) prefetch_lines<4>(io.p + ahead + kQ8Block / 2 + i / 2);
+      if (pf && F == MasterFormat::Split) prefetch_lines<2>(io.lo + ahead + i);
       dequant64_lines(dv, vq + b0 + i, b2s, tv + i);
     }
     __m512 am = _mm512_setzero_ps(), av = _mm512_setzero_ps();
-    float* pb = p + b0;
-    const float* gb = g + b0;
     // The update: stage A (moments, denominator) of the next vector pair runs ahead of stage B (step,
     // master, bf16 copy) of this one (adamw_avx512_common.h).
     auto stage_a = [&](int64_t i) {
-      return std::pair{
-          q8_stage_a<Scaled>(c, b1s, _mm512_loadu_ps(gb + i), _mm512_load_ps(tm + i), _mm512_load_ps(tv + i)),
-          q8_stage_a<Scaled>(c, b1s, _mm512_loadu_ps(gb + i + 16), _mm512_load_ps(tm + i + 16),
-                             _mm512_load_ps(tv + i + 16))};
+      __m512 g0, g1;
+      mv.grad(b0 + i, g0, g1);
+      return std::pair{q8_stage_a<Scaled>(c, b1s, g0, _mm512_load_ps(tm + i), _mm512_load_ps(tv + i)),
+                       q8_stage_a<Scaled>(c, b1s, g1, _mm512_load_ps(tm + i + 16), _mm512_load_ps(tv + i + 16))};
     };
     auto [a0, a1] = stage_a(0);
     for (int64_t i = 0; i < kQ8Block; i += 32) {
-      if (pf) prefetch2(pg + 4 * i);  // g's 16 lines, 2 per iteration
+      if (pf) prefetch_lines<kGradBytes, int(kGradBytes / 2)>(gbytes + (ahead + i) * kGradBytes);  // 32 of g
       Q8Moments n0 = a0, n1 = a1;
       if (i + 32 < kQ8Block) std::tie(n0, n1) = stage_a(i + 32);
-      __m512 p0 = q8_stage_b(c, _mm512_loadu_ps(pb + i), a0), p1 = q8_stage_b(c, _mm512_loadu_ps(pb + i + 16), a1);
-      _mm512_storeu_ps(pb + i, p0);
-      _mm512_storeu_ps(pb + i + 16, p1);
-      if (nt) _mm512_stream_si512(reinterpret_cast<__m512i*>(out + b0 + i), to_bf16x2<true>(p0, p1));
-      else if (out) _mm512_storeu_si512(out + b0 + i, to_bf16x2<true>(p0, p1));
+      __m512 p0, p1;
+      mv.load(b0 + i, p0, p1);
+      p0 = q8_stage_b(c, p0, a0);
+      p1 = q8_stage_b(c, p1, a1);
+      mv.store(b0 + i, p0, p1, nt);
       _mm512_store_ps(tm + i, a0.m);
       _mm512_store_ps(tm + i + 16, a1.m);
       _mm512_store_ps(tv + i, a0.v);
@@ -271,17 +290,39 @@ void q8_kernel(const AdamWScalars& s, float* p, const float* g, uint8_t* mq, uin
     ms[blk] = amax;
     vs[blk] = vmax;
     const __m512 im = _mm512_set1_ps(block_inv(amax)), iv = _mm512_set1_ps(block_inv(vmax));
-    quant_block(qm, tm, im, mq + b0, pf ? mq + b0 + kPrefetchAhead : nullptr);
-    quant_block(qv, tv, iv, vq + b0, pf ? vq + b0 + kPrefetchAhead : nullptr);
+    quant_block(qm, tm, im, mq + b0, pf ? mq + ahead : nullptr);
+    quant_block(qv, tv, iv, vq + b0, pf ? vq + ahead : nullptr);
   }
   if (nt) _mm_sfence();
+}
+
+template <MasterFormat F, bool G16>
+void q8_scaled(const AdamWScalars& s, const MasterIo& io, uint8_t* mq, uint8_t* vq, float* ms, float* vs, int64_t n) {
+  if (s.grad_scale == 1.0f) q8_kernel<false, F, G16>(s, io, mq, vq, ms, vs, n);
+  else q8_kernel<true, F, G16>(s, io, mq, vq, ms, vs, n);
+}
+
+template <MasterFormat F>
+void q8_grads(const AdamWScalars& s, const MasterIo& io, uint8_t* mq, uint8_t* vq, float* ms, float* vs, int64_t n) {
+  if (io.g16) q8_scaled<F, true>(s, io, mq, vq, ms, vs, n);
+  else q8_scaled<F, false>(s, io, mq, vq, ms, vs, n);
 }
 }  // namespace
 
 void adamw_q8_avx512(const AdamWScalars& s, float* p, const float* g, uint8_t* mq, uint8_t* vq, float* ms,
                      float* vs, bf16_t* out, int64_t n) {
-  if (s.grad_scale == 1.0f) q8_kernel<false>(s, p, g, mq, vq, ms, vs, out, n);
-  else q8_kernel<true>(s, p, g, mq, vq, ms, vs, out, n);
+  MasterIo io;
+  io.p = p, io.bf16 = out, io.g = g;
+  q8_scaled<MasterFormat::F32, false>(s, io, mq, vq, ms, vs, n);
+}
+
+void adamw_q8_avx512_fused(const AdamWScalars& s, MasterFormat f, const MasterIo& io, uint8_t* mq, uint8_t* vq,
+                           float* ms, float* vs, int64_t n) {
+  switch (f) {
+    case MasterFormat::F32: return q8_grads<MasterFormat::F32>(s, io, mq, vq, ms, vs, n);
+    case MasterFormat::Split: return q8_grads<MasterFormat::Split>(s, io, mq, vq, ms, vs, n);
+    case MasterFormat::Bf16Sr: return q8_grads<MasterFormat::Bf16Sr>(s, io, mq, vq, ms, vs, n);
+  }
 }
 
 }  // namespace lt::optim::detail

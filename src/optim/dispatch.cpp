@@ -100,6 +100,20 @@ void adamw_q8(Isa isa, const AdamWScalars& s, float* p, const float* g, uint8_t*
   }
 }
 
+bool adamw_f32_fused(Isa isa, const AdamWScalars& s, MasterFormat f, const MasterIo& io, float* m, float* v,
+                     int64_t n) {
+  if (resolve_isa(isa) != Isa::Avx512) return false;
+  detail::adamw_f32_avx512_fused(s, f, io, m, v, n);
+  return true;
+}
+
+bool adamw_q8_fused(Isa isa, const AdamWScalars& s, MasterFormat f, const MasterIo& io, uint8_t* mq, uint8_t* vq,
+                    float* ms, float* vs, int64_t n) {
+  if (resolve_isa(isa) != Isa::Avx512 || !q8_avx512_kernel_available()) return false;
+  detail::adamw_q8_avx512_fused(s, f, io, mq, vq, ms, vs, n);
+  return true;
+}
+
 double sumsq(Isa isa, const float* g, int64_t n) {
   switch (resolve_isa(isa)) {
     case Isa::Avx512: return detail::sumsq_avx512(g, n);

@@ -3,7 +3,8 @@
 // and it is written back in its storage form, so every AdamW kernel (scalar, AVX2, AVX-512; fp32 or
 // 8-bit moments) serves every format with one extra pass over cache-resident data. The loops are
 // integer bit manipulation written branch-free; each is compiled for AVX-512, AVX2 and baseline x86-64
-// and picked at load time (target_clones), the same bits on every path.
+// and picked at load time (target_clones), the same bits on every path. The AVX-512 kernels do the same
+// conversions inside their own pass instead (adamw_avx512_masters.h, adamw_*_fused), with these bits.
 #pragma once
 #include <cstdint>
 

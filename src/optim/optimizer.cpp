@@ -311,10 +311,21 @@ void CpuAdamW::update_range(const TensorSpec& ts, const MomentArrays& st, const 
 
 // Non-fp32 storage (master_tiles.h): per tile, fp32 master and gradient in scratch, the fp32 kernel,
 // then the master back in its form. The fp32 values the kernel sees are exactly those of the F32
-// format (Split rebuilds them bit-exactly), so Split masters equal F32 masters bit for bit.
+// format (Split rebuilds them bit-exactly), so Split masters equal F32 masters bit for bit. The AVX-512
+// path (8-bit: with VBMI) converts inside the kernel instead (adamw_*_fused), with the same bits.
 void CpuAdamW::run_tiles(const WorkItem& w, const UnitBuffers& b, int64_t off) {
   const TensorSpec& ts = units_[size_t(w.unit)].tensors[size_t(w.tensor)];
   const MomentArrays st = arrays(w.unit, w.tensor);
+  const uint32_t key = sr_key(cfg_.sr_seed, uint64_t(w.s_step), uint64_t(w.unit));
+  if (cfg_.fused_masters) {
+    auto at = [off](auto* a) { return a ? a + off : nullptr; };
+    const MasterIo io{at(b.master), at(b.bf16), at(b.lo), at(b.grad), at(b.grad_bf16), key, uint32_t(off)};
+    const int64_t e = w.begin, blk = e / kQ8Block;
+    if (ts.format == StateFormat::F32 ? adamw_f32_fused(isa_, w.s, cfg_.master, io, st.m + e, st.v + e, w.count)
+                                      : adamw_q8_fused(isa_, w.s, cfg_.master, io, st.mq + e, st.vq + e,
+                                                       st.ms + blk, st.vs + blk, w.count))
+      return;
+  }
   alignas(64) float pt[kMasterTile];
   alignas(64) float gt[kMasterTile];
   for (int64_t at = 0; at < w.count; at += kMasterTile) {
@@ -328,7 +339,7 @@ void CpuAdamW::run_tiles(const WorkItem& w, const UnitBuffers& b, int64_t off) {
     update_range(ts, st, w, at, p, g, out, n);
     if (cfg_.master == MasterFormat::Split) split_tile(pt, b.bf16 + o, b.lo + o, n);
     if (cfg_.master == MasterFormat::Bf16Sr)
-      round_tile_sr(pt, b.bf16 + o, n, sr_key(cfg_.sr_seed, uint64_t(w.s_step), uint64_t(w.unit)), uint32_t(o));
+      round_tile_sr(pt, b.bf16 + o, n, key, uint32_t(o));
   }
 }
 

@@ -46,7 +46,8 @@ struct MomentArrays;
 //   Split   the exact fp32 master as bf16 high half (`bf16`, also the streaming copy) + 16-bit
 //           remainder (`lo`); rebuilt, updated and split again per tile, bit-identical to F32's master.
 //   Bf16Sr  bf16 master (`bf16`), rounded stochastically after the update (AdamWConfig::sr_seed).
-enum class MasterFormat : uint8_t { F32 = 0, Split = 1, Bf16Sr = 2 };
+// (enum class MasterFormat: adamw_kernels.h.) The AVX-512 path (8-bit: with VBMI) converts inside the
+// kernels instead of per tile (adamw_*_fused), with the same bits.
 const char* master_format_name(MasterFormat f);  // "fp32", "split", "bf16-sr"
 
 // Optimizer-state format of one tensor.
@@ -91,6 +92,7 @@ struct AdamWConfig {
   Isa isa = Isa::Auto;          // kernel path (Auto = best the CPU supports; LT_OPTIM_ISA env overrides Auto)
   MasterFormat master = MasterFormat::F32;
   uint64_t sr_seed = 0;         // Bf16Sr: the rounding bits are a function of (seed, step, unit, element)
+  bool fused_masters = true;    // false: always the tile path (tests and benchmarks compare the two)
   // NVMe-resident moments (UnitSpec::moments_on_nvme): files in a private directory under nvme_dir;
   // nvme_io nullptr = default_io() (O_DIRECT through io_uring); nvme_slots DRAM staging slots of the
   // largest such unit's moment bytes (2: read/update and write overlap; 3: read, update, write at once).
