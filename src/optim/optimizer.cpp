@@ -94,8 +94,10 @@ CpuAdamW::CpuAdamW(std::vector<UnitSpec> units, AdamWConfig cfg)
   int threads = cfg_.threads > 0 ? cfg_.threads : int(std::max(1u, std::thread::hardware_concurrency()));
   pool_ = std::make_unique<ThreadPool>(threads);
   zero_states();
-  if (std::any_of(units_.begin(), units_.end(), [](const UnitSpec& u) { return u.moments_on_nvme; }))
-    nvme_ = std::make_unique<NvmeMoments>(units_, cfg_.nvme_dir, cfg_.nvme_io, cfg_.nvme_slots,
+  // More staging slots than NVMe units would hold DRAM for nothing (plan/state_bytes.cpp counts the same).
+  const int n_nvme = int(std::count_if(units_.begin(), units_.end(), [](const UnitSpec& u) { return u.moments_on_nvme; }));
+  if (n_nvme > 0)
+    nvme_ = std::make_unique<NvmeMoments>(units_, cfg_.nvme_dir, cfg_.nvme_io, std::min(cfg_.nvme_slots, n_nvme),
                                           [this](const NvmeMoments::Event& e) {
                                             on_nvme_event(e.unit, e.write, e.ticket, e.slot, e.err);
                                           });

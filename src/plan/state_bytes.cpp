@@ -51,7 +51,7 @@ StateBytes model_state_bytes(const ModelConfig& c, const std::vector<std::string
                                          : std::max(held_units.back(), std::min(all_held, kGradRingDepth *
                                                                                               held_units[held_units.size() / 2]));
   b.staging = s.grads == GradHome::Host ? 2.0 * 2.0 * largest_layer : 4.0 * ring;
-  b.moment_staging = 3.0 * largest_nvme;  // AdamWConfig::nvme_slots
+  b.moment_staging = double(std::min<int64_t>(3, s.nvme_layers)) * largest_nvme;  // AdamWConfig::nvme_slots
   return b;
 }
 

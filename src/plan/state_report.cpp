@@ -73,7 +73,8 @@ std::string memory_table(const PlanOutcome& o) {
     for (auto& p : activation_parts(o)) parts.push_back(p);
   Totals tot{};
   std::string t = header(o.state, o.state.params) + rows(parts, o.state.params, tot);
-  return t + totals(tot, {in.hbm_cap, in.dram_cap, in.nvme_cap});
+  // The instance's NVMe cap is what the moments' files leave for checkpoints: the disk is both.
+  return t + totals(tot, {in.hbm_cap, in.dram_cap, in.nvme_cap + o.state.nvme()});
 }
 
 }  // namespace lt

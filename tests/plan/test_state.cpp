@@ -259,5 +259,40 @@ TEST(PlanState, SimulatorWithHeldGradientsByHand) {
   EXPECT_FALSE(simulate(in, test::plan_for(in, {Tier::Gpu, Tier::Gpu, Tier::Gpu})).fits);
 }
 
+// The last rung: the moments of the fewest last layers on NVMe, only when allowed and the disk holds them;
+// the files count against the disk in the report, and the plan records the count.
+TEST(PlanState, NvmeMomentRungWhenAllowed) {
+  // 8 layers: moving k layers' moments frees k - min(3, k) of them (the staging slots stay in DRAM).
+  auto r = tiny_request(0);
+  r.model.layers = 8;
+  const StatePlacement last{MasterMode::Bf16Sr, GradHome::Device, 0};
+  const auto all8 = choose_8bit(r.model, "adamw8bit", 0);
+  const double dram_only = model_state_bytes(r.model, all8, last).dram();
+  r.profile.dram_bytes = int64_t(dram_only - 0.5 * layer_moment_bytes(r.model, 0, all8));
+  r.optimizer = "adamw8bit";
+  r.allow_bf16_master = true;
+  r.profile.nvme_bytes = int64_t(1) << 30;
+  r.profile.nvme_read_bw = r.profile.nvme_write_bw = 2e9;
+  EXPECT_FALSE(make_plan(r).feasible);  // not allowed: no NVMe moments
+  r.allow_nvme_moments = true;
+  const auto o = make_plan(r);
+  ASSERT_TRUE(o.feasible) << o.why;
+  EXPECT_GE(o.placement.nvme_layers, 1);
+  EXPECT_EQ(o.plan.placement.nvme_layers, o.placement.nvme_layers);
+  EXPECT_GT(o.state.nvme(), 0);
+  EXPECT_LE(o.state.dram(), double(r.profile.dram_bytes));
+  // The fewest: one layer less does not fit.
+  StatePlacement fewer = o.placement;
+  fewer.nvme_layers -= 1;
+  EXPECT_GT(model_state_bytes(r.model, o.plan.optimizer_8bit, fewer).dram(), double(r.profile.dram_bytes));
+  EXPECT_NE(memory_table(o).find(fmt::format("nvme {} of {}", format_bytes(o.state.nvme()),
+                                             format_bytes(double(r.profile.nvme_bytes)))),
+            std::string::npos)
+      << memory_table(o);
+  EXPECT_EQ(plan_from_json(plan_to_json(o.plan)).placement.nvme_layers, o.placement.nvme_layers);
+  r.profile.nvme_bytes = 1024;  // the disk cannot hold them
+  EXPECT_FALSE(make_plan(r).feasible);
+}
+
 }  // namespace
 }  // namespace lt
