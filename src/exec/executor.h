@@ -116,7 +116,7 @@ std::vector<int64_t> host_grad_units(const ModelConfig& c, const ExecPlan& p);
 // With gradients held on the device (grads, micro_batches as ExecOptions::micro_batches) device
 // includes the held gradients of every device-computed unit ("grads.held": in the grad dtype for one
 // micro-batch, replacing the two layer gradient buffers; fp32 accumulators beside them for several)
-// and pinned the staging ring ("grads.staging": GradStream::kSlots median held units, at least the largest).
+// and pinned the staging ring ("grads.staging": core/model_state.h grad_ring_elems).
 struct ExecMemory {
   int64_t device = 0, pinned = 0, nvme = 0;
 };

@@ -92,7 +92,7 @@ ExecMemory grad_memory(const ModelConfig& c, const ExecPlan& p, const ModelLayou
   const auto numel = unit_numels(lay);
   const DType held = micro_batches > 1 ? DType::F32 : grad;
   m.device = (micro_batches > 1 ? scratch : 0) + GradStream::device_bytes(order, numel, held);
-  m.pinned = GradStream::pinned_bytes(order, numel, held, GradStream::kSlots);
+  m.pinned = GradStream::pinned_bytes(order, numel, held);
   return m;
 }
 
@@ -242,7 +242,7 @@ void Executor::Impl::allocate_grads() {
   }
   if (device) {
     const DType held = held_direct ? be.dtypes().grad : DType::F32;
-    dgrads = std::make_unique<GradStream>(be, held_grad_order(c, P), unit_numels(lay), held, GradStream::kSlots);
+    dgrads = std::make_unique<GradStream>(be, held_grad_order(c, P), unit_numels(lay), held);
   }
   emb_grad = held_direct && emb_on_device ? dgrads->buffer(0) : emb_g.data();
   head_grad = held_direct ? dgrads->buffer(L + 1) : head_g.data();

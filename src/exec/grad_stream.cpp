@@ -4,23 +4,18 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/model_state.h"
 #include "exec/executor.h"
 
 namespace lt {
 
 namespace {
 
-// Ring capacity in elements: `slots` typical units (the median held unit: a decoder layer), at most all
-// of them, and at least the largest (an untied LM head or the embedding, several layers' size), which then
-// streams with the ring to itself. Sizing by the largest alone would pin `slots` LM heads (14 GiB at 27B).
-// plan/state_bytes.cpp counts the same.
-int64_t ring_elems(const std::vector<int64_t>& order, const std::vector<int64_t>& numel, int slots) {
+// Ring capacity in elements (core/model_state.h grad_ring_elems).
+int64_t ring_elems(const std::vector<int64_t>& order, const std::vector<int64_t>& numel) {
   std::vector<int64_t> n;
-  int64_t all = 0;
-  for (int64_t u : order) n.push_back(numel[size_t(u)]), all += numel[size_t(u)];
-  if (n.empty()) return 0;
-  std::sort(n.begin(), n.end());
-  return std::max(n.back(), std::min(all, int64_t(slots) * n[n.size() / 2]));
+  for (int64_t u : order) n.push_back(numel[size_t(u)]);
+  return grad_ring_elems(std::move(n));
 }
 
 }  // namespace
@@ -31,16 +26,13 @@ int64_t GradStream::device_bytes(const std::vector<int64_t>& order, const std::v
   return b;
 }
 
-int64_t GradStream::pinned_bytes(const std::vector<int64_t>& order, const std::vector<int64_t>& numel, DType dtype,
-                                 int slots) {
-  return ring_elems(order, numel, slots) * int64_t(dtype_size(dtype));
+int64_t GradStream::pinned_bytes(const std::vector<int64_t>& order, const std::vector<int64_t>& numel, DType dtype) {
+  return ring_elems(order, numel) * int64_t(dtype_size(dtype));
 }
 
-GradStream::GradStream(Backend& be, std::vector<int64_t> order, const std::vector<int64_t>& numel, DType dtype,
-                       int slots)
+GradStream::GradStream(Backend& be, std::vector<int64_t> order, const std::vector<int64_t>& numel, DType dtype)
     : be_(be), order_(std::move(order)), pos_(numel.size(), -1), dtype_(dtype), held_(numel.size()),
       units_(numel.size()) {
-  LT_CHECK(slots >= 1, "internal: gradient stream needs a staging slot");
   const int64_t esz = int64_t(dtype_size(dtype));
   for (size_t k = 0; k < order_.size(); ++k) {
     const int64_t u = order_[k];
@@ -48,7 +40,7 @@ GradStream::GradStream(Backend& be, std::vector<int64_t> order, const std::vecto
     held_[size_t(u)] = std::make_unique<Buffer>(be, MemKind::Device, numel[size_t(u)] * esz, "grads.held");
   }
   if (order_.empty()) return;
-  cap_ = ring_elems(order_, numel, slots) * esz;
+  cap_ = ring_elems(order_, numel) * esz;
   ring_ = std::make_unique<Buffer>(be, MemKind::Pinned, cap_, "grads.staging");
   worker_ = std::make_unique<HostWorker>("grad-stream");
 }

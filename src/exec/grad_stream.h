@@ -4,12 +4,12 @@
 //
 // Life of one unit's gradient (the executor drives it; all calls from the executor's thread):
 //   backward   before_write(u), then the compute lane writes buffer(u)
-//   step end   start(hook): every held unit is pending; the first `slots` of them in streaming order
-//              are copied (D2H) into free slots, each handed to hook->grad_staged(u, slot, dtype) by
+//   step end   start(hook): every held unit is pending; those that fit the ring, in streaming order,
+//              are copied (D2H) into it, each handed to hook->grad_staged(u, ptr, dtype) by
 //              a worker thread once its copy completed
 //   forward    before_wait(u) (u's gradient reached the hook), hook->wait(u), after_wait(u): u's slot
 //              is free and takes the next pending unit
-// The staging memory is one pinned ring of `slots` typical (median) units, at least the largest,
+// The staging memory is one pinned ring (core/model_state.h grad_ring_elems: 8 median units, at least the largest),
 // filled in streaming order with each unit's own size: several layers are in flight at once, and a
 // unit larger than the rest (an untied LM head) waits until the ring has drained enough for it. A unit's part of the ring stays untouched until hook->wait(u)
 // returned; when the ring is full the stream frees the oldest by calling hook->wait on its unit itself.
@@ -32,21 +32,16 @@ class GradStream {
   // order: the device-held units, in the order the next forward waits for them; numel: elements of
   // every unit (indexed by unit); dtype: of the held buffers. Allocates one device buffer per held unit
   // ("grads.held") and a pinned staging ring ("grads.staging", see above).
-  GradStream(Backend& be, std::vector<int64_t> order, const std::vector<int64_t>& numel, DType dtype, int slots);
+  GradStream(Backend& be, std::vector<int64_t> order, const std::vector<int64_t>& numel, DType dtype);
   // Streams what is left (flush) and waits for every update that reads a slot, so no callback or
   // update refers to the slots after it returns; errors are logged.
   ~GradStream();
   GradStream(const GradStream&) = delete;
   GradStream& operator=(const GradStream&) = delete;
 
-  // Ring depth in median units. Measured on the H200 with Qwen2.5-14B (run 29): 3 layers in flight
-  // left 1.8-2.0 s of the optimizer exposed per step, ~7.5 layers 1.3-1.4 s: the copies and updates
-  // must run well ahead of the forward.
-  static constexpr int kSlots = 8;
-  // Bytes GradStream allocates: device (held buffers) and pinned (slots).
+  // Bytes GradStream allocates: device (held buffers) and pinned (the ring).
   static int64_t device_bytes(const std::vector<int64_t>& order, const std::vector<int64_t>& numel, DType dtype);
-  static int64_t pinned_bytes(const std::vector<int64_t>& order, const std::vector<int64_t>& numel, DType dtype,
-                              int slots);
+  static int64_t pinned_bytes(const std::vector<int64_t>& order, const std::vector<int64_t>& numel, DType dtype);
 
   bool held(int64_t u) const { return held_[size_t(u)] != nullptr; }
   void* buffer(int64_t u) const { return held_[size_t(u)]->data(); }

@@ -2,98 +2,17 @@
 
 #include "core/split_master.h"
 
-// GCC 12 reports false "may be used uninitialized" warnings inside avx512fintrin.h (as in
-// adamw_q8_avx512.cpp).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
-// Each loop has an AVX-512 body of 16 elements and an AVX2 body of 8 (the same integer operations as
-// the scalar functions of core/split_master.h, hence the same bits) and the scalar function for the
-// tail and for older CPUs. Written with intrinsics: GCC does not vectorise the 16 <-> 32-bit mixes on its own.
+// Each loop has an AVX2 body of 8 elements (the same integer operations as the scalar functions of
+// core/split_master.h, hence the same bits) and the scalar function for the tail and for older CPUs.
+// Written with intrinsics: GCC does not vectorise the 16 <-> 32-bit mixes on its own. On AVX-512 with
+// VBMI the update kernels read and write these forms themselves (adamw_avx512_masters.h), so these
+// loops serve the other paths, checkpoints and initialisation.
 namespace lt::optim {
 namespace {
 
 bool kAvx2 = __builtin_cpu_supports("avx2");
-bool kAvx512 = __builtin_cpu_supports("avx512f");
-
-#define LT_AVX512 __attribute__((target("avx512f")))
-LT_AVX512 inline __m512i load16_u16(const uint16_t* p) {
-  return _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-LT_AVX512 inline __m512i load16_i16(const uint16_t* p) {
-  return _mm512_cvtepi16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-LT_AVX512 inline void store16_u16(uint16_t* p, __m512i v) {  // the low 16 bits of each lane
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(v));
-}
-
-LT_AVX512 int64_t join_avx512(const bf16_t* hi, const uint16_t* lo, float* p, int64_t n) {
-  const __m512i k7fff = _mm512_set1_epi32(0x7fff), k8000 = _mm512_set1_epi32(0x8000), kInf = _mm512_set1_epi32(0x7f80);
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512i h16 = load16_u16(hi + i), l = load16_i16(lo + i), lu = load16_u16(lo + i);
-    const __m512i h = _mm512_and_si512(h16, k7fff);
-    const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(h16, k8000), 16);
-    const __m512i v = _mm512_or_si512(sign, _mm512_add_epi32(_mm512_slli_epi32(h, 16), l));
-    const __mmask16 nan = _mm512_cmpgt_epi32_mask(h, kInf);
-    const __m512i r = _mm512_mask_blend_epi32(nan, v, _mm512_or_si512(_mm512_slli_epi32(h16, 16), lu));
-    _mm512_storeu_si512(p + i, r);
-  }
-  return i;
-}
-
-LT_AVX512 int64_t split_avx512(const float* p, bf16_t* hi, uint16_t* lo, int64_t n) {
-  const __m512i kMag = _mm512_set1_epi32(0x7fffffff), kHalf = _mm512_set1_epi32(0x8000),
-                kInf = _mm512_set1_epi32(0x7f800000), kQuiet = _mm512_set1_epi32(0x40);
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512i u = _mm512_loadu_si512(p + i);
-    const __m512i mag = _mm512_and_si512(u, kMag);
-    const __m512i h = _mm512_srli_epi32(_mm512_add_epi32(mag, kHalf), 16);
-    const __m512i sign16 = _mm512_srli_epi32(_mm512_andnot_si512(kMag, u), 16);
-    const __mmask16 nan = _mm512_cmpgt_epi32_mask(mag, kInf);
-    store16_u16(hi + i, _mm512_mask_blend_epi32(nan, _mm512_or_si512(sign16, h),
-                                                _mm512_or_si512(_mm512_srli_epi32(u, 16), kQuiet)));
-    store16_u16(lo + i, _mm512_mask_blend_epi32(nan, _mm512_sub_epi32(mag, _mm512_slli_epi32(h, 16)), u));
-  }
-  return i;
-}
-
-LT_AVX512 int64_t widen_avx512(const bf16_t* in, float* out, int64_t n) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) _mm512_storeu_si512(out + i, _mm512_slli_epi32(load16_u16(in + i), 16));
-  return i;
-}
-
-LT_AVX512 int64_t round_sr_avx512(const float* p, bf16_t* out, int64_t n, uint32_t key, uint32_t element0) {
-  const __m512i kMag = _mm512_set1_epi32(0x7fffffff), kInf = _mm512_set1_epi32(0x7f800000),
-                kLow = _mm512_set1_epi32(0xffff), kQuiet = _mm512_set1_epi32(0x40);
-  const __m512i golden = _mm512_set1_epi32(int(0x9e3779b9u)), m1 = _mm512_set1_epi32(int(0x85ebca6bu)),
-                m2 = _mm512_set1_epi32(int(0xc2b2ae35u)), step16 = _mm512_set1_epi32(16);
-  __m512i e = _mm512_add_epi32(_mm512_set1_epi32(int(element0)),
-                               _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-  const __m512i vkey = _mm512_set1_epi32(int(key));
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16, e = _mm512_add_epi32(e, step16)) {
-    __m512i h = _mm512_add_epi32(vkey, _mm512_mullo_epi32(e, golden));  // sr_bits
-    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
-    h = _mm512_mullo_epi32(h, m1);
-    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 13));
-    h = _mm512_mullo_epi32(h, m2);
-    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
-    const __m512i u = _mm512_loadu_si512(p + i);
-    const __m512i mag = _mm512_and_si512(u, kMag);
-    const __m512i sign16 = _mm512_srli_epi32(_mm512_andnot_si512(kMag, u), 16);
-    const __m512i m = _mm512_srli_epi32(_mm512_add_epi32(mag, _mm512_and_si512(h, kLow)), 16);
-    const __mmask16 special = _mm512_cmpge_epu32_mask(mag, kInf), nan = _mm512_cmpgt_epu32_mask(mag, kInf);
-    const __m512i sv = _mm512_mask_or_epi32(_mm512_srli_epi32(u, 16), nan, _mm512_srli_epi32(u, 16), kQuiet);
-    store16_u16(out + i, _mm512_mask_blend_epi32(special, _mm512_or_si512(sign16, m), sv));
-  }
-  return i;
-}
-
 __attribute__((target("avx2"))) inline __m256i load8_u16(const uint16_t* p) {
   return _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
@@ -183,32 +102,28 @@ __attribute__((target("avx2"))) int64_t round_sr_avx2(const float* p, bf16_t* ou
 
 void limit_tile_isa(Isa isa) {
   kAvx2 = __builtin_cpu_supports("avx2") && (isa == Isa::Auto || isa == Isa::Avx2 || isa == Isa::Avx512);
-  kAvx512 = __builtin_cpu_supports("avx512f") && (isa == Isa::Auto || isa == Isa::Avx512);
 }
 
 void join_tile(const bf16_t* hi, const uint16_t* lo, float* p, int64_t n) {
-  const int64_t v = kAvx512 ? join_avx512(hi, lo, p, n) : kAvx2 ? join_avx2(hi, lo, p, n) : 0;
+  const int64_t v = kAvx2 ? join_avx2(hi, lo, p, n) : 0;
   for (int64_t i = v; i < n; ++i) p[i] = join_master(hi[i], lo[i]);
 }
 
 void split_tile(const float* p, bf16_t* hi, uint16_t* lo, int64_t n) {
-  const int64_t v = kAvx512 ? split_avx512(p, hi, lo, n) : kAvx2 ? split_avx2(p, hi, lo, n) : 0;
+  const int64_t v = kAvx2 ? split_avx2(p, hi, lo, n) : 0;
   for (int64_t i = v; i < n; ++i) split_master(p[i], hi + i, lo + i);
 }
 
 void widen_tile(const bf16_t* in, float* out, int64_t n) {
-  const int64_t v = kAvx512 ? widen_avx512(in, out, n) : kAvx2 ? widen_avx2(in, out, n) : 0;
+  const int64_t v = kAvx2 ? widen_avx2(in, out, n) : 0;
   for (int64_t i = v; i < n; ++i) out[i] = bf16_to_f32(in[i]);
 }
 
 void round_tile_sr(const float* p, bf16_t* out, int64_t n, uint32_t key, uint32_t element0) {
-  const int64_t v = kAvx512 ? round_sr_avx512(p, out, n, key, element0)
-                    : kAvx2   ? round_sr_avx2(p, out, n, key, element0)
-                              : 0;
+  const int64_t v = kAvx2 ? round_sr_avx2(p, out, n, key, element0) : 0;
   for (int64_t i = v; i < n; ++i)
     out[i] = round_bf16_sr(p[i], sr_bits(key, element0 + uint32_t(i)));
 }
 
 }  // namespace lt::optim
 
-#pragma GCC diagnostic pop

@@ -25,7 +25,7 @@ StateBytes model_state_bytes(const ModelConfig& c, const std::vector<std::string
   StateBytes b;
   b.placement = s;
   double largest_layer = 0, largest_nvme = 0;
-  std::vector<double> held_units;
+  std::vector<int64_t> held_units;
   for (auto& u : model_layout(c).units) {
     const double n = double(unit_param_count(u));
     const bool held = grad_held_on_device(u, s.grads);
@@ -41,16 +41,10 @@ StateBytes model_state_bytes(const ModelConfig& c, const std::vector<std::string
     (nvme ? b.moments_nvme : b.moments) += mb;
     if (nvme) largest_nvme = std::max(largest_nvme, mb);
     if (u.kind == UnitKind::Layer) largest_layer = std::max(largest_layer, n);
-    if (held) held_units.push_back(n);
+    if (held) held_units.push_back(int64_t(n));
   }
-  // Device: exec/grad_stream.cpp's ring, kGradRingDepth median held units and at least the largest, in fp32.
-  std::sort(held_units.begin(), held_units.end());
-  double all_held = 0;
-  for (double n : held_units) all_held += n;
-  const double ring = held_units.empty() ? 0
-                                         : std::max(held_units.back(), std::min(all_held, kGradRingDepth *
-                                                                                              held_units[held_units.size() / 2]));
-  b.staging = s.grads == GradHome::Host ? 2.0 * 2.0 * largest_layer : 4.0 * ring;
+  // Device: the executor's staging ring (grad_ring_elems), fp32.
+  b.staging = s.grads == GradHome::Host ? 2.0 * 2.0 * largest_layer : 4.0 * double(grad_ring_elems(held_units));
   b.moment_staging = double(std::min<int64_t>(3, s.nvme_layers)) * largest_nvme;  // AdamWConfig::nvme_slots
   return b;
 }

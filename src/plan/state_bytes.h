@@ -18,9 +18,6 @@
 
 namespace lt {
 
-// Depth of the executor's gradient staging ring in median units (exec/grad_stream.h GradStream::kSlots).
-constexpr double kGradRingDepth = 8;
-
 // Optimizer-moment bytes of a tensor of n elements: fp32 m and v (8 B each element), or 8-bit codes
 // with one fp32 absmax per 256 elements for each moment.
 double moment_bytes(int64_t n, bool q8);
