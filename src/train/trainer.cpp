@@ -78,7 +78,7 @@ class TrainSession {
         probe_(hooks.probe_device ? hooks.probe_device(cfg) : DeviceProbe{}),
         tp_(make_training_plan(cfg, ms_.model, shape_.batch, shape_.seq, probe_.name, probe_.gpu)),
         bc_(make_backend()),
-        st_(*bc_.backend, host_state_options(cfg_, tp_)),
+        st_(*bc_.backend, host_state_options(tp_)),
         hook_(ms_.layout, load_weights_into(st_), optimizer_setup(cfg, tp_, bc_.gpu)),
         ts_(initial_trainer_state(cfg, shape_, tp_, ms_)),
         logger_(out_ / "metrics.jsonl", cfg.progress_bar, bool(resume_)),

@@ -124,8 +124,7 @@ OptimizerSetup optimizer_setup(const TrainConfig& cfg, const TrainingPlan& tp, b
   return os;
 }
 
-HostStateOptions host_state_options(const TrainConfig& cfg, const TrainingPlan& tp) {
-  (void)cfg;
+HostStateOptions host_state_options(const TrainingPlan& tp) {
   HostStateOptions o;
   o.master = tp.placement.master;
   o.grads = tp.placement.grads;

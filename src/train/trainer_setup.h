@@ -42,8 +42,8 @@ data::LoaderOptions loader_options(const TrainConfig& cfg, int64_t seq, int32_t 
 StepShape step_shape(const TrainConfig& cfg, int64_t seq, int64_t batches_per_epoch);
 
 OptimizerSetup optimizer_setup(const TrainConfig& cfg, const TrainingPlan& tp, bool gpu);
-// How the host state stores the model (master_weights; core/model_state.h).
-HostStateOptions host_state_options(const TrainConfig& cfg, const TrainingPlan& tp);
+// How the host state stores the model: the plan's placement (master mode, gradient home; core/model_state.h).
+HostStateOptions host_state_options(const TrainingPlan& tp);
 // The seed of bf16-sr's stochastic rounding: derived from the run's seed (saved in checkpoints).
 uint64_t rounding_seed(uint64_t seed);
 // Writes the starting weights (random, pretrained; nothing for a checkpoint, which resume_from loads)
