@@ -191,10 +191,11 @@ class Backend {
   // *out (device double) += sum of squares of grad[0..n) (dtypes().grad), accumulated in fp64.
   // Used for exact global-norm clipping without a second pass over gradients on the host.
   virtual void grad_sumsq(const void* grad, int64_t n, double* out, OpLabel l) = 0;
-  // acc[i] += grad[i] for i < n (acc fp32, grad in dtypes().grad), in place, element by element; if
-  // sumsq != nullptr, *sumsq (device double) += sum of squares of the updated acc, accumulated in fp64.
-  // Sums micro-batch gradients into an fp32 accumulator held on the device (docs/executor.md).
-  virtual void grad_add(float* acc, const void* grad, int64_t n, double* sumsq, OpLabel l) = 0;
+  // acc[i] += grad[i] for i < n (grad in dtypes().grad), in place, element by element; acc is fp32, or
+  // bf16 (acc_dtype BF16: the fp32 sum rounded to nearest-even). If sumsq != nullptr, *sumsq (device
+  // double) += sum of squares of the updated acc (as stored), accumulated in fp64.
+  // Sums micro-batch gradients into an accumulator held on the device (docs/executor.md).
+  virtual void grad_add(void* acc, DType acc_dtype, const void* grad, int64_t n, double* sumsq, OpLabel l) = 0;
 
  protected:
   ModelConfig cfg_;

@@ -16,7 +16,7 @@ namespace lt::cli {
 void add_plan(CLI::App& app) {
   struct Opts {
     std::string model, batch = "1", profile = "h800-80g", planner = "milp", optimizer = "hybrid";
-    std::string gpu_mem, host_mem, nvme_mem, out, svg, master, grads = "auto", optimizer_nvme = "none";
+    std::string gpu_mem, host_mem, nvme_mem, out, svg, master, grads = "auto", grad_dtype = "auto", optimizer_nvme = "none";
     int64_t seq = 1024, chunk = 0;
     int ring = 2, micro = 1;
     double time_limit = 30, gap = 0.005;
@@ -39,6 +39,9 @@ void add_plan(CLI::App& app) {
   sub->add_option("--gradients", o->grads, "host | device | auto (device only if the host state does not fit)")
       ->check(CLI::IsMember({"host", "device", "auto"}))
       ->capture_default_str();
+  sub->add_option("--gradient-dtype", o->grad_dtype,
+                  "fp32 | bf16 | auto (of gradients held on the device; bf16 only if fp32 does not fit)")
+      ->check(CLI::IsMember({"fp32", "bf16", "auto"}));
   sub->add_option("--optimizer-nvme", o->optimizer_nvme,
                   "none | auto (the last layers' moments on the NVMe tier when nothing else fits DRAM)")
       ->check(CLI::IsMember({"none", "auto"}))
@@ -69,6 +72,7 @@ void add_plan(CLI::App& app) {
     if (o->master == "auto") r.allow_bf16_master = true;
     else if (!o->master.empty()) r.master = parse_master_mode(o->master);
     if (o->grads != "auto") r.grads = parse_grad_home(o->grads);
+    if (o->grad_dtype != "auto") r.grad_dtype = parse_grad_dtype(o->grad_dtype);
     r.allow_nvme_moments = o->optimizer_nvme == "auto";
     r.ring = o->ring;
     r.micro_batches = o->micro;

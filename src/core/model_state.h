@@ -11,9 +11,15 @@
 //            (seeded, counter-based: reproducible whatever the threading).
 // Gradients
 //   host     accumulated in fp32 in pinned host memory (4 B/param in DRAM), as before.
-//   device   held in HBM in fp32 (the backends' gradient dtype) until the global clipping norm is known,
-//            then streamed down unit by unit through a small pinned staging ring as the optimizer
-//            consumes them (during the next step's forward).
+//   device   held in HBM until the global clipping norm is known, then streamed down unit by unit
+//            through a small pinned staging ring as the optimizer consumes them (during the next
+//            step's forward). Held in fp32 (the backends' gradient dtype, 4 B/param) or in bf16
+//            (gradient_dtype: bf16, 2 B/param in HBM and in the ring): each layer's fp32 gradient is
+//            rounded to nearest-even as it is added into the held buffer, and the clipping norm is
+//            taken over the rounded values, i.e. over exactly what the optimizer reads.
+// 8-bit embedding moments
+//   adamw8bit keeps the input embedding's moments in fp32 (as bitsandbytes' stable embedding does);
+//   when nothing else fits the planner may quantise them too (StatePlacement::embedding_8bit).
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -26,9 +32,11 @@ namespace lt {
 
 enum class MasterMode : uint8_t { Fp32 = 0, Bf16Sr = 1 };
 enum class GradHome : uint8_t { Host = 0, Device = 1 };
+enum class GradDType : uint8_t { F32 = 0, Bf16 = 1 };  // of gradients held on the device
 
 inline const char* master_mode_name(MasterMode m) { return m == MasterMode::Fp32 ? "fp32" : "bf16-sr"; }
 inline const char* grad_home_name(GradHome g) { return g == GradHome::Host ? "host" : "device"; }
+inline const char* grad_dtype_name(GradDType d) { return d == GradDType::F32 ? "fp32" : "bf16"; }
 
 inline MasterMode parse_master_mode(const std::string& s) {
   if (s == "fp32") return MasterMode::Fp32;
@@ -39,6 +47,11 @@ inline GradHome parse_grad_home(const std::string& s) {
   if (s == "host") return GradHome::Host;
   if (s == "device") return GradHome::Device;
   fail("gradients: expected host or device, got '{}'", s);
+}
+inline GradDType parse_grad_dtype(const std::string& s) {
+  if (s == "fp32") return GradDType::F32;
+  if (s == "bf16") return GradDType::Bf16;
+  fail("gradient_dtype: expected fp32 or bf16, got '{}'", s);
 }
 
 // The pinned ring through which gradients held on the device reach the optimizer (exec/grad_stream.h),
@@ -60,6 +73,8 @@ inline int64_t grad_ring_elems(std::vector<int64_t> unit_sizes) {
 struct StatePlacement {
   MasterMode master = MasterMode::Fp32;
   GradHome grads = GradHome::Host;
+  GradDType grad_dtype = GradDType::F32;  // of the held gradients (grads == Device; host ones are fp32)
+  bool embedding_8bit = false;            // the input embedding's moments 8-bit too (8-bit optimizers)
   // The optimizer moments of the last nvme_layers decoder layers live in files on the NVMe tier
   // (optim/nvme_moments.h), staged through DRAM slots; 0 = every moment in DRAM.
   int64_t nvme_layers = 0;

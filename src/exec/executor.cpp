@@ -327,15 +327,16 @@ class MicroBatchRun {
     be.fill_zero(Lane::Compute, dst, bytes, lab("grad.zero", int32_t(unit)));
   }
   // Unit's gradient of this micro-batch is complete in dgrad: offloaded to the host or, held on the
-  // device, its sum of squares taken (held_direct) or added into the unit's fp32 accumulator (the sum
-  // of squares with the last micro-batch's addition, as the host does).
+  // device, its sum of squares taken (held_direct) or added into the unit's held accumulator (fp32 or
+  // bf16; the sum of squares of the stored values with the last micro-batch's addition, as the host does).
   void grad_done(int64_t unit, void* dgrad, int64_t numel) {
     double* sumsq = I.d_scal.as<double>() + 2 + unit;
     if (!I.dgrads) return offload_grad(unit, dgrad, numel);
     if (I.held_direct) return be.grad_sumsq(dgrad, numel, sumsq, lab("grad.sumsq", int32_t(unit)));
-    auto* acc = static_cast<float*>(I.dgrads->buffer(unit));
-    if (mbi_ == 0) zero_grad(unit, acc, numel * 4, true);
-    be.grad_add(acc, dgrad, numel, mbi_ + 1 == nmb_ ? sumsq : nullptr, lab("grad.add", int32_t(unit)));
+    void* acc = I.dgrads->buffer(unit);
+    const DType dt = I.dgrads->dtype();
+    if (mbi_ == 0) zero_grad(unit, acc, numel * int64_t(dtype_size(dt)), true);
+    be.grad_add(acc, dt, dgrad, numel, mbi_ + 1 == nmb_ ? sumsq : nullptr, lab("grad.add", int32_t(unit)));
   }
   // D2H of a unit's device gradient to the host; accumulation/conversion on the sink thread.
   void offload_grad(int64_t unit, void* dgrad, int64_t numel) {

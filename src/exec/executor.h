@@ -115,13 +115,15 @@ std::vector<int64_t> host_grad_units(const ModelConfig& c, const ExecPlan& p);
 // micro-batches or bf16 gradients need with host gradients (2 x the largest unit in the grad dtype).
 // With gradients held on the device (grads, micro_batches as ExecOptions::micro_batches) device
 // includes the held gradients of every device-computed unit ("grads.held": in the grad dtype for one
-// micro-batch, replacing the two layer gradient buffers; fp32 accumulators beside them for several)
+// micro-batch, replacing the two layer gradient buffers; fp32 accumulators beside them for several;
+// bf16 held gradients (held_dtype) are always accumulators beside the per-micro-batch buffers)
 // and pinned the staging ring ("grads.staging": core/model_state.h grad_ring_elems).
 struct ExecMemory {
   int64_t device = 0, pinned = 0, nvme = 0;
 };
 ExecMemory executor_memory(const ModelConfig& c, const ExecPlan& p, BackendDTypes dt, int64_t workspace_bytes,
-                           GradHome grads = GradHome::Host, int32_t micro_batches = 1);
+                           GradHome grads = GradHome::Host, int32_t micro_batches = 1,
+                           GradDType held_dtype = GradDType::F32);
 
 class Executor {
  public:

@@ -78,8 +78,18 @@ std::vector<int64_t> unit_numels(const ModelLayout& lay) {
 
 // Device and pinned bytes of the weight gradients: per-micro-batch buffers (host gradients, or
 // accumulation into fp32 held buffers) and the held buffers with their staging ring.
+// The dtype of the held gradients and whether the backward writes into them directly (one micro-batch
+// in the backend's gradient dtype) or each micro-batch's gradient is added into them (grad_add).
+DType held_grad_dtype(DType grad, int32_t micro_batches, GradDType held) {
+  if (held == GradDType::Bf16) return DType::BF16;
+  return micro_batches > 1 ? DType::F32 : grad;
+}
+bool held_grads_direct(DType grad, int32_t micro_batches, GradDType held) {
+  return micro_batches == 1 && held_grad_dtype(grad, micro_batches, held) == grad;
+}
+
 ExecMemory grad_memory(const ModelConfig& c, const ExecPlan& p, const ModelLayout& lay, DType grad, GradHome home,
-                       int32_t micro_batches) {
+                       int32_t micro_batches, GradDType held_dtype) {
   const int64_t g = int64_t(dtype_size(grad));
   ExecMemory m;
   const int64_t scratch = (2 * lay.max_layer_numel() + lay.head().numel +
@@ -90,8 +100,9 @@ ExecMemory grad_memory(const ModelConfig& c, const ExecPlan& p, const ModelLayou
   }
   const auto order = held_grad_order(c, p);
   const auto numel = unit_numels(lay);
-  const DType held = micro_batches > 1 ? DType::F32 : grad;
-  m.device = (micro_batches > 1 ? scratch : 0) + GradStream::device_bytes(order, numel, held);
+  const DType held = held_grad_dtype(grad, micro_batches, held_dtype);
+  m.device = (held_grads_direct(grad, micro_batches, held_dtype) ? 0 : scratch) +
+             GradStream::device_bytes(order, numel, held);
   m.pinned = GradStream::pinned_bytes(order, numel, held);
   return m;
 }
@@ -99,12 +110,12 @@ ExecMemory grad_memory(const ModelConfig& c, const ExecPlan& p, const ModelLayou
 }  // namespace
 
 ExecMemory executor_memory(const ModelConfig& c, const ExecPlan& p, BackendDTypes dt, int64_t workspace_bytes,
-                           GradHome grads, int32_t micro_batches) {
+                           GradHome grads, int32_t micro_batches, GradDType held_dtype) {
   const auto lay = model_layout(c);
   const int64_t L = c.layers, T = p.batch * p.seq;
   const int64_t w = int64_t(dtype_size(dt.weight)), a = int64_t(dtype_size(dt.act));
   const int64_t A = T * c.hidden * a, Apad = io_round_up(A), ln = lay.max_layer_numel();
-  const ExecMemory gm = grad_memory(c, p, lay, dt.grad, grads, micro_batches);
+  const ExecMemory gm = grad_memory(c, p, lay, dt.grad, grads, micro_batches, held_dtype);
   ExecMemory m;
   m.device = p.ring * ln * w + lay.head().numel * w + 4 * T * 4 + (2 + L + 2) * 8 + count_act_buffers(p) * A +
              workspace_bytes + gm.device;
@@ -229,19 +240,20 @@ void Executor::Impl::allocate() {
   be.set_timing(ex.opts_.timing);
 }
 
-// Weight gradient buffers on the device: per micro-batch (host gradients, or several micro-batches
-// accumulated into held fp32 buffers) and, with GradHome::Device, the held buffers and their stream.
+// Weight gradient buffers on the device: per micro-batch (host gradients, or several micro-batches /
+// bf16 held gradients accumulated into the held buffers) and, with GradHome::Device, the held buffers
+// and their stream.
 void Executor::Impl::allocate_grads() {
   const auto& lay = be.layout();
   const bool device = st.options().grads == GradHome::Device;
-  held_direct = device && ex.opts_.micro_batches == 1;
+  const DType held = held_grad_dtype(be.dtypes().grad, ex.opts_.micro_batches, st.options().grad_dtype);
+  held_direct = device && held_grads_direct(be.dtypes().grad, ex.opts_.micro_batches, st.options().grad_dtype);
   if (!held_direct) {
     if (emb_on_device) emb_g = Buffer(be, MemKind::Device, lay.embedding().numel * int64_t(g_sz), "grads.embedding");
     head_g = Buffer(be, MemKind::Device, lay.head().numel * int64_t(g_sz), "grads.head");
     for (auto& g : gslot) g = Buffer(be, MemKind::Device, lay.max_layer_numel() * int64_t(g_sz), "grads.layer");
   }
   if (device) {
-    const DType held = held_direct ? be.dtypes().grad : DType::F32;
     dgrads = std::make_unique<GradStream>(be, held_grad_order(c, P), unit_numels(lay), held);
   }
   emb_grad = held_direct && emb_on_device ? dgrads->buffer(0) : emb_g.data();

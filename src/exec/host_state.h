@@ -30,6 +30,7 @@ const char* master_storage_name(MasterStorage s);
 struct HostStateOptions {
   MasterMode master = MasterMode::Fp32;
   GradHome grads = GradHome::Host;
+  GradDType grad_dtype = GradDType::F32;  // of the gradients held on the device (grads == Device)
   // Units that keep a host gradient although grads == Device (the executor's host-computed ones).
   std::vector<int64_t> host_grad_units;
   bool split_on_fp32_stream = false;  // fp32 streaming (CPU backend): store the master split anyway

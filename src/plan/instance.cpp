@@ -86,15 +86,15 @@ void set_optimizer_times(Instance& in, const ModelConfig& c, const ModelLayout& 
   }
 }
 
-// Gradients held on the device: no gradient D2H in the backward slots (a tied LM head's matrix
-// gradient still goes down in B_{L-1}, to the CPU embedding's accumulator) nor in the epilogue;
-// instead each held unit's fp32 gradient streams down before its update (opt_d2h, update order).
-void hold_gradients(Instance& in, const ModelConfig& c, const ModelLayout& lay) {
+// Gradients held on the device: no gradient D2H in the backward slots nor in the epilogue (the
+// embedding's table is on the GPU: tied, or resident); instead each held unit's gradient (elem_bytes
+// per element) streams down before its update (opt_d2h, update order).
+void hold_gradients(Instance& in, const ModelConfig& c, const ModelLayout& lay, double elem_bytes) {
   std::fill(in.G.begin(), in.G.end(), 0.0);
-  in.G_head = c.tied ? 2.0 * double(c.vocab * c.hidden) : 0.0;
-  for (int j = 0; j < in.L; ++j) in.opt_d2h.push_back(4.0 * double(unit_param_count(lay.layer(j))) / in.bd);
-  in.opt_d2h.push_back(4.0 * double(unit_param_count(lay.head())) / in.bd);
-  in.opt_d2h.push_back(0.0);  // the embedding's gradient is on the host
+  in.G_head = 0.0;
+  for (int j = 0; j < in.L; ++j) in.opt_d2h.push_back(elem_bytes * double(unit_param_count(lay.layer(j))) / in.bd);
+  in.opt_d2h.push_back(elem_bytes * double(unit_param_count(lay.head())) / in.bd);
+  in.opt_d2h.push_back(elem_bytes * double(unit_param_count(lay.embedding())) / in.bd);
 }
 
 // Per-layer times, bytes and working sets, each from that layer's kind.
@@ -162,7 +162,14 @@ Instance make_instance(const ModelConfig& c, int64_t batch, int64_t seq, const R
   in.ws_pro = in.A;
   const StateBytes state = model_state_bytes(c, o.optimizer_8bit, o.placement);
   in.hbm_fixed = state.hbm();
-  if (o.placement.grads == GradHome::Device) hold_gradients(in, c, lay);
+  if (o.placement.grads == GradHome::Device)
+    hold_gradients(in, c, lay, o.placement.grad_dtype == GradDType::Bf16 ? 2.0 : 4.0);
+  if (embedding_resident_for(c, o.placement)) {
+    // The table lives in HBM and is uploaded once per step after its update, instead of boundary 0.
+    // Its lookup and backward run on the GPU: no boundary 0 up, no boundary-0 gradient down.
+    in.pro_h2d = state.resident_table;  // its HBM is in state.hbm()
+    in.epi_d2h = 0;
+  }
   in.dram_cap = double(prof.dram_bytes);
   in.dram_fixed = state.dram();
   in.nvme_cap = double(prof.nvme_bytes) - state.nvme();  // the moments' files come first

@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include "core/error.h"
+
 #include "plan/state_bytes.h"
 
 namespace lt {
@@ -29,7 +31,11 @@ void push_nvme_rung(const PlanRequest& r, StatePlacement p, const std::string& m
 
 std::vector<StateChoice> placement_ladder(const PlanRequest& r) {
   const double dram = double(r.profile.dram_bytes);
-  StatePlacement p{r.master.value_or(MasterMode::Fp32), r.grads.value_or(GradHome::Host)};
+  LT_CHECK(!(r.grads == GradHome::Host && r.grad_dtype == GradDType::Bf16),
+           "plan: gradient dtype bf16 applies to gradients held on the device; with gradients on the host they "
+           "are fp32 accumulators (use gradients device or auto)");
+  StatePlacement p{r.master.value_or(MasterMode::Fp32), r.grads.value_or(GradHome::Host),
+                   r.grad_dtype.value_or(GradDType::F32)};
   // Before the 8-bit rung a hybrid optimizer keeps fp32 moments.
   std::string moments = r.optimizer == "hybrid" ? "adamw" : r.optimizer;
   std::vector<StateChoice> v;
@@ -41,6 +47,14 @@ std::vector<StateChoice> placement_ladder(const PlanRequest& r) {
   }
   if (r.optimizer == "hybrid") {
     moments = "hybrid";
+    push();
+  }
+  if (p.grads == GradHome::Device && !r.grad_dtype) {
+    p.grad_dtype = GradDType::Bf16;
+    push();
+  }
+  if (moments != "adamw") {
+    p.embedding_8bit = true;
     push();
   }
   if (!r.master && r.allow_bf16_master) {
@@ -57,8 +71,11 @@ bool state_fits(const PlanRequest& r, const StateChoice& s) {
 }
 
 std::string describe_choice(const StateChoice& s) {
-  std::string d = fmt::format("master {}, gradients {}, {} 8-bit tensors", master_mode_name(s.placement.master),
-                              grad_home_name(s.placement.grads), s.q8.size());
+  std::string d = fmt::format("master {}, gradients {}{}, {} 8-bit tensors", master_mode_name(s.placement.master),
+                              grad_home_name(s.placement.grads),
+                              s.placement.grads == GradHome::Device ? fmt::format(" ({})", grad_dtype_name(s.placement.grad_dtype)) : "",
+                              s.q8.size());
+  if (s.placement.embedding_8bit) d += " (embedding included)";
   if (s.placement.nvme_layers > 0) d += fmt::format(", moments of {} layers on nvme", s.placement.nvme_layers);
   return d;
 }

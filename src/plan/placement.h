@@ -5,9 +5,12 @@
 //   1. gradients host (fp32 accumulators in DRAM), fp32 moments
 //   2. gradients device (fp32, held in HBM: less DRAM, less HBM for activations)      if grads unset
 //   3. + hybrid 8-bit moments (the fewest largest matrices until the state fits)    if optimizer hybrid
-//   4. + bf16-sr master (2 B/param instead of 4)                 if master unset and allow_bf16_master
-// Forced modes (PlanRequest::master / grads) are kept on every rung; adamw and adamw8bit fix the
-// moments on every rung.
+//   4. + held gradients in bf16 (half the HBM and staging ring)   if held and grad_dtype unset
+//   5. + the input embedding's moments 8-bit too                  if optimizer adamw8bit or hybrid
+//   6. + bf16-sr master (2 B/param instead of 4)                 if master unset and allow_bf16_master
+//   7. + the last layers' moments on NVMe                                       if allow_nvme_moments
+// Forced modes (PlanRequest::master / grads / grad_dtype) are kept on every rung; adamw and adamw8bit
+// fix the moments of the matrices on every rung.
 #pragma once
 #include <string>
 #include <vector>

@@ -178,8 +178,9 @@ void validate_plan(const Plan& p) {
   for (auto& n : p.optimizer_8bit) {
     LT_CHECK(!n.empty(), "plan: optimizer_8bit has an empty tensor name");
     LT_CHECK(names.insert(n).second, "plan: optimizer_8bit lists '{}' twice", n);
-    LT_CHECK(n.find("embed_tokens") == std::string::npos && n.find("norm") == std::string::npos,
-             "plan: optimizer_8bit lists '{}': embeddings and norms keep fp32 states", n);
+    LT_CHECK(n.find("norm") == std::string::npos, "plan: optimizer_8bit lists '{}': norms keep fp32 states", n);
+    LT_CHECK(p.placement.embedding_8bit || n.find("embed_tokens") == std::string::npos,
+             "plan: optimizer_8bit lists '{}', but embedding_8bit is not set", n);
   }
 }
 
@@ -302,6 +303,8 @@ json plan_to_json(const Plan& p) {
   j["optimizer_8bit"] = p.optimizer_8bit;
   j["master_weights"] = master_mode_name(p.placement.master);
   j["gradients"] = grad_home_name(p.placement.grads);
+  j["gradient_dtype"] = grad_dtype_name(p.placement.grad_dtype);
+  if (p.placement.embedding_8bit) j["embedding_8bit"] = true;
   if (p.placement.nvme_layers > 0) j["nvme_moment_layers"] = p.placement.nvme_layers;
   j["planner"] = p.planner;
   j["hbm_cap"] = p.hbm_cap;
@@ -383,6 +386,8 @@ Plan plan_from_json(const json& j, const std::string& source) {
   try {
     p.placement.master = parse_master_mode(o.get_or<std::string>("master_weights", "fp32"));
     p.placement.grads = parse_grad_home(o.get_or<std::string>("gradients", "host"));
+    p.placement.grad_dtype = parse_grad_dtype(o.get_or<std::string>("gradient_dtype", "fp32"));
+    p.placement.embedding_8bit = o.get_or<bool>("embedding_8bit", false);
     p.placement.nvme_layers = o.get_or<int64_t>("nvme_moment_layers", 0);
   } catch (const Error& e) {
     fail("{}: {}", source, e.what());

@@ -23,18 +23,18 @@ std::vector<std::string> choose_8bit(const ModelConfig& c, const std::string& mo
   struct T {
     std::string name;
     int64_t numel;
-    int64_t layer;
   };
+  // Every 2-D matrix (the optimizer's q8 rule, optim/layout_spec.h), in unit order; the input
+  // embedding only with s.embedding_8bit.
   std::vector<T> elig;
-  auto lay = model_layout(c);
-  for (int64_t j = 0; j < c.layers; ++j)
-    for (auto& p : lay.layer(j).params)
-      if (p.is_matrix && !p.is_embedding) elig.push_back({p.name, p.numel, j});
+  for (auto& u : model_layout(c).units)
+    for (auto& p : u.params)
+      if (p.is_matrix && (!p.is_embedding || s.embedding_8bit)) elig.push_back({p.name, p.numel});
   if (mode == "adamw8bit") {
     for (auto& t : elig) out.push_back(t.name);
     return out;
   }
-  // Hybrid: largest first (ties: lower layer first), until the model state fits.
+  // Hybrid: largest first (ties: the earlier unit first), until the model state fits.
   std::stable_sort(elig.begin(), elig.end(), [](const T& a, const T& b) { return a.numel > b.numel; });
   double need = model_state_bytes(c, {}, s).dram();
   for (auto& t : elig) {
@@ -60,6 +60,7 @@ Plan plan_meta(const PlanRequest& r, int64_t chunk, const StateChoice& st) {
   p.ring = r.ring;
   p.optimizer_8bit = st.q8;
   p.placement = st.placement;
+  p.embedding_resident = embedding_resident_for(r.model, st.placement);
   p.hbm_cap = r.profile.hbm_bytes;
   p.dram_cap = r.profile.dram_bytes;
   p.nvme_cap = r.profile.nvme_bytes;

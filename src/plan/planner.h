@@ -32,6 +32,7 @@ struct PlanRequest {
   // Model-state placement (placement.h): unset = the planner chooses.
   std::optional<MasterMode> master;  // unset: fp32, or bf16-sr as the last resort when allow_bf16_master
   std::optional<GradHome> grads;     // unset: host if the model state fits the DRAM, else device
+  std::optional<GradDType> grad_dtype;  // of held gradients; unset: fp32, bf16 if fp32 does not fit
   bool allow_bf16_master = false;    // `--master-weights auto`
   bool allow_nvme_moments = false;   // `--optimizer-nvme auto`: the last rung puts layers' moments on NVMe
   bool explain = true;               // when nothing fits, re-plan to name the smallest change that fits
@@ -63,8 +64,9 @@ struct PlanOutcome {
 };
 
 // Tensors switched to 8-bit moments for the request's optimizer mode: none (adamw), every eligible
-// layer matrix (adamw8bit), or the fewest largest layer matrices until the model state (with
-// placement s) fits the DRAM budget (hybrid). Embeddings, norms, biases and the LM head keep fp32 moments.
+// matrix (adamw8bit: layer matrices and an untied LM head, as the optimizer's own rule), or the fewest
+// largest of them until the model state (with placement s) fits the DRAM budget (hybrid). Norms and
+// biases keep fp32 moments; the input embedding too unless s.embedding_8bit.
 std::vector<std::string> choose_8bit(const ModelConfig& c, const std::string& mode, double dram_budget,
                                      StatePlacement s = {});
 

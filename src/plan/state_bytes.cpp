@@ -13,7 +13,9 @@ double moment_bytes(int64_t n, bool q8) { return q8 ? 2.0 * double(n) + 2.0 * 4.
 
 double master_bytes_per_param(MasterMode m) { return m == MasterMode::Fp32 ? 4.0 : 2.0; }
 
-bool grad_held_on_device(const UnitLayout& u, GradHome g) { return g == GradHome::Device && u.kind != UnitKind::Embedding; }
+bool grad_held_on_device(const UnitLayout&, GradHome g) { return g == GradHome::Device; }
+
+bool embedding_resident_for(const ModelConfig& c, const StatePlacement& s) { return s.grads == GradHome::Device && !c.tied; }
 
 const char* state_home_name(StateHome h) {
   static constexpr const char* kNames[] = {"gpu", "dram", "nvme"};
@@ -24,7 +26,8 @@ StateBytes model_state_bytes(const ModelConfig& c, const std::vector<std::string
   const std::set<std::string> q8(eight_bit.begin(), eight_bit.end());
   StateBytes b;
   b.placement = s;
-  double largest_layer = 0, largest_nvme = 0;
+  const double held_b = s.grad_dtype == GradDType::Bf16 ? 2.0 : 4.0;
+  double largest_layer = 0, largest_nvme = 0, head = 0, emb = 0;
   std::vector<int64_t> held_units;
   for (auto& u : model_layout(c).units) {
     const double n = double(unit_param_count(u));
@@ -32,7 +35,7 @@ StateBytes model_state_bytes(const ModelConfig& c, const std::vector<std::string
     const bool nvme = u.kind == UnitKind::Layer && moments_on_nvme(c, u.layer, s);
     b.params += int64_t(n);
     b.master += master_bytes_per_param(s.master) * n;
-    (held ? b.grads_device : b.grads_host) += 4.0 * n;  // fp32: the backends' gradient dtype
+    (held ? b.grads_device : b.grads_host) += (held ? held_b : 4.0) * n;  // host: fp32
     double mb = 0;
     for (auto& p : u.params) {
       mb += moment_bytes(p.numel, q8.count(p.name) > 0);
@@ -41,10 +44,15 @@ StateBytes model_state_bytes(const ModelConfig& c, const std::vector<std::string
     (nvme ? b.moments_nvme : b.moments) += mb;
     if (nvme) largest_nvme = std::max(largest_nvme, mb);
     if (u.kind == UnitKind::Layer) largest_layer = std::max(largest_layer, n);
+    if (u.kind == UnitKind::Head) head = n;
+    if (u.kind == UnitKind::Embedding) emb = n;
     if (held) held_units.push_back(int64_t(n));
   }
-  // Device: the executor's staging ring (grad_ring_elems), fp32.
-  b.staging = s.grads == GradHome::Host ? 2.0 * 2.0 * largest_layer : 4.0 * double(grad_ring_elems(held_units));
+  // Device: the executor's staging ring (grad_ring_elems) in the held dtype.
+  b.staging = s.grads == GradHome::Host ? 2.0 * 2.0 * largest_layer : held_b * double(grad_ring_elems(held_units));
+  // bf16 held: the executor's per-micro-batch fp32 buffers (exec/executor_setup.cpp grad_memory).
+  if (s.grads == GradHome::Device && s.grad_dtype == GradDType::Bf16) b.grad_scratch = 4.0 * (2.0 * largest_layer + head + emb);
+  if (embedding_resident_for(c, s)) b.resident_table = 2.0 * emb;
   b.moment_staging = double(std::min<int64_t>(3, s.nvme_layers)) * largest_nvme;  // AdamWConfig::nvme_slots
   return b;
 }
@@ -59,7 +67,10 @@ double layer_moment_bytes(const ModelConfig& c, int64_t layer, const std::vector
 std::vector<StatePart> StateBytes::parts() const {
   std::vector<StatePart> v;
   v.push_back({fmt::format("master + copy ({})", master_mode_name(placement.master)), StateHome::Dram, master});
-  if (grads_device > 0) v.push_back({"gradients (fp32, held)", StateHome::Gpu, grads_device});
+  if (grads_device > 0)
+    v.push_back({fmt::format("gradients ({}, held)", grad_dtype_name(placement.grad_dtype)), StateHome::Gpu, grads_device});
+  if (grad_scratch > 0) v.push_back({"gradient scratch (fp32)", StateHome::Gpu, grad_scratch});
+  if (resident_table > 0) v.push_back({"embedding table (resident)", StateHome::Gpu, resident_table});
   if (grads_host > 0)
     v.push_back({placement.grads == GradHome::Host ? "gradients (fp32)" : "gradients (fp32, embedding)", StateHome::Dram,
                  grads_host});

@@ -2,11 +2,14 @@
 // Per parameter, on the bf16-streaming (CUDA) backend:
 //   master + streaming copy  fp32: 4 B (bf16 copy + 16-bit remainder); bf16-sr: 2 B         DRAM
 //   gradients                host: fp32 4 B, pinned                                       DRAM
-//                            device: bf16 2 B held for the whole step (every unit but the
-//                            embedding, whose backward runs on the CPU: fp32 4 B in DRAM)  HBM
+//                            device: fp32 4 B or bf16 2 B held for the whole step (every
+//                            unit: an untied embedding's table is then resident in HBM,
+//                            its lookup and backward on the GPU)                           HBM
+//                            bf16 held: + fp32 scratch the backward writes before the add
+//                            (2 layer buffers, the LM head's and the embedding's)          HBM
 //   moments                  fp32 8 B, or 8-bit 2 B + one fp32 absmax per 256 per moment    DRAM
 //   staging (pinned)         host: 2 bf16 slabs of the largest layer (D2H double buffer);
-//                            device: 3 bf16 buffers of the largest device-held unit          DRAM
+//                            device: the ring of grad_ring_elems in the held dtype          DRAM
 #pragma once
 #include <cstdint>
 #include <string>
@@ -25,9 +28,12 @@ double moment_bytes(int64_t n, bool q8);
 // Master + bf16 streaming copy, bytes per parameter.
 double master_bytes_per_param(MasterMode m);
 
-// Whether unit u's gradient is held in HBM: with GradHome::Device every unit but the embedding (the
-// embedding backward runs on the CPU; with tied embeddings that includes the LM head matrix).
+// Whether unit u's gradient is held in HBM: with GradHome::Device every unit's (the embedding's table
+// is on the GPU then: tied, or resident by embedding_resident_for).
 bool grad_held_on_device(const UnitLayout& u, GradHome g);
+// The planner makes an untied embedding resident in HBM when gradients are held there (Plan::
+// embedding_resident): its fp32 host gradient (4 B/param of the vocabulary) would otherwise stay in DRAM.
+bool embedding_resident_for(const ModelConfig& c, const StatePlacement& s);
 
 enum class StateHome : uint8_t { Gpu, Dram, Nvme };
 const char* state_home_name(StateHome h);  // "gpu", "dram", "nvme"
@@ -44,13 +50,15 @@ struct StateBytes {
   int64_t eight_bit_tensors = 0;
   double master = 0;            // master + streaming copy (DRAM)
   double grads_host = 0;        // fp32 accumulators in pinned DRAM
-  double grads_device = 0;      // fp32 gradients held in HBM
+  double grads_device = 0;      // gradients held in HBM (placement.grad_dtype)
+  double grad_scratch = 0;      // HBM: fp32 buffers the backward writes before adding into bf16 held ones
+  double resident_table = 0;    // HBM: an untied embedding's bf16 table (embedding_resident_for)
   double moments = 0;           // DRAM
   double moments_nvme = 0;      // moments of the NVMe layers (files on the NVMe tier)
   double moment_staging = 0;    // DRAM slots the NVMe moments are updated in (3 x the largest such layer's)
   double staging = 0;           // pinned DRAM receiving the gradient D2H
   double dram() const { return master + grads_host + moments + moment_staging + staging; }
-  double hbm() const { return grads_device; }
+  double hbm() const { return grads_device + grad_scratch + resident_table; }
   double nvme() const { return moments_nvme; }
   // The non-empty parts with a display name ("master + copy (fp32)", "gradients (fp32, held)", ...).
   std::vector<StatePart> parts() const;

@@ -75,6 +75,7 @@ const std::vector<Field>& fields() {
       {"optimizer", &C::optimizer},
       {"master_weights", &C::master_weights},
       {"gradients", &C::gradients},
+      {"gradient_dtype", &C::gradient_dtype},
       {"optimizer_nvme", &C::optimizer_nvme},
       {"backend", &C::backend},
       {"threads", &C::threads},
@@ -318,10 +319,14 @@ void validate_config(const TrainConfig& c) {
   one_of("optimizer", c.optimizer, {"adamw", "adamw8bit", "hybrid"});
   one_of("master_weights", c.master_weights, {"fp32", "bf16-sr", "auto"});
   one_of("gradients", c.gradients, {"host", "device", "auto"});
+  one_of("gradient_dtype", c.gradient_dtype, {"fp32", "bf16", "auto"});
+  LT_CHECK(!(c.gradient_dtype == "bf16" && c.gradients == "host"),
+           "config: gradient_dtype: bf16 applies to gradients held on the device, but gradients: host keeps fp32 "
+           "accumulators on the host (set gradients: device or auto)");
   one_of("optimizer_nvme", c.optimizer_nvme, {"none", "auto", "all"});
-  LT_CHECK(c.optimizer_nvme != "all" || !c.nvme_dir.empty(),
-           "config: optimizer_nvme: all keeps every layer's optimizer moments in files on NVMe and needs nvme_dir (a "
-           "directory on a local SSD)");
+  LT_CHECK(c.optimizer_nvme == "none" || !c.nvme_dir.empty(),
+           "config: optimizer_nvme: {} may keep layers' optimizer moments in files on NVMe and needs nvme_dir (a "
+           "directory on a local SSD)", c.optimizer_nvme);
   one_of("backend", c.backend, {"auto", "cpu", "cuda"});
   one_of("save_dtype", c.save_dtype, {"bf16", "fp32"});
   (void)canonical_planner(c.planner);  // the same names as `plan --planner` (plan/heuristics.h); resolved in planning

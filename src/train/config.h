@@ -65,6 +65,7 @@ struct TrainConfig {
   std::string optimizer = "adamw";           // adamw | adamw8bit | hybrid
   std::string master_weights = "fp32";       // fp32 (exact; 4 B/param with its bf16 copy) | bf16-sr | auto
   std::string gradients = "auto";            // where the step's gradient waits for the norm: host | device | auto
+  std::string gradient_dtype = "auto";       // of gradients held on the device: fp32 | bf16 | auto (bf16 if fp32 does not fit)
   std::string optimizer_nvme = "none";       // optimizer moments on NVMe (nvme_dir): none | auto (the planner's) | all (every layer's)
   std::string backend = "auto";              // auto | cpu | cuda
   int64_t threads = 0;                       // CPU threads; 0 = all cores

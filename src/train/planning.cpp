@@ -134,7 +134,8 @@ TrainingPlan make_training_plan(const TrainConfig& cfg, const ModelConfig& model
   if (cfg.master_weights == "auto") r.allow_bf16_master = true;
   else r.master = parse_master_mode(cfg.master_weights);
   if (cfg.gradients != "auto") r.grads = parse_grad_home(cfg.gradients);
-  r.allow_nvme_moments = cfg.optimizer_nvme == "auto" && !cfg.nvme_dir.empty();
+  if (cfg.gradient_dtype != "auto") r.grad_dtype = parse_grad_dtype(cfg.gradient_dtype);
+  r.allow_nvme_moments = cfg.optimizer_nvme == "auto";  // config.cpp: needs nvme_dir
   r.compare = false;
   const double t0 = now_seconds();
   PlanOutcome o = make_plan(r);
@@ -164,12 +165,14 @@ TrainingPlan make_training_plan(const TrainConfig& cfg, const ModelConfig& model
       "plan: {} planner chose '{}' in {:.2f} s (profile '{}', device {})\n"
       "  boundaries: {} gpu, {} cpu, {} nvme, {} recomputed | {} recompute blocks | chunk {} of {} samples | ring {}\n"
       "  tiers: {}\n"
-      "  optimizer: {} ({} tensors / {} params with 8-bit moments); master weights {}, gradients on the {}\n"
+      "  optimizer: {} ({} tensors / {} params with 8-bit moments); master weights {}, gradients on the {}{}\n"
       "  predicted: {:.3f} s/step, {:.3f} TFLOPS, exposed transfer {:.1f} ms, exposed optimizer {:.1f} ms\n"
       "  memory: device peak {} of {}, host {} of {}, nvme {} of {}\n",
       r.planner, tp.planner, plan_s, r.profile.name, device_name, n_gpu, n_cpu, n_nvme, n_none,
       o.plan.blocks.size(), o.plan.chunk, o.plan.batch, o.plan.ring, describe_tiers(o.plan), cfg.optimizer,
-      o.eight_bit_tensors, o.eight_bit_params, master_mode_name(o.placement.master), grad_home_name(o.placement.grads), tp.predicted_step_s, tp.predicted_tflops,
+      o.eight_bit_tensors, o.eight_bit_params, master_mode_name(o.placement.master), grad_home_name(o.placement.grads),
+      o.placement.grads == GradHome::Device ? fmt::format(" ({})", grad_dtype_name(o.placement.grad_dtype)) : std::string(),
+      tp.predicted_step_s, tp.predicted_tflops,
       1e3 * tp.predicted_exposed_transfer_s, 1e3 * tp.predicted_exposed_optimizer_s,
       format_bytes(double(o.sim.pred.peak_hbm)), format_bytes(double(r.profile.hbm_bytes - r.profile.hbm_reserve)),
       format_bytes(double(o.sim.pred.peak_dram)), format_bytes(double(r.profile.dram_bytes)),

@@ -128,6 +128,7 @@ HostStateOptions host_state_options(const TrainingPlan& tp) {
   HostStateOptions o;
   o.master = tp.placement.master;
   o.grads = tp.placement.grads;
+  o.grad_dtype = tp.placement.grad_dtype;
   // Units whose gradient the host computes (the embedding when its table is not on the device).
   if (o.grads == GradHome::Device) o.host_grad_units = host_grad_units(tp.model, tp.exec);
   return o;

@@ -50,7 +50,7 @@ class Bf16Backend final : public Backend {
     fail("not used");
   }
   void grad_sumsq(const void*, int64_t, double*, OpLabel) override { fail("not used"); }
-  void grad_add(float*, const void*, int64_t, double*, OpLabel) override { fail("not used"); }
+  void grad_add(void*, DType, const void*, int64_t, double*, OpLabel) override { fail("not used"); }
 
  private:
   CpuBackend in_;

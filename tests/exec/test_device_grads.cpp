@@ -41,10 +41,38 @@ std::vector<optim::UnitSpec> unit_specs(const ModelLayout& lay) {
   return v;
 }
 
-Outcome train(const Case& s, GradHome home, const BeforeStep& before = {}) {
+// Host gradients rounded to bf16 before the update, the sum of squares taken over the rounded values:
+// what gradients held on the device in bf16 give with one micro-batch, formed the host's way. Units in
+// `keep` (the host-computed embedding, fp32 in both) pass through.
+class RoundToBf16Hook final : public UpdateHook {
+ public:
+  RoundToBf16Hook(UpdateHook& inner, HostState& st, std::vector<int64_t> keep)
+      : inner_(inner), st_(st), keep_(std::move(keep)) {}
+  void grad_ready(int64_t unit, double sumsq) override {
+    if (std::find(keep_.begin(), keep_.end(), unit) == keep_.end()) {
+      float* g = st_.grad(unit);
+      sumsq = 0;
+      for (int64_t i = 0; i < st_.numel(unit); ++i) {
+        g[i] = bf16_to_f32(f32_to_bf16(g[i]));
+        sumsq += double(g[i]) * double(g[i]);
+      }
+    }
+    inner_.grad_ready(unit, sumsq);
+  }
+  void wait(int64_t unit) override { inner_.wait(unit); }
+
+ private:
+  UpdateHook& inner_;
+  HostState& st_;
+  std::vector<int64_t> keep_;
+};
+
+Outcome train(const Case& s, GradHome home, const BeforeStep& before = {}, GradDType held = GradDType::F32,
+              bool round_host_grads = false) {
   CpuBackend be(s.c, test::cpu_opts());
   HostStateOptions ho;
   ho.grads = home;
+  ho.grad_dtype = held;
   if (home == GradHome::Device) ho.host_grad_units = host_grad_units(s.c, s.p);
   HostState st(be, ho);
   test::random_weights(be.layout(), st, 11);
@@ -52,7 +80,14 @@ Outcome train(const Case& s, GradHome home, const BeforeStep& before = {}) {
   oc.max_grad_norm = 0.05f;  // clipping active: the global norm must be exact before any update
   oc.threads = 1;
   optim::CpuAdamW opt(unit_specs(be.layout()), oc);
-  AdamWHook hook(opt, st);
+  AdamWHook adamw(opt, st);
+  RoundToBf16Hook rounding(adamw, st, host_grad_units(s.c, s.p));
+  UpdateHook& hook_used = round_host_grads ? static_cast<UpdateHook&>(rounding) : adamw;
+  struct {
+    AdamWHook& a;
+    void begin_step(float lr) { a.begin_step(lr); }
+    void wait_all() { a.wait_all(); }
+  } hook{adamw};
   Outcome r;
   r.grad_bytes = st.grad_bytes();
   auto dir = test::temp_dir("dgrad");
@@ -61,7 +96,7 @@ Outcome train(const Case& s, GradHome home, const BeforeStep& before = {}) {
     eo.nvme_dir = dir;
     eo.micro_batches = s.nmb;
     Executor ex(s.c, be, s.p, st, eo);
-    ex.set_update_hook(&hook);
+    ex.set_update_hook(&hook_used);
     for (int step = 0; step < s.steps; ++step) {
       std::vector<test::Batch> bs;
       std::vector<MicroBatch> mbs;
@@ -153,6 +188,38 @@ TEST(ExecDeviceGrads, TrainingMatchesHostGradientsBitForBit) {
   EXPECT_EQ(cases, 16);
 }
 
+// Held in bf16: with one micro-batch the optimizer sees the fp32 gradient rounded to nearest-even, and
+// the clipping norm is that of the rounded values: bit for bit what host gradients rounded before the
+// update give (clipping active). Several micro-batches round at each addition: close, not equal.
+TEST(ExecDeviceGrads, Bf16HeldGradientsAreTheRoundedFp32Gradients) {
+  for (bool tied : {false, true})
+    for (bool emb_resident : {true, false}) {
+      Case s;
+      s.c = test::tiny_config(Arch::Qwen3, 4, tied);
+      s.p = offload_plan(s.c.layers, 2, 8);
+      s.p.embedding_resident = emb_resident;
+      const std::string what = fmt::format("tied {} emb_resident {}", tied, emb_resident);
+      const Outcome ref = train(s, GradHome::Host, {}, GradDType::F32, true);
+      const Outcome dev = train(s, GradHome::Device, {}, GradDType::Bf16);
+      ASSERT_EQ(ref.loss.size(), dev.loss.size());
+      for (size_t k = 0; k < ref.loss.size(); ++k) {
+        EXPECT_EQ(ref.loss[k], dev.loss[k]) << what << " step " << k;
+        EXPECT_EQ(ref.opt_norm[k], dev.opt_norm[k]) << what << " step " << k;
+        EXPECT_NEAR(dev.norm[k], dev.opt_norm[k], 1e-6 * dev.opt_norm[k]) << what << " step " << k;
+      }
+      for (size_t u = 0; u < ref.masters.size(); ++u)
+        EXPECT_EQ(std::memcmp(ref.masters[u].data(), dev.masters[u].data(), ref.masters[u].size() * 4), 0)
+            << what << " unit " << u;
+      // Not the fp32 run: the rounding is really there.
+      const Outcome f32 = train(s, GradHome::Device);
+      EXPECT_NE(std::memcmp(f32.masters[1].data(), dev.masters[1].data(), f32.masters[1].size() * 4), 0) << what;
+      // Two micro-batches: each addition rounds; the losses stay within bf16 rounding of the fp32 run.
+      s.nmb = 2;
+      const Outcome f2 = train(s, GradHome::Device), b2 = train(s, GradHome::Device, {}, GradDType::Bf16);
+      for (size_t k = 0; k < f2.loss.size(); ++k) EXPECT_NEAR(f2.loss[k], b2.loss[k], 1e-3 * std::abs(f2.loss[k])) << what;
+    }
+}
+
 TEST(ExecDeviceGrads, RandomPlansMatchHostGradients) {
   std::mt19937_64 rng(23);
   for (int k = 0; k < 6; ++k) {
@@ -169,13 +236,14 @@ TEST(ExecDeviceGrads, PredictedBytesEqualAllocatedBytes) {
   std::mt19937_64 rng(9);
   auto dir = test::temp_dir("dgrad-mem");
   for (bool tied : {false, true})
-    for (int nmb : {1, 3}) {
+    for (int nmb : {1, 3}) for (GradDType held : {GradDType::F32, GradDType::Bf16}) {
       auto c = test::tiny_config(Arch::Qwen3, 6, tied);
       for (int k = 0; k < 4; ++k) {
         ExecPlan p = test::random_plan(c.layers, 3, 8, rng);
         CpuBackend be(c, test::cpu_opts());
         HostStateOptions ho;
         ho.grads = GradHome::Device;
+        ho.grad_dtype = held;
         ho.host_grad_units = host_grad_units(c, p);
         HostState st(be, ho);
         const int64_t dev0 = be.memory().current(MemKind::Device), pin0 = be.memory().current(MemKind::Pinned);
@@ -184,7 +252,8 @@ TEST(ExecDeviceGrads, PredictedBytesEqualAllocatedBytes) {
         o.micro_batches = nmb;
         Executor ex(c, be, p, st, o);
         const int64_t chunk = p.chunk_samples > 0 ? p.chunk_samples : p.batch;
-        auto m = executor_memory(c, p, be.dtypes(), be.layer_workspace_bytes(chunk * p.seq), GradHome::Device, nmb);
+        auto m = executor_memory(c, p, be.dtypes(), be.layer_workspace_bytes(chunk * p.seq), GradHome::Device, nmb,
+                                 held);
         EXPECT_EQ(be.memory().current(MemKind::Device) - dev0, m.device) << describe_plan(p);
         EXPECT_EQ(be.memory().current(MemKind::Pinned) - pin0, m.pinned) << describe_plan(p);
         const std::string table = ex.memory_table();
@@ -265,13 +334,27 @@ TEST(ExecDeviceGrads, BackendGradAddAccumulatesAndSumsSquares) {
   std::memcpy(acc.data(), a0, sizeof a0);
   std::memcpy(g.data(), g0, sizeof g0);
   *ss.as<double>() = 1.0;
-  be.grad_add(acc.as<float>(), g.data(), 3, nullptr, {"t", -1, -1});
-  be.grad_add(acc.as<float>(), g.data(), 3, ss.as<double>(), {"t", -1, -1});
+  be.grad_add(acc.data(), DType::F32, g.data(), 3, nullptr, {"t", -1, -1});
+  be.grad_add(acc.data(), DType::F32, g.data(), 3, ss.as<double>(), {"t", -1, -1});
   be.synchronize();
   EXPECT_EQ(acc.as<float>()[0], 2.0f);
   EXPECT_EQ(acc.as<float>()[1], 0.0f);
   EXPECT_EQ(acc.as<float>()[2], -0.25f);
   EXPECT_EQ(*ss.as<double>(), 1.0 + 4.0 + 0.0625);
+  // A bf16 accumulator: the fp32 sum rounded to nearest-even (1 + 2^-9 rounds back to 1).
+  Buffer b(be, MemKind::Device, 3 * 2, "t");
+  const bf16_t b0[3] = {f32_to_bf16(1.0f), f32_to_bf16(-2.0f), f32_to_bf16(0.25f)};
+  const float g1[3] = {0x1p-9f, 0x1.8p-8f, -0.25f};
+  std::memcpy(b.data(), b0, sizeof b0);
+  std::memcpy(g.data(), g1, sizeof g1);
+  *ss.as<double>() = 0;
+  be.grad_add(b.data(), DType::BF16, g.data(), 3, ss.as<double>(), {"t", -1, -1});
+  be.synchronize();
+  EXPECT_EQ(bf16_to_f32(b.as<bf16_t>()[0]), 1.0f);
+  EXPECT_EQ(bf16_to_f32(b.as<bf16_t>()[1]), -2.0f + 0x1p-7f);  // -2 + 3/512: nearest bf16 step of 2^-7
+  EXPECT_EQ(bf16_to_f32(b.as<bf16_t>()[2]), 0.0f);
+  EXPECT_EQ(*ss.as<double>(), 1.0 + double(-2.0f + 0x1p-7f) * double(-2.0f + 0x1p-7f));
+  EXPECT_THROW(be.grad_add(b.data(), DType::U8, g.data(), 3, nullptr, {"t", -1, -1}), Error);
 }
 
 }  // namespace

@@ -104,8 +104,8 @@ TEST(CudaBackendRuntime, GradAddAccumulatesAndSumsSquares) {
   be.copy(Lane::Compute, da.ptr, ha.ptr, n * 4, {"t", -1, -1});
   be.copy(Lane::Compute, dg.ptr, hg.ptr, n * 4, {"t", -1, -1});
   be.fill_zero(Lane::Compute, ds.ptr, 8, {"t", -1, -1});
-  be.grad_add(static_cast<float*>(da.ptr), dg.ptr, n, nullptr, {"t", -1, -1});
-  be.grad_add(static_cast<float*>(da.ptr), dg.ptr, n, static_cast<double*>(ds.ptr), {"t", -1, -1});
+  be.grad_add(da.ptr, DType::F32, dg.ptr, n, nullptr, {"t", -1, -1});
+  be.grad_add(da.ptr, DType::F32, dg.ptr, n, static_cast<double*>(ds.ptr), {"t", -1, -1});
   be.copy(Lane::Compute, ha.ptr, da.ptr, n * 4, {"t", -1, -1});
   be.copy(Lane::Compute, hs.ptr, ds.ptr, 8, {"t", -1, -1});
   be.synchronize();
@@ -115,6 +115,47 @@ TEST(CudaBackendRuntime, GradAddAccumulatesAndSumsSquares) {
     ASSERT_EQ(static_cast<float*>(ha.ptr)[i], want) << i;
     ss += double(want) * double(want);
   }
+  EXPECT_NEAR(*static_cast<double*>(hs.ptr), ss, 1e-9 * ss);
+  for (Allocation* x : {&ha, &hg, &da, &dg, &ds, &hs}) be.free(*x);
+}
+
+// The bf16 accumulator (gradients held in bf16): round-to-nearest-even of the fp32 sum, as the CPU
+// backend computes it, bit for bit; the sum of squares over the stored bf16 values.
+TEST(CudaBackendRuntime, GradAddIntoBf16RoundsToNearestEven) {
+  REQUIRE_GPU();
+  CudaBackendOptions o;
+  o.gpu_mem_cap = int64_t(1) << 30;
+  CudaBackend be(tiny(), o);
+  const int64_t n = 300001;
+  std::vector<bf16_t> a(sz(n));
+  std::vector<float> g(sz(n));
+  for (int64_t i = 0; i < n; ++i) {
+    a[size_t(i)] = f32_to_bf16(float(i % 17) * 0.37f - 3.0f);
+    g[size_t(i)] = float(i % 13) * 1.0e-3f - 6.1e-3f + float(i % 7) * 3.3e-6f;  // below bf16's spacing
+  }
+  Allocation ha = be.alloc(MemKind::Pinned, n * 2, "pin"), hg = be.alloc(MemKind::Pinned, n * 4, "pin");
+  Allocation da = be.alloc(MemKind::Device, n * 2, "dev"), dg = be.alloc(MemKind::Device, n * 4, "dev");
+  Allocation ds = be.alloc(MemKind::Device, 8, "dev"), hs = be.alloc(MemKind::Pinned, 8, "pin");
+  std::memcpy(ha.ptr, a.data(), size_t(n) * 2);
+  std::memcpy(hg.ptr, g.data(), size_t(n) * 4);
+  be.copy(Lane::Compute, da.ptr, ha.ptr, n * 2, {"t", -1, -1});
+  be.copy(Lane::Compute, dg.ptr, hg.ptr, n * 4, {"t", -1, -1});
+  be.fill_zero(Lane::Compute, ds.ptr, 8, {"t", -1, -1});
+  be.grad_add(da.ptr, DType::BF16, dg.ptr, n, nullptr, {"t", -1, -1});
+  be.grad_add(da.ptr, DType::BF16, dg.ptr, n, static_cast<double*>(ds.ptr), {"t", -1, -1});
+  be.copy(Lane::Compute, ha.ptr, da.ptr, n * 2, {"t", -1, -1});
+  be.copy(Lane::Compute, hs.ptr, ds.ptr, 8, {"t", -1, -1});
+  be.synchronize();
+  double ss = 0;
+  int64_t moved = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const bf16_t once = f32_to_bf16(bf16_to_f32(a[size_t(i)]) + g[size_t(i)]);
+    const bf16_t want = f32_to_bf16(bf16_to_f32(once) + g[size_t(i)]);
+    ASSERT_EQ(static_cast<bf16_t*>(ha.ptr)[i], want) << i;
+    moved += want != a[size_t(i)];
+    ss += double(bf16_to_f32(want)) * double(bf16_to_f32(want));
+  }
+  EXPECT_GT(moved, 0);
   EXPECT_NEAR(*static_cast<double*>(hs.ptr), ss, 1e-9 * ss);
   for (Allocation* x : {&ha, &hg, &da, &dg, &ds, &hs}) be.free(*x);
 }

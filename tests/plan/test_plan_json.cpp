@@ -97,7 +97,11 @@ TEST(PlanJson, RejectsMalformed) {
   {
     json j = good;
     j["optimizer_8bit"] = json::array({"model.embed_tokens.weight"});
-    expect_error(j, "embeddings and norms keep fp32");
+    expect_error(j, "but embedding_8bit is not set");
+    j["embedding_8bit"] = true;
+    EXPECT_NO_THROW(plan_from_json(j));
+    j["optimizer_8bit"] = json::array({"model.norm.weight"});
+    expect_error(j, "norms keep fp32");
   }
   {
     json j = good;

@@ -109,9 +109,14 @@ TEST(Planner, Hybrid8bitSwitchesLargestFirstUntilItFits) {
   EXPECT_LE(model_state_bytes(c, some, {}).dram(), fp32 - 10.0 * GiB);
   auto fewer = std::vector<std::string>(some.begin(), some.end() - 1);
   EXPECT_GT(model_state_bytes(c, fewer, {}).dram(), fp32 - 10.0 * GiB);  // minimal
-  for (auto& n : some) EXPECT_NE(n.find("mlp"), std::string::npos) << n;  // the FFN matrices are the largest
+  // The untied LM head (vocab x hidden) is the largest, then the FFN matrices.
+  EXPECT_EQ(some.front(), "lm_head.weight");
+  for (size_t k = 1; k < some.size(); ++k) EXPECT_NE(some[k].find("mlp"), std::string::npos) << some[k];
   auto all = choose_8bit(c, "adamw8bit", 0);
-  EXPECT_EQ(all.size(), size_t(c.layers * 7));
+  EXPECT_EQ(all.size(), size_t(c.layers * 7 + 1));
+  StatePlacement emb;
+  emb.embedding_8bit = true;
+  EXPECT_EQ(choose_8bit(c, "adamw8bit", 0, emb).size(), size_t(c.layers * 7 + 2));
   EXPECT_THROW(choose_8bit(c, "sgd", 0), Error);
 }
 

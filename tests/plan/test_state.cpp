@@ -25,7 +25,10 @@ constexpr double kN = kEmb + 2 * kLayer + kHead;  // 131520
 // 8-bit moments of one layer's matrices: 2 B per element + 2 moments x 4 B per 256-element block
 // (q 32 blocks, k 16, v 16, o 32, gate/up/down 32 each = 192 blocks).
 constexpr double kLayer8 = 2 * 49152 + 8 * 192;
-constexpr double kMomentsAll8 = 2 * (kLayer8 + 8 * 192) + 8 * (kEmb + kHead);  // vectors, embedding, head: fp32
+// adamw8bit: the layers' matrices and the LM head (64 blocks) 8-bit; vectors, final norm, embedding fp32.
+constexpr double kHead8 = 2 * 16384 + 8 * 64 + 8 * 64;
+constexpr double kMomentsAll8 = 2 * (kLayer8 + 8 * 192) + 8 * kEmb + kHead8;
+constexpr double kEmb8Saves = 8 * kEmb - (2 * kEmb + 8 * 64);  // the embedding's moments 8-bit too
 
 ModelConfig tiny() { return preset_config("tiny-qwen3"); }
 
@@ -47,35 +50,48 @@ TEST(PlanState, BytesPerModeByHand) {
   {
     const auto b = model_state_bytes(c, all_matrices(c), {MasterMode::Bf16Sr, GradHome::Device});
     EXPECT_DOUBLE_EQ(b.master, 2 * kN);
-    EXPECT_DOUBLE_EQ(b.grads_device, 4 * (2 * kLayer + kHead));  // fp32, every unit but the embedding
-    EXPECT_DOUBLE_EQ(b.grads_host, 4 * kEmb);                    // the CPU embedding backward's fp32
+    EXPECT_DOUBLE_EQ(b.grads_device, 4 * kN);  // fp32, every unit: the untied embedding is resident
+    EXPECT_DOUBLE_EQ(b.grads_host, 0);
+    EXPECT_DOUBLE_EQ(b.resident_table, 2 * kEmb);
     EXPECT_DOUBLE_EQ(b.moments, kMomentsAll8);
-    EXPECT_EQ(b.eight_bit_tensors, 14);
-    EXPECT_DOUBLE_EQ(b.staging, 4 * (2 * kLayer + kHead));  // the ring: 8 median units, at most all held ones
-    EXPECT_DOUBLE_EQ(b.hbm(), 4 * (2 * kLayer + kHead));
+    EXPECT_EQ(b.eight_bit_tensors, 15);
+    EXPECT_DOUBLE_EQ(b.staging, 4 * kN);  // the ring: 8 median units, at most all held ones
+    EXPECT_DOUBLE_EQ(b.hbm(), 4 * kN + 2 * kEmb);
   }
-  // Tied embeddings: the head unit is the final norm only; the tied matrix's gradient stays on the host.
+  {
+    // Held in bf16: half the held bytes and the ring, plus the fp32 buffers the backward writes first.
+    StatePlacement s{MasterMode::Bf16Sr, GradHome::Device, GradDType::Bf16};
+    const auto b = model_state_bytes(c, all_matrices(c), s);
+    EXPECT_DOUBLE_EQ(b.grads_device, 2 * kN);
+    EXPECT_DOUBLE_EQ(b.staging, 2 * kN);
+    EXPECT_DOUBLE_EQ(b.grad_scratch, 4 * (2 * kLayer + kHead + kEmb));
+  }
+  // Tied embeddings: the head unit is the final norm only; the tied matrix's gradient is held with the rest.
   const auto t = preset_config("tiny-qwen2");
   const auto lay = model_layout(t);
   const auto b = model_state_bytes(t, {}, {MasterMode::Fp32, GradHome::Device});
-  EXPECT_DOUBLE_EQ(b.grads_host, 4.0 * double(t.vocab * t.hidden));
-  EXPECT_DOUBLE_EQ(b.grads_device, 4.0 * double(b.params - t.vocab * t.hidden));
+  EXPECT_DOUBLE_EQ(b.grads_host, 0);
+  EXPECT_DOUBLE_EQ(b.grads_device, 4.0 * double(b.params));
+  EXPECT_DOUBLE_EQ(b.resident_table, 0);  // the head's matrix: not an extra table
   EXPECT_EQ(lay.head().params.size(), 1u);
 }
 
 TEST(PlanState, TableListsEveryPart) {
   const auto c = tiny();
   const auto s = state_table(model_state_bytes(c, all_matrices(c), {MasterMode::Fp32, GradHome::Device}), int64_t(kN));
-  for (const char* want : {"master + copy (fp32)", "gradients (fp32, held)", "gradients (fp32, embedding)",
-                           "moments (14 8-bit tensors)", "gradient staging ring", "gpu", "dram", "4.00", "total:"})
+  for (const char* want : {"master + copy (fp32)", "gradients (fp32, held)", "embedding table (resident)",
+                           "moments (15 8-bit tensors)", "gradient staging ring", "gpu", "dram", "4.00", "total:"})
     EXPECT_NE(s.find(want), std::string::npos) << want << "\n" << s;
 }
 
 // The DRAM the model state needs on each rung of the ladder (tiny-qwen3, bytes).
 constexpr double kHostFp32 = 16 * kN + 4 * kLayer;                                   // 2301696
-constexpr double kDevFp32 = 4 * kN + 4 * kEmb + 4 * (2 * kLayer + kHead) + 8 * kN;                  // 2104320
-constexpr double kDevAll8 = 4 * kN + 4 * kEmb + 4 * (2 * kLayer + kHead) + kMomentsAll8;            // 1517568
-constexpr double kDevAll8Bf16 = 2 * kN + 4 * kEmb + 4 * (2 * kLayer + kHead) + kMomentsAll8;        // 1254528
+// Held gradients: master + the staging ring (all held units: every unit) + moments.
+constexpr double kDevFp32 = 4 * kN + 4 * kN + 8 * kN;                  // 2104320
+constexpr double kDevAll8 = 4 * kN + 4 * kN + kMomentsAll8;
+constexpr double kDevAll8G16 = 4 * kN + 2 * kN + kMomentsAll8;          // bf16 ring
+constexpr double kDevAll8G16E = kDevAll8G16 - kEmb8Saves;                                           // + 8-bit embedding
+constexpr double kDevAll8Bf16 = kDevAll8G16E - 2 * kN;                                              // + bf16-sr master
 
 PlanRequest tiny_request(double dram) {
   PlanRequest r;
@@ -88,10 +104,17 @@ PlanRequest tiny_request(double dram) {
   return r;
 }
 
-void expect_choice(const PlanOutcome& o, MasterMode m, GradHome g, bool eight_bit) {
+void expect_choice(const PlanOutcome& o, MasterMode m, GradHome g, bool eight_bit, GradDType gd = GradDType::F32,
+                   bool emb8 = false) {
   ASSERT_TRUE(o.feasible) << o.why;
   EXPECT_EQ(o.placement.master, m);
   EXPECT_EQ(o.placement.grads, g);
+  EXPECT_EQ(o.placement.grad_dtype, gd);
+  EXPECT_EQ(o.plan.placement.grad_dtype, gd);
+  EXPECT_EQ(o.placement.embedding_8bit, emb8);
+  const bool has_emb = std::find(o.plan.optimizer_8bit.begin(), o.plan.optimizer_8bit.end(),
+                                 "model.embed_tokens.weight") != o.plan.optimizer_8bit.end();
+  EXPECT_EQ(has_emb, emb8);
   EXPECT_EQ(o.plan.placement.master, m);
   EXPECT_EQ(o.plan.placement.grads, g);
   EXPECT_EQ(o.plan.optimizer_8bit.empty(), !eight_bit);
@@ -101,15 +124,31 @@ void expect_choice(const PlanOutcome& o, MasterMode m, GradHome g, bool eight_bi
 TEST(PlanState, AutoChoiceOrder) {
   EXPECT_DOUBLE_EQ(kHostFp32, 2301696);
   EXPECT_DOUBLE_EQ(kDevFp32, 2104320);
-  EXPECT_DOUBLE_EQ(kDevAll8, 1517568);
-  EXPECT_DOUBLE_EQ(kDevAll8Bf16, 1254528);
+  EXPECT_DOUBLE_EQ(kDevAll8, 1419776);
+  EXPECT_DOUBLE_EQ(kDevAll8G16, 1156736);
+  EXPECT_DOUBLE_EQ(kDevAll8G16E, 1058944);
+  EXPECT_DOUBLE_EQ(kDevAll8Bf16, 795904);
+  using enum GradDType;
   expect_choice(make_plan(tiny_request(kHostFp32 + 3e4)), MasterMode::Fp32, GradHome::Host, false);
   expect_choice(make_plan(tiny_request(kDevFp32 + 3e4)), MasterMode::Fp32, GradHome::Device, false);
   expect_choice(make_plan(tiny_request(kDevAll8 + 3e4)), MasterMode::Fp32, GradHome::Device, true);
+  expect_choice(make_plan(tiny_request(kDevAll8G16 + 3e4)), MasterMode::Fp32, GradHome::Device, true, Bf16);
+  expect_choice(make_plan(tiny_request(kDevAll8G16E + 3e4)), MasterMode::Fp32, GradHome::Device, true, Bf16, true);
   auto r = tiny_request(kDevAll8Bf16 + 3e4);
   EXPECT_FALSE(make_plan(r).feasible);  // bf16-sr only when allowed
   r.allow_bf16_master = true;
-  expect_choice(make_plan(r), MasterMode::Bf16Sr, GradHome::Device, true);
+  expect_choice(make_plan(r), MasterMode::Bf16Sr, GradHome::Device, true, Bf16, true);
+  // Forced fp32 held gradients skip the bf16 rung; plain adamw never quantises the embedding.
+  r = tiny_request(kDevAll8G16 + 3e4);
+  r.grad_dtype = F32;
+  EXPECT_FALSE(make_plan(r).feasible);
+  r = tiny_request(kDevAll8G16E + 3e4);
+  r.optimizer = "adamw";
+  EXPECT_FALSE(make_plan(r).feasible);
+  r = tiny_request(1e9);
+  r.grads = GradHome::Host;
+  r.grad_dtype = Bf16;
+  EXPECT_THROW(make_plan(r), Error);
   // The device rung holds the gradients in HBM: the GPU peak includes them.
   const auto o = make_plan(tiny_request(kDevFp32 + 3e4));
   EXPECT_DOUBLE_EQ(o.inst.hbm_fixed, o.state.hbm());
@@ -152,7 +191,8 @@ TEST(PlanState, AdviceNamesAChangeThatFits) {
     expect_advice(r, "gradients: device");
   }
   {
-    auto r = tiny_request(kDevFp32 - 1e5);
+    // Below fp32 moments with bf16 held gradients (the last rung plain adamw has).
+    auto r = tiny_request(kDevFp32 - 2 * kN - 1e5);
     r.optimizer = "adamw";
     expect_advice(r, "optimizer: hybrid");
   }
@@ -223,18 +263,20 @@ TEST(PlanState, DeviceGradientsInTheInstance) {
   o.placement.grads = GradHome::Device;
   const Instance dev = make_instance(c, 1, 64, prof, o);
   EXPECT_DOUBLE_EQ(host.hbm_fixed, 0);
-  EXPECT_DOUBLE_EQ(dev.hbm_fixed, 4 * (2 * kLayer + kHead));
+  EXPECT_DOUBLE_EQ(dev.hbm_fixed, 4 * kN + 2 * kEmb);  // every gradient, and the untied embedding's table
   EXPECT_DOUBLE_EQ(dev.hbm_room(), host.hbm_cap - dev.hbm_fixed);
   EXPECT_TRUE(host.opt_d2h.empty());
   for (int j = 0; j < dev.L; ++j) {
     EXPECT_DOUBLE_EQ(host.d_B(j), j < dev.L - 1 ? 2 * kLayer : 2 * kHead);
     EXPECT_DOUBLE_EQ(dev.d_B(j), 0);  // no gradient D2H in the backward
   }
-  EXPECT_DOUBLE_EQ(dev.epilogue(), dev.pcie(0, dev.A));  // only the boundary-0 gradient
+  EXPECT_DOUBLE_EQ(host.epilogue(), host.pcie(0, 2 * kLayer + host.A));  // + the boundary-0 gradient to the CPU
+  EXPECT_DOUBLE_EQ(dev.epilogue(), dev.pcie(0, 0));        // the resident embedding's backward is on the GPU
+  EXPECT_DOUBLE_EQ(dev.pro_h2d, 2 * kEmb);                 // its table goes up once per step
   ASSERT_EQ(dev.opt_d2h.size(), size_t(dev.L + 2));
   EXPECT_DOUBLE_EQ(dev.opt_d2h[0], 4 * kLayer / prof.d2h_bw);
   EXPECT_DOUBLE_EQ(dev.opt_d2h[size_t(dev.L)], 4 * kHead / prof.d2h_bw);
-  EXPECT_DOUBLE_EQ(dev.opt_d2h[size_t(dev.L + 1)], 0);
+  EXPECT_DOUBLE_EQ(dev.opt_d2h[size_t(dev.L + 1)], 4 * kEmb / prof.d2h_bw);
   EXPECT_DOUBLE_EQ(dev.dram_fixed, model_state_bytes(c, {}, o.placement).dram());
   EXPECT_LT(dev.dram_fixed, host.dram_fixed);
 }
@@ -265,8 +307,9 @@ TEST(PlanState, NvmeMomentRungWhenAllowed) {
   // 8 layers: moving k layers' moments frees k - min(3, k) of them (the staging slots stay in DRAM).
   auto r = tiny_request(0);
   r.model.layers = 8;
-  const StatePlacement last{MasterMode::Bf16Sr, GradHome::Device, 0};
-  const auto all8 = choose_8bit(r.model, "adamw8bit", 0);
+  // The rung before it: bf16-sr, held bf16 gradients, every matrix 8-bit including the embedding.
+  const StatePlacement last{MasterMode::Bf16Sr, GradHome::Device, GradDType::Bf16, true, 0};
+  const auto all8 = choose_8bit(r.model, "adamw8bit", 0, last);
   const double dram_only = model_state_bytes(r.model, all8, last).dram();
   r.profile.dram_bytes = int64_t(dram_only - 0.5 * layer_moment_bytes(r.model, 0, all8));
   r.optimizer = "adamw8bit";

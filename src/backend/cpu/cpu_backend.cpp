@@ -388,15 +388,27 @@ void CpuBackend::grad_sumsq(const void* grad, int64_t n, double* out, OpLabel l)
   impl_->push(Lane::Compute, std::move(t));
 }
 
-void CpuBackend::grad_add(float* acc, const void* grad, int64_t n, double* sumsq, OpLabel l) {
+void CpuBackend::grad_add(void* acc, DType acc_dtype, const void* grad, int64_t n, double* sumsq, OpLabel l) {
+  LT_CHECK(acc_dtype == DType::F32 || acc_dtype == DType::BF16, "grad_add: accumulator dtype {} (expected F32 or BF16)",
+           dtype_name(acc_dtype));
   Task t;
-  t.fn = [acc, grad, n, sumsq] {
+  t.fn = [acc, acc_dtype, grad, n, sumsq] {
     // One pass in element order: the host's accumulation (and its sum of squares) bit for bit.
     const float* g = static_cast<const float*>(grad);
     double s = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      acc[i] += g[i];
-      s += double(acc[i]) * double(acc[i]);
+    if (acc_dtype == DType::F32) {
+      float* a = static_cast<float*>(acc);
+      for (int64_t i = 0; i < n; ++i) {
+        a[i] += g[i];
+        s += double(a[i]) * double(a[i]);
+      }
+    } else {
+      bf16_t* a = static_cast<bf16_t*>(acc);
+      for (int64_t i = 0; i < n; ++i) {
+        a[i] = f32_to_bf16(bf16_to_f32(a[i]) + g[i]);
+        const double v = bf16_to_f32(a[i]);
+        s += v * v;
+      }
     }
     if (sumsq) *sumsq += s;
   };

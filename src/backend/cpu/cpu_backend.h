@@ -60,7 +60,7 @@ class CpuBackend final : public Backend {
   void head_logits(const void* head_w, const void* lm_w, const void* x, const int64_t* rows, int64_t n_rows,
                    float* out, OpLabel l) override;
   void grad_sumsq(const void* grad, int64_t n, double* out, OpLabel l) override;
-  void grad_add(float* acc, const void* grad, int64_t n, double* sumsq, OpLabel l) override;
+  void grad_add(void* acc, DType acc_dtype, const void* grad, int64_t n, double* sumsq, OpLabel l) override;
 
   // Test hook: the next `n`-th op enqueued on `lane` (counting from 1) throws this message.
   void inject_failure(Lane lane, int64_t nth, const std::string& msg);

@@ -375,11 +375,19 @@ void CudaBackend::grad_sumsq(const void* grad, int64_t n, double* out, OpLabel l
           [&](cudaStream_t s) { cuda::sumsq_accum(static_cast<const float*>(grad), n, out, m.sumsq_partial, s); });
 }
 
-void CudaBackend::grad_add(float* acc, const void* grad, int64_t n, double* sumsq, OpLabel l) {
+void CudaBackend::grad_add(void* acc, DType acc_dtype, const void* grad, int64_t n, double* sumsq, OpLabel l) {
+  LT_CHECK(acc_dtype == DType::F32 || acc_dtype == DType::BF16, "grad_add: accumulator dtype {} (expected F32 or BF16)",
+           dtype_name(acc_dtype));
   Impl& m = *impl_;
   enqueue(m, Lane::Compute, l, 0, [&](cudaStream_t s) {
-    cuda::add_f32(acc, static_cast<const float*>(grad), n, s);  // dtypes().grad is fp32
-    if (sumsq) cuda::sumsq_accum(acc, n, sumsq, m.sumsq_partial, s);
+    const auto* g = static_cast<const float*>(grad);  // dtypes().grad is fp32
+    if (acc_dtype == DType::F32) {
+      cuda::add_f32(static_cast<float*>(acc), g, n, s);
+      if (sumsq) cuda::sumsq_accum(static_cast<const float*>(acc), n, sumsq, m.sumsq_partial, s);
+    } else {
+      cuda::add_f32_to_bf16(acc, g, n, s);
+      if (sumsq) cuda::sumsq_accum_bf16(acc, n, sumsq, m.sumsq_partial, s);
+    }
   });
 }
 

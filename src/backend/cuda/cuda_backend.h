@@ -60,7 +60,7 @@ class CudaBackend final : public Backend {
   void head_logits(const void* head_w, const void* lm_w, const void* x, const int64_t* rows, int64_t n_rows,
                    float* out, OpLabel l) override;
   void grad_sumsq(const void* grad, int64_t n, double* out, OpLabel l) override;
-  void grad_add(float* acc, const void* grad, int64_t n, double* sumsq, OpLabel l) override;
+  void grad_add(void* acc, DType acc_dtype, const void* grad, int64_t n, double* sumsq, OpLabel l) override;
 
   // Beyond the interface (tests, benches, profiler).
   int64_t arena_bytes() const;

@@ -152,11 +152,12 @@ __global__ void __launch_bounds__(kRedThreads) loss_acc_kernel(const float* row_
 }
 
 constexpr int kSumsqThreads = 256;
-__global__ void __launch_bounds__(kSumsqThreads) sumsq_partial_kernel(const float* g, int64_t n, double* partial) {
+template <typename T>
+__global__ void __launch_bounds__(kSumsqThreads) sumsq_partial_kernel(const T* g, int64_t n, double* partial) {
   __shared__ double sh[kSumsqThreads / 32];
   double s = 0;
   for (int64_t i = int64_t(blockIdx.x) * kSumsqThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kSumsqThreads) {
-    const double v = g[i];
+    const double v = float(g[i]);
     s += v * v;
   }
   const double t = block_sum<kSumsqThreads>(s, sh);
@@ -171,6 +172,11 @@ __global__ void __launch_bounds__(kSumsqBlocks) sumsq_finish_kernel(const double
 __global__ void add_f32_kernel(float* acc, const float* g, int64_t n) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     acc[i] += g[i];
+}
+
+__global__ void add_f32_to_bf16_kernel(bf16* acc, const float* g, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    acc[i] = __float2bfloat16_rn(__bfloat162float(acc[i]) + g[i]);
 }
 
 }  // namespace
@@ -223,10 +229,26 @@ void loss_accumulate(const float* row_loss, const int32_t* targets, int64_t n, d
   LT_CUDA_LAUNCH();
 }
 
-void sumsq_accum(const float* g, int64_t n, double* out, double* partial, cudaStream_t st) {
-  sumsq_partial_kernel<<<kSumsqBlocks, kSumsqThreads, 0, st>>>(g, n, partial);
+template <typename T>
+void sumsq_accum_t(const T* g, int64_t n, double* out, double* partial, cudaStream_t st) {
+  sumsq_partial_kernel<T><<<kSumsqBlocks, kSumsqThreads, 0, st>>>(g, n, partial);
   LT_CUDA_LAUNCH();
   sumsq_finish_kernel<<<1, kSumsqBlocks, 0, st>>>(partial, out);
+  LT_CUDA_LAUNCH();
+}
+
+void sumsq_accum(const float* g, int64_t n, double* out, double* partial, cudaStream_t st) {
+  sumsq_accum_t(g, n, out, partial, st);
+}
+
+void sumsq_accum_bf16(const void* g, int64_t n, double* out, double* partial, cudaStream_t st) {
+  sumsq_accum_t(static_cast<const bf16*>(g), n, out, partial, st);
+}
+
+void add_f32_to_bf16(void* acc, const float* g, int64_t n, cudaStream_t st) {
+  if (n == 0) return;
+  const int64_t blocks = std::min<int64_t>((n + 255) / 256, 65536);
+  add_f32_to_bf16_kernel<<<unsigned(blocks), 256, 0, st>>>(static_cast<bf16*>(acc), g, n);
   LT_CUDA_LAUNCH();
 }
 

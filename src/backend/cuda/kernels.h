@@ -109,6 +109,10 @@ constexpr int kSumsqBlocks = 512;
 void sumsq_accum(const float* g, int64_t n, double* out, double* partial, cudaStream_t st);
 // acc[i] += g[i] for i < n (fp32; gradient accumulation on the device).
 void add_f32(float* acc, const float* g, int64_t n, cudaStream_t st);
+// acc[i] (bf16) = round-to-nearest-even(acc[i] + g[i]) for i < n (gradients held in bf16).
+void add_f32_to_bf16(void* acc, const float* g, int64_t n, cudaStream_t st);
+// sumsq_accum over bf16 data.
+void sumsq_accum_bf16(const void* g, int64_t n, double* out, double* partial, cudaStream_t st);
 void f32_to_bf16(const float* src, int64_t n, void* dst, cudaStream_t st);
 void bf16_to_f32(const void* src, int64_t n, float* dst, cudaStream_t st);
 // dst[i] = src[rows[i]] rows of `dim` bf16 (gathers rows for generation logits).
