@@ -52,7 +52,13 @@ TEST(LayoutSpec, KindsChooseFormatsAndGroups) {
   EXPECT_EQ(h.tensors[1].format, StateFormat::Q8);
   UnitSpec h0 = unit_spec_from_layout(lay, OptimizerKind::Hybrid, nullptr);
   EXPECT_EQ(h0.tensors[1].format, StateFormat::F32);
+  // The embedding is 8-bit only when named (the planner's last rung), under hybrid and adamw8bit alike;
+  // a vector cannot be 8-bit; plain adamw ignores the names.
   names.insert("model.embed_tokens.weight");
+  EXPECT_EQ(unit_spec_from_layout(lay, OptimizerKind::Hybrid, &names).tensors[3].format, StateFormat::Q8);
+  EXPECT_EQ(unit_spec_from_layout(lay, OptimizerKind::AdamW8bit, &names).tensors[3].format, StateFormat::Q8);
+  EXPECT_EQ(unit_spec_from_layout(lay, OptimizerKind::AdamW, &names).tensors[3].format, StateFormat::F32);
+  names.insert("model.layers.0.self_attn.q_proj.bias");
   EXPECT_THROW(unit_spec_from_layout(lay, OptimizerKind::Hybrid, &names), lt::Error);
   EXPECT_EQ(parse_optimizer_kind("adamw8bit"), OptimizerKind::AdamW8bit);
   EXPECT_THROW(parse_optimizer_kind("sgd"), lt::Error);

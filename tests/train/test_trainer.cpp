@@ -120,6 +120,28 @@ TEST(Trainer, GradientsOnTheDeviceTrainLikeHostGradients) {
   EXPECT_EQ(eval_losses(dev_dir.p), eval_losses(host_dir.p));
 }
 
+// gradient_dtype: bf16 (held gradients rounded to bf16): trains close to fp32 gradients, and a run
+// stopped and resumed is bit-identical to the uninterrupted one.
+TEST(Trainer, Bf16HeldGradientsTrainAndResumeExactly) {
+  TmpDir f32_dir("_f32"), full_dir("_full"), split_dir("_split");
+  const std::vector<std::string> ov = {"gradients=device", "gradient_dtype=bf16"};
+  TrainResult f32 = run_training(tiny_config(f32_dir.p, {"gradients=device", "gradient_dtype=fp32"}), quiet_hooks());
+  TrainResult full = run_training(tiny_config(full_dir.p, ov), quiet_hooks());
+  ASSERT_EQ(full.losses.size(), 5u);
+  EXPECT_NE(full.losses, f32.losses);  // the rounding is there
+  for (size_t i = 0; i < 5; ++i) EXPECT_NEAR(full.losses[i], f32.losses[i], 2e-3 * f32.losses[i]) << "step " << i + 1;
+  TrainHooks stop = quiet_hooks();
+  stop.stop_after_steps = 2;
+  run_training(tiny_config(split_dir.p, ov), stop);
+  auto resumed_ov = ov;
+  resumed_ov.push_back("resume_from_checkpoint=auto");
+  TrainResult resumed = run_training(tiny_config(split_dir.p, resumed_ov), quiet_hooks());
+  EXPECT_EQ(resumed.losses, full.losses);
+  std::ifstream plan(full_dir.p / "plan.json");
+  ASSERT_TRUE(plan.good());
+  EXPECT_EQ(nlohmann::json::parse(plan)["gradient_dtype"], "bf16");
+}
+
 TEST(Trainer, CheckpointIsHfModelDirPlusTrainerState) {
   TmpDir t;
   TrainResult r = run_training(tiny_config(t.p, {"max_steps=4", "save_steps=1", "save_total_limit=2"}), quiet_hooks());
