@@ -525,7 +525,9 @@ void MicroBatchRun::run() {
   }
   if (train_) {
     zero_grad(L + 1, I.head_grad, lay.head().numel * int64_t(I.g_sz), I.held_direct);
-    if (I.emb_on_device) zero_grad(0, I.emb_grad, lay.embedding().numel * int64_t(I.g_sz), I.held_direct);
+    // A tied head writes the embedding's gradient; an untied one's is zeroed before its own backward
+    // (it may share the head's buffer: shared_head_embedding_grad).
+    if (I.emb_on_device && I.c.tied) zero_grad(0, I.emb_grad, lay.embedding().numel * int64_t(I.g_sz), I.held_direct);
     dy_ = I.pool->acquire(Lane::Compute);
   }
   for_chunks([&](int64_t r0, const DevGeometry& g) {
@@ -583,6 +585,8 @@ void MicroBatchRun::run() {
         be.layer_backward(j, wt, g, row(X(xbuf_[size_t(j)]), r0), row(X(dy_), r0), row(X(dx), r0), dw,
                           lab("bwd", int32_t(j)));
       });
+      if (j == 0 && I.emb_on_device && !I.c.tied)
+        zero_grad(0, I.emb_grad, lay.embedding().numel * int64_t(I.g_sz), I.held_direct);
       if (j == 0 && I.emb_on_device)
         be.embed_backward(I.d_ids.as<int32_t>(), T, X(dx), I.emb_grad, lab("embed.bwd", 0));
       end_use();

@@ -51,6 +51,12 @@ int64_t count_act_buffers(const ExecPlan& p) {
 
 bool embedding_on_device(const ModelConfig& c, const ExecPlan& p) { return p.embedding_resident || c.tied; }
 
+// With gradients held on the device, the untied head's and embedding's per-micro-batch gradients share
+// one buffer: the head's is added into its held buffer (compute lane) before the layers' backward, the
+// embedding's is zeroed and written after it. (Host gradients leave by D2H copies that may still be in
+// flight; a tied head writes the embedding's gradient itself.)
+bool shared_head_embedding_grad(const ModelConfig& c, const ExecPlan& p) { return !c.tied && embedding_on_device(c, p); }
+
 std::vector<int64_t> host_grad_units(const ModelConfig& c, const ExecPlan& p) {
   if (embedding_on_device(c, p)) return {};
   return {0};
@@ -92,12 +98,12 @@ ExecMemory grad_memory(const ModelConfig& c, const ExecPlan& p, const ModelLayou
                        int32_t micro_batches, GradDType held_dtype) {
   const int64_t g = int64_t(dtype_size(grad));
   ExecMemory m;
-  const int64_t scratch = (2 * lay.max_layer_numel() + lay.head().numel +
-                           (embedding_on_device(c, p) ? lay.embedding().numel : 0)) * g;
+  const int64_t head = lay.head().numel, emb = embedding_on_device(c, p) ? lay.embedding().numel : 0;
   if (home == GradHome::Host) {
-    m.device = scratch;
+    m.device = (2 * lay.max_layer_numel() + head + emb) * g;
     return m;
   }
+  const int64_t scratch = (2 * lay.max_layer_numel() + (shared_head_embedding_grad(c, p) ? std::max(head, emb) : head + emb)) * g;
   const auto order = held_grad_order(c, p);
   const auto numel = unit_numels(lay);
   const DType held = held_grad_dtype(grad, micro_batches, held_dtype);
@@ -249,14 +255,17 @@ void Executor::Impl::allocate_grads() {
   const DType held = held_grad_dtype(be.dtypes().grad, ex.opts_.micro_batches, st.options().grad_dtype);
   held_direct = device && held_grads_direct(be.dtypes().grad, ex.opts_.micro_batches, st.options().grad_dtype);
   if (!held_direct) {
-    if (emb_on_device) emb_g = Buffer(be, MemKind::Device, lay.embedding().numel * int64_t(g_sz), "grads.embedding");
-    head_g = Buffer(be, MemKind::Device, lay.head().numel * int64_t(g_sz), "grads.head");
+    const bool share = device && shared_head_embedding_grad(c, P);
+    const int64_t head_n = share ? std::max(lay.head().numel, lay.embedding().numel) : lay.head().numel;
+    if (emb_on_device && !share)
+      emb_g = Buffer(be, MemKind::Device, lay.embedding().numel * int64_t(g_sz), "grads.embedding");
+    head_g = Buffer(be, MemKind::Device, head_n * int64_t(g_sz), share ? "grads.head+embedding" : "grads.head");
     for (auto& g : gslot) g = Buffer(be, MemKind::Device, lay.max_layer_numel() * int64_t(g_sz), "grads.layer");
   }
   if (device) {
     dgrads = std::make_unique<GradStream>(be, held_grad_order(c, P), unit_numels(lay), held);
   }
-  emb_grad = held_direct && emb_on_device ? dgrads->buffer(0) : emb_g.data();
+  if (emb_on_device) emb_grad = held_direct ? dgrads->buffer(0) : emb_g ? emb_g.data() : head_g.data();
   head_grad = held_direct ? dgrads->buffer(L + 1) : head_g.data();
 }
 

@@ -119,6 +119,20 @@ void set_layers(Instance& in, const ModelConfig& c, const ModelLayout& lay, cons
   }
 }
 
+// The backend allocates one workspace for the largest of its layer kinds, the head and the embedding
+// (CudaBackend::layer_workspace_bytes), for the whole run: when the profile carries its size (the GPU
+// profiler measures it at batch x seq tokens; linear in the tokens), no slot's working set is below it.
+void backend_workspace_floor(Instance& in, const ResourceProfile& prof, int64_t chunk_tokens) {
+  if (prof.workspace_tokens <= 0) return;
+  const double ws = double(prof.workspace_bytes) * double(chunk_tokens) / double(prof.workspace_tokens);
+  const double gmax = *std::max_element(in.G.begin(), in.G.end());
+  for (int j = 0; j < in.L; ++j) {
+    in.ws_fwd[size_t(j)] = std::max(in.ws_fwd[size_t(j)], ws);
+    in.ws_bwd[size_t(j)] = std::max(in.ws_bwd[size_t(j)], ws + 2.0 * in.A + 2.0 * gmax);
+  }
+  in.ws_head = std::max(in.ws_head, in.P_head + in.G_head + ws + in.A);
+}
+
 }  // namespace
 
 // A layer whose moments are on NVMe: its update cannot end before its moments were read and written
@@ -159,6 +173,7 @@ Instance make_instance(const ModelConfig& c, int64_t batch, int64_t seq, const R
   in.hbm_cap = double(prof.hbm_bytes - prof.hbm_reserve);
   const int64_t head_chunk = std::min<int64_t>(o.head_chunk_tokens, batch * seq);
   in.ws_head = in.P_head + in.G_head + double(head_chunk_workspace_bytes(c, head_chunk)) + in.A;
+  backend_workspace_floor(in, prof, chunk * seq);
   in.ws_pro = in.A;
   const StateBytes state = model_state_bytes(c, o.optimizer_8bit, o.placement);
   in.hbm_fixed = state.hbm();

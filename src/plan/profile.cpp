@@ -112,6 +112,10 @@ json profile_to_json(const ResourceProfile& p) {
   j["opt_8bit_mparams_per_s"] = p.opt_8bit_params_per_s / kM;
   j["gpu_measured"] = p.gpu_measured;
   if (p.scan_flops > 0) j["scan_tflops"] = p.scan_flops / kTF;
+  if (p.workspace_tokens > 0) {
+    j["workspace_bytes"] = p.workspace_bytes;
+    j["workspace_tokens"] = p.workspace_tokens;
+  }
   json lt = json::array();
   for (auto& t : p.layer_timings) lt.push_back(timing_to_json(t));
   j["layer_timings"] = lt;
@@ -123,7 +127,8 @@ ResourceProfile profile_from_json(const json& j, const std::string& src) {
   static const std::set<std::string> known = {
       "name", "source", "hbm", "hbm_reserve", "dram", "nvme", "nvme_dir", "h2d_gbps", "d2h_gbps", "both_gbps",
       "nvme_read_gbps", "nvme_write_gbps", "host_mem_gbps", "gemm_tflops", "attn_tflops", "peak_tflops",
-      "opt_fp32_mparams_per_s", "opt_8bit_mparams_per_s", "gpu_measured", "layer_timings", "notes", "scan_tflops"};
+      "opt_fp32_mparams_per_s", "opt_8bit_mparams_per_s", "gpu_measured", "layer_timings", "notes", "scan_tflops",
+      "workspace_bytes", "workspace_tokens"};
   for (auto& [k, v] : j.items()) LT_CHECK(known.count(k), "{}: unknown field '{}'", src, k);
   auto req = [&](const std::string& k) -> const json& {
     LT_CHECK(j.contains(k), "{}: missing field '{}'", src, k);
@@ -147,6 +152,11 @@ ResourceProfile profile_from_json(const json& j, const std::string& src) {
   LT_CHECK(p.hbm_bytes > 0 && p.dram_bytes > 0 && p.nvme_bytes >= 0, "{}: hbm and dram must be positive, nvme >= 0", src);
   LT_CHECK(p.hbm_reserve >= 0 && p.hbm_reserve < p.hbm_bytes, "{}: hbm_reserve must be in [0, hbm), got {}", src,
            p.hbm_reserve);
+  if (j.contains("workspace_tokens") || j.contains("workspace_bytes")) {
+    p.workspace_bytes = bytes_field(req("workspace_bytes"), src, "workspace_bytes");
+    p.workspace_tokens = bytes_field(req("workspace_tokens"), src, "workspace_tokens");
+    LT_CHECK(p.workspace_tokens > 0, "{}: workspace_tokens must be positive, got {}", src, p.workspace_tokens);
+  }
   if (j.contains("nvme_dir")) {
     LT_CHECK(j["nvme_dir"].is_string(), "{}: 'nvme_dir' must be a string", src);
     p.nvme_dir = j["nvme_dir"].get<std::string>();

@@ -73,6 +73,10 @@ struct ResourceProfile {
   double opt_fp32_params_per_s = 0;
   double opt_8bit_params_per_s = 0;
   std::vector<LayerTiming> layer_timings;  // optional measured per-layer times
+  // The backend's own layer workspace (saved internals + kernel scratch, one buffer sized for the largest
+  // kind, the head and the embedding) for workspace_tokens rows, when a backend reported it (the GPU
+  // profiler): the planner's per-kind estimate (model/accounting) must not be below it. 0: not given.
+  int64_t workspace_bytes = 0, workspace_tokens = 0;
   bool gpu_measured = false;               // GPU fields came from a measurement on this machine
 };
 

@@ -51,7 +51,9 @@ StateBytes model_state_bytes(const ModelConfig& c, const std::vector<std::string
   // Device: the executor's staging ring (grad_ring_elems) in the held dtype.
   b.staging = s.grads == GradHome::Host ? 2.0 * 2.0 * largest_layer : held_b * double(grad_ring_elems(held_units));
   // bf16 held: the executor's per-micro-batch fp32 buffers (exec/executor_setup.cpp grad_memory).
-  if (s.grads == GradHome::Device && s.grad_dtype == GradDType::Bf16) b.grad_scratch = 4.0 * (2.0 * largest_layer + head + emb);
+  // (An untied head and the resident embedding share one: shared_head_embedding_grad.)
+  if (s.grads == GradHome::Device && s.grad_dtype == GradDType::Bf16)
+    b.grad_scratch = 4.0 * (2.0 * largest_layer + (c.tied ? head + emb : std::max(head, emb)));
   if (embedding_resident_for(c, s)) b.resident_table = 2.0 * emb;
   b.moment_staging = double(std::min<int64_t>(3, s.nvme_layers)) * largest_nvme;  // AdamWConfig::nvme_slots
   return b;

@@ -6,7 +6,8 @@
 //                            unit: an untied embedding's table is then resident in HBM,
 //                            its lookup and backward on the GPU)                           HBM
 //                            bf16 held: + fp32 scratch the backward writes before the add
-//                            (2 layer buffers, the LM head's and the embedding's)          HBM
+//                            (2 layer buffers, the LM head's and the embedding's: one
+//                            buffer for both when untied)                                  HBM
 //   moments                  fp32 8 B, or 8-bit 2 B + one fp32 absmax per 256 per moment    DRAM
 //   staging (pinned)         host: 2 bf16 slabs of the largest layer (D2H double buffer);
 //                            device: the ring of grad_ring_elems in the held dtype          DRAM

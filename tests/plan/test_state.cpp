@@ -64,7 +64,7 @@ TEST(PlanState, BytesPerModeByHand) {
     const auto b = model_state_bytes(c, all_matrices(c), s);
     EXPECT_DOUBLE_EQ(b.grads_device, 2 * kN);
     EXPECT_DOUBLE_EQ(b.staging, 2 * kN);
-    EXPECT_DOUBLE_EQ(b.grad_scratch, 4 * (2 * kLayer + kHead + kEmb));
+    EXPECT_DOUBLE_EQ(b.grad_scratch, 4 * (2 * kLayer + std::max(kHead, kEmb)));  // head and embedding share
   }
   // Tied embeddings: the head unit is the final norm only; the tied matrix's gradient is held with the rest.
   const auto t = preset_config("tiny-qwen2");
@@ -279,6 +279,33 @@ TEST(PlanState, DeviceGradientsInTheInstance) {
   EXPECT_DOUBLE_EQ(dev.opt_d2h[size_t(dev.L + 1)], 4 * kEmb / prof.d2h_bw);
   EXPECT_DOUBLE_EQ(dev.dram_fixed, model_state_bytes(c, {}, o.placement).dram());
   EXPECT_LT(dev.dram_fixed, host.dram_fixed);
+}
+
+// A backend-reported workspace (the GPU profiler's) is a floor under every slot's working set, scaled
+// by the chunk's tokens; it round-trips through the profile JSON; without it nothing changes.
+TEST(PlanState, BackendWorkspaceIsAFloorUnderTheWorkingSets) {
+  const auto c = tiny();
+  auto prof = load_profile_file(lt::testing::repo_root().string() + "/configs/profiles/h200.json");
+  InstanceOptions o;
+  const Instance base = make_instance(c, 4, 64, prof, o);
+  prof.workspace_tokens = 2 * 64;
+  prof.workspace_bytes = int64_t(4 * base.max_ws_bwd());  // per 128 tokens: 2x the estimate at 256
+  const Instance floored = make_instance(c, 4, 64, prof, o);
+  const double ws = 2.0 * double(prof.workspace_bytes);
+  for (int j = 0; j < floored.L; ++j) {
+    EXPECT_DOUBLE_EQ(floored.ws_fwd[size_t(j)], ws);
+    EXPECT_GT(floored.ws_bwd[size_t(j)], ws);
+    EXPECT_EQ(base.ws_bwd[size_t(j)] < floored.ws_bwd[size_t(j)], true);
+  }
+  EXPECT_GE(floored.ws_head, ws);
+  o.chunk = 1;  // a quarter of the tokens: the floor scales down
+  EXPECT_DOUBLE_EQ(make_instance(c, 4, 64, prof, o).ws_fwd[0], std::max(ws / 4, make_instance(c, 4, 64, load_profile_file(lt::testing::repo_root().string() + "/configs/profiles/h200.json"), o).ws_fwd[0]));
+  const auto back = profile_from_json(profile_to_json(prof), "p.json");
+  EXPECT_EQ(back.workspace_bytes, prof.workspace_bytes);
+  EXPECT_EQ(back.workspace_tokens, prof.workspace_tokens);
+  auto j = profile_to_json(prof);
+  j.erase("workspace_tokens");
+  EXPECT_THROW(profile_from_json(j, "p.json"), Error);
 }
 
 // The simulator with held gradients, by hand on a 2-layer instance (test_simulator.cpp's numbers).
