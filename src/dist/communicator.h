@@ -39,6 +39,9 @@ class Communicator {
   virtual void all_gather(void* buf, const std::vector<int64_t>& bounds, CommType t) = 0;
   virtual void broadcast(void* buf, int64_t n, CommType t, int root) = 0;
   virtual void barrier() = 0;
+  // This rank is failing with `why`: a communicator that can (ShmCommunicator) makes the peers' waiting
+  // collectives fail at once with that message instead of waiting for a timeout.
+  virtual void abort(const std::string& why) { (void)why; }
 
   // Convenience scalars.
   double sum(double x) {
