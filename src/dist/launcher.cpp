@@ -11,6 +11,8 @@
 #include <filesystem>
 #include <thread>
 
+#include <fmt/format.h>
+
 #include "core/error.h"
 #include "core/log.h"
 #include "core/timer.h"
@@ -111,7 +113,10 @@ int launch(const LaunchOptions& o) {
           if (codes[size_t(r)] != 0 && failed_rank < 0) {
             failed_rank = r;
             first_fail = codes[size_t(r)];
-            log_warn("launch: rank {} exited with code {}; stopping the other ranks", r, first_fail);
+            log_warn("launch: rank {} {}; stopping the other ranks", r,
+                     WIFSIGNALED(status) ? fmt::format("was killed by signal {} ({}), exit code {}", WTERMSIG(status),
+                                                       strsignal(WTERMSIG(status)), first_fail)
+                                         : fmt::format("exited with code {}", first_fail));
             for (pid_t q : pids)
               if (q > 0) ::kill(q, SIGTERM);
             kill_at = now_seconds() + o.grace_s;
