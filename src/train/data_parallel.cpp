@@ -2,7 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
+#include <thread>
+
 #include "core/error.h"
+#include "core/log.h"
 #include "core/timer.h"
 #include "dist/shm_comm.h"
 #include "dist/state_shards.h"
@@ -29,6 +33,18 @@ void check_data_parallel_config(const TrainConfig& cfg, const TrainingPlan& tp, 
            "data parallel: optimizer_nvme '{}' (optimizer moments on NVMe) is not supported over ranks yet; set "
            "optimizer_nvme=none",
            cfg.optimizer_nvme);
+}
+
+TrainConfig with_rank_threads(const TrainConfig& cfg) {
+  TrainConfig c = cfg;
+  const char* v = std::getenv("LT_LOCAL_WORLD_SIZE");
+  const int local = v ? std::atoi(v) : 1;
+  if (c.threads == 0 && local > 1) {
+    const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+    c.threads = std::max(1, cores / local);
+    log_info("data parallel: {} ranks on this host, {} threads each (threads: 0)", local, c.threads);
+  }
+  return c;
 }
 
 optim::AdamWConfig adamw_config(const OptimizerSetup& s, optim::MasterFormat master) {

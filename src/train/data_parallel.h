@@ -33,6 +33,10 @@ namespace fs = std::filesystem;
 // than ranks, master_weights bf16-sr, gradients held on the device, optimizer moments on NVMe.
 void check_data_parallel_config(const TrainConfig& cfg, const TrainingPlan& tp, int world);
 
+// threads: 0 (all cores) under `lazytrain launch` with several ranks on this host becomes this rank's
+// share of the cores (LT_LOCAL_WORLD_SIZE), so that the ranks do not oversubscribe the CPU.
+TrainConfig with_rank_threads(const TrainConfig& cfg);
+
 // The optimizer configuration of an OptimizerSetup for masters of the given format (as AdamWHook builds it).
 optim::AdamWConfig adamw_config(const OptimizerSetup& s, optim::MasterFormat master);
 

@@ -335,11 +335,19 @@ class TrainSession {
     logger_.progress(ts_.global_step, shape_.total_steps, m.loss);
   }
 
+  // The command that resumes this run (as many ranks again; any number works).
+  std::string resume_with() const {
+    const std::string cmd = resume_command(cfg_);
+    const std::string self = "lazytrain ";
+    if (!dp_ || cmd.rfind(self, 0) != 0) return cmd;
+    return fmt::format("lazytrain launch -n {} -- {}", dp_->world(), cmd.substr(self.size()));
+  }
+
   void report_stop() {
     const int sig = StopSignals::signal_number();
     logger_.message(fmt::format("training stopped{} after step {}/{}; checkpoint saved to {}.\nResume with: {}",
                                 sig == SIGINT ? " by SIGINT" : sig == SIGTERM ? " by SIGTERM" : "", ts_.global_step,
-                                shape_.total_steps, result_.last_checkpoint.string(), resume_command(cfg_)));
+                                shape_.total_steps, result_.last_checkpoint.string(), resume_with()));
     result_.interrupted = true;
   }
 
@@ -374,7 +382,8 @@ class TrainSession {
 
 }  // namespace
 
-TrainResult run_training(const TrainConfig& cfg, const TrainHooks& hooks) {
+TrainResult run_training(const TrainConfig& config, const TrainHooks& hooks) {
+  const TrainConfig cfg = with_rank_threads(config);
   if (cfg.threads > 0) {
     openblas_set_num_threads(int(cfg.threads));
     omp_set_num_threads(int(cfg.threads));

@@ -211,10 +211,11 @@ std::map<int, pid_t> rank_pids(pid_t launcher) {
   return m;
 }
 
-// Starts a long 2-rank run (a checkpoint every step), waits for its third step, hands rank 1's pid to
-// `hurt`, then waits for the launcher. Returns its exit code; *seconds: from `hurt` to the launcher's end.
-int hurt_rank_one(const std::string& cfg, const fs::path& out, const fs::path& log, const std::vector<std::string>& launch_opts,
-                  void (*hurt)(pid_t), double* seconds) {
+// Starts a long 2-rank run (a checkpoint every step), waits for its third step, calls `hurt` with the
+// launcher's and rank 1's pids, then waits for the launcher. Returns its exit code; *seconds: from
+// `hurt` to the launcher's end.
+int hurt_run(const std::string& cfg, const fs::path& out, const fs::path& log, const std::vector<std::string>& launch_opts,
+             void (*hurt)(pid_t launcher, pid_t rank1), double* seconds) {
   std::vector<std::string> args = {"launch", "-n", "2"};
   args.insert(args.end(), launch_opts.begin(), launch_opts.end());
   for (const char* a : {"--", "train"}) args.push_back(a);
@@ -228,14 +229,14 @@ int hurt_rank_one(const std::string& cfg, const fs::path& out, const fs::path& l
   const auto pids = rank_pids(launcher);
   EXPECT_EQ(pids.size(), 2u);
   const double t1 = lt::now_seconds();
-  if (pids.count(1)) hurt(pids.at(1));
+  if (pids.count(1)) hurt(launcher, pids.at(1));
   // Bounded: the launcher must end by itself; a hang is killed after 60 s and fails the test.
   int st = 0;
   while (::waitpid(launcher, &st, WNOHANG) == 0) {
     if (lt::now_seconds() - t1 > 60) {
       ::kill(launcher, SIGKILL);
       ::waitpid(launcher, &st, 0);
-      ADD_FAILURE() << "the launch did not end within 60 s after rank 1 was hurt";
+      ADD_FAILURE() << "the launch did not end within 60 s after `hurt`";
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -261,7 +262,7 @@ void expect_only_complete_checkpoints(const fs::path& out) {
 TEST_F(LaunchTrain, KilledRankEndsTheJobWithAMessage) {
   const fs::path out = dir_ / "killed", log = dir_ / "killed.log";
   double s = 0;
-  const int rc = hurt_rank_one(cfg_, out, log, {"--grace", "5"}, [](pid_t p) { ::kill(p, SIGKILL); }, &s);
+  const int rc = hurt_run(cfg_, out, log, {"--grace", "5"}, [](pid_t, pid_t r1) { ::kill(r1, SIGKILL); }, &s);
   const std::string text = slurp(log);
   EXPECT_EQ(rc, 128 + SIGKILL) << text;  // the first failing rank's code
   EXPECT_LT(s, 10.0) << text;             // found by rank 0 within ~0.1 s, not by a timeout
@@ -273,12 +274,28 @@ TEST_F(LaunchTrain, KilledRankEndsTheJobWithAMessage) {
 TEST_F(LaunchTrain, HungRankTimesOutWithAMessage) {
   const fs::path out = dir_ / "hung", log = dir_ / "hung.log";
   double s = 0;
-  const int rc = hurt_rank_one(cfg_, out, log, {"--grace", "2", "--comm-timeout", "2"}, [](pid_t p) { ::kill(p, SIGSTOP); }, &s);
+  const int rc = hurt_run(cfg_, out, log, {"--grace", "2", "--comm-timeout", "2"},
+                          [](pid_t, pid_t r1) { ::kill(r1, SIGSTOP); }, &s);
   const std::string text = slurp(log);
   EXPECT_NE(rc, 0) << text;
   EXPECT_GE(s, 1.5) << text;
   EXPECT_LT(s, 15.0) << text;  // 2 s timeout + 2 s grace, then SIGKILL
   EXPECT_NE(text.find("rank(s) 1 did not arrive within 2 s"), std::string::npos) << text;
+  expect_only_complete_checkpoints(out);
+}
+
+// SIGTERM to the launcher reaches every rank; they agree to stop after the same step, rank 0 saves it.
+TEST_F(LaunchTrain, SigtermToTheLauncherStopsEveryRankAfterTheSameStepWithACheckpoint) {
+  const fs::path out = dir_ / "stopped", log = dir_ / "stopped.log";
+  double s = 0;
+  const int rc = hurt_run(cfg_, out, log, {}, [](pid_t launcher, pid_t) { ::kill(launcher, SIGTERM); }, &s);
+  const std::string text = slurp(log);
+  EXPECT_EQ(rc, 130) << text;
+  EXPECT_LT(s, 20.0) << text;
+  const auto last = lt::train::latest_checkpoint(out);
+  ASSERT_TRUE(last) << text;
+  EXPECT_EQ(last->step, int64_t(train_records(out).size())) << "the checkpoint is of the last step done";
+  EXPECT_NE(text.find("Resume with: lazytrain launch -n 2 -- train"), std::string::npos) << text;
   expect_only_complete_checkpoints(out);
 }
 
