@@ -87,7 +87,8 @@ class TrainSession {
         loader_(&data_.train, loader_options(cfg, sequence_length(cfg, data_), data_.tmpl.pad_id())),
         shape_(step_shape(cfg, sequence_length(cfg, data_), loader_.batches_per_epoch())),
         probe_(hooks.probe_device ? hooks.probe_device(cfg) : DeviceProbe{}),
-        tp_(make_training_plan(dp_ ? dp_->planning_config(cfg) : cfg, ms_.model, shape_.batch, shape_.seq, probe_.name, probe_.gpu)),
+        tp_(make_training_plan(dp_ ? dp_->planning_config(cfg) : cfg, ms_.model, shape_.batch, shape_.seq,
+                               probe_.name, probe_.gpu)),
         bc_(make_backend()),
         st_(*bc_.backend, state_options()),
         hook_(make_update_hook()),
@@ -286,7 +287,8 @@ class TrainSession {
     advance_state(r, lr);
     if (leader_) write_trace_if_asked();
     if (info.skipped) logger_.message(fmt::format("step {}: non-finite gradient norm, update skipped", ts_.global_step));
-    StepMetrics m = step_metrics(ts_, shape_, StepFigures{&r, info.grad_norm, lr, dt, nonpad}, flops_, peak_, bc_.gpu, tp_);
+    StepMetrics m =
+        step_metrics(ts_, shape_, StepFigures{&r, info.grad_norm, lr, dt, nonpad}, flops_, peak_, bc_.gpu, tp_);
     if (dp_)
       m.ranks = dp_->gather(RankFigures{local.step_s, local.rows, local.n_tokens, host_peak_rss_bytes(),
                                         dp_->comm_seconds() - comm0});
