@@ -25,6 +25,7 @@
 
 #include "core/error.h"
 #include "core/timer.h"
+#include "dist/rendezvous.h"
 
 namespace lt::dist {
 namespace fs = std::filesystem;
@@ -103,6 +104,53 @@ double comm_timeout_from_environment() {
   return x;
 }
 
+namespace {
+
+// Where the segment lives: a POSIX shared memory object (tmpfs, never written back to a disk) or, where
+// shm_open is unavailable, a file in the rendezvous directory. Rank 0 publishes "shm:<name>" or
+// "file:<path>" under the communicator's key in the rendezvous directory.
+struct Segment {
+  bool posix = true;
+  std::string where;
+  std::string text() const { return (posix ? "shm:" : "file:") + where; }
+  static Segment parse(const std::string& t) {
+    Segment s;
+    s.posix = t.rfind("shm:", 0) == 0;
+    LT_CHECK(s.posix || t.rfind("file:", 0) == 0, "shm communicator: malformed rendezvous entry '{}'", t);
+    s.where = t.substr(s.posix ? 4 : 5);
+    return s;
+  }
+  std::string describe() const { return posix ? "shared memory object " + where : where; }
+  int create(const fs::path& dir, const std::string& key) {
+    posix = true;
+    where = fmt::format("/lt-{}-{}", key, ::getpid());
+    const int fd = ::shm_open(where.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd >= 0) return fd;
+    posix = false;
+    where = (dir / fmt::format(".{}.{}.segment", key, ::getpid())).string();
+    return ::open(where.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  }
+  int open() const {
+    return posix ? ::shm_open(where.c_str(), O_RDWR | O_CLOEXEC, 0) : ::open(where.c_str(), O_RDWR | O_CLOEXEC);
+  }
+  void remove() const {
+    if (posix)
+      ::shm_unlink(where.c_str());
+    else
+      ::unlink(where.c_str());
+  }
+};
+
+void* map_segment(int fd, int64_t bytes, const Segment& s) {
+  void* p = ::mmap(nullptr, size_t(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int e = errno;
+  ::close(fd);
+  LT_CHECK(p != MAP_FAILED, "shm communicator: cannot map {}: {}", s.describe(), std::strerror(e));
+  return p;
+}
+
+}  // namespace
+
 std::unique_ptr<ShmCommunicator> ShmCommunicator::create(const DistEnv& env, const ShmCommOptions& o) {
   LT_CHECK(env.world >= 1 && env.world <= kMaxWorld, "shm communicator: world size {} outside [1, {}]", env.world,
            kMaxWorld);
@@ -117,23 +165,20 @@ std::unique_ptr<ShmCommunicator> ShmCommunicator::create(const DistEnv& env, con
   c->slot_bytes_ = round_up(o.slot_bytes, 64);
   const int64_t head = round_up(int64_t(sizeof(Shared)), kPage);
   c->map_bytes_ = head + c->slot_bytes_ * env.world;
-  const fs::path file = fs::path(env.rdzv_dir) / o.key;
-  int fd = -1;
+  const fs::path dir = env.rdzv_dir;
+  Segment seg;
   if (env.rank == 0) {
-    const fs::path tmp = fs::path(env.rdzv_dir) / fmt::format(".{}.{}.tmp", o.key, ::getpid());
     std::error_code ec;
-    fs::remove(file, ec);  // a previous run's, left by a crash during its setup
-    fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    LT_CHECK(fd >= 0, "shm communicator: cannot create {}: {}", tmp.string(), std::strerror(errno));
+    fs::remove(dir / o.key, ec);  // a previous run's entry (a crash during its setup)
+    const int fd = seg.create(dir, o.key);
+    LT_CHECK(fd >= 0, "shm communicator: cannot create {}: {}", seg.describe(), std::strerror(errno));
     if (::ftruncate(fd, off_t(c->map_bytes_)) != 0) {
       const int e = errno;
       ::close(fd);
-      fail("shm communicator: cannot size {} to {} bytes: {}", tmp.string(), c->map_bytes_, std::strerror(e));
+      seg.remove();
+      fail("shm communicator: cannot size {} to {} bytes: {}", seg.describe(), c->map_bytes_, std::strerror(e));
     }
-    void* p = ::mmap(nullptr, size_t(c->map_bytes_), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    ::close(fd);
-    LT_CHECK(p != MAP_FAILED, "shm communicator: cannot map {}: {}", tmp.string(), std::strerror(errno));
-    auto* sh = new (p) Shared();
+    auto* sh = new (map_segment(fd, c->map_bytes_, seg)) Shared();
     sh->world = env.world;
     sh->slot_bytes = c->slot_bytes_;
     sh->generation.store(0);
@@ -145,18 +190,18 @@ std::unique_ptr<ShmCommunicator> ShmCommunicator::create(const DistEnv& env, con
     }
     sh->magic.store(kMagic);
     c->sh_ = sh;
-    fs::rename(tmp, file, ec);
-    LT_CHECK(!ec, "shm communicator: cannot publish {}: {}", file.string(), ec.message());
+    rdzv_publish(dir, o.key, seg.text());  // only now: the others never map a half-initialised segment
   } else {
+    // A stale entry (its segment gone) is replaced by rank 0's: read it again until the segment opens.
     const double t0 = now_seconds();
-    for (int i = 0;; ++i) {
-      fd = ::open(file.c_str(), O_RDWR | O_CLOEXEC);
+    int fd = -1;
+    for (;;) {
+      seg = Segment::parse(rdzv_wait(dir, o.key, std::max(0.01, o.timeout_s - (now_seconds() - t0))));
+      fd = seg.open();
       if (fd >= 0) break;
-      LT_CHECK(now_seconds() - t0 < o.timeout_s,
-               "shm communicator: rank {}: {} did not appear within {:.0f} s (did rank 0 start and reach the "
-               "communicator setup?)",
-               env.rank, file.string(), o.timeout_s);
-      std::this_thread::sleep_for(std::chrono::milliseconds(i < 100 ? 2 : 50));
+      LT_CHECK(now_seconds() - t0 < o.timeout_s, "shm communicator: rank {}: cannot open {} published in {}: {}",
+               env.rank, seg.describe(), dir.string(), std::strerror(errno));
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     struct stat sb {};
     ::fstat(fd, &sb);
@@ -164,22 +209,25 @@ std::unique_ptr<ShmCommunicator> ShmCommunicator::create(const DistEnv& env, con
       ::close(fd);
       fail("shm communicator: rank {}: {} has {} bytes, expected {} for {} ranks of {}-byte slots (do all ranks "
            "use the same world size and slot size?)",
-           env.rank, file.string(), int64_t(sb.st_size), c->map_bytes_, env.world, c->slot_bytes_);
+           env.rank, seg.describe(), int64_t(sb.st_size), c->map_bytes_, env.world, c->slot_bytes_);
     }
-    void* p = ::mmap(nullptr, size_t(c->map_bytes_), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    ::close(fd);
-    LT_CHECK(p != MAP_FAILED, "shm communicator: cannot map {}: {}", file.string(), std::strerror(errno));
-    c->sh_ = static_cast<Shared*>(p);
+    c->sh_ = static_cast<Shared*>(map_segment(fd, c->map_bytes_, seg));
     LT_CHECK(c->sh_->magic.load() == kMagic && c->sh_->world == env.world,
-             "shm communicator: rank {}: {} is not a segment for {} ranks (world {} in the file)", env.rank,
-             file.string(), env.world, c->sh_->world);
+             "shm communicator: rank {}: {} is not a segment for {} ranks (world {} in it)", env.rank, seg.describe(),
+             env.world, c->sh_->world);
   }
   c->slots_ = reinterpret_cast<char*>(c->sh_) + head;
   c->sh_->pid[env.rank].store(int32_t(::getpid()));
-  c->sync("setup");
-  if (env.rank == 0) {
+  try {
+    c->sync("setup");
+  } catch (...) {
+    if (env.rank == 0) seg.remove();
+    throw;
+  }
+  if (env.rank == 0) {  // every rank has it mapped: nothing is left behind, whatever happens next
+    seg.remove();
     std::error_code ec;
-    fs::remove(file, ec);  // every rank has it mapped
+    fs::remove(dir / o.key, ec);
   }
   return c;
 }

@@ -1,10 +1,11 @@
 // Communicator for ranks as processes of one host (`lazytrain launch -n N` on the CPU backend).
 //
-// Rank 0 creates a shared memory file `<LT_RDZV_DIR>/<key>` (written under a temporary name, then
-// renamed, so the others never map a half-initialised one); every rank maps it and rank 0 unlinks it
-// once all ranks joined (nothing is left behind, whatever happens later). The file holds a barrier and
-// one staging slot of `slot_bytes` per rank; collectives move data through the slots in rounds of at
-// most one slot per rank, with two barriers per round.
+// Rank 0 creates a POSIX shared memory object (/dev/shm; where shm_open is unavailable, a file in the
+// rendezvous directory), initialises it, then publishes its name under `<LT_RDZV_DIR>/<key>`
+// (rendezvous.h), so the others never map a half-initialised one; every rank maps it and rank 0
+// removes it once all ranks joined (nothing is left behind, whatever happens later). The segment
+// holds a barrier and one staging slot of `slot_bytes` per rank; collectives move data through the
+// slots in rounds of at most one slot per rank, with two barriers per round.
 //
 // Sums are taken in rank order (rank 0 + rank 1 + ...), as in ThreadCommunicator: results are
 // deterministic and bit-identical to the thread communicator's.
@@ -28,7 +29,7 @@ namespace lt::dist {
 struct ShmCommOptions {
   double timeout_s = 300;                 // longest wait in one collective (and for the rendezvous)
   int64_t slot_bytes = int64_t(4) << 20;  // staging per rank
-  std::string key = "cpu-comm";           // file name in the rendezvous directory
+  std::string key = "cpu-comm";           // entry in the rendezvous directory
 };
 
 // LT_COMM_TIMEOUT_S when set (a positive number, else lt::Error), else 300.
@@ -36,8 +37,8 @@ double comm_timeout_from_environment();
 
 class ShmCommunicator final : public Communicator {
  public:
-  // Collective over env.world ranks: rank 0 creates the segment in env.rdzv_dir, the others wait for
-  // it (up to o.timeout_s), then all ranks meet in a first barrier.
+  // Collective over env.world ranks: rank 0 creates the segment and publishes it in env.rdzv_dir, the
+  // others wait for it (up to o.timeout_s), then all ranks meet in a first barrier.
   static std::unique_ptr<ShmCommunicator> create(const DistEnv& env, const ShmCommOptions& o = {});
   // Destroyed while an exception propagates: records a failure so that peers stop at once.
   ~ShmCommunicator() override;

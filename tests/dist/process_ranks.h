@@ -53,6 +53,7 @@ inline ProcessRun run_rank_processes(int world, const std::function<void(Communi
         env.local_rank = r;
         env.rdzv_dir = dir;
         env.launched = true;
+        ::setenv("LT_RDZV_DIR", dir.c_str(), 1);  // as under `lazytrain launch`
         c = ShmCommunicator::create(env, o);
         fn(*c);
         code = ::testing::Test::HasFailure() ? 1 : 0;

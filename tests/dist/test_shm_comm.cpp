@@ -106,6 +106,25 @@ TEST(ShmComm, HungPeerTimesOutNamingTheRankAndTheCollective) {
   EXPECT_EQ(r.codes[1], -1);  // still sleeping at the deadline
 }
 
+// Once every rank joined, the segment and its rendezvous entry are gone (mapped only): a crash later
+// leaves nothing in /dev/shm or the rendezvous directory.
+TEST(ShmComm, LeavesNothingBehindOnceAllRanksJoined) {
+  const std::string key = "leftover-check-" + std::to_string(::getpid());
+  ShmCommOptions o = test_comm_options();
+  o.key = key;
+  const auto r = run_rank_processes(
+      3,
+      [&](Communicator& c) {
+        c.barrier();  // rank 0 removed both before its first collective
+        for (const auto& e : std::filesystem::directory_iterator("/dev/shm"))
+          EXPECT_EQ(e.path().filename().string().find(key), std::string::npos) << e.path();
+        EXPECT_FALSE(std::filesystem::exists(std::filesystem::path(std::getenv("LT_RDZV_DIR")) / key));
+        c.barrier();  // still works
+      },
+      o);
+  EXPECT_EQ(r.codes, (std::vector<int>{0, 0, 0}));
+}
+
 TEST(ShmComm, RendezvousTimesOutWithoutRankZero) {
   std::string dir = (std::filesystem::temp_directory_path() / "lt-shm-test-XXXXXX").string();
   ASSERT_NE(::mkdtemp(dir.data()), nullptr);
