@@ -55,6 +55,8 @@ class ShmCommunicator final : public Communicator {
   // Records that this rank failed (the first failure of the group is kept): peers waiting in, or
   // entering, a collective throw an error quoting `why`.
   void abort(const std::string& why) override;
+  double timeout_s() const override { return timeout_s_; }
+  void set_timeout_s(double s) override { timeout_s_ = s; }
 
   struct Shared;
 

@@ -151,6 +151,9 @@ std::vector<RankFigures> DataParallel::gather(const RankFigures& mine) {
 }
 
 void DataParallel::on_leader(const std::function<void()>& fn, const char* what) {
+  // The others wait for rank 0 here: a checkpoint of a large model takes longer than a collective.
+  // (Rank 0 itself keeps the usual bound on waiting for them.)
+  dist::ScopedCommTimeout longer(*comm_, leader() ? 0.0 : kLeaderPhaseTimeoutS);
   int64_t ok = 1;
   std::string err;
   if (leader()) {

@@ -84,8 +84,11 @@ class DataParallel {
   // Loads this rank's shard of a checkpoint's optimizer.bin (any world size wrote it).
   void load_optimizer(const fs::path& optimizer_bin);
 
-  // Runs fn on rank 0 only; every rank learns whether it succeeded (collective).
+  // Runs fn on rank 0 only; every rank learns whether it succeeded (collective). The others wait up to
+  // kLeaderPhaseTimeoutS (or the communicator's timeout if longer): rank 0 may write a checkpoint of
+  // hundreds of GB meanwhile.
   void on_leader(const std::function<void()>& fn, const char* what);
+  static constexpr double kLeaderPhaseTimeoutS = 3600;
 
  private:
   std::unique_ptr<dist::Communicator> comm_;

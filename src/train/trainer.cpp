@@ -243,7 +243,12 @@ class TrainSession {
 
   void eval_loss() {
     wait_updates();
-    if (!leader_) return;  // rank 0 evaluates alone (the others wait for it in the next collective)
+    if (dp_)  // rank 0 evaluates alone, the others wait for it
+      return dp_->on_leader([this] { eval_loss_here(); }, "evaluating");
+    eval_loss_here();
+  }
+
+  void eval_loss_here() {
     double sum = 0;
     int64_t n = 0;
     std::vector<int32_t> tgt;

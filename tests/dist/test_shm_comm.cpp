@@ -106,6 +106,26 @@ TEST(ShmComm, HungPeerTimesOutNamingTheRankAndTheCollective) {
   EXPECT_EQ(r.codes[1], -1);  // still sleeping at the deadline
 }
 
+// A phase where one rank works alone (rank 0 writing a checkpoint) raises the others' timeout.
+TEST(ShmComm, ScopedTimeoutLetsARankWorkAloneLongerThanTheTimeout) {
+  const auto r = run_rank_processes(
+      2,
+      [](Communicator& c) {
+        EXPECT_EQ(c.timeout_s(), 0.5);
+        {
+          ScopedCommTimeout longer(c, 10);
+          EXPECT_EQ(c.timeout_s(), 10);
+          if (c.rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+          c.barrier();  // rank 1 waits 1.5 s > 0.5 s: no error
+        }
+        EXPECT_EQ(c.timeout_s(), 0.5);
+        ScopedCommTimeout shorter(c, 0.1);  // never lowers it
+        EXPECT_EQ(c.timeout_s(), 0.5);
+      },
+      test_comm_options(0.5));
+  EXPECT_EQ(r.codes, (std::vector<int>{0, 0}));
+}
+
 // Once every rank joined, the segment and its rendezvous entry are gone (mapped only): a crash later
 // leaves nothing in /dev/shm or the rendezvous directory.
 TEST(ShmComm, LeavesNothingBehindOnceAllRanksJoined) {
