@@ -93,5 +93,8 @@ struct DistEnv {
 };
 // Reads and validates the variables (a clear error for a malformed or inconsistent value).
 DistEnv dist_env_from_environment();
+// The collective timeout of a rank: LT_COMM_TIMEOUT_S when set (a positive number, else lt::Error),
+// else 300 s (`lazytrain launch --comm-timeout`).
+double comm_timeout_from_environment();
 
 }  // namespace lt::dist

@@ -94,15 +94,6 @@ void sum_into(const std::vector<const char*>& src, char* out, int64_t count) {
 
 }  // namespace
 
-double comm_timeout_from_environment() {
-  const char* v = std::getenv("LT_COMM_TIMEOUT_S");
-  if (!v) return 300;
-  char* end = nullptr;
-  const double x = std::strtod(v, &end);
-  LT_CHECK(end != v && *end == '\0' && x > 0, "environment LT_COMM_TIMEOUT_S: expected a positive number of seconds, got '{}'",
-           v);
-  return x;
-}
 
 namespace {
 

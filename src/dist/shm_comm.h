@@ -32,9 +32,6 @@ struct ShmCommOptions {
   std::string key = "cpu-comm";           // entry in the rendezvous directory
 };
 
-// LT_COMM_TIMEOUT_S when set (a positive number, else lt::Error), else 300.
-double comm_timeout_from_environment();
-
 class ShmCommunicator final : public Communicator {
  public:
   // Collective over env.world ranks: rank 0 creates the segment and publishes it in env.rdzv_dir, the
