@@ -98,7 +98,6 @@ class DataParallel {
   dist::ShardLayout shards_;
   std::unique_ptr<optim::CpuAdamW> opt_;
   std::unique_ptr<dist::ShardedUpdateHook> hook_;
-  int64_t tokens_per_mb_ = 0;
 };
 
 }  // namespace lt::train
