@@ -13,6 +13,10 @@
 #include "backend/cuda/cuda_backend.h"
 #include "core/units.h"
 #endif
+#ifdef LT_HAVE_NCCL
+#include "dist/nccl/nccl_comm.h"
+#include "dist/shm_comm.h"
+#endif
 
 namespace lt::cli {
 namespace {
@@ -53,6 +57,17 @@ train::DeviceProbe probe_device(const train::TrainConfig& c) {
   return p;
 }
 
+#ifdef LT_HAVE_NCCL
+// A data-parallel rank on a GPU: NCCL over this host's GPUs (the rank uses GPU env.local_rank);
+// on the CPU backend the shared-memory communicator.
+std::unique_ptr<dist::Communicator> make_communicator(const dist::DistEnv& env, const train::TrainConfig& c) {
+  if (cuda_device_visible() && c.backend != "cpu") return dist::NcclCommunicator::create(env);
+  dist::ShmCommOptions o;
+  o.timeout_s = dist::comm_timeout_from_environment();
+  return dist::ShmCommunicator::create(env, o);
+}
+#endif
+
 }  // namespace
 
 void add_train(CLI::App& app) {
@@ -77,6 +92,9 @@ void add_train(CLI::App& app) {
     hooks.make_backend = make_backend;
     hooks.probe_device = probe_device;
     hooks.gpu_decode = gpu_decode_hooks();
+#ifdef LT_HAVE_NCCL
+    hooks.make_communicator = make_communicator;
+#endif
     train::TrainResult r = train::run_training(c, hooks);
     if (r.interrupted) throw CLI::RuntimeError(130);
   });

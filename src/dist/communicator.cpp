@@ -75,6 +75,16 @@ int env_int(const char* name, int dflt, bool* present = nullptr) {
 }
 }  // namespace
 
+double comm_timeout_from_environment() {
+  const char* v = std::getenv("LT_COMM_TIMEOUT_S");
+  if (!v) return 300;
+  char* end = nullptr;
+  const double x = std::strtod(v, &end);
+  LT_CHECK(end != v && *end == '\0' && x > 0, "environment LT_COMM_TIMEOUT_S: expected a positive number of seconds, got '{}'",
+           v);
+  return x;
+}
+
 DistEnv dist_env_from_environment() {
   DistEnv e;
   bool have_world = false;

@@ -39,6 +39,14 @@ class Communicator {
   virtual void all_gather(void* buf, const std::vector<int64_t>& bounds, CommType t) = 0;
   virtual void broadcast(void* buf, int64_t n, CommType t, int root) = 0;
   virtual void barrier() = 0;
+  // This rank is failing with `why`: a communicator that can (ShmCommunicator) makes the peers' waiting
+  // collectives fail at once with that message instead of waiting for a timeout.
+  virtual void abort(const std::string& why) { (void)why; }
+  // The longest this rank waits in one collective for the others, seconds; 0: no bound of ours (the
+  // transport's own). A phase where one rank is known to work alone for long (rank 0 writing a
+  // checkpoint) raises it for its duration (ScopedCommTimeout).
+  virtual double timeout_s() const { return 0; }
+  virtual void set_timeout_s(double s) { (void)s; }
 
   // Convenience scalars.
   double sum(double x) {
@@ -49,6 +57,23 @@ class Communicator {
     all_reduce(&x, 1, CommType::I64);
     return x;
   }
+};
+
+// Raises the communicator's timeout to at least `at_least` seconds until destroyed (if it has one).
+class ScopedCommTimeout {
+ public:
+  ScopedCommTimeout(Communicator& c, double at_least) : c_(c), saved_(c.timeout_s()) {
+    if (saved_ > 0 && at_least > saved_) c_.set_timeout_s(at_least);
+  }
+  ~ScopedCommTimeout() {
+    if (saved_ > 0) c_.set_timeout_s(saved_);
+  }
+  ScopedCommTimeout(const ScopedCommTimeout&) = delete;
+  ScopedCommTimeout& operator=(const ScopedCommTimeout&) = delete;
+
+ private:
+  Communicator& c_;
+  double saved_;
 };
 
 // The communicator of a single-rank run (every collective is the identity): lets a trainer use the
@@ -68,5 +93,8 @@ struct DistEnv {
 };
 // Reads and validates the variables (a clear error for a malformed or inconsistent value).
 DistEnv dist_env_from_environment();
+// The collective timeout of a rank: LT_COMM_TIMEOUT_S when set (a positive number, else lt::Error),
+// else 300 s (`lazytrain launch --comm-timeout`).
+double comm_timeout_from_environment();
 
 }  // namespace lt::dist

@@ -11,6 +11,8 @@
 #include <filesystem>
 #include <thread>
 
+#include <fmt/format.h>
+
 #include "core/error.h"
 #include "core/log.h"
 #include "core/timer.h"
@@ -108,14 +110,22 @@ int launch(const LaunchOptions& o) {
           codes[size_t(r)] = exit_code(status);
           pids[size_t(r)] = -1;
           --live;
-          if (codes[size_t(r)] != 0 && failed_rank < 0) {
-            failed_rank = r;
-            first_fail = codes[size_t(r)];
-            log_warn("launch: rank {} exited with code {}; stopping the other ranks", r, first_fail);
-            for (pid_t q : pids)
-              if (q > 0) ::kill(q, SIGTERM);
-            kill_at = now_seconds() + o.grace_s;
+          if (codes[size_t(r)] == 0) continue;
+          // Every failure is reported (two ranks may end in the same poll, the root cause second).
+          const std::string how = WIFSIGNALED(status)
+                                      ? fmt::format("was killed by signal {} ({}), exit code {}", WTERMSIG(status),
+                                                    strsignal(WTERMSIG(status)), codes[size_t(r)])
+                                      : fmt::format("exited with code {}", codes[size_t(r)]);
+          if (failed_rank >= 0) {
+            log_warn("launch: rank {} {}", r, how);
+            continue;
           }
+          failed_rank = r;
+          first_fail = codes[size_t(r)];
+          log_warn("launch: rank {} {}; stopping the other ranks", r, how);
+          for (pid_t q : pids)
+            if (q > 0) ::kill(q, SIGTERM);
+          kill_at = now_seconds() + o.grace_s;
         }
       continue;
     }

@@ -59,7 +59,7 @@ TrainerState trainer_state_from_json(const nlohmann::json& j, const std::string&
 }
 
 fs::path save_checkpoint(const fs::path& output_dir, const CheckpointContents& c, int64_t save_total_limit) {
-  LT_CHECK(c.model && c.layout && c.optimizer, "save_checkpoint: incomplete contents");
+  LT_CHECK(c.model && c.layout && (c.optimizer || c.write_optimizer), "save_checkpoint: incomplete contents");
   CheckpointWriter w(output_dir, c.state.global_step);
   const fs::path& d = w.dir();
   // HF model directory (what transformers loads).
@@ -81,7 +81,10 @@ fs::path save_checkpoint(const fs::path& output_dir, const CheckpointContents& c
   SaveOptions master_opt;
   master_opt.dtype = DType::F32;
   save_model(d / "trainer_state" / "master", *c.model, *c.layout, c.masters, master_opt);
-  c.optimizer->save(d / "trainer_state" / "optimizer.bin");
+  if (c.write_optimizer)
+    c.write_optimizer(d / "trainer_state" / "optimizer.bin");
+  else
+    c.optimizer->save(d / "trainer_state" / "optimizer.bin");
   write_file_durable(d / "trainer_state" / "trainer_state.json", trainer_state_to_json(c.state).dump(1) + "\n");
   fs::path final_dir = w.commit();
   rotate_checkpoints(output_dir, save_total_limit);

@@ -10,6 +10,7 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,8 @@ struct CheckpointContents {
   const ModelLayout* layout = nullptr;
   UnitReader masters;                 // the fp32 master of every unit, read in pieces
   optim::CpuAdamW* optimizer = nullptr;  // its in-flight updates must be finished
+  // Writes trainer_state/optimizer.bin instead of optimizer->save (data parallel: the merged shards).
+  std::function<void(const fs::path& file)> write_optimizer;
   TrainerState state;
   std::string config_yaml;
   fs::path tokenizer_dir;             // files copied from here (tokenizer*.json, vocab/merges, special_tokens_map)

@@ -120,6 +120,15 @@ std::string to_json_line(const StepMetrics& m) {
   if (m.exposed_optimizer_pred_s >= 0) j["exposed_optimizer_pred_s"] = m.exposed_optimizer_pred_s;
   if (m.optimizer_wait_s >= 0) j["optimizer_wait_s"] = m.optimizer_wait_s;
   if (m.breakdown.valid) j["breakdown"] = breakdown_json(m.breakdown);
+  for (size_t r = 0; r < m.ranks.size(); ++r) {
+    const RankFigures& f = m.ranks[r];
+    j["ranks"].push_back({{"rank", r},
+                          {"step_time_s", f.step_time},
+                          {"tokens", f.tokens},
+                          {"loss_tokens", f.loss_tokens},
+                          {"host_peak_rss_bytes", f.host_rss_bytes},
+                          {"comm_s", f.comm_s}});
+  }
   return j.dump();
 }
 
@@ -145,6 +154,7 @@ void MetricsLogger::clear_bar() {
 }
 
 void MetricsLogger::message(const std::string& text) {
+  if (muted_) return;
   clear_bar();
   std::fputs(text.c_str(), stdout);
   std::fputc('\n', stdout);

@@ -6,12 +6,22 @@
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "train/step_breakdown.h"
 
 #include "model/model_config.h"
 
 namespace lt::train {
+
+// One rank's part of a data-parallel step (metrics.jsonl "ranks"; data_parallel.h).
+struct RankFigures {
+  double step_time = 0;        // this rank's executor step, seconds
+  int64_t tokens = 0;          // batch x seq over its micro-batches
+  int64_t loss_tokens = 0;
+  int64_t host_rss_bytes = 0;  // VmHWM of its process
+  double comm_s = 0;           // time in collectives during the step
+};
 
 struct StepMetrics {
   int64_t step = 0;          // optimizer steps done (1-based after the first)
@@ -36,6 +46,7 @@ struct StepMetrics {
   double exposed_optimizer_s = -1, exposed_optimizer_pred_s = -1;
   double optimizer_wait_s = -1;  // host time blocked on optimizer updates (may overlap queued GPU work)
   StepBreakdown breakdown;        // where the step's time went (step_breakdown.h)
+  std::vector<RankFigures> ranks;  // data parallel: every rank's figures, by rank (empty: one process)
 };
 
 // FLOP counts for one optimizer step of `tokens` tokens (batch x seq x micro-batches).
@@ -72,12 +83,14 @@ class MetricsLogger {
   void event(const std::string& json_line);           // any other record (eval, checkpoint) to JSONL
   void message(const std::string& text);              // console text, clearing the bar first
   void finish();
+  void mute_console() { muted_ = true; }  // data-parallel ranks other than 0: no console output
 
  private:
   void clear_bar();
   std::FILE* file_ = nullptr;
   bool tty_ = false;
   bool bar_shown_ = false;
+  bool muted_ = false;
   double start_time_ = 0;
   int64_t start_step_ = -1;
 };

@@ -20,6 +20,7 @@
 #include "model/init.h"
 #include "train/checkpoint.h"
 #include "train/checkpoint_dir.h"
+#include "train/data_parallel.h"
 #include "train/evaluate.h"
 #include "train/lr_schedule.h"
 #include "train/model_setup.h"
@@ -62,44 +63,68 @@ BackendChoice make_cpu_backend(const ModelConfig& m, const TrainConfig& c, int64
 
 namespace {
 
+// Under `lazytrain launch -n N` (N > 1) this process is one rank of a data-parallel run.
+std::unique_ptr<DataParallel> make_data_parallel(const TrainConfig& cfg, const TrainHooks& hooks) {
+  const dist::DistEnv env = dist::dist_env_from_environment();
+  if (!env.launched || env.world == 1) return nullptr;
+  return std::make_unique<DataParallel>(env, cfg, hooks.make_communicator);
+}
+
 // One run of `lazytrain train`: set up in the constructor (output dir, model, data, plan, backend,
 // host state, optimizer, executor), then run() — the step loop, the final save and evaluation.
+// Data parallel (dp_): each rank runs its share of every global batch; rank 0 alone writes output.
 class TrainSession {
  public:
   TrainSession(const TrainConfig& cfg, const TrainHooks& hooks)
       : cfg_(cfg),
         hooks_(hooks),
         out_(cfg.output_dir),
-        resume_(prepare_output_dir(cfg)),
+        dp_(make_data_parallel(cfg, hooks)),
+        leader_(!dp_ || dp_->leader()),
+        resume_(dp_ ? dp_->prepare_output_dir(cfg) : prepare_output_dir(cfg)),
         ms_(setup_model(cfg, resume_)),
         data_(load_training_data(cfg, ms_)),
         loader_(&data_.train, loader_options(cfg, sequence_length(cfg, data_), data_.tmpl.pad_id())),
         shape_(step_shape(cfg, sequence_length(cfg, data_), loader_.batches_per_epoch())),
         probe_(hooks.probe_device ? hooks.probe_device(cfg) : DeviceProbe{}),
-        tp_(make_training_plan(cfg, ms_.model, shape_.batch, shape_.seq, probe_.name, probe_.gpu)),
+        tp_(make_training_plan(dp_ ? dp_->planning_config(cfg) : cfg, ms_.model, shape_.batch, shape_.seq,
+                               probe_.name, probe_.gpu)),
         bc_(make_backend()),
-        st_(*bc_.backend, host_state_options(tp_)),
-        hook_(ms_.layout, load_weights_into(st_), optimizer_setup(cfg, tp_, bc_.gpu)),
+        st_(*bc_.backend, state_options()),
+        hook_(make_update_hook()),
         ts_(initial_trainer_state(cfg, shape_, tp_, ms_)),
-        logger_(out_ / "metrics.jsonl", cfg.progress_bar, bool(resume_)),
+        logger_(leader_ ? out_ / "metrics.jsonl" : fs::path(), cfg.progress_bar && leader_, bool(resume_)),
         flops_(flop_model(ms_.model, shape_.batch, shape_.seq, shape_.ga, tp_.extra_layer_forwards)),
         peak_(cfg.peak_tflops > 0 ? cfg.peak_tflops : device_peak_tflops(bc_.device_name)),
         config_yaml_(config_to_yaml(cfg)) {
-    print_summary();
-    if (resume_) resume_from(*resume_, cfg_, ms_, st_, hook_, loader_, ts_);
+    if (!leader_) logger_.mute_console();
+    if (leader_) print_summary();
+    if (resume_)
+      resume_from(*resume_, cfg_, ms_, st_, optimizer(), [this](const fs::path& f) { load_optimizer(f); }, loader_,
+                  ts_);
     st_.refresh_all_streams();
     ExecOptions eo;
     eo.nvme_dir = cfg.nvme_dir.empty() ? fs::path() : fs::path(cfg.nvme_dir);
     eo.timing = true;
     eo.micro_batches = int32_t(shape_.ga);
     executor_ = std::make_unique<Executor>(ms_.model, *bc_.backend, tp_.exec, st_, eo);
-    executor_->set_update_hook(&hook_);
+    executor_->set_update_hook(dp_ ? &dp_->hook() : static_cast<UpdateHook*>(hook_.get()));
     if (hooks.install_signal_handlers) signals_ = std::make_unique<StopSignals>();
     if (cfg.eval_steps > 0 && !data_.val.empty())
       val_batches_ = data::make_batches(data_.val, shape_.batch, shape_.seq, cfg.packing, data_.tmpl.pad_id());
   }
 
   TrainResult run() {
+    try {
+      return run_steps();
+    } catch (const std::exception& e) {
+      if (dp_) dp_->comm().abort(e.what());  // the other ranks stop now, with this message
+      throw;
+    }
+  }
+
+ private:
+  TrainResult run_steps() {
     const double t_start = now_seconds();
     while (ts_.global_step < shape_.total_steps)
       if (!step()) break;
@@ -110,20 +135,23 @@ class TrainSession {
     result_.global_step = ts_.global_step;
     result_.total_steps = shape_.total_steps;
     result_.losses = ts_.losses;
-    if (!result_.interrupted && steps_this_run_ > 0)
+    if (!result_.interrupted && steps_this_run_ > 0 && leader_)
       std::printf("training done: %lld steps in %.1f s, final loss %.4f\n", (long long)ts_.global_step,
                   result_.train_seconds, ts_.losses.empty() ? 0.0 : ts_.losses.back());
-    if (!result_.interrupted && !cfg_.do_eval_dataset.empty())
+    if (!result_.interrupted && !cfg_.do_eval_dataset.empty() && leader_)
       final_evaluation(cfg_, hooks_, ms_, data_, st_, *bc_.backend, bc_.gpu, executor_, logger_, ts_.global_step,
                        result_);
     return result_;
   }
 
- private:
   BackendChoice make_backend() {
     BackendFactory factory = hooks_.make_backend ? hooks_.make_backend : BackendFactory(make_cpu_backend);
     const int64_t dev_budget = cfg_.gpu_mem.empty() ? -1 : parse_bytes(cfg_.gpu_mem);
     const int64_t host_budget = cfg_.host_mem.empty() ? -1 : parse_bytes(cfg_.host_mem);
+    if (dp_) {
+      check_data_parallel_config(cfg_, tp_, dp_->world());
+      dp_->check_same_plan(tp_);
+    }
     BackendChoice bc = factory(ms_.model, cfg_, dev_budget, host_budget);
     LT_CHECK(bc.gpu == probe_.gpu, "internal: device probe said {} but the backend is {}", probe_.name,
              bc.backend->name());
@@ -133,7 +161,34 @@ class TrainSession {
   // Every update of the last step done (gradients held on the device are streamed to the optimizer first).
   void wait_updates() {
     executor_->flush_updates();
-    hook_.wait_all();
+    if (dp_)
+      dp_->wait_all();
+    else
+      hook_->wait_all();
+  }
+
+  HostStateOptions state_options() const {
+    HostStateOptions o = host_state_options(tp_);
+    if (dp_) o.fp32_master_array = dist::dp_host_state().fp32_master_array;
+    return o;
+  }
+
+  // The single-process hook, or the data-parallel rank's shard optimizer (then null here).
+  std::unique_ptr<AdamWHook> make_update_hook() {
+    load_weights_into(st_);
+    const OptimizerSetup os = optimizer_setup(cfg_, tp_, bc_.gpu);
+    if (!dp_) return std::make_unique<AdamWHook>(ms_.layout, st_, os);
+    dp_->attach(ms_.layout, st_, os);
+    return nullptr;
+  }
+
+  optim::CpuAdamW& optimizer() { return dp_ ? dp_->optimizer() : hook_->optimizer(); }
+
+  void load_optimizer(const fs::path& file) {
+    if (dp_)
+      dp_->load_optimizer(file);
+    else
+      hook_->optimizer().load(file);
   }
 
   HostState& load_weights_into(HostState& st) {
@@ -155,12 +210,23 @@ class TrainSession {
   }
 
   void save() {
+    if (dp_) {
+      executor_->flush_updates();
+      dp_->save([this](const std::function<void(const fs::path&)>& write_optimizer) { save_files(write_optimizer); });
+      return;
+    }
     wait_updates();
+    save_files({});
+  }
+
+  // Writes the checkpoint (rank 0 of a data-parallel run; write_optimizer: its merged optimizer.bin).
+  void save_files(const std::function<void(const fs::path&)>& write_optimizer) {
     CheckpointContents cc;
     cc.model = &ms_.model;
     cc.layout = &ms_.layout;
     cc.masters = [this](int64_t u, int64_t off, int64_t n, float* dst) { st_.read_master(u, off, n, dst); };
-    cc.optimizer = &hook_.optimizer();
+    cc.optimizer = &optimizer();
+    cc.write_optimizer = write_optimizer;
     cc.state = ts_;
     cc.config_yaml = config_yaml_;
     cc.tokenizer_dir = ms_.tokenizer_dir;
@@ -177,6 +243,12 @@ class TrainSession {
 
   void eval_loss() {
     wait_updates();
+    if (dp_)  // rank 0 evaluates alone, the others wait for it
+      return dp_->on_leader([this] { eval_loss_here(); }, "evaluating");
+    eval_loss_here();
+  }
+
+  void eval_loss_here() {
     double sum = 0;
     int64_t n = 0;
     std::vector<int32_t> tgt;
@@ -197,7 +269,7 @@ class TrainSession {
     const int64_t ga = shape_.ga;
     batches_.resize(size_t(ga));
     targets_.resize(size_t(ga));
-    std::vector<MicroBatch> mbs;
+    std::vector<MicroBatch> mbs;  // the global batch (a data-parallel rank runs its share)
     int64_t nonpad = 0;
     for (int64_t i = 0; i < ga; ++i) {
       batches_[size_t(i)] = loader_.next();
@@ -205,19 +277,31 @@ class TrainSession {
       mbs.push_back(micro_batch_of(batches_[size_t(i)], targets_[size_t(i)], cfg_.packing));
     }
     const double lr = shape_.sched.lr(ts_.global_step);
-    hook_.begin_step(float(lr));
-    const StepResult r = executor_->train_step(mbs);
-    LT_CHECK(hook_.optimizer().norm_known(), "internal: step {} ended without every unit's gradient reported",
+    StepResult r, local;
+    const double comm0 = dp_ ? dp_->comm_seconds() : 0;
+    if (dp_) {
+      r = dp_->step(*executor_, mbs, float(lr), &local);
+    } else {
+      hook_->begin_step(float(lr));
+      r = executor_->train_step(mbs);
+    }
+    LT_CHECK(optimizer().norm_known(), "internal: step {} ended without every unit's gradient reported",
              ts_.global_step + 1);
-    const optim::StepInfo info = hook_.optimizer().last_step();
+    const optim::StepInfo info = optimizer().last_step();
     const double dt = now_seconds() - t0;
     advance_state(r, lr);
-    write_trace_if_asked();
+    if (leader_) write_trace_if_asked();
     if (info.skipped) logger_.message(fmt::format("step {}: non-finite gradient norm, update skipped", ts_.global_step));
-    log_step(step_metrics(ts_, shape_, StepFigures{&r, info.grad_norm, lr, dt, nonpad}, flops_, peak_, bc_.gpu, tp_));
+    StepMetrics m =
+        step_metrics(ts_, shape_, StepFigures{&r, info.grad_norm, lr, dt, nonpad}, flops_, peak_, bc_.gpu, tp_);
+    if (dp_)
+      m.ranks = dp_->gather(RankFigures{local.step_s, local.rows, local.n_tokens, host_peak_rss_bytes(),
+                                        dp_->comm_seconds() - comm0});
+    log_step(m);
     if (cfg_.eval_steps > 0 && !val_batches_.empty() && ts_.global_step % cfg_.eval_steps == 0) eval_loss();
-    const bool stop =
+    bool stop =
         StopSignals::requested() || (hooks_.stop_after_steps >= 0 && steps_this_run_ >= hooks_.stop_after_steps);
+    if (dp_) stop = dp_->any(stop);  // every rank stops after the same step
     if ((cfg_.save_steps > 0 && ts_.global_step % cfg_.save_steps == 0) || stop) {
       save();
       saved_at_current_ = true;
@@ -258,17 +342,27 @@ class TrainSession {
     logger_.progress(ts_.global_step, shape_.total_steps, m.loss);
   }
 
+  // The command that resumes this run (as many ranks again; any number works).
+  std::string resume_with() const {
+    const std::string cmd = resume_command(cfg_);
+    const std::string self = "lazytrain ";
+    if (!dp_ || cmd.rfind(self, 0) != 0) return cmd;
+    return fmt::format("lazytrain launch -n {} -- {}", dp_->world(), cmd.substr(self.size()));
+  }
+
   void report_stop() {
     const int sig = StopSignals::signal_number();
     logger_.message(fmt::format("training stopped{} after step {}/{}; checkpoint saved to {}.\nResume with: {}",
                                 sig == SIGINT ? " by SIGINT" : sig == SIGTERM ? " by SIGTERM" : "", ts_.global_step,
-                                shape_.total_steps, result_.last_checkpoint.string(), resume_command(cfg_)));
+                                shape_.total_steps, result_.last_checkpoint.string(), resume_with()));
     result_.interrupted = true;
   }
 
   const TrainConfig& cfg_;
   const TrainHooks& hooks_;
   const fs::path out_;
+  std::unique_ptr<DataParallel> dp_;  // null: one process
+  bool leader_ = true;                // writes the output directory and the console (rank 0)
   std::optional<fs::path> resume_;
   ModelSetup ms_;
   data::PreparedData data_;
@@ -278,7 +372,7 @@ class TrainSession {
   TrainingPlan tp_;
   BackendChoice bc_;
   HostState st_;
-  AdamWHook hook_;
+  std::unique_ptr<AdamWHook> hook_;  // one process only
   TrainerState ts_;
   MetricsLogger logger_;
   FlopModel flops_;
@@ -295,7 +389,8 @@ class TrainSession {
 
 }  // namespace
 
-TrainResult run_training(const TrainConfig& cfg, const TrainHooks& hooks) {
+TrainResult run_training(const TrainConfig& config, const TrainHooks& hooks) {
+  const TrainConfig cfg = with_rank_threads(config);
   if (cfg.threads > 0) {
     openblas_set_num_threads(int(cfg.threads));
     omp_set_num_threads(int(cfg.threads));

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "dist/communicator.h"
 #include "train/config.h"
 #include "train/decode_device.h"
 #include "train/metrics.h"
@@ -34,6 +35,9 @@ struct DeviceProbe {
   std::string name = "cpu";
 };
 
+// The communicator of a data-parallel rank (`lazytrain launch -n N`, N > 1).
+using CommunicatorFactory = std::function<std::unique_ptr<dist::Communicator>(const dist::DistEnv&, const TrainConfig&)>;
+
 struct TrainHooks {
   BackendFactory make_backend;            // null: CPU backend; `cuda` in the config then fails
   std::function<DeviceProbe(const TrainConfig&)> probe_device;  // null: CPU
@@ -42,6 +46,7 @@ struct TrainHooks {
   int64_t stop_after_steps = -1;          // tests: behave as if SIGTERM arrived after this many steps of this run
   std::function<void(const StepMetrics&)> on_step;
   bool install_signal_handlers = true;
+  CommunicatorFactory make_communicator;  // null: dist::ShmCommunicator (ranks as processes on one host)
 };
 
 struct TrainResult {

@@ -171,7 +171,8 @@ TrainerState initial_trainer_state(const TrainConfig& cfg, const StepShape& shap
   return ts;
 }
 
-void resume_from(const fs::path& ckpt, const TrainConfig& cfg, const ModelSetup& ms, HostState& st, AdamWHook& hook,
+void resume_from(const fs::path& ckpt, const TrainConfig& cfg, const ModelSetup& ms, HostState& st,
+                 optim::CpuAdamW& opt, const std::function<void(const fs::path&)>& load_optimizer,
                  data::DataLoader& loader, TrainerState& ts) {
   TrainerState saved = read_trainer_state(ckpt);
   LT_CHECK(saved.batches_per_epoch == ts.batches_per_epoch,
@@ -184,12 +185,13 @@ void resume_from(const fs::path& ckpt, const TrainConfig& cfg, const ModelSetup&
            "resume: checkpoint '{}' trained with master_weights '{}', this run's is '{}' (master_weights: {})",
            ckpt.string(), saved.master_weights, ts.master_weights, cfg.master_weights);
   // bf16-sr: the rounding continues the checkpoint's random stream.
-  hook.optimizer().set_sr_seed(rounding_seed(saved.seed));
+  opt.set_sr_seed(rounding_seed(saved.seed));
   if (saved.total_steps != ts.total_steps)
     log_warn("resume: total steps changed from {} to {}; the LR schedule follows the new total", saved.total_steps,
              ts.total_steps);
   load_checkpoint_weights(ckpt, ms.model, ms.layout, [&st](int64_t u, const float* v) { st.write_master(u, v); },
-                          &hook.optimizer());
+                          nullptr);
+  load_optimizer(ckpt / "trainer_state" / "optimizer.bin");
   ts.global_step = saved.global_step;
   ts.micro_batches_done = saved.micro_batches_done;
   ts.losses = saved.losses;

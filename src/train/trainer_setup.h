@@ -3,6 +3,7 @@
 // a step's metrics, and the final exact-match evaluation. Internal to src/train.
 #pragma once
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -54,9 +55,11 @@ void write_initial_weights(const ModelSetup& ms, HostState& st, int threads);
 TrainerState initial_trainer_state(const TrainConfig& cfg, const StepShape& shape, const TrainingPlan& tp,
                                    const ModelSetup& ms);
 // Loads the checkpoint's weights, moments and data position into st / the optimizer / loader and ts,
-// after checking it was made for the same data shape and optimizer.
+// after checking it was made for the same data shape and optimizer. load_optimizer reads the
+// checkpoint's optimizer.bin into the run's optimizer (opt.load, or a data-parallel rank's shard of it).
 void resume_from(const fs::path& ckpt, const TrainConfig& cfg, const ModelSetup& ms, HostState& st,
-                 AdamWHook& hook, data::DataLoader& loader, TrainerState& ts);
+                 optim::CpuAdamW& opt, const std::function<void(const fs::path&)>& load_optimizer,
+                 data::DataLoader& loader, TrainerState& ts);
 
 // The command that resumes a stopped run (printed when a signal stops it).
 std::string resume_command(const TrainConfig& cfg);

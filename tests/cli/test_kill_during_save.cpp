@@ -21,18 +21,15 @@
 #include <vector>
 
 #include "../common/repo_path.h"
+#include "cli_process.h"
 #include "train/checkpoint_dir.h"
-
-extern char** environ;
 
 namespace fs = std::filesystem;
 
 namespace {
 
-std::string lazytrain() {
-  const char* env = std::getenv("LT_BIN");
-  return env && *env ? env : LT_LAZYTRAIN;
-}
+using lt::testing::finish_process;
+using lt::testing::start_lazytrain;
 
 fs::path write_config(const fs::path& dir) {
   const fs::path cfg = dir / "kill.yaml";
@@ -45,38 +42,14 @@ fs::path write_config(const fs::path& dir) {
   return cfg;
 }
 
-// Starts lazytrain with the arguments; returns its pid (stdout/stderr to log).
-pid_t start(const std::vector<std::string>& args, const fs::path& log) {
-  std::vector<std::string> all = {lazytrain()};
-  all.insert(all.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& a : all) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  pid_t pid = -1;
-  EXPECT_EQ(posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ), 0);
-  posix_spawn_file_actions_destroy(&fa);
-  return pid;
-}
-
-int finish(pid_t pid) {
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return status;
-}
+pid_t start(const std::vector<std::string>& args, const fs::path& log) { return start_lazytrain(args, log); }
+int finish(pid_t pid) { return finish_process(pid); }
 
 // The "train" records of metrics.jsonl as (step, loss), every one (a resumed run appends to the file and
 // logs again the steps after its checkpoint; a line cut by the kill is skipped).
 std::vector<std::pair<int64_t, double>> losses(const fs::path& out) {
   std::vector<std::pair<int64_t, double>> v;
-  std::ifstream f(out / "metrics.jsonl");
-  for (std::string line; std::getline(f, line);) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.value("type", "") == "train") v.emplace_back(j["step"].get<int64_t>(), j["loss"].get<double>());
-  }
+  for (const auto& j : lt::testing::train_records(out)) v.emplace_back(j["step"].get<int64_t>(), j["loss"].get<double>());
   return v;
 }
 

@@ -1,8 +1,9 @@
-// ThreadCommunicator collectives and shard cuts.
+// Collectives (ThreadCommunicator: ranks as threads; ShmCommunicator: ranks as processes) and shard cuts.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <numeric>
+#include <tuple>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -10,15 +11,25 @@
 #include "dist/thread_comm.h"
 #include "model/param_layout.h"
 #include "optim/layout_spec.h"
+#include "process_ranks.h"
 
 namespace lt::dist {
 namespace {
 
-class Worlds : public ::testing::TestWithParam<int> {};
+// The same collective tests for both transports: (processes?, world size).
+class Worlds : public ::testing::TestWithParam<std::tuple<bool, int>> {
+ protected:
+  int world() const { return std::get<1>(GetParam()); }
+  void run(const std::function<void(Communicator&)>& fn) const {
+    if (!std::get<0>(GetParam())) return run_ranks(world(), fn);
+    const auto r = testing::run_rank_processes(world(), fn);
+    for (int q = 0; q < world(); ++q) EXPECT_EQ(r.codes[size_t(q)], 0) << "rank " << q << " (process) failed";
+  }
+};
 
 TEST_P(Worlds, AllReduceSumsInRankOrder) {
-  const int W = GetParam();
-  run_ranks(W, [&](Communicator& c) {
+  const int W = world();
+  run([&](Communicator& c) {
     std::vector<float> x(37);
     for (size_t i = 0; i < x.size(); ++i) x[i] = float(c.rank() + 1) * 0.1f + float(i);
     c.all_reduce(x.data(), int64_t(x.size()), CommType::F32);
@@ -33,11 +44,11 @@ TEST_P(Worlds, AllReduceSumsInRankOrder) {
 }
 
 TEST_P(Worlds, ReduceScatterThenAllGatherUnevenRanges) {
-  const int W = GetParam();
+  const int W = world();
   const int64_t n = 1000;
   std::vector<int64_t> b(size_t(W) + 1, 0);
   for (int r = 1; r <= W; ++r) b[size_t(r)] = r == W ? n : (n * r * r) / (W * W);  // uneven, rank 0 smallest
-  run_ranks(W, [&](Communicator& c) {
+  run([&](Communicator& c) {
     std::vector<double> g(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) g[size_t(i)] = double(i) * (c.rank() + 1);
     c.reduce_scatter(g.data(), b, CommType::F64);
@@ -50,8 +61,8 @@ TEST_P(Worlds, ReduceScatterThenAllGatherUnevenRanges) {
 }
 
 TEST_P(Worlds, Bf16AllGatherAndBroadcast) {
-  const int W = GetParam();
-  run_ranks(W, [&](Communicator& c) {
+  const int W = world();
+  run([&](Communicator& c) {
     std::vector<bf16_t> x(10);
     auto b = even_bounds(10, W);
     for (int64_t i = b[size_t(c.rank())]; i < b[size_t(c.rank()) + 1]; ++i) x[size_t(i)] = f32_to_bf16(float(i));
@@ -65,7 +76,11 @@ TEST_P(Worlds, Bf16AllGatherAndBroadcast) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Dist, Worlds, ::testing::Values(1, 2, 3, 4));
+INSTANTIATE_TEST_SUITE_P(Dist, Worlds, ::testing::Combine(::testing::Bool(), ::testing::Values(1, 2, 3, 4)),
+                         [](const auto& i) {
+                           return std::string(std::get<0>(i.param) ? "processes" : "threads") +
+                                  std::to_string(std::get<1>(i.param));
+                         });
 
 TEST(ThreadComm, FailingRankReleasesTheOthers) {
   try {

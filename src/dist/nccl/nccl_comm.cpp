@@ -4,11 +4,14 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/timer.h"
 #include "dist/rendezvous.h"
 #include "dist/staging.h"
 
@@ -31,7 +34,37 @@ struct NcclCommunicator::Impl {
   cudaStream_t stream = nullptr;
   char* scratch = nullptr;  // device staging for host buffers
   int64_t scratch_bytes = 0;
-  void sync() { LT_CUDA_OK(cudaStreamSynchronize(stream)); }
+  int rank = 0;
+  double timeout_s = 300;
+  const char* op = "setup";  // the collective in progress (messages)
+
+  // Waits for the stream. A collective that does not complete within timeout_s (a peer that died or
+  // hangs: NCCL's kernels would wait for it forever), or an asynchronous NCCL error, aborts the
+  // communicator (ncclCommAbort ends its kernels) and throws.
+  void sync() {
+    const double t0 = now_seconds();
+    for (int i = 0;; ++i) {
+      const cudaError_t e = cudaStreamQuery(stream);
+      if (e == cudaSuccess) return;
+      LT_CHECK(e == cudaErrorNotReady, "nccl communicator: rank {}: {}: {}", rank, op, cudaGetErrorString(e));
+      ncclResult_t async = ncclSuccess;
+      if (ncclCommGetAsyncError(comm, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress)
+        abort_and_fail(fmt::format("failed: NCCL reported {}", ncclGetErrorString(async)));
+      if (now_seconds() - t0 > timeout_s)
+        abort_and_fail(fmt::format("did not complete within {:.0f} s (a peer died or hangs; the timeout is "
+                                   "LT_COMM_TIMEOUT_S)",
+                                   timeout_s));
+      if (i < 2000)
+        std::this_thread::yield();
+      else
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+  [[noreturn]] void abort_and_fail(const std::string& why) {
+    ncclCommAbort(comm);
+    comm = nullptr;
+    fail("nccl communicator: rank {}: {} {}; the communicator was aborted", rank, op, why);
+  }
 };
 
 namespace {
@@ -70,6 +103,8 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::create(const DistEnv& env, i
   c->rank_ = env.rank;
   c->world_ = env.world;
   c->impl_ = std::make_unique<Impl>();
+  c->impl_->rank = env.rank;
+  c->impl_->timeout_s = comm_timeout_from_environment();
   int ndev = 0;
   LT_CUDA_OK(cudaGetDeviceCount(&ndev));
   LT_CHECK(env.local_rank < ndev, "nccl communicator: LT_LOCAL_RANK {} but this host has {} GPUs", env.local_rank, ndev);
@@ -101,6 +136,7 @@ NcclCommunicator::~NcclCommunicator() {
 
 void NcclCommunicator::all_reduce(void* buf, int64_t n, CommType t) {
   Impl& I = *impl_;
+  I.op = "all_reduce";
   const size_t es = comm_type_size(t);
   LT_CHECK(t != CommType::BF16, "all_reduce: bf16 reduction is not supported (reduce in fp32)");
   if (on_device(buf)) {
@@ -122,6 +158,7 @@ void NcclCommunicator::reduce_scatter(void* buf, const std::vector<int64_t>& b, 
   check_bounds(b, world_, "reduce_scatter");
   LT_CHECK(t != CommType::BF16, "reduce_scatter: bf16 reduction is not supported (reduce in fp32)");
   Impl& I = *impl_;
+  I.op = "reduce_scatter";
   const size_t es = comm_type_size(t);
   const auto ty = nccl_type(t);
   if (on_device(buf)) {
@@ -161,6 +198,7 @@ void NcclCommunicator::reduce_scatter(void* buf, const std::vector<int64_t>& b, 
 void NcclCommunicator::all_gather(void* buf, const std::vector<int64_t>& b, CommType t) {
   check_bounds(b, world_, "all_gather");
   Impl& I = *impl_;
+  I.op = "all_gather";
   const size_t es = comm_type_size(t);
   const auto ty = nccl_type(t);
   if (on_device(buf)) {
@@ -199,6 +237,7 @@ void NcclCommunicator::all_gather(void* buf, const std::vector<int64_t>& b, Comm
 void NcclCommunicator::broadcast(void* buf, int64_t n, CommType t, int root) {
   LT_CHECK(root >= 0 && root < world_, "broadcast: root {} out of range [0, {})", root, world_);
   Impl& I = *impl_;
+  I.op = "broadcast";
   const size_t es = comm_type_size(t);
   if (on_device(buf)) {
     LT_NCCL_OK(ncclBroadcast(buf, buf, size_t(n), nccl_type(t), root, I.comm, I.stream));
@@ -219,8 +258,12 @@ void NcclCommunicator::broadcast(void* buf, int64_t n, CommType t, int root) {
 
 void NcclCommunicator::barrier() {
   Impl& I = *impl_;
+  I.op = "barrier";
   LT_NCCL_OK(ncclAllReduce(I.scratch, I.scratch, 1, ncclInt32, ncclSum, I.comm, I.stream));
   I.sync();
 }
+
+double NcclCommunicator::timeout_s() const { return impl_->timeout_s; }
+void NcclCommunicator::set_timeout_s(double s) { impl_->timeout_s = s; }
 
 }  // namespace lt::dist

@@ -27,6 +27,10 @@ class NcclCommunicator final : public Communicator {
   void all_gather(void* buf, const std::vector<int64_t>& bounds, CommType t) override;
   void broadcast(void* buf, int64_t n, CommType t, int root) override;
   void barrier() override;
+  // A collective that does not complete within this (LT_COMM_TIMEOUT_S, default 300 s) aborts the
+  // communicator and throws, naming the rank and the collective.
+  double timeout_s() const override;
+  void set_timeout_s(double s) override;
 
   struct Impl;
 

@@ -1,0 +1,71 @@
+// What `lazytrain launch -n N -- train` refuses (train/data_parallel.h), each error naming the config
+// field, expected vs actual; and the threads a rank takes when the config says all cores.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <string>
+
+#include "core/error.h"
+#include "train/data_parallel.h"
+
+namespace lt::train {
+namespace {
+
+std::string refusal(const TrainConfig& c, const TrainingPlan& tp, int world) {
+  try {
+    check_data_parallel_config(c, tp, world);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(DataParallelConfig, RefusesWhatTheRanksCannotRunNamingTheField) {
+  TrainConfig c;
+  c.gradient_accumulation_steps = 4;
+  TrainingPlan tp;
+  EXPECT_EQ(refusal(c, tp, 4), "");
+  EXPECT_EQ(refusal(c, tp, 2), "");
+
+  const std::string few = refusal(c, tp, 5);
+  EXPECT_NE(few.find("gradient_accumulation_steps"), std::string::npos) << few;
+  EXPECT_NE(few.find("expected at least 5 (one per rank), got 4"), std::string::npos) << few;
+
+  TrainingPlan sr = tp;
+  sr.placement.master = MasterMode::Bf16Sr;
+  c.master_weights = "auto";
+  const std::string m = refusal(c, sr, 2);
+  EXPECT_NE(m.find("master_weights 'auto'"), std::string::npos) << m;
+  EXPECT_NE(m.find("set master_weights=fp32"), std::string::npos) << m;
+  c.master_weights = "fp32";
+
+  TrainingPlan dev = tp;
+  dev.placement.grads = GradHome::Device;
+  const std::string g = refusal(c, dev, 2);
+  EXPECT_NE(g.find("gradients 'auto'"), std::string::npos) << g;
+  EXPECT_NE(g.find("set gradients=host"), std::string::npos) << g;
+
+  TrainingPlan nvme = tp;
+  nvme.placement.nvme_layers = 3;
+  const std::string n = refusal(c, nvme, 2);
+  EXPECT_NE(n.find("optimizer_nvme"), std::string::npos) << n;
+  c.optimizer_nvme = "all";
+  EXPECT_NE(refusal(c, tp, 2).find("optimizer_nvme 'all'"), std::string::npos);
+}
+
+TEST(DataParallelConfig, AllCoresAreSharedByTheRanksOfTheHost) {
+  TrainConfig c;
+  c.threads = 0;
+  ::unsetenv("LT_LOCAL_WORLD_SIZE");
+  EXPECT_EQ(with_rank_threads(c).threads, 0);  // one process: all cores, as before
+  ::setenv("LT_LOCAL_WORLD_SIZE", "1024", 1);
+  EXPECT_EQ(with_rank_threads(c).threads, 1);  // at least one
+  ::setenv("LT_LOCAL_WORLD_SIZE", "2", 1);
+  EXPECT_GE(with_rank_threads(c).threads, 1);
+  c.threads = 3;
+  EXPECT_EQ(with_rank_threads(c).threads, 3);  // an explicit count is kept
+  ::unsetenv("LT_LOCAL_WORLD_SIZE");
+}
+
+}  // namespace
+}  // namespace lt::train
