@@ -13,6 +13,21 @@ void UpdateHook::grad_staged(int64_t unit, const void*, DType) {
   fail("internal: this update hook does not take gradients held on the device (unit {})", unit);
 }
 
+optim::AdamWConfig adamw_config(const OptimizerSetup& s, optim::MasterFormat master) {
+  optim::AdamWConfig c;
+  c.beta1 = s.beta1;
+  c.beta2 = s.beta2;
+  c.eps = s.eps;
+  c.groups = {{1.0f, s.weight_decay}, {1.0f, 0.0f}};
+  c.max_grad_norm = s.max_grad_norm;
+  c.on_nonfinite = optim::NonFinitePolicy::Skip;
+  c.threads = s.threads;
+  c.master = master;
+  c.sr_seed = s.sr_seed;
+  c.nvme_dir = s.nvme_dir;
+  return c;
+}
+
 AdamWHook::AdamWHook(optim::CpuAdamW& opt, HostState& st)
     : opt_(&opt), st_(st), rebuild_(size_t(st.units()), 0) {
   LT_CHECK(opt.config().master == st.optimizer_format(),
@@ -22,17 +37,7 @@ AdamWHook::AdamWHook(optim::CpuAdamW& opt, HostState& st)
 
 AdamWHook::AdamWHook(const ModelLayout& layout, HostState& st, const OptimizerSetup& s)
     : st_(st), rebuild_(size_t(st.units()), 0) {
-  optim::AdamWConfig c;
-  c.beta1 = s.beta1;
-  c.beta2 = s.beta2;
-  c.eps = s.eps;
-  c.groups = {{1.0f, s.weight_decay}, {1.0f, 0.0f}};
-  c.max_grad_norm = s.max_grad_norm;
-  c.on_nonfinite = optim::NonFinitePolicy::Skip;
-  c.threads = s.threads;
-  c.master = st.optimizer_format();
-  c.sr_seed = s.sr_seed;
-  c.nvme_dir = s.nvme_dir;
+  const optim::AdamWConfig c = adamw_config(s, st.optimizer_format());
   std::vector<optim::UnitSpec> units;
   for (const auto& u : layout.units) {
     units.push_back(optim::unit_spec_from_layout(u, s.kind, &s.tensors_8bit));

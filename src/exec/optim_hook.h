@@ -32,6 +32,10 @@ struct OptimizerSetup {
   std::string nvme_dir;
 };
 
+// The optimizer's configuration for setup s and the host state's master format (one definition for the
+// single-process hook and the data-parallel shard optimizers).
+optim::AdamWConfig adamw_config(const OptimizerSetup& s, optim::MasterFormat master);
+
 class AdamWHook final : public UpdateHook {
  public:
   // Borrows opt (which must outlive the hook).

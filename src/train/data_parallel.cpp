@@ -47,21 +47,6 @@ TrainConfig with_rank_threads(const TrainConfig& cfg) {
   return c;
 }
 
-optim::AdamWConfig adamw_config(const OptimizerSetup& s, optim::MasterFormat master) {
-  optim::AdamWConfig c;
-  c.beta1 = s.beta1;
-  c.beta2 = s.beta2;
-  c.eps = s.eps;
-  c.groups = {{1.0f, s.weight_decay}, {1.0f, 0.0f}};
-  c.max_grad_norm = s.max_grad_norm;
-  c.on_nonfinite = optim::NonFinitePolicy::Skip;
-  c.threads = s.threads;
-  c.master = master;
-  c.sr_seed = s.sr_seed;
-  c.nvme_dir = s.nvme_dir;
-  return c;
-}
-
 DataParallel::DataParallel(const dist::DistEnv& env, const TrainConfig& cfg, const CommunicatorFactory& factory)
     : rank_(env.rank), world_(env.world), scratch_(env.rdzv_dir) {
   LT_CHECK(env.world > 1, "internal: DataParallel for a single rank");

@@ -37,9 +37,6 @@ void check_data_parallel_config(const TrainConfig& cfg, const TrainingPlan& tp, 
 // share of the cores (LT_LOCAL_WORLD_SIZE), so that the ranks do not oversubscribe the CPU.
 TrainConfig with_rank_threads(const TrainConfig& cfg);
 
-// The optimizer configuration of an OptimizerSetup for masters of the given format (as AdamWHook builds it).
-optim::AdamWConfig adamw_config(const OptimizerSetup& s, optim::MasterFormat master);
-
 class DataParallel {
  public:
   // env.world > 1; the communicator from `factory` (TrainHooks::make_communicator; null:
