@@ -207,14 +207,15 @@ PlanOutcome make_plan(const PlanRequest& r) {
     assign_tied_traffic(in, p);
     return p;
   };
-  const bool want_heur = r.compare || is_heuristic(r.planner);
+  // milp also scores all-gpu, one simulation: on a time tie it keeps the host's DRAM free (below).
+  const bool want_heur = r.compare || is_heuristic(r.planner) || r.planner == "milp";
   if (dp.feasible) out.candidates.push_back(score(in, with_tiers(dp.tier), "dp"));
   else out.candidates.push_back({"dp", false, "no feasible plan in the DP's space", meta, {}});
   if (want_heur) {
     std::vector<std::string> names = heuristic_names();
     if (is_heuristic(r.planner) && std::find(names.begin(), names.end(), r.planner) == names.end()) names.push_back(r.planner);
     for (auto& h : names) {
-      if (!r.compare && h != r.planner) continue;
+      if (!r.compare && h != r.planner && !(r.planner == "milp" && h == "all-gpu")) continue;
       out.candidates.push_back(score(in, with_tiers(heuristic_tiers(h, in.L)), h));
     }
   }
@@ -246,10 +247,15 @@ PlanOutcome make_plan(const PlanRequest& r) {
     if (!cd.feasible) continue;
     const bool eligible = r.planner == "milp" ? true : cd.name == r.planner;
     if (!eligible) continue;
-    // Fastest wins; on a tie (within 1e-9 relative) the smaller GPU peak (more headroom).
+    // Fastest wins; on a tie (within 1e-9 relative) the one whose fuller memory (GPU or DRAM, as a share
+    // of its cap) is emptier: checkpoints offloaded for nothing cost host memory (RSS) and PCIe traffic.
     const double tol = 1e-9 * (best ? best->sim.pred.step_s : 0);
+    auto fullest = [&](const Candidate& x) {
+      return std::max(double(x.sim.pred.peak_hbm) / std::max(1.0, in.hbm_cap),
+                      double(x.sim.pred.peak_dram) / std::max(1.0, in.dram_cap));
+    };
     if (!best || cd.sim.pred.step_s < best->sim.pred.step_s - tol ||
-        (cd.sim.pred.step_s <= best->sim.pred.step_s + tol && cd.sim.pred.peak_hbm < best->sim.pred.peak_hbm))
+        (cd.sim.pred.step_s <= best->sim.pred.step_s + tol && fullest(cd) < fullest(*best)))
       best = &cd;
   }
   if (best) {
