@@ -189,9 +189,9 @@ void profile_gpu(ResourceProfile& p, const ModelConfig& c, int64_t batch, int64_
     const int64_t ws = tmp.layer_workspace_bytes(batch * seq);
     const int64_t need = ws + tmp.layout().max_layer_numel() * 6 + 4 * batch * seq * c.hidden * 2 + (int64_t(3) << 30);
     o.gpu_mem_cap = std::min<int64_t>(int64_t(free_b) - (int64_t(256) << 20), need + o.margin);
-    // What the planner must know of this backend: its one workspace buffer (the model's per-kind
-    // estimate was 4.4 GiB short at the Qwen3.6-27B shape, batch 72: 32.1 GiB) and the memory outside
-    // its arena (the context already taken, the margin kept for cuBLAS and modules).
+    // What the planner must know of this backend: its one workspace buffer (32.1 GiB at the Qwen3.6-27B
+    // shape, batch 72, where a plan from the model's per-kind estimate ran 4.4 GiB over the arena) and
+    // the memory outside its arena (the context already taken, the margin kept for cuBLAS and modules).
     p.workspace_bytes = ws;
     p.workspace_tokens = batch * seq;
     p.hbm_reserve = std::max<int64_t>(p.hbm_reserve, int64_t(total_b - free_b) + o.margin);
