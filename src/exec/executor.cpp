@@ -98,6 +98,24 @@ class MicroBatchRun {
     return g;
   }
   OpLabel lab(const char* what, int32_t index) const { return OpLabel{what, cur_w_, index}; }
+  // f(first row, geometry) for each chunk of the micro-batch (ExecPlan::chunk_samples samples).
+  template <typename F>
+  void for_chunks(F&& f) const {
+    for (int64_t s0 = 0; s0 < P.batch; s0 += I.chunk) f(s0 * P.seq, geom(s0, std::min(I.chunk, P.batch - s0)));
+  }
+
+  // ---- the phases of run()
+  void begin();
+  void stage_inputs();
+  void upload_emb();
+  void upload_head();
+  void embed_inputs();
+  void forward_layer(int64_t j);
+  void head();
+  int32_t backward_block(int64_t s, int64_t e, int32_t w);
+  void enter_block_window(int64_t s, int32_t w, bool& reloaded);
+  void backward_layer(int64_t j);
+  void finish_embedding(int32_t w);
 
   void wait_update(int64_t unit) {
     if (!hook_ || waited_[size_t(unit)]) return;
@@ -403,9 +421,24 @@ class MicroBatchRun {
   }
 };
 
+// One micro-batch: inputs, the forward windows, the head, the backward blocks in reverse, the embedding's
+// gradient (docs/executor.md, "Windows").
 void MicroBatchRun::run() {
-  const int64_t L = I.L, T = I.T, H = I.c.hidden;
-  const auto& lay = be.layout();
+  begin();
+  stage_inputs();
+  if (P.embedding_resident && mbi_ == 0) upload_emb();
+  if (P.head_resident && mbi_ == 0) upload_head();
+  for (int64_t j = 0; j < I.L; ++j) forward_layer(j);
+  t_forward_end = now_seconds();
+  head();
+  if (!train_) return;
+  int32_t w = int32_t(I.L) + 1;
+  for (size_t b = I.ck.size() - 1; b >= 1; --b) w = backward_block(I.ck[b - 1], I.ck[b], w);
+  finish_embedding(w - 1);
+}
+
+void MicroBatchRun::begin() {
+  const int64_t L = I.L;
   rs_ = train_ ? &I.ring_sched : &I.eval_sched;
   const int64_t nuse = int64_t(rs_->layer.size());
   use_done_.assign(size_t(nuse), nullptr);
@@ -416,27 +449,22 @@ void MicroBatchRun::run() {
   wslot_owner_.assign(I.wstage.size(), -1);
   rslot_owner_.assign(I.rstage.size(), -1);
   rslot_free_ev_.assign(I.rstage.size(), nullptr);
-  if (train_)
-    for (int64_t i = 0; i < L; ++i)
-      if (offloaded(i)) {
-        auto& t = trip_[size_t(i)];
-        const auto& tr = I.traffic[size_t(i)];
-        t.d2h_r = share_ranges(tr.d2h, I.Apad);
-        t.h2d_r = share_ranges(tr.h2d, I.Apad);
-        t.wr_r = share_ranges(tr.nvme_write, I.Apad);
-        t.rd_r = share_ranges(tr.nvme_read, I.Apad);
-      }
-  const int64_t nchunks = (P.batch + I.chunk - 1) / I.chunk;
-  auto for_chunks = [&](auto&& f) {
-    for (int64_t k = 0; k < nchunks; ++k) {
-      const int64_t s0 = k * I.chunk, ns = std::min(I.chunk, P.batch - s0);
-      f(s0 * P.seq, geom(s0, ns));
+  if (!train_) return;
+  for (int64_t i = 0; i < L; ++i)
+    if (offloaded(i)) {
+      auto& t = trip_[size_t(i)];
+      const auto& tr = I.traffic[size_t(i)];
+      t.d2h_r = share_ranges(tr.d2h, I.Apad);
+      t.h2d_r = share_ranges(tr.h2d, I.Apad);
+      t.wr_r = share_ranges(tr.nvme_write, I.Apad);
+      t.rd_r = share_ranges(tr.nvme_read, I.Apad);
     }
-  };
+}
 
-  // ---- inputs (window 0)
+// Window 0: token ids, targets, positions and segments up; the loss accumulators zeroed per step.
+void MicroBatchRun::stage_inputs() {
   cur_w_ = 0;
-  const int64_t ib = T * 4;
+  const int64_t T = I.T, ib = T * 4;
   std::memcpy(I.p_ids.data(), mb_.ids, size_t(ib));
   if (mb_.targets) std::memcpy(I.p_tgt.data(), mb_.targets, size_t(ib));
   else std::fill_n(I.p_tgt.as<int32_t>(), T, cpu::kIgnoreIndex);
@@ -448,67 +476,72 @@ void MicroBatchRun::run() {
   if (mb_.segments) be.copy(Lane::H2D, I.d_seg.data(), I.p_seg.data(), ib, lab("inputs.h2d", -1));
   be.wait(Lane::Compute, be.record(Lane::H2D));
   if (mbi_ == 0) be.fill_zero(Lane::Compute, I.d_scal.data(), I.d_scal.bytes(), lab("scalars.zero", -1));
+}
 
-  // Embedding and head weights: uploaded once per step (head in F_{L-1} when not resident; a tied,
-  // non-resident embedding at the start of the forward, below).
-  auto upload_emb = [&] {
+// Embedding and head weights: uploaded once per step (head in F_{L-1} when not resident; a tied,
+// non-resident embedding at the start of the forward, embed_inputs).
+void MicroBatchRun::upload_emb() {
+  wait_update(0);
+  be.copy(Lane::H2D, I.emb_w.data(), I.st.stream(0), I.emb_w.bytes(), lab("w.h2d", 0));
+  emb_ready_ = be.record(Lane::H2D);
+}
+void MicroBatchRun::upload_head() {
+  wait_update(I.L + 1);
+  be.copy(Lane::H2D, I.head_w.data(), I.st.stream(I.L + 1), I.head_w.bytes(), lab("w.h2d", int32_t(I.L + 1)));
+  head_ready_ = be.record(Lane::H2D);
+}
+
+// Boundary 0 in window 0: the lookup on the device (resident or tied embedding), or on the host from
+// the streaming copy and then uploaded.
+void MicroBatchRun::embed_inputs() {
+  xbuf_[0] = I.pool->acquire(Lane::Compute);
+  if (I.emb_on_device) {
+    // A non-resident tied embedding is uploaded once per step, here, and looked up on the GPU; its
+    // backward also runs there (B_0). The host gather this replaces took ~74 ms per micro-batch on
+    // Qwen2.5-3B (32K random 4 KiB rows) against ~12 ms of upload.
+    if (!P.embedding_resident && mbi_ == 0) upload_emb();
+    be.wait(Lane::Compute, emb_ready_);
+    be.embed_forward(I.emb_w.data(), I.d_ids.as<int32_t>(), I.T, X(xbuf_[0]), lab("embed.fwd", 0));
+  } else {
     wait_update(0);
-    be.copy(Lane::H2D, I.emb_w.data(), I.st.stream(0), I.emb_w.bytes(), lab("w.h2d", 0));
-    emb_ready_ = be.record(Lane::H2D);
-  };
-  auto upload_head = [&] {
-    wait_update(L + 1);
-    be.copy(Lane::H2D, I.head_w.data(), I.st.stream(L + 1), I.head_w.bytes(), lab("w.h2d", int32_t(L + 1)));
-    head_ready_ = be.record(Lane::H2D);
-  };
-  if (P.embedding_resident && mbi_ == 0) upload_emb();
-  if (P.head_resident && mbi_ == 0) upload_head();
-
-  // ---- forward
-  for (int64_t j = 0; j < L; ++j) {
-    cur_w_ = int32_t(j);
-    issue_window_transfers(cur_w_);
-    if (j == L - 1 && !P.head_resident && mbi_ == 0) upload_head();
-    if (j == 0) {
-      xbuf_[0] = I.pool->acquire(Lane::Compute);
-      if (I.emb_on_device) {
-        // Resident, or tied (embedding_on_device): a non-resident tied embedding is uploaded once per step,
-        // here, and looked up on the GPU; its backward also runs there (B_0). The host gather this replaces
-        // took ~74 ms per micro-batch on Qwen2.5-3B (32K random 4 KiB rows) against ~12 ms of upload.
-        if (!P.embedding_resident && mbi_ == 0) upload_emb();
-        be.wait(Lane::Compute, emb_ready_);
-        be.embed_forward(I.emb_w.data(), I.d_ids.as<int32_t>(), T, X(xbuf_[0]), lab("embed.fwd", 0));
-      } else {  // lookup on the host from the streaming copy, then upload boundary 0
-        wait_update(0);
-        const char* E = static_cast<const char*>(I.st.stream(0));
-        const int64_t rowb = H * int64_t(I.act_sz);
-        gather_rows(I.p_x0.as<char>(), E, mb_.ids, T, rowb);
-        be.wait(Lane::H2D, be.record(Lane::Compute));  // xbuf_[0]'s previous readers (acquire made compute wait)
-        be.copy(Lane::H2D, X(xbuf_[0]), I.p_x0.data(), I.A, lab("x0.h2d", 0));
-        be.wait(Lane::Compute, be.record(Lane::H2D));
-      }
-      produced_[0] = be.record(Lane::Compute);
-      issue_window_transfers(cur_w_);  // boundary 0's own transfers in window 0
-    }
-    const void* w = weights_for_use();
-    const int y = I.pool->acquire(Lane::Compute);
-    for_chunks([&](int64_t r0, const DevGeometry& g) {
-      be.layer_forward(j, w, g, row(X(xbuf_[size_t(j)]), r0), row(X(y), r0), lab("fwd", int32_t(j)));
-    });
-    end_use();
-    const Event ev = use_done_[size_t(use_ - 1)];
-    xbuf_[size_t(j + 1)] = y;
-    produced_[size_t(j + 1)] = ev;
-    // Boundary j: dropped (none, or eval), kept (gpu), or returned once offloaded (cpu/nvme).
-    if (!train_ || P.tier[size_t(j)] == CkptTier::None) {
-      I.pool->release(xbuf_[size_t(j)], {ev});
-      xbuf_[size_t(j)] = -1;
-    }
-    release_offloaded(cur_w_, ev);
+    const char* E = static_cast<const char*>(I.st.stream(0));
+    const int64_t rowb = I.c.hidden * int64_t(I.act_sz);
+    gather_rows(I.p_x0.as<char>(), E, mb_.ids, I.T, rowb);
+    be.wait(Lane::H2D, be.record(Lane::Compute));  // xbuf_[0]'s previous readers (acquire made compute wait)
+    be.copy(Lane::H2D, X(xbuf_[0]), I.p_x0.data(), I.A, lab("x0.h2d", 0));
+    be.wait(Lane::Compute, be.record(Lane::H2D));
   }
-  t_forward_end = now_seconds();
+  produced_[0] = be.record(Lane::Compute);
+  issue_window_transfers(cur_w_);  // boundary 0's own transfers in window 0
+}
 
-  // ---- head (window L)
+// Window j of the forward: layer j, then boundary j dropped (none, or eval), kept (gpu), or returned
+// once offloaded (cpu/nvme).
+void MicroBatchRun::forward_layer(int64_t j) {
+  cur_w_ = int32_t(j);
+  issue_window_transfers(cur_w_);
+  if (j == I.L - 1 && !P.head_resident && mbi_ == 0) upload_head();
+  if (j == 0) embed_inputs();
+  const void* w = weights_for_use();
+  const int y = I.pool->acquire(Lane::Compute);
+  for_chunks([&](int64_t r0, const DevGeometry& g) {
+    be.layer_forward(j, w, g, row(X(xbuf_[size_t(j)]), r0), row(X(y), r0), lab("fwd", int32_t(j)));
+  });
+  end_use();
+  const Event ev = use_done_[size_t(use_ - 1)];
+  xbuf_[size_t(j + 1)] = y;
+  produced_[size_t(j + 1)] = ev;
+  if (!train_ || P.tier[size_t(j)] == CkptTier::None) {
+    I.pool->release(xbuf_[size_t(j)], {ev});
+    xbuf_[size_t(j)] = -1;
+  }
+  release_offloaded(cur_w_, ev);
+}
+
+// Window L: final norm, LM head and loss; in training the head's gradient and dY of the last layer.
+void MicroBatchRun::head() {
+  const int64_t L = I.L;
+  const auto& lay = be.layout();
   cur_w_ = int32_t(L);
   issue_window_transfers(cur_w_);
   be.wait(Lane::Compute, head_ready_);
@@ -535,75 +568,80 @@ void MicroBatchRun::run() {
                  train_ ? row(X(dy_), r0) : nullptr, train_ ? I.head_grad : nullptr, train_ ? d_lm_w : nullptr,
                  I.d_scal.as<double>(), lab("head", -1));
   });
-  {
-    const Event ev = be.record(Lane::Compute);
-    I.pool->release(xbuf_[size_t(L)], {ev});
-    xbuf_[size_t(L)] = -1;
-    release_offloaded(cur_w_, ev);
-  }
+  const Event ev = be.record(Lane::Compute);
+  I.pool->release(xbuf_[size_t(L)], {ev});
+  xbuf_[size_t(L)] = -1;
+  release_offloaded(cur_w_, ev);
   if (train_) grad_done(L + 1, I.head_grad, lay.head().numel);
-  if (!train_) return;
+}
 
-  // ---- backward, block by block in reverse
-  int32_t w = int32_t(L) + 1;
-  for (size_t b = I.ck.size() - 1; b >= 1; --b) {
-    const int64_t s = I.ck[b - 1], e = I.ck[b];
-    // Recompute inner boundaries s+1 .. e-1.
-    bool first = true;
-    auto block_start = [&] {
-      if (!first) return;
-      first = false;
-      if (offloaded(s)) {
-        auto& t = trip_[size_t(s)];
-        while (t.h2d_next < t.h2d_r.size()) issue_h2d(s);  // late plan: issue what is missing now
-        be.wait(Lane::Compute, t.h2d_last);
-      }
-    };
-    for (int64_t j = s; j <= e - 2; ++j, ++w) {
-      cur_w_ = w;
-      issue_window_transfers(w);
-      block_start();
-      const void* wt = weights_for_use();
-      const int y = I.pool->acquire(Lane::Compute);
-      for_chunks([&](int64_t r0, const DevGeometry& g) {
-        be.layer_forward(j, wt, g, row(X(xbuf_[size_t(j)]), r0), row(X(y), r0), lab("recompute", int32_t(j)));
-      });
-      end_use();
-      xbuf_[size_t(j + 1)] = y;
-    }
-    for (int64_t j = e - 1; j >= s; --j, ++w) {
-      cur_w_ = w;
-      issue_window_transfers(w);
-      block_start();
-      const void* wt = weights_for_use();
-      const int k = gslot_next_++ % 2;
-      void* dw = I.held_direct ? I.dgrads->buffer(j + 1) : I.gslot[k].data();
-      be.wait(Lane::Compute, gslot_free_[k]);
-      zero_grad(j + 1, dw, lay.layer(j).numel * int64_t(I.g_sz), I.held_direct);
-      const int dx = I.pool->acquire(Lane::Compute);
-      for_chunks([&](int64_t r0, const DevGeometry& g) {
-        be.layer_backward(j, wt, g, row(X(xbuf_[size_t(j)]), r0), row(X(dy_), r0), row(X(dx), r0), dw,
-                          lab("bwd", int32_t(j)));
-      });
-      if (j == 0 && I.emb_on_device && !I.c.tied)
-        zero_grad(0, I.emb_grad, lay.embedding().numel * int64_t(I.g_sz), I.held_direct);
-      if (j == 0 && I.emb_on_device)
-        be.embed_backward(I.d_ids.as<int32_t>(), T, X(dx), I.emb_grad, lab("embed.bwd", 0));
-      end_use();
-      const Event ev = use_done_[size_t(use_ - 1)];
-      I.pool->release(xbuf_[size_t(j)], {ev});
-      xbuf_[size_t(j)] = -1;
-      I.pool->release(dy_, {ev});
-      dy_ = dx;
-      grad_done(j + 1, dw, lay.layer(j).numel);
-      gslot_free_[k] = last_grad_d2h_;
-    }
+// Block [s, e) of the backward, from window w: its inner boundaries s+1 .. e-1 recomputed, then its
+// layers' backward in reverse. Returns the next window.
+int32_t MicroBatchRun::backward_block(int64_t s, int64_t e, int32_t w) {
+  bool reloaded = false;
+  for (int64_t j = s; j <= e - 2; ++j, ++w) {
+    enter_block_window(s, w, reloaded);
+    const void* wt = weights_for_use();
+    const int y = I.pool->acquire(Lane::Compute);
+    for_chunks([&](int64_t r0, const DevGeometry& g) {
+      be.layer_forward(j, wt, g, row(X(xbuf_[size_t(j)]), r0), row(X(y), r0), lab("recompute", int32_t(j)));
+    });
+    end_use();
+    xbuf_[size_t(j + 1)] = y;
   }
-  // Embedding gradient: on the device (resident or tied), else finished on the host from dx0
-  // (Executor::train_step).
-  cur_w_ = w - 1;
+  for (int64_t j = e - 1; j >= s; --j, ++w) {
+    enter_block_window(s, w, reloaded);
+    backward_layer(j);
+  }
+  return w;
+}
+
+// Window w of block s: its transfers, and at the block's first window its input boundary back on the
+// device (a late plan issues what is still missing of its reload now).
+void MicroBatchRun::enter_block_window(int64_t s, int32_t w, bool& reloaded) {
+  cur_w_ = w;
+  issue_window_transfers(w);
+  if (reloaded) return;
+  reloaded = true;
+  if (!offloaded(s)) return;
+  auto& t = trip_[size_t(s)];
+  while (t.h2d_next < t.h2d_r.size()) issue_h2d(s);
+  be.wait(Lane::Compute, t.h2d_last);
+}
+
+// Layer j's backward into a gradient slot (or its held buffer); layer 0 also runs the embedding's
+// backward when the table is on the device.
+void MicroBatchRun::backward_layer(int64_t j) {
+  const auto& lay = be.layout();
+  const void* wt = weights_for_use();
+  const int k = gslot_next_++ % 2;
+  void* dw = I.held_direct ? I.dgrads->buffer(j + 1) : I.gslot[k].data();
+  be.wait(Lane::Compute, gslot_free_[k]);
+  zero_grad(j + 1, dw, lay.layer(j).numel * int64_t(I.g_sz), I.held_direct);
+  const int dx = I.pool->acquire(Lane::Compute);
+  for_chunks([&](int64_t r0, const DevGeometry& g) {
+    be.layer_backward(j, wt, g, row(X(xbuf_[size_t(j)]), r0), row(X(dy_), r0), row(X(dx), r0), dw,
+                      lab("bwd", int32_t(j)));
+  });
+  if (j == 0 && I.emb_on_device && !I.c.tied)
+    zero_grad(0, I.emb_grad, lay.embedding().numel * int64_t(I.g_sz), I.held_direct);
+  if (j == 0 && I.emb_on_device) be.embed_backward(I.d_ids.as<int32_t>(), I.T, X(dx), I.emb_grad, lab("embed.bwd", 0));
+  end_use();
+  const Event ev = use_done_[size_t(use_ - 1)];
+  I.pool->release(xbuf_[size_t(j)], {ev});
+  xbuf_[size_t(j)] = -1;
+  I.pool->release(dy_, {ev});
+  dy_ = dx;
+  grad_done(j + 1, dw, lay.layer(j).numel);
+  gslot_free_[k] = last_grad_d2h_;
+}
+
+// The embedding's gradient: on the device (resident or tied), else finished on the host from dx0
+// (Executor::train_step).
+void MicroBatchRun::finish_embedding(int32_t w) {
+  cur_w_ = w;
   if (I.emb_on_device) {
-    grad_done(0, I.emb_grad, lay.embedding().numel);
+    grad_done(0, I.emb_grad, be.layout().embedding().numel);
   } else {
     be.wait(Lane::D2H, be.record(Lane::Compute));
     be.copy(Lane::D2H, I.p_dx0.data(), X(dy_), I.A, lab("dx0.d2h", 0));
