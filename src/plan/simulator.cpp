@@ -101,14 +101,22 @@ std::string slot_name(const Instance& in, int w) {
   return n;
 }
 
-SimResult simulate(const Instance& in, const Plan& p, bool record_ops) {
-  validate_plan(p);
-  SimResult R;
-  const int L = in.L, S = in.slots();
-  R.slots = plan_slot_traffic(in, p);
-  const auto ws = window_slots(in, p);
+namespace {
 
-  // ---- time
+// Exposed time ex of a slot with traffic x, charged to its slowest lane (PCIe: the direction with more
+// bytes per bandwidth; else NVMe).
+void charge_exposure(const Instance& in, const SlotTraffic& x, double ex, double& h2d, double& d2h, double& nvme) {
+  if (ex <= 0) return;
+  const double tp = in.pcie(x.h, x.d), tr = x.r / in.bnr, tw = x.w / in.bnw;
+  if (tp >= tr && tp >= tw) (x.h / in.bh >= x.d / in.bd ? h2d : d2h) += ex;
+  else nvme += ex;
+}
+
+// The step's timeline: prologue, the slots in order (each waits for its layer's optimizer update), the
+// epilogue, later micro-batches, the last update. Fills R.pred's times, R.slot_start / slot_time,
+// R.step_no_opt_s and (record_ops) R.ops.
+void simulate_time(const Instance& in, bool record_ops, SimResult& R) {
+  const int L = in.L, S = in.slots();
   const auto O = in.opt_done();  // O[j] layer j, O[L] head, O[L+1] embedding
   auto& pr = R.pred;
   auto op = [&](SimLane l, double a, double b, std::string lab, bool ex = false, int kind = -1) {
@@ -135,36 +143,28 @@ SimResult simulate(const Instance& in, const Plan& p, bool record_ops) {
   R.slot_time.resize(size_t(S));
   for (int w = 0; w < S; ++w) {
     const auto& x = R.slots[size_t(w)];
-    double wait = 0;
-    if (w < L) wait = O[size_t(w + 1 <= L - 1 ? w + 1 : L)];
-    double start = std::max(t, wait);
+    const double wait = w < L ? O[size_t(w + 1 <= L - 1 ? w + 1 : L)] : 0.0;
+    const double start = std::max(t, wait);
     if (start > t) {
       op(SimLane::Compute, t, start, "wait optimizer", true);
       pr.exposed_optimizer_s += start - t;
     }
-    const double tp = in.pcie(x.h, x.d), tr = x.r / in.bnr, tw = x.w / in.bnw;
     const double T = in.slot_time(x.C, x.h, x.d, x.r, x.w);
     R.slot_start[size_t(w)] = start;
     R.slot_time[size_t(w)] = T;
-    const double ex = T - x.C;
-    if (ex > 0) {
-      if (tp >= tr && tp >= tw) {
-        (x.h / in.bh >= x.d / in.bd ? pr.exposed_h2d_s : pr.exposed_d2h_s) += ex;
-      } else {
-        pr.exposed_nvme_s += ex;
-      }
-    }
+    charge_exposure(in, x, T - x.C, pr.exposed_h2d_s, pr.exposed_d2h_s, pr.exposed_nvme_s);
     pr.compute_s += x.C - x.recompute;
     pr.recompute_s += x.recompute;
     if (record_ops) {
+      const double tp = in.pcie(x.h, x.d);
       std::string name = slot_name(in, w);
       if (x.recompute > 0) name += "+R";
       op(SimLane::Compute, start, start + x.C, name, false, w == L ? -1 : int(in.kind_of(w < L ? w : 2 * L - w)));
       op(SimLane::Compute, start + x.C, start + T, name + " stall", true);
       op(SimLane::H2D, start, start + (x.h > 0 ? tp : 0), name);
       op(SimLane::D2H, start, start + (x.d > 0 ? tp : 0), name);
-      op(SimLane::NvmeRead, start, start + tr, name);
-      op(SimLane::NvmeWrite, start, start + tw, name);
+      op(SimLane::NvmeRead, start, start + x.r / in.bnr, name);
+      op(SimLane::NvmeWrite, start, start + x.w / in.bnw, name);
     }
     t = start + T;
     t_no_opt += T;
@@ -182,14 +182,8 @@ SimResult simulate(const Instance& in, const Plan& p, bool record_ops) {
     pr.compute_s *= double(in.micro_batches);
     pr.recompute_s *= double(in.micro_batches);
     double ex_h = 0, ex_d = 0, ex_n = 0;
-    for (int w = 0; w < S; ++w) {
-      const auto& x = R.slots[size_t(w)];
-      const double ex = R.slot_time[size_t(w)] - x.C;
-      if (ex <= 0) continue;
-      const double tp = in.pcie(x.h, x.d), tr = x.r / in.bnr, tw = x.w / in.bnw;
-      if (tp >= tr && tp >= tw) (x.h / in.bh >= x.d / in.bd ? ex_h : ex_d) += ex;
-      else ex_n += ex;
-    }
+    for (int w = 0; w < S; ++w)
+      charge_exposure(in, R.slots[size_t(w)], R.slot_time[size_t(w)] - R.slots[size_t(w)].C, ex_h, ex_d, ex_n);
     pr.exposed_h2d_s += k * (ex_h + pro);
     pr.exposed_d2h_s += k * (ex_d + epi);
     pr.exposed_nvme_s += k * ex_n;
@@ -201,36 +195,42 @@ SimResult simulate(const Instance& in, const Plan& p, bool record_ops) {
   }
   pr.step_s = t;
   R.step_no_opt_s = t_no_opt;
+}
 
-  // Per plan window figures: transfers at the slot's first window, exposure too.
-  {
-    std::vector<int> first_of_slot(size_t(S), -1);
-    for (size_t k = 0; k < ws.size(); ++k)
-      if (first_of_slot[size_t(ws[k])] < 0) first_of_slot[size_t(ws[k])] = int(k);
-    auto wins = plan_windows(p);
-    pr.windows.assign(wins.size(), {});
-    for (size_t k = 0; k < wins.size(); ++k) {
-      auto& wp = pr.windows[k];
-      const int sl = ws[k];
-      const auto& x = R.slots[size_t(sl)];
-      const auto& wi = wins[k];
-      wp.compute = wi.kind == PlanWindowKind::Forward || wi.kind == PlanWindowKind::Recompute ? in.rho[size_t(wi.layer)]
-                   : wi.kind == PlanWindowKind::Head                                          ? in.head_s
-                                                                                              : in.beta[size_t(wi.layer)];
-      if (first_of_slot[size_t(sl)] == int(k)) {
-        const double tp = in.pcie(x.h, x.d);
-        wp.h2d = x.h > 0 ? tp : 0;
-        wp.d2h = x.d > 0 ? tp : 0;
-        wp.nvme_read = x.r / in.bnr;
-        wp.nvme_write = x.w / in.bnw;
-        const double prev_end = sl == 0 ? O[0] + pro : R.slot_start[size_t(sl - 1)] + R.slot_time[size_t(sl - 1)];
-        wp.exposed = (R.slot_start[size_t(sl)] - prev_end) + (R.slot_time[size_t(sl)] - x.C);
-      }
-    }
+// Per plan window figures: its compute, and its slot's transfers and exposure at the slot's first window.
+void window_figures(const Instance& in, const Plan& p, const std::vector<int>& ws, SimResult& R) {
+  const int S = in.slots();
+  const double first_start = in.opt_done()[0] + in.prologue();
+  std::vector<int> first_of_slot(size_t(S), -1);
+  for (size_t k = 0; k < ws.size(); ++k)
+    if (first_of_slot[size_t(ws[k])] < 0) first_of_slot[size_t(ws[k])] = int(k);
+  auto wins = plan_windows(p);
+  auto& pr = R.pred;
+  pr.windows.assign(wins.size(), {});
+  for (size_t k = 0; k < wins.size(); ++k) {
+    auto& wp = pr.windows[k];
+    const int sl = ws[k];
+    const auto& x = R.slots[size_t(sl)];
+    const auto& wi = wins[k];
+    wp.compute = wi.kind == PlanWindowKind::Forward || wi.kind == PlanWindowKind::Recompute ? in.rho[size_t(wi.layer)]
+                 : wi.kind == PlanWindowKind::Head                                          ? in.head_s
+                                                                                            : in.beta[size_t(wi.layer)];
+    if (first_of_slot[size_t(sl)] != int(k)) continue;
+    const double tp = in.pcie(x.h, x.d);
+    wp.h2d = x.h > 0 ? tp : 0;
+    wp.d2h = x.d > 0 ? tp : 0;
+    wp.nvme_read = x.r / in.bnr;
+    wp.nvme_write = x.w / in.bnw;
+    const double prev_end = sl == 0 ? first_start : R.slot_start[size_t(sl - 1)] + R.slot_time[size_t(sl - 1)];
+    wp.exposed = (R.slot_start[size_t(sl)] - prev_end) + (R.slot_time[size_t(sl)] - x.C);
   }
+}
 
-  // ---- memory
-  const int nb = L + 1;
+// GPU memory per slot (the fixed state, the ring, the boundaries present, the slot's working set),
+// DRAM and NVMe, and whether they fit their caps.
+void simulate_memory(const Instance& in, const Plan& p, const std::vector<int>& ws, SimResult& R) {
+  const int L = in.L, S = in.slots(), nb = L + 1;
+  auto& pr = R.pred;
   std::vector<std::vector<double>> dcum(static_cast<size_t>(nb)), hcum(static_cast<size_t>(nb));  // cumulative fraction by slot (inclusive)
   for (auto& tr : p.traffic) {
     auto& dc = dcum[size_t(tr.boundary)];
@@ -289,6 +289,18 @@ SimResult simulate(const Instance& in, const Plan& p, bool record_ops) {
   if (peak > in.hbm_cap + 0.5) short_by("gpu", peak, in.hbm_cap);
   else if (R.dram > in.dram_cap + 0.5) short_by("dram", R.dram, in.dram_cap);
   else if (R.nvme > in.nvme_cap + 0.5) short_by("nvme", R.nvme, in.nvme_cap);
+}
+
+}  // namespace
+
+SimResult simulate(const Instance& in, const Plan& p, bool record_ops) {
+  validate_plan(p);
+  SimResult R;
+  R.slots = plan_slot_traffic(in, p);
+  const auto ws = window_slots(in, p);
+  simulate_time(in, record_ops, R);
+  window_figures(in, p, ws, R);
+  simulate_memory(in, p, ws, R);
   return R;
 }
 
