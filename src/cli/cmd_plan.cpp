@@ -7,21 +7,45 @@
 #include "core/model_state.h"
 #include "plan/heuristics.h"
 #include "core/units.h"
+#include "dist/rank_plan.h"
+#include "model/accounting.h"
 #include "model/model_config.h"
 #include "plan/planner.h"
 #include "plan/report.h"
 
 namespace lt::cli {
 
+namespace {
+
+struct PlanOpts {
+  std::string model, batch = "1", profile = "h800-80g", planner = "milp", optimizer = "hybrid";
+  std::string gpu_mem, host_mem, nvme_mem, out, svg, master, grads = "auto", grad_dtype = "auto", optimizer_nvme = "none";
+  int64_t seq = 1024, chunk = 0;
+  int ring = 2, micro = 1;
+  int world = 1, ranks_per_host = -1;  // -1: world
+  double time_limit = 30, gap = 0.005, link_gbps = 0;
+  bool no_compare = false, verbose = false;
+};
+
+// --world-size / --ranks-per-host / --link-gbps as a topology; a clear error naming the option.
+dist::Topology topology(const PlanOpts& o) {
+  LT_CHECK(o.world >= 1, "--world-size must be >= 1, got {}", o.world);
+  const int k = o.ranks_per_host == -1 ? o.world : o.ranks_per_host;
+  LT_CHECK(k >= 1 && k <= o.world, "--ranks-per-host must be in [1, --world-size {}], got {}", o.world, o.ranks_per_host);
+  LT_CHECK(o.world % k == 0, "--ranks-per-host {} must divide --world-size {} (every host runs as many ranks)", k,
+           o.world);
+  LT_CHECK(o.link_gbps >= 0, "--link-gbps must be >= 0, got {}", o.link_gbps);
+  dist::Topology t;
+  t.world = o.world;
+  t.ranks_per_host = k;
+  t.link_bw = o.link_gbps * 1e9;
+  return t;
+}
+
+}  // namespace
+
 void add_plan(CLI::App& app) {
-  struct Opts {
-    std::string model, batch = "1", profile = "h800-80g", planner = "milp", optimizer = "hybrid";
-    std::string gpu_mem, host_mem, nvme_mem, out, svg, master, grads = "auto", grad_dtype = "auto", optimizer_nvme = "none";
-    int64_t seq = 1024, chunk = 0;
-    int ring = 2, micro = 1;
-    double time_limit = 30, gap = 0.005;
-    bool no_compare = false, verbose = false;
-  };
+  using Opts = PlanOpts;
   auto o = std::make_shared<Opts>();
   auto* sub = app.add_subcommand("plan", "Solve the activation checkpoint / offload / recompute schedule (MILP, DP, heuristics)");
   sub->add_option("--model", o->model, "model preset (e.g. qwen2.5-7b) or directory with config.json")->required();
@@ -53,6 +77,15 @@ void add_plan(CLI::App& app) {
   sub->add_option("--gap", o->gap, "MILP relative gap to stop at")->capture_default_str();
   sub->add_option("-o,--output", o->out, "write the plan JSON here");
   sub->add_option("--svg", o->svg, "write the simulated timeline SVG here");
+  sub->add_option("--world-size", o->world,
+                  "data-parallel ranks in all: plan one rank (its share of the host, the collectives on its PCIe "
+                  "lanes); --host-mem is then the host's budget")
+      ->capture_default_str();
+  sub->add_option("--ranks-per-host", o->ranks_per_host, "ranks sharing one host's DRAM and CPU (default: --world-size)");
+  sub->add_option("--link-gbps", o->link_gbps,
+                  "GPU-GPU link bandwidth per direction in GB/s (NVLink; default 0: through PCIe), for the reported "
+                  "link time")
+      ->capture_default_str();
   sub->add_flag("--no-compare", o->no_compare, "do not score the heuristics side by side");
   sub->add_flag("--verbose", o->verbose, "CBC log");
   sub->callback([o] {
@@ -67,6 +100,8 @@ void add_plan(CLI::App& app) {
     }
     if (!o->host_mem.empty()) r.profile.dram_bytes = parse_bytes(o->host_mem);
     if (!o->nvme_mem.empty()) r.profile.nvme_bytes = parse_bytes(o->nvme_mem);
+    const dist::Topology topo = topology(*o);
+    dist::plan_for_rank(r, topo);
     r.planner = canonical_planner(o->planner);
     r.optimizer = o->optimizer;
     if (o->master == "auto") r.allow_bf16_master = true;
@@ -103,6 +138,12 @@ void add_plan(CLI::App& app) {
     }
     auto out = make_plan(r);
     std::fputs(plan_report(r, out).c_str(), stdout);
+    if (r.world > 1) {
+      std::fputs(dist::rank_memory_line(r, out).c_str(), stdout);
+      const auto c = dist::step_collectives(parameter_count(r.model), topo, r.profile, dist::CollectivePath::HostStaged);
+      std::printf("  GPU-GPU link: %s per rank and step (%.1f ms at %s)\n", format_bytes(c.link).c_str(), c.link_s * 1e3,
+                  topo.link_bw > 0 ? fmt::format("{:g} GB/s", o->link_gbps).c_str() : "the PCIe H2D rate");
+    }
     if (!out.feasible) fail("{}", out.why);
     if (!o->out.empty()) {
       save_plan(out.plan, o->out);

@@ -78,6 +78,11 @@ struct StatePlacement {
   // The optimizer moments of the last nvme_layers decoder layers live in files on the NVMe tier
   // (optim/nvme_moments.h), staged through DRAM slots; 0 = every moment in DRAM.
   int64_t nvme_layers = 0;
+  // Data parallelism (docs/distributed.md, "Planner"): the optimizer moments are sharded over
+  // moment_shards ranks (each holds 1/moment_shards of them), and the master is a full fp32 array
+  // beside the bf16 streaming copy (6 B/param instead of the split 4 B) when fp32_master_array.
+  int moment_shards = 1;
+  bool fp32_master_array = false;
 };
 
 }  // namespace lt

@@ -35,8 +35,12 @@ CollectiveBytes step_collectives(int64_t params, const Topology& t, const Resour
     // reduce-scatter of the fp32 host gradient: H2D all of it, D2H the own range;
     // all-gather of the bf16 streaming copy: H2D the own range, D2H all of it (fp32 masters are
     // gathered only for checkpoints, not counted per step).
-    c.h2d = 4 * P + 2 * P / W;
-    c.d2h = 4 * P / W + 2 * P;
+    c.lanes.grad_h2d = 4 * P;
+    c.lanes.grad_d2h = 4 * P / W;
+    c.lanes.weight_h2d = 2 * P / W;
+    c.lanes.weight_d2h = 2 * P;
+    c.h2d = c.lanes.h2d();
+    c.d2h = c.lanes.d2h();
     c.link = 4 * P * ring + 2 * P * ring;
   } else {
     // Gradient reduce-scattered on the GPU before the offload (D2H only the own range); weights: H2D the

@@ -10,6 +10,7 @@
 #pragma once
 #include <cstdint>
 
+#include "plan/collectives.h"
 #include "plan/profile.h"
 
 namespace lt::dist {
@@ -30,6 +31,9 @@ struct CollectiveBytes {
   double link = 0;            // bytes each GPU sends (= receives) over the GPU-GPU link per step
   double link_s = 0;          // link / link_bw (or / PCIe when link_bw = 0)
   double pcie_saved = 0;      // DeviceSide: single-GPU weight H2D + gradient D2H bytes no longer sent
+  // HostStaged: h2d and d2h split by collective (gradient reduce-scatter, weight all-gather), as the
+  // planner puts them on the lanes (PlanRequest::collectives).
+  StepCollectives lanes;
 };
 // params: all parameters (fp32 master count); grad_bytes: 4 (fp32 gradients) or 2 (bf16).
 CollectiveBytes step_collectives(int64_t params, const Topology& t, const ResourceProfile& p, CollectivePath path,

@@ -43,9 +43,11 @@ std::vector<Change> mode_changes(const PlanRequest& r) {
     v.push_back({label, q});
     labels.push_back(label);
   };
-  if (r.grads == GradHome::Host) add("gradients: device", [](PlanRequest& q) { q.grads = GradHome::Device; });
+  // Data parallelism runs host gradients and fp32 masters only (placement.h).
+  const bool dp = r.world > 1;
+  if (r.grads == GradHome::Host && !dp) add("gradients: device", [](PlanRequest& q) { q.grads = GradHome::Device; });
   if (r.optimizer == "adamw") add("optimizer: hybrid", [](PlanRequest& q) { q.optimizer = "hybrid"; });
-  if (r.master != MasterMode::Bf16Sr && !(!r.master && r.allow_bf16_master))
+  if (!dp && r.master != MasterMode::Bf16Sr && !(!r.master && r.allow_bf16_master))
     add("master_weights: bf16-sr", [](PlanRequest& q) { q.master = MasterMode::Bf16Sr; });
   if (labels.size() >= 2) v.push_back({fmt::format("{}", fmt::join(labels, ", ")), all});
   return v;
@@ -70,7 +72,11 @@ bool host_mem_change(const PlanRequest& r, Change& out) {
     const int64_t mid = (lo + hi) / 2;
     (fits(at(mid)) ? hi : lo) = mid;
   }
-  out = {fmt::format("host_mem >= {} GiB", hi), at(hi)};
+  // Data parallelism: the profile is one rank's share of the host; host_mem is the host's budget.
+  out = {r.ranks_per_host > 1 ? fmt::format("host_mem >= {} GiB ({} GiB per rank x {} ranks per host)",
+                                            hi * r.ranks_per_host, hi, r.ranks_per_host)
+                              : fmt::format("host_mem >= {} GiB", hi),
+         at(hi)};
   return true;
 }
 

@@ -155,6 +155,7 @@ Instance make_instance(const ModelConfig& c, int64_t batch, int64_t seq, const R
   Instance in;
   in.L = int(c.layers);
   in.micro_batches = o.micro_batches;
+  in.coll = o.collectives;
   in.head_s = head_time(prof, c, batch, seq);
   in.A = double(batch * seq * c.hidden * 2);  // bf16 hidden state, the same for every kind
   const auto lay = model_layout(c);

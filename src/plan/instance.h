@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/model_state.h"
+#include "plan/collectives.h"
 #include "model/model_config.h"
 #include "plan/profile.h"
 #include "plan/state_bytes.h"
@@ -40,6 +41,10 @@ struct Instance {
   double G_head = 0;  // head gradient, D2H in B_{L-1} (held on the device: only a tied matrix's, for the CPU embedding)
   double pro_h2d = 0; // prologue H2D besides layer 0's weights (boundary 0 from the CPU embedding)
   double epi_d2h = 0; // epilogue D2H besides layer 0's gradient (boundary-0 gradient for the CPU embedding backward)
+  // Data parallelism: the collectives' bytes (collectives.h), once per optimizer step: the weight
+  // all-gather before the first micro-batch's prologue, the gradient reduce-scatter after the last
+  // micro-batch's epilogue.
+  StepCollectives coll;
   // Bandwidths, bytes/s.
   double bh = 1, bd = 1, bb = 1, bnr = 1, bnw = 1;
   // CPU optimizer time per unit in update order: layers 0..L-1, then head, then embedding (size L+2).
@@ -82,6 +87,8 @@ struct Instance {
   double d_B(int j) const { return j < L - 1 ? G[size_t(j + 1)] : G_head; }
   double prologue() const { return pcie(P[0] + pro_h2d, 0); }   // layer 0's weights + boundary 0
   double epilogue() const { return pcie(0, G[0] + epi_d2h); }   // layer 0's gradient + boundary-0 gradient
+  double step_prologue() const { return pcie(coll.weight_h2d, coll.weight_d2h); }  // once per step
+  double step_epilogue() const { return pcie(coll.grad_h2d, coll.grad_d2h); }      // once per step
   // Largest per-layer working set: what every plan needs in some slot.
   double max_ws_bwd() const;
   // HBM a block (s,e) needs in its backward slots with nothing else resident: boundary 0, its start,
@@ -97,6 +104,7 @@ struct InstanceOptions {
   bool allow_nvme = true;
   int64_t head_chunk_tokens = 1024;
   int micro_batches = 1;
+  StepCollectives collectives;  // data parallelism: bytes per rank per step
 };
 
 Instance make_instance(const ModelConfig& c, int64_t batch, int64_t seq, const ResourceProfile& prof,

@@ -268,7 +268,7 @@ struct Model {
     for (int w = 0; w < S; ++w) {
       T[size_t(w)] = lp.var(0, kInf, 0, false, fmt::format("T_{}", w));
       double wait = w < L ? O[size_t(w + 1 <= L - 1 ? w + 1 : L)] : 0;
-      if (w == 0) wait = std::max(wait, O[0] + in.prologue());
+      if (w == 0) wait = std::max(wait, O[0] + in.step_prologue() + in.prologue());
       st[size_t(w)] = lp.var(wait, kInf, 0, false, fmt::format("st_{}", w));
     }
     end = lp.var(O[size_t(L + 1)], kInf, 1.0, false, "end");
@@ -282,7 +282,7 @@ struct Model {
       Expr e = {{end, 1}, {st[size_t(S - 1)], -1}, {T[size_t(S - 1)], -1}};
       if (k > 0)
         for (int w = 0; w < S; ++w) e.emplace_back(T[size_t(w)], -k);
-      lp.row(e, epi + k * (pro + epi), kInf);
+      lp.row(e, epi + k * (pro + epi) + in.step_epilogue(), kInf);
     }
 
     for (int w = 0; w < S; ++w) {

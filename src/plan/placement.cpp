@@ -27,6 +27,40 @@ void push_nvme_rung(const PlanRequest& r, StatePlacement p, const std::string& m
   }
 }
 
+// World > 1: only what the data-parallel trainer runs (docs/distributed.md): fp32 master arrays, host
+// gradients, moments in DRAM sharded over the ranks; the rungs are fp32 moments, then (hybrid) 8-bit
+// matrices, then the embedding's moments 8-bit too.
+std::vector<StateChoice> data_parallel_ladder(const PlanRequest& r, StatePlacement p) {
+  LT_CHECK(p.master == MasterMode::Fp32,
+           "plan: master_weights 'bf16-sr' with world size {}: the data-parallel trainer all-gathers fp32 "
+           "masters; use master_weights fp32 or auto", r.world);
+  LT_CHECK(p.grads == GradHome::Host,
+           "plan: gradients 'device' with world size {}: the data-parallel trainer reduce-scatters fp32 host "
+           "gradients; use gradients host or auto", r.world);
+  LT_CHECK(p.grad_dtype == GradDType::F32,
+           "plan: gradient_dtype 'bf16' with world size {}: the data-parallel trainer keeps fp32 host "
+           "gradients; use gradient_dtype fp32 or auto", r.world);
+  LT_CHECK(!r.allow_nvme_moments,
+           "plan: optimizer_nvme 'auto' with world size {}: the data-parallel trainer keeps the optimizer moments "
+           "in DRAM; use optimizer_nvme none", r.world);
+  p.moment_shards = r.world;
+  p.fp32_master_array = true;
+  const double dram = double(r.profile.dram_bytes);
+  std::string moments = r.optimizer == "hybrid" ? "adamw" : r.optimizer;
+  std::vector<StateChoice> v;
+  auto push = [&] { v.push_back({p, choose_8bit(r.model, moments, dram, p)}); };
+  push();
+  if (r.optimizer == "hybrid") {
+    moments = "hybrid";
+    push();
+  }
+  if (moments != "adamw") {
+    p.embedding_8bit = true;
+    push();
+  }
+  return v;
+}
+
 }  // namespace
 
 std::vector<StateChoice> placement_ladder(const PlanRequest& r) {
@@ -36,6 +70,7 @@ std::vector<StateChoice> placement_ladder(const PlanRequest& r) {
            "are fp32 accumulators (use gradients device or auto)");
   StatePlacement p{r.master.value_or(MasterMode::Fp32), r.grads.value_or(GradHome::Host),
                    r.grad_dtype.value_or(GradDType::F32)};
+  if (r.world > 1) return data_parallel_ladder(r, p);
   // Before the 8-bit rung a hybrid optimizer keeps fp32 moments.
   std::string moments = r.optimizer == "hybrid" ? "adamw" : r.optimizer;
   std::vector<StateChoice> v;

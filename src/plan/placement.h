@@ -11,6 +11,9 @@
 //   7. + the last layers' moments on NVMe                                       if allow_nvme_moments
 // Forced modes (PlanRequest::master / grads / grad_dtype) are kept on every rung; adamw and adamw8bit
 // fix the moments of the matrices on every rung.
+// With PlanRequest::world > 1 (data parallelism) only rungs 1, 3 and 5 are offered, with fp32 master
+// arrays and the moments sharded over the ranks (StatePlacement::moment_shards, fp32_master_array): the
+// data-parallel trainer runs no other mode; a forced bf16-sr master or device gradients is an error.
 #pragma once
 #include <string>
 #include <vector>

@@ -306,6 +306,8 @@ json plan_to_json(const Plan& p) {
   j["gradient_dtype"] = grad_dtype_name(p.placement.grad_dtype);
   if (p.placement.embedding_8bit) j["embedding_8bit"] = true;
   if (p.placement.nvme_layers > 0) j["nvme_moment_layers"] = p.placement.nvme_layers;
+  if (p.placement.moment_shards > 1) j["moment_shards"] = p.placement.moment_shards;
+  if (p.placement.fp32_master_array) j["fp32_master_array"] = true;
   j["planner"] = p.planner;
   j["hbm_cap"] = p.hbm_cap;
   j["dram_cap"] = p.dram_cap;
@@ -389,6 +391,9 @@ Plan plan_from_json(const json& j, const std::string& source) {
     p.placement.grad_dtype = parse_grad_dtype(o.get_or<std::string>("gradient_dtype", "fp32"));
     p.placement.embedding_8bit = o.get_or<bool>("embedding_8bit", false);
     p.placement.nvme_layers = o.get_or<int64_t>("nvme_moment_layers", 0);
+    p.placement.moment_shards = int(o.get_or<int64_t>("moment_shards", 1));
+    LT_CHECK(p.placement.moment_shards >= 1, "field 'moment_shards' must be >= 1, got {}", p.placement.moment_shards);
+    p.placement.fp32_master_array = o.get_or<bool>("fp32_master_array", false);
   } catch (const Error& e) {
     fail("{}: {}", source, e.what());
   }

@@ -40,7 +40,7 @@ std::vector<std::string> choose_8bit(const ModelConfig& c, const std::string& mo
   for (auto& t : elig) {
     if (need <= dram_budget) break;
     out.push_back(t.name);
-    need -= moment_bytes(t.numel, false) - moment_bytes(t.numel, true);
+    need -= (moment_bytes(t.numel, false) - moment_bytes(t.numel, true)) / double(s.moment_shards);
   }
   return out;
 }
@@ -102,6 +102,7 @@ Prepared prepare(const PlanRequest& r, StateChoice st) {
   io.micro_batches = r.micro_batches;
   io.optimizer_8bit = st.q8;
   io.placement = st.placement;
+  io.collectives = r.collectives;
   Prepared pr;
   pr.st = std::move(st);
   pr.chunk = r.chunk > 0 ? std::min(r.chunk, r.batch) : r.batch;
@@ -178,6 +179,9 @@ std::string why_not(const PlanOutcome& out, const StateChoice& st, int64_t chunk
 
 PlanOutcome make_plan(const PlanRequest& r) {
   LT_CHECK(r.batch >= 1, "plan: batch must be >= 1, got {}", r.batch);
+  LT_CHECK(r.world >= 1 && r.ranks_per_host >= 1 && r.ranks_per_host <= r.world,
+           "plan: world size must be >= 1 and ranks per host in [1, world], got world {} and ranks per host {}",
+           r.world, r.ranks_per_host);
   PlanOutcome out;
   const auto& c = r.model;
   out.flops_per_step = model_flops_per_step(c, r.batch * r.seq * r.micro_batches);

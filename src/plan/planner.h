@@ -8,6 +8,7 @@
 
 #include "core/model_state.h"
 #include "model/model_config.h"
+#include "plan/collectives.h"
 #include "plan/dp.h"
 #include "plan/instance.h"
 #include "plan/milp.h"
@@ -36,6 +37,13 @@ struct PlanRequest {
   bool allow_bf16_master = false;    // `--master-weights auto`
   bool allow_nvme_moments = false;   // `--optimizer-nvme auto`: the last rung puts layers' moments on NVMe
   bool explain = true;               // when nothing fits, re-plan to name the smallest change that fits
+  // Data parallelism (docs/planner.md, "Data parallelism"): the plan is one rank's. `profile` is then
+  // the rank's share of the host (dist::rank_profile); world > 1 shards the moments over the ranks,
+  // keeps full fp32 master arrays and host gradients (what the data-parallel trainer runs: no device
+  // gradients, bf16-sr masters or NVMe moments) and adds `collectives` to the PCIe lanes.
+  int world = 1;            // ranks in all
+  int ranks_per_host = 1;   // ranks sharing one host's DRAM (messages: the host total)
+  StepCollectives collectives;  // bytes per rank per step
 };
 
 struct Candidate {

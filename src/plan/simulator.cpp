@@ -132,6 +132,14 @@ void simulate_time(const Instance& in, bool record_ops, SimResult& R) {
     }
   }
   double t = O[0];
+  // Data parallelism: the weight all-gather, once per step, before the first prologue.
+  const double spro = in.step_prologue();
+  if (spro > 0) {
+    op(SimLane::H2D, t, t + spro, "weight all-gather");
+    op(SimLane::D2H, t, t + spro, "weight all-gather");
+    (in.coll.weight_h2d / in.bh >= in.coll.weight_d2h / in.bd ? pr.exposed_h2d_s : pr.exposed_d2h_s) += spro;
+    t += spro;
+  }
   const double pro = in.prologue();
   op(SimLane::H2D, t, t + pro, "layer 0 + boundary 0");
   op(SimLane::Compute, 0, t + pro, "wait (optimizer, prologue)", true);
@@ -189,6 +197,16 @@ void simulate_time(const Instance& in, bool record_ops, SimResult& R) {
     pr.exposed_nvme_s += k * ex_n;
     t_no_opt *= double(in.micro_batches);
   }
+  // Data parallelism: the gradient reduce-scatter, once per step, after the last epilogue.
+  const double sepi = in.step_epilogue();
+  if (sepi > 0) {
+    op(SimLane::D2H, t, t + sepi, "gradient reduce-scatter");
+    op(SimLane::H2D, t, t + sepi, "gradient reduce-scatter");
+    op(SimLane::Compute, t, t + sepi, "collectives", true);
+    (in.coll.grad_h2d / in.bh >= in.coll.grad_d2h / in.bd ? pr.exposed_h2d_s : pr.exposed_d2h_s) += sepi;
+    t += sepi;
+  }
+  t_no_opt += spro + sepi;
   if (O[size_t(L + 1)] > t) {
     pr.exposed_optimizer_s += O[size_t(L + 1)] - t;
     t = O[size_t(L + 1)];

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <set>
 
+#include "core/error.h"
 #include "model/accounting.h"
 
 namespace lt {
@@ -12,6 +13,10 @@ namespace lt {
 double moment_bytes(int64_t n, bool q8) { return q8 ? 2.0 * double(n) + 2.0 * 4.0 * double((n + 255) / 256) : 8.0 * double(n); }
 
 double master_bytes_per_param(MasterMode m) { return m == MasterMode::Fp32 ? 4.0 : 2.0; }
+
+double master_bytes_per_param(const StatePlacement& s) {
+  return s.fp32_master_array ? 4.0 + 2.0 : master_bytes_per_param(s.master);
+}
 
 bool grad_held_on_device(const UnitLayout&, GradHome g) { return g == GradHome::Device; }
 
@@ -24,8 +29,10 @@ const char* state_home_name(StateHome h) {
 
 StateBytes model_state_bytes(const ModelConfig& c, const std::vector<std::string>& eight_bit, StatePlacement s) {
   const std::set<std::string> q8(eight_bit.begin(), eight_bit.end());
+  LT_CHECK(s.moment_shards >= 1, "state bytes: moment_shards must be >= 1, got {}", s.moment_shards);
   StateBytes b;
   b.placement = s;
+  const double shard = 1.0 / double(s.moment_shards);
   const double held_b = s.grad_dtype == GradDType::Bf16 ? 2.0 : 4.0;
   double largest_layer = 0, largest_nvme = 0, head = 0, emb = 0;
   std::vector<int64_t> held_units;
@@ -34,13 +41,14 @@ StateBytes model_state_bytes(const ModelConfig& c, const std::vector<std::string
     const bool held = grad_held_on_device(u, s.grads);
     const bool nvme = u.kind == UnitKind::Layer && moments_on_nvme(c, u.layer, s);
     b.params += int64_t(n);
-    b.master += master_bytes_per_param(s.master) * n;
+    b.master += master_bytes_per_param(s) * n;
     (held ? b.grads_device : b.grads_host) += (held ? held_b : 4.0) * n;  // host: fp32
     double mb = 0;
     for (auto& p : u.params) {
       mb += moment_bytes(p.numel, q8.count(p.name) > 0);
       b.eight_bit_tensors += q8.count(p.name) > 0;
     }
+    mb *= shard;  // data parallel: this rank's shard of the moments
     (nvme ? b.moments_nvme : b.moments) += mb;
     if (nvme) largest_nvme = std::max(largest_nvme, mb);
     if (u.kind == UnitKind::Layer) largest_layer = std::max(largest_layer, n);
@@ -68,7 +76,9 @@ double layer_moment_bytes(const ModelConfig& c, int64_t layer, const std::vector
 
 std::vector<StatePart> StateBytes::parts() const {
   std::vector<StatePart> v;
-  v.push_back({fmt::format("master + copy ({})", master_mode_name(placement.master)), StateHome::Dram, master});
+  v.push_back({placement.fp32_master_array ? std::string("master (fp32 array) + copy (bf16)")
+                                           : fmt::format("master + copy ({})", master_mode_name(placement.master)),
+               StateHome::Dram, master});
   if (grads_device > 0)
     v.push_back({fmt::format("gradients ({}, held)", grad_dtype_name(placement.grad_dtype)), StateHome::Gpu, grads_device});
   if (grad_scratch > 0) v.push_back({"gradient scratch (fp32)", StateHome::Gpu, grad_scratch});
@@ -76,8 +86,9 @@ std::vector<StatePart> StateBytes::parts() const {
   if (grads_host > 0)
     v.push_back({placement.grads == GradHome::Host ? "gradients (fp32)" : "gradients (fp32, embedding)", StateHome::Dram,
                  grads_host});
-  v.push_back({eight_bit_tensors > 0 ? fmt::format("moments ({} 8-bit tensors)", eight_bit_tensors) : "moments (fp32)",
-               StateHome::Dram, moments});
+  std::string mom = eight_bit_tensors > 0 ? fmt::format("moments ({} 8-bit tensors)", eight_bit_tensors) : "moments (fp32)";
+  if (placement.moment_shards > 1) mom += fmt::format(", shard 1/{}", placement.moment_shards);
+  v.push_back({mom, StateHome::Dram, moments});
   if (moments_nvme > 0) {
     v.push_back({fmt::format("moments of the last {} layers", placement.nvme_layers), StateHome::Nvme, moments_nvme});
     v.push_back({"moment staging slots", StateHome::Dram, moment_staging});

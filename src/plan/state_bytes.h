@@ -9,6 +9,8 @@
 //                            (2 layer buffers, the LM head's and the embedding's: one
 //                            buffer for both when untied)                                  HBM
 //   moments                  fp32 8 B, or 8-bit 2 B + one fp32 absmax per 256 per moment    DRAM
+//   data parallel (placement.moment_shards > 1): moments / moment_shards (the rank's shard);
+//                            fp32_master_array: master fp32 4 B + bf16 streaming copy 2 B  DRAM
 //   staging (pinned)         host: 2 bf16 slabs of the largest layer (D2H double buffer);
 //                            device: the ring of grad_ring_elems in the held dtype          DRAM
 #pragma once
@@ -28,6 +30,7 @@ double moment_bytes(int64_t n, bool q8);
 
 // Master + bf16 streaming copy, bytes per parameter.
 double master_bytes_per_param(MasterMode m);
+double master_bytes_per_param(const StatePlacement& s);  // 6 with fp32_master_array
 
 // Whether unit u's gradient is held in HBM: with GradHome::Device every unit's (the embedding's table
 // is on the GPU then: tied, or resident by embedding_resident_for).

@@ -57,7 +57,7 @@ struct TrainConfig {
   std::string resume_from_checkpoint;        // "", a checkpoint dir, or "auto"
   // lazytrain's own
   std::string gpu_mem;                       // byte string ("24GiB"); empty = what the device has
-  std::string host_mem;                      // DRAM budget; empty = MemAvailable
+  std::string host_mem;                      // DRAM budget of the host (under launch: shared by its ranks); empty = MemAvailable
   std::string nvme_dir;
   std::string nvme_mem;
   std::string planner = "milp";              // kPlannerNames (plan/heuristics.h): milp | dp | megatrain:K | all-gpu | sqrt | cpu-all

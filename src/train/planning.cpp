@@ -3,6 +3,7 @@
 #include <sys/statvfs.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -17,6 +18,7 @@
 #include "core/log.h"
 #include "core/timer.h"
 #include "core/units.h"
+#include "dist/rank_plan.h"
 #include "exec/executor.h"
 #include "exec/plan_adapter.h"
 #include "model/accounting.h"
@@ -114,7 +116,7 @@ ResourceProfile default_profile(const TrainConfig& cfg, const ModelConfig& m, in
 }  // namespace
 
 TrainingPlan make_training_plan(const TrainConfig& cfg, const ModelConfig& model, int64_t batch, int64_t seq,
-                                const std::string& device_name, bool on_gpu) {
+                                const std::string& device_name, bool on_gpu, const dist::Topology& topo) {
   TrainingPlan tp;
   PlanRequest r;
   r.model = model;
@@ -130,6 +132,12 @@ TrainingPlan make_training_plan(const TrainConfig& cfg, const ModelConfig& model
   r.planner = canonical_planner(cfg.planner);  // one list of names: plan/heuristics.h
   r.optimizer = cfg.optimizer;
   r.micro_batches = int(cfg.gradient_accumulation_steps);  // predictions per optimizer step, as measured
+  // Data parallel: this rank's share of the host and of the global batch's micro-batches (the largest
+  // share, dist::rank_share), the collectives on its lanes.
+  dist::plan_for_rank(r, topo);
+  // The CPU backend's "device" is this host's memory too: its estimated budget is shared alike.
+  if (!on_gpu && cfg.profile.empty() && cfg.gpu_mem.empty()) r.profile.hbm_bytes /= topo.ranks_per_host;
+  if (topo.world > 1) r.micro_batches = std::max(1, (r.micro_batches + topo.world - 1) / topo.world);
   // The model-state placement: what the config fixes, the rest the planner's choice (plan/placement.h).
   if (cfg.master_weights == "auto") r.allow_bf16_master = true;
   else r.master = parse_master_mode(cfg.master_weights);
@@ -155,6 +163,7 @@ TrainingPlan make_training_plan(const TrainConfig& cfg, const ModelConfig& model
   // The device budget the executor enforces: the profile's (the CPU backend's is twice the planner's view).
   tp.device_budget = cfg.gpu_mem.empty() ? -1 : parse_bytes(cfg.gpu_mem);
   tp.host_budget = cfg.host_mem.empty() ? -1 : parse_bytes(cfg.host_mem);
+  tp.planned_dram = r.profile.dram_bytes;
   double block_recompute = 0;
   for (const auto& b : o.plan.blocks) block_recompute += double(b.end - b.start - 1);
   tp.extra_layer_forwards = double(model.layers) + block_recompute;
@@ -177,6 +186,7 @@ TrainingPlan make_training_plan(const TrainConfig& cfg, const ModelConfig& model
       format_bytes(double(o.sim.pred.peak_hbm)), format_bytes(double(r.profile.hbm_bytes - r.profile.hbm_reserve)),
       format_bytes(double(o.sim.pred.peak_dram)), format_bytes(double(r.profile.dram_bytes)),
       format_bytes(double(o.sim.pred.nvme_bytes)), format_bytes(double(r.profile.nvme_bytes)));
+  if (r.world > 1) tp.summary += "  " + dist::rank_memory_line(r, o);
   if (!cfg.output_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(cfg.output_dir, ec);
@@ -185,6 +195,21 @@ TrainingPlan make_training_plan(const TrainConfig& cfg, const ModelConfig& model
     rep << plan_report(r, o);
   }
   return tp;
+}
+
+dist::Topology rank_topology(int world) {
+  dist::Topology t;
+  t.world = world;
+  t.ranks_per_host = world;
+  if (const char* v = std::getenv("LT_LOCAL_WORLD_SIZE")) {
+    char* end = nullptr;
+    const long k = std::strtol(v, &end, 10);
+    LT_CHECK(end != v && *end == 0 && k >= 1 && k <= world && world % k == 0,
+             "LT_LOCAL_WORLD_SIZE must be a number of ranks on this host in [1, {}] dividing the world size {}, "
+             "got '{}'", world, world, v);
+    t.ranks_per_host = int(k);
+  }
+  return t;
 }
 
 }  // namespace lt::train

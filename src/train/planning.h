@@ -9,6 +9,7 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "dist/rank_cost.h"
 #include "exec/exec_plan.h"
 #include "model/model_config.h"
 #include "plan/plan.h"
@@ -30,10 +31,20 @@ struct TrainingPlan {
   // Layer forwards per micro-batch beyond the L of the forward pass (HFU): block recompute plus each
   // layer backward's recompute of its own internals.
   double extra_layer_forwards = 0;
+  // The DRAM budget this process planned with: the host's (host_mem, or what is available) divided by
+  // the ranks on this host under `launch` (dist::rank_profile).
+  int64_t planned_dram = 0;
 };
 
 // Throws lt::Error with the planner's "does not fit: <resource> short by <bytes>" when no plan fits.
+// topo: under `lazytrain launch -n N` this rank's place (rank_topology()); the plan is then one rank's:
+// its share of the host's DRAM (host_mem is the HOST's budget), its share of the micro-batches, the
+// collectives on its PCIe lanes (dist/rank_plan.h).
 TrainingPlan make_training_plan(const TrainConfig& cfg, const ModelConfig& model, int64_t batch, int64_t seq,
-                                const std::string& device_name, bool on_gpu);
+                                const std::string& device_name, bool on_gpu, const dist::Topology& topo = {});
+
+// The topology of a rank: world ranks in all, LT_LOCAL_WORLD_SIZE of them on this host (`launch` sets
+// it; unset: all of them). A clear error for a malformed or inconsistent value.
+dist::Topology rank_topology(int world);
 
 }  // namespace lt::train

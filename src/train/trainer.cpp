@@ -88,7 +88,7 @@ class TrainSession {
         shape_(step_shape(cfg, sequence_length(cfg, data_), loader_.batches_per_epoch())),
         probe_(hooks.probe_device ? hooks.probe_device(cfg) : DeviceProbe{}),
         tp_(make_training_plan(dp_ ? dp_->planning_config(cfg) : cfg, ms_.model, shape_.batch, shape_.seq,
-                               probe_.name, probe_.gpu)),
+                               probe_.name, probe_.gpu, dp_ ? rank_topology(dp_->world()) : dist::Topology{})),
         bc_(make_backend()),
         st_(*bc_.backend, state_options()),
         hook_(make_update_hook()),

@@ -189,3 +189,43 @@ TEST(CliLaunch, RefusesSubcommandsThatDoNotRunAsRanks) {
   EXPECT_NE(r.err.find("`lazytrain eval` does not run as several ranks"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("--program"), std::string::npos) << r.err;
 }
+
+// `plan --world-size N`: one rank's plan, with a line of its DRAM, the host total and the collectives.
+TEST(CliPlan, WorldSizePrintsThePerRankAndHostLine) {
+  const auto r = run_cli("plan --model qwen2.5-0.5b --profile " + quote(kSrc + "/configs/profiles/h200.json") +
+                         " --host-mem 64GiB --planner dp --no-compare --world-size 2");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("data parallel: world 2, 2 ranks per host: DRAM 32.00 GiB per rank x 2 = 64.00 GiB per host"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("collectives per rank and step: H2D"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("GPU-GPU link"), std::string::npos) << r.out;
+  // Two hosts of two: the same per-rank DRAM as one host of two.
+  const auto four = run_cli("plan --model qwen2.5-0.5b --profile " + quote(kSrc + "/configs/profiles/h200.json") +
+                            " --host-mem 64GiB --planner dp --no-compare --world-size 4 --ranks-per-host 2 --link-gbps 450");
+  ASSERT_EQ(four.rc, 0) << four.err;
+  EXPECT_NE(four.out.find("world 4, 2 ranks per host: DRAM 32.00 GiB per rank"), std::string::npos) << four.out;
+  EXPECT_NE(four.out.find("at 450 GB/s"), std::string::npos) << four.out;
+  // One process: no such line.
+  const auto one = run_cli("plan --model qwen2.5-0.5b --profile " + quote(kSrc + "/configs/profiles/h200.json") +
+                           " --host-mem 64GiB --planner dp --no-compare");
+  ASSERT_EQ(one.rc, 0) << one.err;
+  EXPECT_EQ(one.out.find("data parallel"), std::string::npos) << one.out;
+}
+
+TEST(CliPlan, BadWorldSizeArgumentsAreClearErrors) {
+  struct Case {
+    std::string args, needle;
+  };
+  for (const Case& c : {Case{"--world-size 0", "--world-size must be >= 1, got 0"},
+                        Case{"--world-size 2 --ranks-per-host 4", "--ranks-per-host must be in [1, --world-size 2], got 4"},
+                        Case{"--world-size 2 --ranks-per-host 0", "--ranks-per-host must be in [1, --world-size 2], got 0"},
+                        Case{"--world-size 4 --ranks-per-host 3", "--ranks-per-host 3 must divide --world-size 4"},
+                        Case{"--world-size 2 --link-gbps -1", "--link-gbps must be >= 0"},
+                        Case{"--world-size 2 --gradients device", "gradients 'device' with world size 2"},
+                        Case{"--world-size 2 --master-weights bf16-sr", "master_weights 'bf16-sr' with world size 2"}}) {
+    const auto r = run_cli("plan --model tiny-qwen3 --planner dp --no-compare " + c.args);
+    EXPECT_NE(r.rc, 0) << c.args;
+    EXPECT_NE(r.err.find(c.needle), std::string::npos) << c.args << ":\n" << r.err << r.out;
+  }
+}

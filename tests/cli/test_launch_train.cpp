@@ -18,6 +18,8 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "../common/repo_path.h"
 #include "cli_process.h"
 #include "core/timer.h"
@@ -350,6 +352,26 @@ TEST_F(LaunchTrain, SigtermToTheLauncherStopsEveryRankAfterTheSameStepWithACheck
   EXPECT_EQ(last->step, int64_t(train_records(out).size())) << "the checkpoint is of the last step done";
   EXPECT_NE(text.find("Resume with: lazytrain launch -n 2 -- train"), std::string::npos) << text;
   expect_only_complete_checkpoints(out);
+}
+
+// host_mem is the host's budget: each of the 2 ranks on this host plans with half of it (plan.json's
+// dram_cap, the start-up line), one process with all of it.
+TEST_F(LaunchTrain, EachRankPlansWithItsShareOfTheHostMemory) {
+  const fs::path out = dir_ / "budget", log = dir_ / "budget.log";
+  const int rc = run({"launch", "-n", "2", "--", "train", cfg_, "host_mem=1GiB", "max_steps=1", "output_dir=" + out.string()},
+                     log);
+  const std::string text = slurp(log);
+  ASSERT_EQ(rc, 0) << text;
+  const auto plan = nlohmann::json::parse(slurp(out / "plan.json"));
+  EXPECT_EQ(plan.at("dram_cap").get<int64_t>(), int64_t(512) << 20) << text;
+  EXPECT_EQ(plan.at("moment_shards").get<int>(), 2);
+  EXPECT_NE(text.find("data parallel: world 2, 2 ranks per host: DRAM 512.0 MiB per rank x 2 = 1.00 GiB per host"),
+            std::string::npos)
+      << text;
+  const fs::path one = dir_ / "budget1";
+  ASSERT_EQ(run({"train", cfg_, "host_mem=1GiB", "max_steps=1", "output_dir=" + one.string()}, dir_ / "budget1.log"), 0)
+      << slurp(dir_ / "budget1.log");
+  EXPECT_EQ(nlohmann::json::parse(slurp(one / "plan.json")).at("dram_cap").get<int64_t>(), int64_t(1) << 30);
 }
 
 TEST_F(LaunchTrain, RefusesWhatCannotRunDataParallelNamingTheField) {
