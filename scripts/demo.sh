@@ -30,5 +30,6 @@ start=$(date +%s)
 end=$(date +%s)
 echo "demo: finished in $((end - start)) s. Model: $OUT/checkpoint-*/ (HF format); metrics: $OUT/metrics.jsonl;"
 # The latest checkpoint this run saved (its step depends on max_steps and save_steps).
-last=$(ls -d "$OUT"/checkpoint-* 2>/dev/null | sed 's/.*checkpoint-//' | sort -n | tail -1)
+# (None when an override writes elsewhere or saves nothing: not an error.)
+last=$( (ls -d "$OUT"/checkpoint-* 2>/dev/null || true) | sed 's/.*checkpoint-//' | sort -n | tail -1)
 echo "      per-sample answers: $OUT/eval_results.jsonl. Try: $BIN generate --model $OUT/checkpoint-${last:-N} -p 'What is 157 + 68?'"
