@@ -42,120 +42,138 @@ dist::Topology topology(const PlanOpts& o) {
   return t;
 }
 
-}  // namespace
-
-void add_plan(CLI::App& app) {
-  using Opts = PlanOpts;
-  auto o = std::make_shared<Opts>();
-  auto* sub = app.add_subcommand("plan", "Solve the activation checkpoint / offload / recompute schedule (MILP, DP, heuristics)");
-  sub->add_option("--model", o->model, "model preset (e.g. qwen2.5-7b) or directory with config.json")->required();
-  sub->add_option("--batch", o->batch, "samples per step, or 'max' for the largest feasible batch")->capture_default_str();
-  sub->add_option("--seq", o->seq, "sequence length")->capture_default_str();
-  sub->add_option("--profile", o->profile, "resource profile: preset (h800-80g, rtx3090-24g, h200) or JSON file")->capture_default_str();
-  sub->add_option("--planner", o->planner, kPlannerNames)->capture_default_str();
-  sub->add_option("--gpu-mem", o->gpu_mem, "override the profile's GPU memory cap (e.g. 24GiB)");
-  sub->add_option("--host-mem", o->host_mem, "override the profile's DRAM budget");
-  sub->add_option("--nvme-mem", o->nvme_mem, "override the profile's NVMe capacity");
-  sub->add_option("--optimizer", o->optimizer, "adamw | adamw8bit | hybrid")->capture_default_str();
-  sub->add_option("--master-weights", o->master,
+void add_options(CLI::App* sub, PlanOpts& o) {
+  sub->add_option("--model", o.model, "model preset (e.g. qwen2.5-7b) or directory with config.json")->required();
+  sub->add_option("--batch", o.batch, "samples per step, or 'max' for the largest feasible batch")->capture_default_str();
+  sub->add_option("--seq", o.seq, "sequence length")->capture_default_str();
+  sub->add_option("--profile", o.profile, "resource profile: preset (h800-80g, rtx3090-24g, h200) or JSON file")->capture_default_str();
+  sub->add_option("--planner", o.planner, kPlannerNames)->capture_default_str();
+  sub->add_option("--gpu-mem", o.gpu_mem, "override the profile's GPU memory cap (e.g. 24GiB)");
+  sub->add_option("--host-mem", o.host_mem, "override the profile's DRAM budget");
+  sub->add_option("--nvme-mem", o.nvme_mem, "override the profile's NVMe capacity");
+  sub->add_option("--optimizer", o.optimizer, "adamw | adamw8bit | hybrid")->capture_default_str();
+  sub->add_option("--master-weights", o.master,
                   "fp32 | bf16-sr | auto (bf16-sr only if nothing else fits); default fp32")
       ->check(CLI::IsMember({"fp32", "bf16-sr", "auto"}));
-  sub->add_option("--gradients", o->grads, "host | device | auto (device only if the host state does not fit)")
+  sub->add_option("--gradients", o.grads, "host | device | auto (device only if the host state does not fit)")
       ->check(CLI::IsMember({"host", "device", "auto"}))
       ->capture_default_str();
-  sub->add_option("--gradient-dtype", o->grad_dtype,
+  sub->add_option("--gradient-dtype", o.grad_dtype,
                   "fp32 | bf16 | auto (of gradients held on the device; bf16 only if fp32 does not fit)")
       ->check(CLI::IsMember({"fp32", "bf16", "auto"}));
-  sub->add_option("--optimizer-nvme", o->optimizer_nvme,
+  sub->add_option("--optimizer-nvme", o.optimizer_nvme,
                   "none | auto (the last layers' moments on the NVMe tier when nothing else fits DRAM)")
       ->check(CLI::IsMember({"none", "auto"}))
       ->capture_default_str();
-  sub->add_option("--micro-batches", o->micro, "micro-batches per optimizer step (gradient accumulation)")->capture_default_str();
-  sub->add_option("--ring", o->ring, "weight ring buffers on the GPU")->capture_default_str();
-  sub->add_option("--chunk", o->chunk, "samples per chunk inside a layer pass (0: largest that fits)")->capture_default_str();
-  sub->add_option("--time-limit", o->time_limit, "MILP time limit, seconds")->capture_default_str();
-  sub->add_option("--gap", o->gap, "MILP relative gap to stop at")->capture_default_str();
-  sub->add_option("-o,--output", o->out, "write the plan JSON here");
-  sub->add_option("--svg", o->svg, "write the simulated timeline SVG here");
-  sub->add_option("--world-size", o->world,
+  sub->add_option("--micro-batches", o.micro, "micro-batches per optimizer step (gradient accumulation)")->capture_default_str();
+  sub->add_option("--ring", o.ring, "weight ring buffers on the GPU")->capture_default_str();
+  sub->add_option("--chunk", o.chunk, "samples per chunk inside a layer pass (0: largest that fits)")->capture_default_str();
+  sub->add_option("--time-limit", o.time_limit, "MILP time limit, seconds")->capture_default_str();
+  sub->add_option("--gap", o.gap, "MILP relative gap to stop at")->capture_default_str();
+  sub->add_option("-o,--output", o.out, "write the plan JSON here");
+  sub->add_option("--svg", o.svg, "write the simulated timeline SVG here");
+  sub->add_option("--world-size", o.world,
                   "data-parallel ranks in all: plan one rank (its share of the host, the collectives on its PCIe "
                   "lanes); --host-mem is then the host's budget")
       ->capture_default_str();
-  sub->add_option("--ranks-per-host", o->ranks_per_host, "ranks sharing one host's DRAM and CPU (default: --world-size)");
-  sub->add_option("--link-gbps", o->link_gbps,
+  sub->add_option("--ranks-per-host", o.ranks_per_host, "ranks sharing one host's DRAM and CPU (default: --world-size)");
+  sub->add_option("--link-gbps", o.link_gbps,
                   "GPU-GPU link bandwidth per direction in GB/s (NVLink; default 0: through PCIe), for the reported "
                   "link time")
       ->capture_default_str();
-  sub->add_flag("--no-compare", o->no_compare, "do not score the heuristics side by side");
-  sub->add_flag("--verbose", o->verbose, "CBC log");
+  sub->add_flag("--no-compare", o.no_compare, "do not score the heuristics side by side");
+  sub->add_flag("--verbose", o.verbose, "CBC log");
+}
+
+// The request the options describe (batch still unset: resolve_batch).
+PlanRequest request_from(const PlanOpts& o, const dist::Topology& topo) {
+  PlanRequest r;
+  r.model = resolve_model(o.model);
+  r.seq = o.seq;
+  r.profile = resolve_profile(o.profile);
+  if (!o.gpu_mem.empty()) {
+    r.profile.hbm_bytes = parse_bytes(o.gpu_mem);
+    r.profile.hbm_reserve = std::min(r.profile.hbm_reserve, r.profile.hbm_bytes / 8);
+    r.profile.name += " gpu-mem " + o.gpu_mem;
+  }
+  if (!o.host_mem.empty()) r.profile.dram_bytes = parse_bytes(o.host_mem);
+  if (!o.nvme_mem.empty()) r.profile.nvme_bytes = parse_bytes(o.nvme_mem);
+  dist::plan_for_rank(r, topo);
+  r.planner = canonical_planner(o.planner);
+  r.optimizer = o.optimizer;
+  if (o.master == "auto") r.allow_bf16_master = true;
+  else if (!o.master.empty()) r.master = parse_master_mode(o.master);
+  if (o.grads != "auto") r.grads = parse_grad_home(o.grads);
+  if (o.grad_dtype != "auto") r.grad_dtype = parse_grad_dtype(o.grad_dtype);
+  r.allow_nvme_moments = o.optimizer_nvme == "auto";
+  r.ring = o.ring;
+  r.micro_batches = o.micro;
+  r.chunk = o.chunk;
+  r.compare = !o.no_compare;
+  r.milp.time_limit_s = o.time_limit;
+  r.milp.rel_gap = o.gap;
+  r.milp.verbose = o.verbose;
+  return r;
+}
+
+// --batch N, or 'max': the largest feasible batch (printed, with MegaTrain's for comparison).
+void resolve_batch(PlanRequest& r, const std::string& batch) {
+  if (batch != "max") {
+    try {
+      r.batch = std::stoll(batch);
+    } catch (...) {
+      fail("--batch must be a positive integer or 'max', got '{}'", batch);
+    }
+    return;
+  }
+  std::fprintf(stderr, "searching the largest feasible batch...\n");
+  const int64_t b = max_feasible_batch(r, r.planner);
+  LT_CHECK(b > 0, "plan: even batch 1 does not fit: {}", [&] {
+    PlanRequest q = r;
+    q.batch = 1;
+    q.compare = true;
+    return make_plan(q).why;
+  }());
+  std::printf("max feasible batch: %lld (%s)\n", (long long)b, r.planner.c_str());
+  if (r.planner != "megatrain:4")
+    std::printf("max feasible batch: %lld (megatrain:4)\n", (long long)max_feasible_batch(r, "megatrain:4"));
+  r.batch = b;
+}
+
+// The report, the data-parallel line, and the plan JSON / timeline SVG when asked for.
+void write_outputs(const PlanOpts& o, const dist::Topology& topo, const PlanRequest& r, const PlanOutcome& out) {
+  std::fputs(plan_report(r, out).c_str(), stdout);
+  if (r.world > 1) {
+    std::fputs(dist::rank_memory_line(r, out).c_str(), stdout);
+    const auto c = dist::step_collectives(parameter_count(r.model), topo, r.profile, dist::CollectivePath::HostStaged);
+    std::printf("  GPU-GPU link: %s per rank and step (%.1f ms at %s)\n", format_bytes(c.link).c_str(), c.link_s * 1e3,
+                topo.link_bw > 0 ? fmt::format("{:g} GB/s", o.link_gbps).c_str() : "the PCIe H2D rate");
+  }
+  if (!out.feasible) fail("{}", out.why);
+  if (!o.out.empty()) {
+    save_plan(out.plan, o.out);
+    std::printf("wrote %s\n", o.out.c_str());
+  }
+  if (!o.svg.empty()) {
+    std::ofstream f(o.svg);
+    LT_CHECK(f.good(), "cannot write {}", o.svg);
+    f << timeline_svg(out.sim, fmt::format("{} batch {} seq {} on {}: {} plan, step {:.1f} ms", r.model.name, r.batch,
+                                           r.seq, r.profile.name, out.plan.planner, out.sim.pred.step_s * 1e3));
+    std::printf("wrote %s\n", o.svg.c_str());
+  }
+}
+
+}  // namespace
+
+void add_plan(CLI::App& app) {
+  auto o = std::make_shared<PlanOpts>();
+  auto* sub = app.add_subcommand("plan", "Solve the activation checkpoint / offload / recompute schedule (MILP, DP, heuristics)");
+  add_options(sub, *o);
   sub->callback([o] {
-    PlanRequest r;
-    r.model = resolve_model(o->model);
-    r.seq = o->seq;
-    r.profile = resolve_profile(o->profile);
-    if (!o->gpu_mem.empty()) {
-      r.profile.hbm_bytes = parse_bytes(o->gpu_mem);
-      r.profile.hbm_reserve = std::min(r.profile.hbm_reserve, r.profile.hbm_bytes / 8);
-      r.profile.name += " gpu-mem " + o->gpu_mem;
-    }
-    if (!o->host_mem.empty()) r.profile.dram_bytes = parse_bytes(o->host_mem);
-    if (!o->nvme_mem.empty()) r.profile.nvme_bytes = parse_bytes(o->nvme_mem);
     const dist::Topology topo = topology(*o);
-    dist::plan_for_rank(r, topo);
-    r.planner = canonical_planner(o->planner);
-    r.optimizer = o->optimizer;
-    if (o->master == "auto") r.allow_bf16_master = true;
-    else if (!o->master.empty()) r.master = parse_master_mode(o->master);
-    if (o->grads != "auto") r.grads = parse_grad_home(o->grads);
-    if (o->grad_dtype != "auto") r.grad_dtype = parse_grad_dtype(o->grad_dtype);
-    r.allow_nvme_moments = o->optimizer_nvme == "auto";
-    r.ring = o->ring;
-    r.micro_batches = o->micro;
-    r.chunk = o->chunk;
-    r.compare = !o->no_compare;
-    r.milp.time_limit_s = o->time_limit;
-    r.milp.rel_gap = o->gap;
-    r.milp.verbose = o->verbose;
-    if (o->batch == "max") {
-      std::fprintf(stderr, "searching the largest feasible batch...\n");
-      const int64_t b = max_feasible_batch(r, r.planner);
-      LT_CHECK(b > 0, "plan: even batch 1 does not fit: {}", [&] {
-        PlanRequest q = r;
-        q.batch = 1;
-        q.compare = true;
-        return make_plan(q).why;
-      }());
-      std::printf("max feasible batch: %lld (%s)\n", (long long)b, r.planner.c_str());
-      if (r.planner != "megatrain:4")
-        std::printf("max feasible batch: %lld (megatrain:4)\n", (long long)max_feasible_batch(r, "megatrain:4"));
-      r.batch = b;
-    } else {
-      try {
-        r.batch = std::stoll(o->batch);
-      } catch (...) {
-        fail("--batch must be a positive integer or 'max', got '{}'", o->batch);
-      }
-    }
-    auto out = make_plan(r);
-    std::fputs(plan_report(r, out).c_str(), stdout);
-    if (r.world > 1) {
-      std::fputs(dist::rank_memory_line(r, out).c_str(), stdout);
-      const auto c = dist::step_collectives(parameter_count(r.model), topo, r.profile, dist::CollectivePath::HostStaged);
-      std::printf("  GPU-GPU link: %s per rank and step (%.1f ms at %s)\n", format_bytes(c.link).c_str(), c.link_s * 1e3,
-                  topo.link_bw > 0 ? fmt::format("{:g} GB/s", o->link_gbps).c_str() : "the PCIe H2D rate");
-    }
-    if (!out.feasible) fail("{}", out.why);
-    if (!o->out.empty()) {
-      save_plan(out.plan, o->out);
-      std::printf("wrote %s\n", o->out.c_str());
-    }
-    if (!o->svg.empty()) {
-      std::ofstream f(o->svg);
-      LT_CHECK(f.good(), "cannot write {}", o->svg);
-      f << timeline_svg(out.sim, fmt::format("{} batch {} seq {} on {}: {} plan, step {:.1f} ms", r.model.name, r.batch,
-                                             r.seq, r.profile.name, out.plan.planner, out.sim.pred.step_s * 1e3));
-      std::printf("wrote %s\n", o->svg.c_str());
-    }
+    PlanRequest r = request_from(*o, topo);
+    resolve_batch(r, o->batch);
+    write_outputs(*o, topo, r, make_plan(r));
   });
 }
 
