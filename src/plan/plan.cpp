@@ -324,6 +324,113 @@ json plan_to_json(const Plan& p) {
   return j;
 }
 
+namespace {
+
+std::vector<Tier> tiers_from(const json& t, const std::string& source) {
+  LT_CHECK(t.is_array(), "{}: field 'tier' must be an array of tier names", source);
+  std::vector<Tier> v;
+  for (size_t i = 0; i < t.size(); ++i) {
+    LT_CHECK(t[i].is_string(), "{}: tier[{}] must be a string, got {}", source, i, t[i].dump());
+    try {
+      v.push_back(parse_tier(t[i].get<std::string>()));
+    } catch (const Error& e) {
+      fail("{}: tier[{}]: {}", source, i, e.what());
+    }
+  }
+  return v;
+}
+
+std::vector<Block> blocks_from(const json& b, const std::string& source) {
+  LT_CHECK(b.is_array(), "{}: field 'blocks' must be an array of [start, end]", source);
+  std::vector<Block> v;
+  for (size_t i = 0; i < b.size(); ++i) {
+    LT_CHECK(b[i].is_array() && b[i].size() == 2 && b[i][0].is_number_integer() && b[i][1].is_number_integer(),
+             "{}: blocks[{}] must be [start, end] integers, got {}", source, i, b[i].dump());
+    v.push_back({b[i][0].get<int32_t>(), b[i][1].get<int32_t>()});
+  }
+  return v;
+}
+
+std::vector<CheckpointTraffic> traffic_from(const json& t, const std::string& source) {
+  LT_CHECK(t.is_array(), "{}: field 'traffic' must be an array", source);
+  std::vector<CheckpointTraffic> v;
+  for (size_t i = 0; i < t.size(); ++i) {
+    Obj e(t[i], fmt::format("{}: traffic[{}]", source, i));
+    CheckpointTraffic c;
+    c.boundary = e.get<int32_t>("boundary");
+    c.d2h = shares_from(e.req("d2h"), e.where() + ".d2h");
+    c.h2d = shares_from(e.req("h2d"), e.where() + ".h2d");
+    if (auto* w = e.opt("nvme_write")) c.nvme_write = shares_from(*w, e.where() + ".nvme_write");
+    if (auto* r = e.opt("nvme_read")) c.nvme_read = shares_from(*r, e.where() + ".nvme_read");
+    e.done();
+    v.push_back(std::move(c));
+  }
+  return v;
+}
+
+std::vector<std::string> names_from(const json& v, const std::string& source) {
+  LT_CHECK(v.is_array(), "{}: field 'optimizer_8bit' must be an array of tensor names", source);
+  std::vector<std::string> names;
+  for (auto& n : v) {
+    LT_CHECK(n.is_string(), "{}: optimizer_8bit entries must be strings, got {}", source, n.dump());
+    names.push_back(n.get<std::string>());
+  }
+  return names;
+}
+
+// The model-state fields (absent in older plans: fp32 masters, host gradients, everything in DRAM).
+StatePlacement placement_from(Obj& o, const std::string& source) {
+  StatePlacement s;
+  try {
+    s.master = parse_master_mode(o.get_or<std::string>("master_weights", "fp32"));
+    s.grads = parse_grad_home(o.get_or<std::string>("gradients", "host"));
+    s.grad_dtype = parse_grad_dtype(o.get_or<std::string>("gradient_dtype", "fp32"));
+    s.embedding_8bit = o.get_or<bool>("embedding_8bit", false);
+    s.nvme_layers = o.get_or<int64_t>("nvme_moment_layers", 0);
+    s.moment_shards = int(o.get_or<int64_t>("moment_shards", 1));
+    LT_CHECK(s.moment_shards >= 1, "field 'moment_shards' must be >= 1, got {}", s.moment_shards);
+    s.fp32_master_array = o.get_or<bool>("fp32_master_array", false);
+  } catch (const Error& e) {
+    fail("{}: {}", source, e.what());
+  }
+  return s;
+}
+
+PlanPrediction prediction_from(const json& pr, const std::string& source) {
+  Obj q(pr, source + ": predicted");
+  PlanPrediction d;
+  d.step_s = q.get_or<double>("step_s", 0);
+  d.compute_s = q.get_or<double>("compute_s", 0);
+  d.recompute_s = q.get_or<double>("recompute_s", 0);
+  d.exposed_h2d_s = q.get_or<double>("exposed_h2d_s", 0);
+  d.exposed_d2h_s = q.get_or<double>("exposed_d2h_s", 0);
+  d.exposed_nvme_s = q.get_or<double>("exposed_nvme_s", 0);
+  d.exposed_optimizer_s = q.get_or<double>("exposed_optimizer_s", 0);
+  d.tflops = q.get_or<double>("tflops", 0);
+  d.peak_hbm = q.get_or<int64_t>("peak_hbm", 0);
+  d.peak_dram = q.get_or<int64_t>("peak_dram", 0);
+  d.nvme_bytes = q.get_or<int64_t>("nvme_bytes", 0);
+  if (const json* w = q.opt("windows")) {
+    LT_CHECK(w->is_array(), "{}: predicted.windows must be an array", source);
+    for (size_t i = 0; i < w->size(); ++i) {
+      Obj x((*w)[i], fmt::format("{}: predicted.windows[{}]", source, i));
+      WindowPrediction wp;
+      wp.compute = x.get<double>("compute");
+      wp.h2d = x.get<double>("h2d");
+      wp.d2h = x.get<double>("d2h");
+      wp.nvme_read = x.get<double>("nvme_read");
+      wp.nvme_write = x.get<double>("nvme_write");
+      wp.exposed = x.get<double>("exposed");
+      x.done();
+      d.windows.push_back(wp);
+    }
+  }
+  q.done();
+  return d;
+}
+
+}  // namespace
+
 Plan plan_from_json(const json& j, const std::string& source) {
   Obj o(j, source);
   Plan p;
@@ -339,99 +446,18 @@ Plan plan_from_json(const json& j, const std::string& source) {
   p.chunk = o.get<int64_t>("chunk");
   p.ring = o.get<int32_t>("ring");
   p.nvme_staging = o.get_or<int32_t>("nvme_staging", 2);
-  {
-    const json& t = o.req("tier");
-    LT_CHECK(t.is_array(), "{}: field 'tier' must be an array of tier names", source);
-    for (size_t i = 0; i < t.size(); ++i) {
-      LT_CHECK(t[i].is_string(), "{}: tier[{}] must be a string, got {}", source, i, t[i].dump());
-      try {
-        p.tier.push_back(parse_tier(t[i].get<std::string>()));
-      } catch (const Error& e) {
-        fail("{}: tier[{}]: {}", source, i, e.what());
-      }
-    }
-  }
-  {
-    const json& b = o.req("blocks");
-    LT_CHECK(b.is_array(), "{}: field 'blocks' must be an array of [start, end]", source);
-    for (size_t i = 0; i < b.size(); ++i) {
-      LT_CHECK(b[i].is_array() && b[i].size() == 2 && b[i][0].is_number_integer() && b[i][1].is_number_integer(),
-               "{}: blocks[{}] must be [start, end] integers, got {}", source, i, b[i].dump());
-      p.blocks.push_back({b[i][0].get<int32_t>(), b[i][1].get<int32_t>()});
-    }
-  }
-  {
-    const json& t = o.req("traffic");
-    LT_CHECK(t.is_array(), "{}: field 'traffic' must be an array", source);
-    for (size_t i = 0; i < t.size(); ++i) {
-      Obj e(t[i], fmt::format("{}: traffic[{}]", source, i));
-      CheckpointTraffic c;
-      c.boundary = e.get<int32_t>("boundary");
-      c.d2h = shares_from(e.req("d2h"), e.where() + ".d2h");
-      c.h2d = shares_from(e.req("h2d"), e.where() + ".h2d");
-      if (auto* w = e.opt("nvme_write")) c.nvme_write = shares_from(*w, e.where() + ".nvme_write");
-      if (auto* r = e.opt("nvme_read")) c.nvme_read = shares_from(*r, e.where() + ".nvme_read");
-      e.done();
-      p.traffic.push_back(std::move(c));
-    }
-  }
+  p.tier = tiers_from(o.req("tier"), source);
+  p.blocks = blocks_from(o.req("blocks"), source);
+  p.traffic = traffic_from(o.req("traffic"), source);
   p.embedding_resident = o.get<bool>("embedding_resident");
   p.head_resident = o.get<bool>("head_resident");
-  {
-    const json& v = o.req("optimizer_8bit");
-    LT_CHECK(v.is_array(), "{}: field 'optimizer_8bit' must be an array of tensor names", source);
-    for (auto& n : v) {
-      LT_CHECK(n.is_string(), "{}: optimizer_8bit entries must be strings, got {}", source, n.dump());
-      p.optimizer_8bit.push_back(n.get<std::string>());
-    }
-  }
-  try {
-    p.placement.master = parse_master_mode(o.get_or<std::string>("master_weights", "fp32"));
-    p.placement.grads = parse_grad_home(o.get_or<std::string>("gradients", "host"));
-    p.placement.grad_dtype = parse_grad_dtype(o.get_or<std::string>("gradient_dtype", "fp32"));
-    p.placement.embedding_8bit = o.get_or<bool>("embedding_8bit", false);
-    p.placement.nvme_layers = o.get_or<int64_t>("nvme_moment_layers", 0);
-    p.placement.moment_shards = int(o.get_or<int64_t>("moment_shards", 1));
-    LT_CHECK(p.placement.moment_shards >= 1, "field 'moment_shards' must be >= 1, got {}", p.placement.moment_shards);
-    p.placement.fp32_master_array = o.get_or<bool>("fp32_master_array", false);
-  } catch (const Error& e) {
-    fail("{}: {}", source, e.what());
-  }
+  p.optimizer_8bit = names_from(o.req("optimizer_8bit"), source);
+  p.placement = placement_from(o, source);
   p.planner = o.get_or<std::string>("planner", "");
   p.hbm_cap = o.get_or<int64_t>("hbm_cap", 0);
   p.dram_cap = o.get_or<int64_t>("dram_cap", 0);
   p.nvme_cap = o.get_or<int64_t>("nvme_cap", 0);
-  if (const json* pr = o.opt("predicted")) {
-    Obj q(*pr, source + ": predicted");
-    auto& d = p.predicted;
-    d.step_s = q.get_or<double>("step_s", 0);
-    d.compute_s = q.get_or<double>("compute_s", 0);
-    d.recompute_s = q.get_or<double>("recompute_s", 0);
-    d.exposed_h2d_s = q.get_or<double>("exposed_h2d_s", 0);
-    d.exposed_d2h_s = q.get_or<double>("exposed_d2h_s", 0);
-    d.exposed_nvme_s = q.get_or<double>("exposed_nvme_s", 0);
-    d.exposed_optimizer_s = q.get_or<double>("exposed_optimizer_s", 0);
-    d.tflops = q.get_or<double>("tflops", 0);
-    d.peak_hbm = q.get_or<int64_t>("peak_hbm", 0);
-    d.peak_dram = q.get_or<int64_t>("peak_dram", 0);
-    d.nvme_bytes = q.get_or<int64_t>("nvme_bytes", 0);
-    if (const json* w = q.opt("windows")) {
-      LT_CHECK(w->is_array(), "{}: predicted.windows must be an array", source);
-      for (size_t i = 0; i < w->size(); ++i) {
-        Obj x((*w)[i], fmt::format("{}: predicted.windows[{}]", source, i));
-        WindowPrediction wp;
-        wp.compute = x.get<double>("compute");
-        wp.h2d = x.get<double>("h2d");
-        wp.d2h = x.get<double>("d2h");
-        wp.nvme_read = x.get<double>("nvme_read");
-        wp.nvme_write = x.get<double>("nvme_write");
-        wp.exposed = x.get<double>("exposed");
-        x.done();
-        d.windows.push_back(wp);
-      }
-    }
-    q.done();
-  }
+  if (const json* pr = o.opt("predicted")) p.predicted = prediction_from(*pr, source);
   o.done();
   try {
     validate_plan(p);
