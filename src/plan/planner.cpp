@@ -177,45 +177,39 @@ std::string why_not(const PlanOutcome& out, const StateChoice& st, int64_t chunk
 
 }  // namespace
 
-PlanOutcome make_plan(const PlanRequest& r) {
-  LT_CHECK(r.batch >= 1, "plan: batch must be >= 1, got {}", r.batch);
-  LT_CHECK(r.world >= 1 && r.ranks_per_host >= 1 && r.ranks_per_host <= r.world,
-           "plan: world size must be >= 1 and ranks per host in [1, world], got world {} and ranks per host {}",
-           r.world, r.ranks_per_host);
-  PlanOutcome out;
+namespace {
+
+// The chosen state's figures in the outcome: placement, bytes, the 8-bit count, the instance, the DP.
+void record_state(const PlanRequest& r, const Prepared& prep, PlanOutcome& out) {
   const auto& c = r.model;
-  out.flops_per_step = model_flops_per_step(c, r.batch * r.seq * r.micro_batches);
-  Prepared best_prep = choose_state(r);
-  widen_8bit(r, best_prep);
-  const StateChoice st = best_prep.st;
-  out.placement = st.placement;
-  out.state = model_state_bytes(c, st.q8, st.placement);
-  const auto& q8 = st.q8;
-  auto lay = model_layout(c);
-  for (auto& n : q8) {
+  out.placement = prep.st.placement;
+  out.state = model_state_bytes(c, prep.st.q8, prep.st.placement);
+  const auto lay = model_layout(c);
+  for (auto& n : prep.st.q8) {
     ++out.eight_bit_tensors;
     for (auto& u : lay.units)
       for (auto& p : u.params)
         if (p.name == n) out.eight_bit_params += p.numel;
   }
-  out.inst = best_prep.inst;
-  DpResult dp = best_prep.dp;
-  const int64_t chunk = best_prep.chunk;
-  const Instance& in = out.inst;
-  out.dp = dp;
-  const Plan meta = plan_meta(r, chunk, st);
+  out.inst = prep.inst;
+  out.dp = prep.dp;
+}
 
+// Every plan the request asks to score: the DP's, the heuristics (all of them with compare, the
+// requested one, and all-gpu for milp: one simulation, the tie-break's candidate), then the MILP
+// warm-started from the best so far.
+void score_candidates(const PlanRequest& r, const Plan& meta, PlanOutcome& out) {
+  const Instance& in = out.inst;
   auto with_tiers = [&](std::vector<Tier> t) {
     Plan p = meta;
     p.tier = std::move(t);
     assign_tied_traffic(in, p);
     return p;
   };
-  // milp also scores all-gpu, one simulation: on a time tie it keeps the host's DRAM free (below).
-  const bool want_heur = r.compare || is_heuristic(r.planner) || r.planner == "milp";
+  const DpResult& dp = *out.dp;  // record_state
   if (dp.feasible) out.candidates.push_back(score(in, with_tiers(dp.tier), "dp"));
   else out.candidates.push_back({"dp", false, "no feasible plan in the DP's space", meta, {}});
-  if (want_heur) {
+  if (r.compare || is_heuristic(r.planner) || r.planner == "milp") {
     std::vector<std::string> names = heuristic_names();
     if (is_heuristic(r.planner) && std::find(names.begin(), names.end(), r.planner) == names.end()) names.push_back(r.planner);
     for (auto& h : names) {
@@ -223,59 +217,75 @@ PlanOutcome make_plan(const PlanRequest& r) {
       out.candidates.push_back(score(in, with_tiers(heuristic_tiers(h, in.L)), h));
     }
   }
-  if (r.planner == "milp") {
-    // Warm start from the best feasible candidate so far.
-    const Candidate* best = nullptr;
-    for (auto& cd : out.candidates)
-      if (cd.feasible && (!best || cd.sim.pred.step_s < best->sim.pred.step_s)) best = &cd;
-    const Plan* warm = best ? &best->plan : nullptr;
-    auto ms = solve_milp(in, r.milp, warm);
-    out.milp = ms;
-    if (ms.feasible) {
-      Plan p = meta;
-      p.tier = ms.tier;
-      apply_milp_solution(in, ms, p);
-      out.candidates.push_back(score(in, p, "milp"));
-    } else {
-      out.candidates.push_back({"milp", false, "CBC found no solution within the time limit", meta, {}});
-    }
-  } else {
+  if (r.planner != "milp") {
     LT_CHECK(r.planner == "dp" || is_heuristic(r.planner), "unknown planner '{}': expected milp, dp, megatrain:K, all-gpu, "
              "sqrt or cpu-all", r.planner);
+    return;
   }
+  const Candidate* best = nullptr;
+  for (auto& cd : out.candidates)
+    if (cd.feasible && (!best || cd.sim.pred.step_s < best->sim.pred.step_s)) best = &cd;
+  auto ms = solve_milp(in, r.milp, best ? &best->plan : nullptr);
+  out.milp = ms;
+  if (ms.feasible) {
+    Plan p = meta;
+    p.tier = ms.tier;
+    apply_milp_solution(in, ms, p);
+    out.candidates.push_back(score(in, p, "milp"));
+  } else {
+    out.candidates.push_back({"milp", false, "CBC found no solution within the time limit", meta, {}});
+  }
+}
 
-  // Choose: the requested planner's plan, except that milp takes the best of everything it was
-  // compared with (it may only improve on the DP and the heuristics).
+// The requested planner's plan, except that milp takes the best of everything it was compared with (it
+// may only improve on the DP and the heuristics). Fastest wins; on a tie (within 1e-9 relative) the one
+// whose fuller memory (GPU or DRAM, as a share of its cap) is emptier: checkpoints offloaded for nothing
+// cost host memory (RSS) and PCIe traffic. Null when none is feasible.
+const Candidate* choose_candidate(const PlanRequest& r, const PlanOutcome& out) {
+  const Instance& in = out.inst;
+  auto fullest = [&](const Candidate& x) {
+    return std::max(double(x.sim.pred.peak_hbm) / std::max(1.0, in.hbm_cap),
+                    double(x.sim.pred.peak_dram) / std::max(1.0, in.dram_cap));
+  };
   const Candidate* best = nullptr;
   for (auto& cd : out.candidates) {
-    if (!cd.feasible) continue;
-    const bool eligible = r.planner == "milp" ? true : cd.name == r.planner;
-    if (!eligible) continue;
-    // Fastest wins; on a tie (within 1e-9 relative) the one whose fuller memory (GPU or DRAM, as a share
-    // of its cap) is emptier: checkpoints offloaded for nothing cost host memory (RSS) and PCIe traffic.
+    if (!cd.feasible || (r.planner != "milp" && cd.name != r.planner)) continue;
     const double tol = 1e-9 * (best ? best->sim.pred.step_s : 0);
-    auto fullest = [&](const Candidate& x) {
-      return std::max(double(x.sim.pred.peak_hbm) / std::max(1.0, in.hbm_cap),
-                      double(x.sim.pred.peak_dram) / std::max(1.0, in.dram_cap));
-    };
     if (!best || cd.sim.pred.step_s < best->sim.pred.step_s - tol ||
         (cd.sim.pred.step_s <= best->sim.pred.step_s + tol && fullest(cd) < fullest(*best)))
       best = &cd;
   }
-  if (best) {
-    out.feasible = true;
-    out.plan = best->plan;
-    out.plan.planner = r.planner == "milp" && best->name != "milp" ? "milp(" + best->name + ")" : best->name;
-    out.sim = best->sim;
-    out.chosen = best->name;
-    out.sim.pred.tflops = out.flops_per_step / out.sim.pred.step_s / 1e12;
-    out.plan.predicted = out.sim.pred;
-    for (auto& cd : out.candidates)
-      if (cd.feasible) cd.sim.pred.tflops = out.flops_per_step / cd.sim.pred.step_s / 1e12;
+  return best;
+}
+
+}  // namespace
+
+PlanOutcome make_plan(const PlanRequest& r) {
+  LT_CHECK(r.batch >= 1, "plan: batch must be >= 1, got {}", r.batch);
+  LT_CHECK(r.world >= 1 && r.ranks_per_host >= 1 && r.ranks_per_host <= r.world,
+           "plan: world size must be >= 1 and ranks per host in [1, world], got world {} and ranks per host {}",
+           r.world, r.ranks_per_host);
+  PlanOutcome out;
+  out.flops_per_step = model_flops_per_step(r.model, r.batch * r.seq * r.micro_batches);
+  Prepared prep = choose_state(r);
+  widen_8bit(r, prep);
+  record_state(r, prep, out);
+  score_candidates(r, plan_meta(r, prep.chunk, prep.st), out);
+  const Candidate* best = choose_candidate(r, out);
+  if (!best) {
+    out.why = why_not(out, prep.st, prep.chunk);
+    if (r.explain) out.why += fit_advice(r).text();
     return out;
   }
-  out.why = why_not(out, st, chunk);
-  if (r.explain) out.why += fit_advice(r).text();
+  out.feasible = true;
+  out.plan = best->plan;
+  out.plan.planner = r.planner == "milp" && best->name != "milp" ? "milp(" + best->name + ")" : best->name;
+  out.sim = best->sim;
+  out.chosen = best->name;
+  out.sim.pred.tflops = out.flops_per_step / out.sim.pred.step_s / 1e12;
+  out.plan.predicted = out.sim.pred;
+  for (auto& cd : out.candidates)
+    if (cd.feasible) cd.sim.pred.tflops = out.flops_per_step / cd.sim.pred.step_s / 1e12;
   return out;
 }
 
