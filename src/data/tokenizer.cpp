@@ -56,17 +56,23 @@ Tokenizer Tokenizer::from_json(const json& j, const std::string& origin) {
   }
 }
 
-Tokenizer Tokenizer::from_json_checked(const json& j, const std::string& origin) {
-  LT_CHECK(j.is_object(), "{}: expected a JSON object at top level, got {}", origin, j.type_name());
-  Tokenizer t;
+namespace {
 
-  // model
+// tokenizer.json's "model" (BPE only): its options, vocabulary and merges.
+struct BpeParts {
+  BpeOptions opt;
+  std::unordered_map<std::string, int32_t> vocab;
+  std::vector<std::pair<std::string, std::string>> merges;
+};
+
+BpeParts parse_bpe_model(const json& j, const std::string& origin) {
   const std::string mw = origin + ": model";
   const json& model = field(j, "model", origin);
   LT_CHECK(model.is_object(), "{}: expected an object", mw);
   const std::string mtype = model.contains("type") ? get_str(model, "type", mw) : "BPE";
   LT_CHECK(mtype == "BPE", "{}.type: unsupported model '{}'; supported: BPE", mw, mtype);
-  BpeOptions opt;
+  BpeParts b;
+  BpeOptions& opt = b.opt;
   opt.byte_fallback = get_bool(model, "byte_fallback", false, mw);
   opt.fuse_unk = get_bool(model, "fuse_unk", false, mw);
   opt.ignore_merges = get_bool(model, "ignore_merges", false, mw);
@@ -78,17 +84,15 @@ Tokenizer Tokenizer::from_json_checked(const json& j, const std::string& origin)
            "{}.dropout: BPE dropout is not supported (must be null)", mw);
   const json& vocab = field(model, "vocab", mw);
   LT_CHECK(vocab.is_object(), "{}.vocab: expected an object {{token: id}}, got {}", mw, vocab.type_name());
-  std::unordered_map<std::string, int32_t> v;
-  v.reserve(vocab.size());
+  b.vocab.reserve(vocab.size());
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
     LT_CHECK(it.value().is_number_integer(), "{}.vocab['{}']: expected an integer id, got {}", mw, it.key(),
              it.value().type_name());
-    v.emplace(it.key(), it.value().get<int32_t>());
+    b.vocab.emplace(it.key(), it.value().get<int32_t>());
   }
   const json& merges = field(model, "merges", mw);
   LT_CHECK(merges.is_array(), "{}.merges: expected an array, got {}", mw, merges.type_name());
-  std::vector<std::pair<std::string, std::string>> m;
-  m.reserve(merges.size());
+  b.merges.reserve(merges.size());
   for (size_t i = 0; i < merges.size(); ++i) {
     const json& e = merges[i];
     if (e.is_string()) {  // legacy "a b"
@@ -96,13 +100,22 @@ Tokenizer Tokenizer::from_json_checked(const json& j, const std::string& origin)
       const auto sp = s.find(' ');
       LT_CHECK(sp != std::string::npos && sp > 0 && sp + 1 < s.size() && s.find(' ', sp + 1) == std::string::npos,
                "{}.merges[{}]: expected \"left right\", got '{}'", mw, i, s);
-      m.emplace_back(s.substr(0, sp), s.substr(sp + 1));
+      b.merges.emplace_back(s.substr(0, sp), s.substr(sp + 1));
     } else {
       LT_CHECK(e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string(),
                "{}.merges[{}]: expected [\"left\", \"right\"] or \"left right\", got {}", mw, i, e.dump());
-      m.emplace_back(e[0].get<std::string>(), e[1].get<std::string>());
+      b.merges.emplace_back(e[0].get<std::string>(), e[1].get<std::string>());
     }
   }
+  return b;
+}
+
+}  // namespace
+
+Tokenizer Tokenizer::from_json_checked(const json& j, const std::string& origin) {
+  LT_CHECK(j.is_object(), "{}: expected a JSON object at top level, got {}", origin, j.type_name());
+  Tokenizer t;
+  BpeParts bpe = parse_bpe_model(j, origin);
   // normalizer, pre_tokenizer, decoder
   if (j.contains("normalizer")) t.normalizer_ = parse_normalizer(j["normalizer"], origin + ": normalizer");
   {
@@ -111,101 +124,103 @@ Tokenizer Tokenizer::from_json_checked(const json& j, const std::string& origin)
     t.pre_ = std::move(pi.pre);
     t.byte_level_ = pi.byte_level;
   }
-  opt.byte_level = t.byte_level_;
-  t.bpe_ = std::make_shared<BpeModel>(std::move(v), m, opt, origin);
+  bpe.opt.byte_level = t.byte_level_;
+  t.bpe_ = std::make_shared<BpeModel>(std::move(bpe.vocab), bpe.merges, bpe.opt, origin);
   t.vocab_size_ = static_cast<int32_t>(t.bpe_->id_to_token().size());
   {
     DecoderInfo di = parse_decoder(j.contains("decoder") ? j["decoder"] : json(), origin + ": decoder");
     t.decoder_ = std::move(di.dec);
     t.decoder_bytelevel_ = di.pure_byte_level;
   }
+  if (j.contains("added_tokens") && !j["added_tokens"].is_null()) t.parse_added_tokens(j["added_tokens"], origin);
+  if (j.contains("post_processor")) t.parse_post_processor(j["post_processor"], origin + ": post_processor");
+  t.build_lookup_tables();
+  return t;
+}
 
-  // added_tokens
-  if (j.contains("added_tokens") && !j["added_tokens"].is_null()) {
-    const json& at = j["added_tokens"];
-    LT_CHECK(at.is_array(), "{}: added_tokens: expected an array, got {}", origin, at.type_name());
-    for (size_t i = 0; i < at.size(); ++i) {
-      const std::string w = fmt::format("{}: added_tokens[{}]", origin, i);
-      LT_CHECK(at[i].is_object(), "{}: expected an object", w);
-      AddedToken a;
-      const json& id = field(at[i], "id", w);
-      LT_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < kMaxVocab,
-               "{}.id: expected an integer in 0..{}, got {}", w, kMaxVocab - 1, id.dump());
-      a.id = id.get<int32_t>();
-      a.content = get_str(at[i], "content", w);
-      LT_CHECK(!a.content.empty(), "{}.content: must not be empty", w);
-      a.special = get_bool(at[i], "special", false, w);
-      a.lstrip = get_bool(at[i], "lstrip", false, w);
-      a.rstrip = get_bool(at[i], "rstrip", false, w);
-      a.single_word = get_bool(at[i], "single_word", false, w);
-      a.normalized = get_bool(at[i], "normalized", !a.special, w);
-      auto vid = t.bpe_->vocab().find(a.content);
-      LT_CHECK(vid == t.bpe_->vocab().end() || vid->second == a.id,
-               "{}: token '{}' has id {} but model.vocab gives it id {}", w, a.content, a.id, vid->second);
-      t.added_by_content_[a.content] = a.id;
-      t.added_by_id_[a.id] = t.added_.size();
-      t.vocab_size_ = std::max(t.vocab_size_, a.id + 1);
-      t.added_.push_back(std::move(a));
+void Tokenizer::parse_added_tokens(const json& at, const std::string& origin) {
+  LT_CHECK(at.is_array(), "{}: added_tokens: expected an array, got {}", origin, at.type_name());
+  for (size_t i = 0; i < at.size(); ++i) {
+    const std::string w = fmt::format("{}: added_tokens[{}]", origin, i);
+    LT_CHECK(at[i].is_object(), "{}: expected an object", w);
+    AddedToken a;
+    const json& id = field(at[i], "id", w);
+    LT_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < kMaxVocab,
+             "{}.id: expected an integer in 0..{}, got {}", w, kMaxVocab - 1, id.dump());
+    a.id = id.get<int32_t>();
+    a.content = get_str(at[i], "content", w);
+    LT_CHECK(!a.content.empty(), "{}.content: must not be empty", w);
+    a.special = get_bool(at[i], "special", false, w);
+    a.lstrip = get_bool(at[i], "lstrip", false, w);
+    a.rstrip = get_bool(at[i], "rstrip", false, w);
+    a.single_word = get_bool(at[i], "single_word", false, w);
+    a.normalized = get_bool(at[i], "normalized", !a.special, w);
+    auto vid = bpe_->vocab().find(a.content);
+    LT_CHECK(vid == bpe_->vocab().end() || vid->second == a.id,
+             "{}: token '{}' has id {} but model.vocab gives it id {}", w, a.content, a.id, vid->second);
+    added_by_content_[a.content] = a.id;
+    added_by_id_[a.id] = added_.size();
+    vocab_size_ = std::max(vocab_size_, a.id + 1);
+    added_.push_back(std::move(a));
+  }
+}
+
+// post_processor: null, ByteLevel (no-op on ids), TemplateProcessing, or a Sequence of these.
+void Tokenizer::parse_post_processor(const json& p, const std::string& w) {
+  if (p.is_null()) return;
+  const std::string type = get_str(p, "type", w);
+  if (type == "ByteLevel") return;
+  if (type == "Sequence") {
+    const json& list = field(p, "processors", w);
+    for (size_t i = 0; i < list.size(); ++i) parse_post_processor(list[i], fmt::format("{}.processors[{}]", w, i));
+    return;
+  }
+  LT_CHECK(type == "TemplateProcessing", "{}.type: unsupported post-processor '{}'; supported: ByteLevel, "
+           "TemplateProcessing, Sequence, null", w, type);
+  const json& single = field(p, "single", w);
+  const json& specials = field(p, "special_tokens", w);
+  bool seen_a = false;
+  for (size_t i = 0; i < single.size(); ++i) {
+    const json& e = single[i];
+    const std::string ew = fmt::format("{}.single[{}]", w, i);
+    if (e.contains("Sequence")) {
+      seen_a = true;
+    } else if (e.contains("SpecialToken")) {
+      const std::string name = get_str(e["SpecialToken"], "id", ew + ".SpecialToken");
+      auto it = specials.find(name);
+      LT_CHECK(it != specials.end(), "{}: special token '{}' is not in {}.special_tokens", ew, name, w);
+      const json& ids = field(*it, "ids", w + ".special_tokens." + name);
+      for (const auto& id : ids) {
+        LT_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < vocab_size_,
+                 "{}.special_tokens.{}.ids: expected ids in 0..{}, got {}", w, name, vocab_size_ - 1, id.dump());
+        (seen_a ? post_suffix_ : post_prefix_).push_back(id.get<int32_t>());
+      }
+    } else {
+      fail("{}: expected {{\"Sequence\"|\"SpecialToken\": ...}}, got {}", ew, e.dump());
     }
   }
+}
 
-  // post_processor: null, ByteLevel (no-op on ids), TemplateProcessing, or a Sequence of these.
-  std::function<void(const json&, const std::string&)> parse_post = [&](const json& p, const std::string& w) {
-    if (p.is_null()) return;
-    const std::string type = get_str(p, "type", w);
-    if (type == "ByteLevel") return;
-    if (type == "Sequence") {
-      const json& list = field(p, "processors", w);
-      for (size_t i = 0; i < list.size(); ++i) parse_post(list[i], fmt::format("{}.processors[{}]", w, i));
-      return;
-    }
-    LT_CHECK(type == "TemplateProcessing", "{}.type: unsupported post-processor '{}'; supported: ByteLevel, "
-             "TemplateProcessing, Sequence, null", w, type);
-    const json& single = field(p, "single", w);
-    const json& specials = field(p, "special_tokens", w);
-    bool seen_a = false;
-    for (size_t i = 0; i < single.size(); ++i) {
-      const json& e = single[i];
-      const std::string ew = fmt::format("{}.single[{}]", w, i);
-      if (e.contains("Sequence")) {
-        seen_a = true;
-      } else if (e.contains("SpecialToken")) {
-        const std::string name = get_str(e["SpecialToken"], "id", ew + ".SpecialToken");
-        auto it = specials.find(name);
-        LT_CHECK(it != specials.end(), "{}: special token '{}' is not in {}.special_tokens", ew, name, w);
-        const json& ids = field(*it, "ids", w + ".special_tokens." + name);
-        for (const auto& id : ids) {
-          LT_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < t.vocab_size_,
-                   "{}.special_tokens.{}.ids: expected ids in 0..{}, got {}", w, name, t.vocab_size_ - 1, id.dump());
-          (seen_a ? t.post_suffix_ : t.post_prefix_).push_back(id.get<int32_t>());
-        }
-      } else {
-        fail("{}: expected {{\"Sequence\"|\"SpecialToken\": ...}}, got {}", ew, e.dump());
-      }
-    }
-  };
-  if (j.contains("post_processor")) parse_post(j["post_processor"], origin + ": post_processor");
-
-  // Lookup tables for the hot paths.
-  for (const auto& a : t.added_) t.has_normalized_added_ = t.has_normalized_added_ || a.normalized;
-  for (size_t i = 0; i < t.added_.size(); ++i)
-    t.added_first_[t.added_[i].normalized ? 1 : 0][static_cast<unsigned char>(t.added_[i].content[0])].push_back(
+// Lookup tables for the hot paths: added tokens by first byte, every id's bytes.
+void Tokenizer::build_lookup_tables() {
+  for (const auto& a : added_) has_normalized_added_ = has_normalized_added_ || a.normalized;
+  for (size_t i = 0; i < added_.size(); ++i)
+    added_first_[added_[i].normalized ? 1 : 0][static_cast<unsigned char>(added_[i].content[0])].push_back(
         static_cast<uint32_t>(i));
-  auto id_bytes = std::make_shared<std::vector<std::string>>(static_cast<size_t>(t.vocab_size_));
-  auto id_known = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(t.vocab_size_), 0);
-  const auto& itt = t.bpe_->id_to_token();
+  auto id_bytes = std::make_shared<std::vector<std::string>>(static_cast<size_t>(vocab_size_));
+  auto id_known = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(vocab_size_), 0);
+  const auto& itt = bpe_->id_to_token();
   for (size_t id = 0; id < itt.size(); ++id) {
     if (itt[id].empty()) continue;
     (*id_known)[id] = 1;
-    (*id_bytes)[id] = t.decoder_bytelevel_ ? bytelevel_token_bytes(itt[id]) : itt[id];
+    (*id_bytes)[id] = decoder_bytelevel_ ? bytelevel_token_bytes(itt[id]) : itt[id];
   }
-  for (const auto& a : t.added_) {
+  for (const auto& a : added_) {
     (*id_known)[a.id] = 1;
-    (*id_bytes)[a.id] = t.decoder_bytelevel_ ? bytelevel_token_bytes(a.content) : a.content;
+    (*id_bytes)[a.id] = decoder_bytelevel_ ? bytelevel_token_bytes(a.content) : a.content;
   }
-  t.id_bytes_ = std::move(id_bytes);
-  t.id_known_ = std::move(id_known);
-  return t;
+  id_bytes_ = std::move(id_bytes);
+  id_known_ = std::move(id_known);
 }
 
 std::vector<Tokenizer::Piece> Tokenizer::split_added(std::string_view text, bool normalized_kind) const {

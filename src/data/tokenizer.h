@@ -63,6 +63,10 @@ class Tokenizer {
  private:
   Tokenizer() = default;
   static Tokenizer from_json_checked(const nlohmann::json& j, const std::string& origin);
+  // Parts of from_json_checked, in order after the model, normalizer, pre-tokenizer and decoder.
+  void parse_added_tokens(const nlohmann::json& at, const std::string& origin);
+  void parse_post_processor(const nlohmann::json& p, const std::string& where);
+  void build_lookup_tables();
   // Appends the ids of plain text (no added tokens inside), running normalizer and pre-tokenizer.
   void encode_plain(std::string_view text, std::vector<int32_t>& out, bool parse_normalized_added, bool at_start) const;
   void encode_pretokenized(std::string_view normalized, std::vector<int32_t>& out, bool at_start) const;
