@@ -7,6 +7,27 @@
 
 namespace lt::dist {
 
+namespace {
+template <typename T>
+void sum_typed(const std::vector<const char*>& src, char* out, int64_t count) {
+  T* o = reinterpret_cast<T*>(out);
+  for (int64_t i = 0; i < count; ++i) {
+    T acc = reinterpret_cast<const T*>(src[0])[i];
+    for (size_t q = 1; q < src.size(); ++q) acc += reinterpret_cast<const T*>(src[q])[i];
+    o[i] = acc;
+  }
+}
+}  // namespace
+
+void sum_in_rank_order(const std::vector<const char*>& src, char* out, int64_t count, CommType t) {
+  switch (t) {
+    case CommType::F32: return sum_typed<float>(src, out, count);
+    case CommType::F64: return sum_typed<double>(src, out, count);
+    case CommType::I64: return sum_typed<int64_t>(src, out, count);
+    case CommType::BF16: fail("sum: bf16 reduction is not supported (reduce in fp32)");
+  }
+}
+
 size_t comm_type_size(CommType t) {
   switch (t) {
     case CommType::F32: return 4;

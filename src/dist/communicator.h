@@ -21,6 +21,10 @@ namespace lt::dist {
 
 enum class CommType { F32, F64, I64, BF16 };  // BF16: all-gather/broadcast only (no reduction)
 size_t comm_type_size(CommType t);
+// out[i] = src[0][i] + src[1][i] + ... in rank order, for i < count (src[q]: rank q's values, already at
+// the range's start; F32/F64/I64). One definition for the communicators that sum on the host, so they
+// give the same bits.
+void sum_in_rank_order(const std::vector<const char*>& src, char* out, int64_t count, CommType t);
 const char* comm_type_name(CommType t);
 
 class Communicator {

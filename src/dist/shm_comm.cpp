@@ -82,18 +82,7 @@ std::string rank_list(const std::vector<int>& v) {
   return s;
 }
 
-template <typename T>
-void sum_into(const std::vector<const char*>& src, char* out, int64_t count) {
-  T* o = reinterpret_cast<T*>(out);
-  for (int64_t i = 0; i < count; ++i) {
-    T acc = reinterpret_cast<const T*>(src[0])[i];
-    for (size_t q = 1; q < src.size(); ++q) acc += reinterpret_cast<const T*>(src[q])[i];
-    o[i] = acc;
-  }
-}
-
 }  // namespace
-
 
 namespace {
 
@@ -325,12 +314,7 @@ void ShmCommunicator::reduce_scatter_as(void* buf, const std::vector<int64_t>& b
     if (e > a) {
       std::vector<const char*> s(src);
       for (auto& p : s) p += (a - off) * es;
-      switch (t) {
-        case CommType::F32: sum_into<float>(s, out + a * es, e - a); break;
-        case CommType::F64: sum_into<double>(s, out + a * es, e - a); break;
-        case CommType::I64: sum_into<int64_t>(s, out + a * es, e - a); break;
-        case CommType::BF16: break;
-      }
+      sum_in_rank_order(s, out + a * es, e - a, t);
     }
     sync(op);
   }

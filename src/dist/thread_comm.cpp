@@ -38,18 +38,6 @@ std::vector<void*>& ThreadCommunicator::publish(void* buf) {
   return g_->slots();
 }
 
-namespace {
-template <typename T>
-void sum_range(const std::vector<void*>& bufs, void* out, int64_t lo, int64_t hi) {
-  T* o = static_cast<T*>(out);
-  const size_t W = bufs.size();
-  for (int64_t i = lo; i < hi; ++i) {
-    T acc = static_cast<const T*>(bufs[0])[i];
-    for (size_t q = 1; q < W; ++q) acc += static_cast<const T*>(bufs[q])[i];
-    o[i] = acc;
-  }
-}
-}  // namespace
 
 void ThreadCommunicator::reduce_scatter(void* buf, const std::vector<int64_t>& b, CommType t) {
   check_bounds(b, size(), "reduce_scatter");
@@ -58,12 +46,10 @@ void ThreadCommunicator::reduce_scatter(void* buf, const std::vector<int64_t>& b
   // Rank r reads every rank's range r and writes only its own buffer's range r: no other rank reads
   // that (they read their own ranges), so one barrier after the writes suffices.
   const int64_t lo = b[size_t(rank_)], hi = b[size_t(rank_) + 1];
-  switch (t) {
-    case CommType::F32: sum_range<float>(bufs, buf, lo, hi); break;
-    case CommType::F64: sum_range<double>(bufs, buf, lo, hi); break;
-    case CommType::I64: sum_range<int64_t>(bufs, buf, lo, hi); break;
-    case CommType::BF16: break;
-  }
+  const int64_t es = int64_t(comm_type_size(t));
+  std::vector<const char*> src;
+  for (void* q : bufs) src.push_back(static_cast<const char*>(q) + lo * es);
+  sum_in_rank_order(src, static_cast<char*>(buf) + lo * es, hi - lo, t);
   g_->barrier();
 }
 

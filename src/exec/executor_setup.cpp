@@ -82,8 +82,6 @@ std::vector<int64_t> unit_numels(const ModelLayout& lay) {
   return n;
 }
 
-// Device and pinned bytes of the weight gradients: per-micro-batch buffers (host gradients, or
-// accumulation into fp32 held buffers) and the held buffers with their staging ring.
 // The dtype of the held gradients and whether the backward writes into them directly (one micro-batch
 // in the backend's gradient dtype) or each micro-batch's gradient is added into them (grad_add).
 DType held_grad_dtype(DType grad, int32_t micro_batches, GradDType held) {
@@ -94,6 +92,8 @@ bool held_grads_direct(DType grad, int32_t micro_batches, GradDType held) {
   return micro_batches == 1 && held_grad_dtype(grad, micro_batches, held) == grad;
 }
 
+// Device and pinned bytes of the weight gradients: per-micro-batch buffers (host gradients, or
+// accumulation into the held buffers) and the held buffers with their staging ring.
 ExecMemory grad_memory(const ModelConfig& c, const ExecPlan& p, const ModelLayout& lay, DType grad, GradHome home,
                        int32_t micro_batches, GradDType held_dtype) {
   const int64_t g = int64_t(dtype_size(grad));

@@ -28,9 +28,8 @@ void push_nvme_rung(const PlanRequest& r, StatePlacement p, const std::string& m
 }
 
 // World > 1: only what the data-parallel trainer runs (docs/distributed.md): fp32 master arrays, host
-// gradients, moments in DRAM sharded over the ranks; the rungs are fp32 moments, then (hybrid) 8-bit
-// matrices, then the embedding's moments 8-bit too.
-std::vector<StateChoice> data_parallel_ladder(const PlanRequest& r, StatePlacement p) {
+// gradients, moments in DRAM sharded over the ranks. Forcing anything else is an error naming it.
+void check_data_parallel(const PlanRequest& r, const StatePlacement& p) {
   LT_CHECK(p.master == MasterMode::Fp32,
            "plan: master_weights 'bf16-sr' with world size {}: the data-parallel trainer all-gathers fp32 "
            "masters; use master_weights fp32 or auto", r.world);
@@ -43,22 +42,6 @@ std::vector<StateChoice> data_parallel_ladder(const PlanRequest& r, StatePlaceme
   LT_CHECK(!r.allow_nvme_moments,
            "plan: optimizer_nvme 'auto' with world size {}: the data-parallel trainer keeps the optimizer moments "
            "in DRAM; use optimizer_nvme none", r.world);
-  p.moment_shards = r.world;
-  p.fp32_master_array = true;
-  const double dram = double(r.profile.dram_bytes);
-  std::string moments = r.optimizer == "hybrid" ? "adamw" : r.optimizer;
-  std::vector<StateChoice> v;
-  auto push = [&] { v.push_back({p, choose_8bit(r.model, moments, dram, p)}); };
-  push();
-  if (r.optimizer == "hybrid") {
-    moments = "hybrid";
-    push();
-  }
-  if (moments != "adamw") {
-    p.embedding_8bit = true;
-    push();
-  }
-  return v;
 }
 
 }  // namespace
@@ -70,13 +53,18 @@ std::vector<StateChoice> placement_ladder(const PlanRequest& r) {
            "are fp32 accumulators (use gradients device or auto)");
   StatePlacement p{r.master.value_or(MasterMode::Fp32), r.grads.value_or(GradHome::Host),
                    r.grad_dtype.value_or(GradDType::F32)};
-  if (r.world > 1) return data_parallel_ladder(r, p);
+  const bool single = r.world == 1;  // data parallel: the rungs its trainer runs (check_data_parallel)
+  if (!single) {
+    check_data_parallel(r, p);
+    p.moment_shards = r.world;
+    p.fp32_master_array = true;
+  }
   // Before the 8-bit rung a hybrid optimizer keeps fp32 moments.
   std::string moments = r.optimizer == "hybrid" ? "adamw" : r.optimizer;
   std::vector<StateChoice> v;
   auto push = [&] { v.push_back({p, choose_8bit(r.model, moments, dram, p)}); };
   push();
-  if (!r.grads) {
+  if (single && !r.grads) {
     p.grads = GradHome::Device;
     push();
   }
@@ -92,7 +80,7 @@ std::vector<StateChoice> placement_ladder(const PlanRequest& r) {
     p.embedding_8bit = true;
     push();
   }
-  if (!r.master && r.allow_bf16_master) {
+  if (single && !r.master && r.allow_bf16_master) {
     p.master = MasterMode::Bf16Sr;
     push();
   }

@@ -18,8 +18,6 @@ double master_bytes_per_param(const StatePlacement& s) {
   return s.fp32_master_array ? 4.0 + 2.0 : master_bytes_per_param(s.master);
 }
 
-bool grad_held_on_device(const UnitLayout&, GradHome g) { return g == GradHome::Device; }
-
 bool embedding_resident_for(const ModelConfig& c, const StatePlacement& s) { return s.grads == GradHome::Device && !c.tied; }
 
 const char* state_home_name(StateHome h) {
@@ -38,7 +36,9 @@ StateBytes model_state_bytes(const ModelConfig& c, const std::vector<std::string
   std::vector<int64_t> held_units;
   for (auto& u : model_layout(c).units) {
     const double n = double(unit_param_count(u));
-    const bool held = grad_held_on_device(u, s.grads);
+    // With GradHome::Device every unit's gradient is held in HBM (the embedding's table is on the GPU
+    // then: tied, or resident by embedding_resident_for).
+    const bool held = s.grads == GradHome::Device;
     const bool nvme = u.kind == UnitKind::Layer && moments_on_nvme(c, u.layer, s);
     b.params += int64_t(n);
     b.master += master_bytes_per_param(s) * n;
@@ -84,8 +84,7 @@ std::vector<StatePart> StateBytes::parts() const {
   if (grad_scratch > 0) v.push_back({"gradient scratch (fp32)", StateHome::Gpu, grad_scratch});
   if (resident_table > 0) v.push_back({"embedding table (resident)", StateHome::Gpu, resident_table});
   if (grads_host > 0)
-    v.push_back({placement.grads == GradHome::Host ? "gradients (fp32)" : "gradients (fp32, embedding)", StateHome::Dram,
-                 grads_host});
+    v.push_back({"gradients (fp32)", StateHome::Dram, grads_host});
   std::string mom = eight_bit_tensors > 0 ? fmt::format("moments ({} 8-bit tensors)", eight_bit_tensors) : "moments (fp32)";
   if (placement.moment_shards > 1) mom += fmt::format(", shard 1/{}", placement.moment_shards);
   v.push_back({mom, StateHome::Dram, moments});

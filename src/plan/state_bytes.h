@@ -32,9 +32,6 @@ double moment_bytes(int64_t n, bool q8);
 double master_bytes_per_param(MasterMode m);
 double master_bytes_per_param(const StatePlacement& s);  // 6 with fp32_master_array
 
-// Whether unit u's gradient is held in HBM: with GradHome::Device every unit's (the embedding's table
-// is on the GPU then: tied, or resident by embedding_resident_for).
-bool grad_held_on_device(const UnitLayout& u, GradHome g);
 // The planner makes an untied embedding resident in HBM when gradients are held there (Plan::
 // embedding_resident): its fp32 host gradient (4 B/param of the vocabulary) would otherwise stay in DRAM.
 bool embedding_resident_for(const ModelConfig& c, const StatePlacement& s);

@@ -11,10 +11,24 @@
 #include "plan/instance.h"
 #include "model/model_config.h"
 #include "plan/plan.h"
+#include "plan/planner.h"
 #include "plan/profile.h"
 #include "plan/simulator.h"
 
 namespace lt::test {
+
+// tiny-qwen3 (hidden 64, 2 layers, untied) at batch 1 x 64 on the h200 profile with a DRAM budget: the
+// model-state placement tests' request.
+inline PlanRequest tiny_state_request(double dram) {
+  PlanRequest r;
+  r.model = preset_config("tiny-qwen3");
+  r.batch = 1;
+  r.seq = 64;
+  r.profile = load_profile_file(lt::testing::repo_root().string() + "/configs/profiles/h200.json");
+  r.profile.dram_bytes = int64_t(dram);
+  r.milp.time_limit_s = 10;
+  return r;
+}
 
 // A 2-layer instance with round numbers, checked against hand computation of the slot rules.
 inline Instance two_layer_instance() {

@@ -60,12 +60,7 @@ TEST(PlanDataParallel, PerRankStateBytesByHand) {
 }
 
 PlanRequest rank_request(double dram, int world) {
-  PlanRequest r;
-  r.model = tiny();
-  r.batch = 1;
-  r.seq = 64;
-  r.profile = load_profile_file(lt::testing::repo_root().string() + "/configs/profiles/h200.json");
-  r.profile.dram_bytes = int64_t(dram);
+  PlanRequest r = test::tiny_state_request(dram);
   r.planner = "dp";
   r.compare = false;
   r.world = world;

@@ -93,16 +93,7 @@ constexpr double kDevAll8G16 = 4 * kN + 2 * kN + kMomentsAll8;          // bf16 
 constexpr double kDevAll8G16E = kDevAll8G16 - kEmb8Saves;                                           // + 8-bit embedding
 constexpr double kDevAll8Bf16 = kDevAll8G16E - 2 * kN;                                              // + bf16-sr master
 
-PlanRequest tiny_request(double dram) {
-  PlanRequest r;
-  r.model = tiny();
-  r.batch = 1;
-  r.seq = 64;
-  r.profile = load_profile_file(lt::testing::repo_root().string() + "/configs/profiles/h200.json");
-  r.profile.dram_bytes = int64_t(dram);
-  r.milp.time_limit_s = 10;
-  return r;
-}
+PlanRequest tiny_request(double dram) { return test::tiny_state_request(dram); }
 
 void expect_choice(const PlanOutcome& o, MasterMode m, GradHome g, bool eight_bit, GradDType gd = GradDType::F32,
                    bool emb8 = false) {

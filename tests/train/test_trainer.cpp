@@ -64,6 +64,17 @@ TrainHooks quiet_hooks() {
   return h;
 }
 
+// A run with overrides ov stopped after `stop` steps (as a signal would), then resumed from its latest
+// checkpoint to the end: the resumed run's result.
+TrainResult stop_and_resume(const fs::path& dir, const std::vector<std::string>& ov, int stop) {
+  TrainHooks h = quiet_hooks();
+  h.stop_after_steps = stop;
+  run_training(tiny_config(dir, ov), h);
+  auto resumed = ov;
+  resumed.push_back("resume_from_checkpoint=auto");
+  return run_training(tiny_config(dir, resumed), quiet_hooks());
+}
+
 }  // namespace
 
 TEST(Trainer, ExactResumeIsBitIdentical) {
@@ -130,12 +141,7 @@ TEST(Trainer, Bf16HeldGradientsTrainAndResumeExactly) {
   ASSERT_EQ(full.losses.size(), 5u);
   EXPECT_NE(full.losses, f32.losses);  // the rounding is there
   for (size_t i = 0; i < 5; ++i) EXPECT_NEAR(full.losses[i], f32.losses[i], 2e-3 * f32.losses[i]) << "step " << i + 1;
-  TrainHooks stop = quiet_hooks();
-  stop.stop_after_steps = 2;
-  run_training(tiny_config(split_dir.p, ov), stop);
-  auto resumed_ov = ov;
-  resumed_ov.push_back("resume_from_checkpoint=auto");
-  TrainResult resumed = run_training(tiny_config(split_dir.p, resumed_ov), quiet_hooks());
+  TrainResult resumed = stop_and_resume(split_dir.p, ov, 2);
   EXPECT_EQ(resumed.losses, full.losses);
   std::ifstream plan(full_dir.p / "plan.json");
   ASSERT_TRUE(plan.good());
@@ -219,18 +225,14 @@ TEST(Trainer, ExactResumeWith8BitStatesAndPacking) {
   std::vector<std::string> ov = {"optimizer=adamw8bit", "packing=true", "cutoff_len=160", "max_steps=3",
                                  "gradient_accumulation_steps=1"};
   TrainResult full = run_training(tiny_config(full_dir.p, ov), quiet_hooks());
-  TrainHooks stop = quiet_hooks();
-  stop.stop_after_steps = 1;
-  run_training(tiny_config(split_dir.p, ov), stop);
-  auto ov2 = ov;
-  ov2.push_back("resume_from_checkpoint=auto");
-  TrainResult resumed = run_training(tiny_config(split_dir.p, ov2), quiet_hooks());
+  TrainResult resumed = stop_and_resume(split_dir.p, ov, 1);
   ASSERT_EQ(resumed.losses.size(), 3u);
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(resumed.losses[i], full.losses[i]) << "step " << i + 1;
   TrainerState s = read_trainer_state(checkpoint_path(split_dir.p, 3));
   EXPECT_FALSE(s.tensors_8bit.empty());  // adamw8bit: every layer matrix
   // resuming with another optimizer is refused
-  auto ov3 = ov2;
+  auto ov3 = ov;
+  ov3.push_back("resume_from_checkpoint=auto");
   ov3[0] = "optimizer=adamw";
   ov3.push_back("max_steps=4");
   EXPECT_THROW(run_training(tiny_config(split_dir.p, ov3), quiet_hooks()), Error);
