@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/deltanet.h"
@@ -135,7 +136,7 @@ int main(int argc, char** argv) {
   // Realistic inputs for the rule: run the forward chain once.
   cuda::gdn_conv_silu_fwd(d, x, int64_t(C), wconv, nullptr, y, st);
   cuda::gdn_prep_fwd(d, y, a, b, A_log, dt, qn, kn, v, g, beta, st);
-  cuda::gdn_rule_fwd(d, qn, kn, v, g, beta, nullptr, o, states, st);
+  cuda::gdn_rule_fwd(d, qn, kn, v, g, beta, nullptr, o, states, st, ws);
   cuda::gdn_gated_norm_bwd(d, o, z, wn, 1e-6f, rstd, dyn, dO, dz, dwn, ws, st);
   BC(cudaStreamSynchronize(st));
 
@@ -148,11 +149,13 @@ int main(int argc, char** argv) {
   add("conv_silu_fwd", [&] { cuda::gdn_conv_silu_fwd(d, x, int64_t(C), wconv, nullptr, y, st); });
   add("prep_fwd", [&] { cuda::gdn_prep_fwd(d, y, a, b, A_log, dt, qn, kn, v, g, beta, st); });
   const cuda::GdnRuleImpl def_impl = cuda::gdn_rule_impl();
-  add(def_impl == cuda::GdnRuleImpl::Mma ? "rule_fwd [mma]" : "rule_fwd [simt]",
-      [&] { cuda::gdn_rule_fwd(d, qn, kn, v, g, beta, nullptr, o, states, st); });
+  const std::string fwd_name = std::string("rule_fwd [") + cuda::gdn_rule_impl_name(def_impl) + "]";
+  const std::string bwd_name = std::string("rule_bwd [") + cuda::gdn_rule_impl_name(def_impl) + "]";
+  add(fwd_name.c_str(),
+      [&] { cuda::gdn_rule_fwd(d, qn, kn, v, g, beta, nullptr, o, states, st, ws); });
   add("gated_norm_fwd", [&] { cuda::gdn_gated_norm_fwd(d, o, z, wn, 1e-6f, yn, rstd, st); });
   add("gated_norm_bwd", [&] { cuda::gdn_gated_norm_bwd(d, o, z, wn, 1e-6f, rstd, dyn, dO, dz, dwn, ws, st); });
-  add(def_impl == cuda::GdnRuleImpl::Mma ? "rule_bwd [mma]" : "rule_bwd [simt]", [&] {
+  add(bwd_name.c_str(), [&] {
     cuda::gdn_rule_bwd(d, qn, kn, v, g, beta, nullptr, states, dO, dq, dk, dv, dg, dbeta, ws, st);
   });
   add("prep_bwd", [&] { cuda::gdn_prep_bwd(d, y, a, b, A_log, dt, dq, dk, dv, dg, dbeta, dy, da, db, dA, ddt, ws, st); });
@@ -166,18 +169,18 @@ int main(int argc, char** argv) {
     total += r.ms;
   }
   std::printf("  %-18s %9.3f ms   (target for all of these: <= ~6 ms at the 27B shape)\n", "total", total);
-  // The rule on both implementations.
+  // The rule on every implementation.
   const double rule_flop_fwd = double(d.tokens()) * double(d.Hv) *
                                (double(cuda::kGdnChunk) * (3.0 * double(d.Dk) + 2.0 * double(d.Dv)) +
                                 6.0 * double(d.Dk) * double(d.Dv));
   std::printf("  rule per implementation (FLOP fwd %.3g, bwd %.3g):\n", rule_flop_fwd, 2 * rule_flop_fwd);
-  for (cuda::GdnRuleImpl impl : {cuda::GdnRuleImpl::Mma, cuda::GdnRuleImpl::Simt}) {
+  for (cuda::GdnRuleImpl impl : {cuda::GdnRuleImpl::Chunked, cuda::GdnRuleImpl::Mma, cuda::GdnRuleImpl::Simt}) {
     cuda::gdn_set_rule_impl(impl);
-    const double f = time_median_ms([&] { cuda::gdn_rule_fwd(d, qn, kn, v, g, beta, nullptr, o, states, st); }, st);
+    const double f = time_median_ms([&] { cuda::gdn_rule_fwd(d, qn, kn, v, g, beta, nullptr, o, states, st, ws); }, st);
     const double bw = time_median_ms(
         [&] { cuda::gdn_rule_bwd(d, qn, kn, v, g, beta, nullptr, states, dO, dq, dk, dv, dg, dbeta, ws, st); }, st);
-    std::printf("    %-5s fwd %8.3f ms (%6.1f TFLOP/s)  bwd %8.3f ms (%6.1f TFLOP/s)  fwd+bwd %8.3f ms\n",
-                impl == cuda::GdnRuleImpl::Mma ? "mma" : "simt", f, rule_flop_fwd / (f * 1e9), bw,
+    std::printf("    %-7s fwd %8.3f ms (%6.1f TFLOP/s)  bwd %8.3f ms (%6.1f TFLOP/s)  fwd+bwd %8.3f ms\n",
+                cuda::gdn_rule_impl_name(impl), f, rule_flop_fwd / (f * 1e9), bw,
                 2 * rule_flop_fwd / (bw * 1e9), f + bw);
   }
   cuda::gdn_set_rule_impl(def_impl);

@@ -5,9 +5,10 @@
 // Tolerances: bf16 outputs rel. error (||got - ref|| / ||ref||) <= 1e-2 per tensor; fp32 gradients from
 // bf16 inputs: cosine >= 0.999 (and rel. error <= 3e-2); fp32 outputs of fp32 math (g, beta, rstd, the
 // rule's chunk states, the decode states) rel. error <= 1e-3.
-// The rule runs on both implementations (cuda::GdnRuleImpl: Mma tensor cores, Simt CUDA cores), each against
-// the CPU reference with the same tolerances, and Mma against Simt: o rel <= 5e-3 (bf16 outputs), the
-// fp32 chunk states and every gradient rel <= 1e-4 (Mma's split-bf16 products keep ~16 mantissa bits).
+// The rule runs on every implementation (cuda::GdnRuleImpl: Chunked, the chunk-parallel backward; Mma, tensor
+// cores per value tile; Simt, CUDA cores), each against the CPU reference with the same tolerances, and
+// Chunked against Mma, Mma against Simt: o rel <= 5e-3 (bf16 outputs), the fp32 chunk states and every
+// gradient rel <= 1e-4 (the split-bf16 products keep ~16 mantissa bits).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -193,8 +194,9 @@ struct RuleImplScope {
   explicit RuleImplScope(cuda::GdnRuleImpl impl) : prev(cuda::gdn_rule_impl()) { cuda::gdn_set_rule_impl(impl); }
   ~RuleImplScope() { cuda::gdn_set_rule_impl(prev); }
 };
-const char* impl_name(cuda::GdnRuleImpl i) { return i == cuda::GdnRuleImpl::Mma ? "mma" : "simt"; }
-constexpr cuda::GdnRuleImpl kImpls[2] = {cuda::GdnRuleImpl::Mma, cuda::GdnRuleImpl::Simt};
+const char* impl_name(cuda::GdnRuleImpl i) { return cuda::gdn_rule_impl_name(i); }
+constexpr cuda::GdnRuleImpl kImpls[3] = {cuda::GdnRuleImpl::Chunked, cuda::GdnRuleImpl::Mma,
+                                         cuda::GdnRuleImpl::Simt};
 
 // One rule fwd + bwd on the device with implementation impl; host copies of every output.
 struct RuleOut {
@@ -210,12 +212,12 @@ void run_rule(const GdnCase& gc, const RuleInputs& in, const std::vector<int32_t
   DevBuf dO = up_bf16(in.dout), dseg = up(seg);
   DevBuf o(sz(T * VD) * 2), states(sz(cuda::gdn_rule_state_bytes(d)));
   DevBuf dq(sz(T * KD) * 4), dk(sz(T * KD) * 4), dv(sz(T * VD) * 4), dg(sz(T * NV) * 4), db(sz(T * NV) * 4);
-  DevBuf ws(sz(cuda::gdn_rule_bwd_workspace_bytes(d)));
+  DevBuf ws(sz(cuda::gdn_rule_bwd_workspace_bytes(d))), fws(sz(cuda::gdn_rule_fwd_workspace_bytes(d)));
   const int32_t* sp = gc.segments ? dseg.as<int32_t>() : nullptr;
   cudaEvent_t e0, e1, e2;
   cudaEventCreate(&e0), cudaEventCreate(&e1), cudaEventCreate(&e2);
   cudaEventRecord(e0);
-  cuda::gdn_rule_fwd(d, q.p, k.p, v.p, g.as<float>(), beta.as<float>(), sp, o.p, states.as<float>(), nullptr);
+  cuda::gdn_rule_fwd(d, q.p, k.p, v.p, g.as<float>(), beta.as<float>(), sp, o.p, states.as<float>(), nullptr, fws.p);
   cudaEventRecord(e1);
   cuda::gdn_rule_bwd(d, q.p, k.p, v.p, g.as<float>(), beta.as<float>(), sp, states.as<float>(), dO.p, dq.as<float>(),
                      dk.as<float>(), dv.as<float>(), dg.as<float>(), db.as<float>(), ws.p, nullptr);
@@ -267,8 +269,8 @@ TEST_P(GdnKernel, RuleForwardBackward) {
                               dq_ref.data() + off(KD), dk_ref.data() + off(KD), dv_ref.data() + off(VD),
                               dg_ref.data() + off(NV), db_ref.data() + off(NV));
   }
-  RuleOut res[2];
-  for (int ii = 0; ii < 2; ++ii) {
+  RuleOut res[3];
+  for (int ii = 0; ii < 3; ++ii) {
     RuleOut& r = res[ii];
     run_rule(gc, in, seg, kImpls[ii], r);
     ASSERT_FALSE(::testing::Test::HasFatalFailure()) << impl_name(kImpls[ii]);
@@ -284,9 +286,11 @@ TEST_P(GdnKernel, RuleForwardBackward) {
     expect_grad(r.dg, dg_ref, "dg " + name.str());
     expect_grad(r.db, db_ref, "dbeta " + name.str());
   }
-  std::ostringstream name;
-  name << gc << " [mma vs simt]";
-  expect_impls_agree(res[0], res[1], name.str());
+  std::ostringstream cm, ms;
+  cm << gc << " [chunked vs mma]";
+  ms << gc << " [mma vs simt]";
+  expect_impls_agree(res[0], res[1], cm.str());
+  expect_impls_agree(res[1], res[2], ms.str());
 }
 
 // ------------------------------------------------------------------------------------------ gated norm
@@ -388,7 +392,7 @@ TEST_P(GdnKernelDeterminism, RuleBackwardIsDeterministic) {
   DevBuf dO = up_bf16(in.dout), dseg = up(seg), o(sz(T * VD) * 2), states(sz(cuda::gdn_rule_state_bytes(d)));
   DevBuf ws(sz(cuda::gdn_rule_bwd_workspace_bytes(d)));
   cuda::gdn_rule_fwd(d, q.p, k.p, v.p, g.as<float>(), beta.as<float>(), dseg.as<int32_t>(), o.p, states.as<float>(),
-                     nullptr);
+                     nullptr, ws.p);
   std::vector<float> first;
   for (int rep = 0; rep < 2; ++rep) {
     DevBuf dq(sz(T * KD) * 4), dk(sz(T * KD) * 4), dv(sz(T * VD) * 4), dg(sz(T * d.Hv) * 4), db(sz(T * d.Hv) * 4);
@@ -420,8 +424,8 @@ TEST(GdnKernelShape, Qwen27BLayerRuns) {
   auto finite = [](const std::vector<float>& x) {
     return std::all_of(x.begin(), x.end(), [](float y) { return std::isfinite(y); });
   };
-  RuleOut res[2];
-  for (int ii = 0; ii < 2; ++ii) {
+  RuleOut res[3];
+  for (int ii = 0; ii < 3; ++ii) {
     RuleOut& r = res[ii];
     run_rule(gc, in, seg, kImpls[ii], r);
     ASSERT_FALSE(::testing::Test::HasFatalFailure()) << impl_name(kImpls[ii]);
@@ -436,7 +440,8 @@ TEST(GdnKernelShape, Qwen27BLayerRuns) {
     EXPECT_TRUE(finite(r.dg)) << nm;
     EXPECT_TRUE(finite(r.db)) << nm;
   }
-  expect_impls_agree(res[0], res[1], "27B shape [mma vs simt]");
+  expect_impls_agree(res[0], res[1], "27B shape [chunked vs mma]");
+  expect_impls_agree(res[1], res[2], "27B shape [mma vs simt]");
 }
 
 }  // namespace

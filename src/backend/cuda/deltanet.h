@@ -70,17 +70,23 @@ void gdn_prep_bwd(const GdnDims& d, const void* y, const void* a, const void* b,
 // Layout of state_ws: [batch, gdn_rule_num_chunks(d), Hv, Dk, Dv] fp32, the state at the start of every
 // fixed-grid chunk (zero where the chunk starts a sample or a segment).
 //
-// Two implementations of the rule kernels' block products, same semantics and workspace sizes: Mma (default;
-// tensor-core mma.sync bf16 with fp32 accumulation, fp32 operands split into bf16 hi + lo, register-resident
-// triangular solves) and Simt (the fp32 CUDA-core fallback). Env LT_GDN_SIMT=1 (read at the first query)
-// selects Simt; gdn_set_rule_impl overrides it (tests, benchmarks). The choice is read at each launch.
-enum class GdnRuleImpl { Mma, Simt };
+// Three implementations of the rule kernels, same semantics: Chunked (default; forward as Mma, backward
+// chunk-parallel: per-chunk kernels around a serial pass that carries only dL/dS, deltanet_rule_bwd_chunked.cu),
+// Mma (one CTA per value tile walks a sample's chunks serially; tensor-core mma.sync bf16 with fp32 accumulation,
+// fp32 operands split into bf16 hi + lo, register-resident triangular solves) and Simt (Mma's kernels on fp32
+// CUDA cores). Env LT_GDN_RULE=chunked|mma|simt (or LT_GDN_SIMT=1; read at the first query) selects one;
+// gdn_set_rule_impl overrides it (tests, benchmarks). The choice is read at each launch; the workspace sizes
+// cover every implementation.
+enum class GdnRuleImpl { Chunked, Mma, Simt };
+const char* gdn_rule_impl_name(GdnRuleImpl impl);
 GdnRuleImpl gdn_rule_impl();
 void gdn_set_rule_impl(GdnRuleImpl impl);
 int64_t gdn_rule_num_chunks(const GdnDims& d);  // per sample: ceil(seq / kGdnChunk)
 int64_t gdn_rule_state_bytes(const GdnDims& d);
+// ws: gdn_rule_fwd_workspace_bytes(d) bytes of scratch for the Chunked forward (nullptr: the Mma forward runs).
+int64_t gdn_rule_fwd_workspace_bytes(const GdnDims& d);
 void gdn_rule_fwd(const GdnDims& d, const void* qn, const void* kn, const void* v, const float* g, const float* beta,
-                  const int32_t* seg, void* o, float* state_ws, cudaStream_t st);
+                  const int32_t* seg, void* o, float* state_ws, cudaStream_t st, void* ws = nullptr);
 // dO bf16 [T, Hv, Dv] -> dqn, dkn fp32 [T, Hk, Dk] (summed over the value heads sharing a key head), dv fp32
 // [T, Hv, Dv], dg, dbeta fp32 [T, Hv], all WRITTEN; workspace gdn_rule_bwd_workspace_bytes(d).
 int64_t gdn_rule_bwd_workspace_bytes(const GdnDims& d);

@@ -19,6 +19,7 @@
 // across a reset is zero), and every gradient formula keeps its form (d exp(x)/dx = exp(x) = 0 masked).
 #pragma once
 #include <cuda_bf16.h>
+#include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -312,26 +313,40 @@ struct ChunkScal {
   int sid[kC];          // segment index within the chunk; -1 for rows >= L
 };
 
-// Fills cs for rows [t0, t0 + L) of value head h (g, beta [T, Hv]); seg global [T] or nullptr.
-// Contains __syncthreads (all threads must call it). Returns nothing; G/Ge valid after it returns.
+// Fills cs for rows [t0, t0 + L) of value head h (g, beta [T, Hv]); seg global [T] or nullptr. Rows load in
+// parallel; warp 0 scans them (two rows per lane; the cumulative log-decays in double, as the reference).
+// Contains __syncthreads (all threads must call it; blockDim.x >= kC). G/Ge valid after it returns.
 __device__ __forceinline__ void load_chunk_scalars(ChunkScal& cs, const float* g, const float* beta,
                                                    const int32_t* seg, int64_t t0, int L, int Hv, int h) {
   const int tid = threadIdx.x;
-  if (tid == 0) {
-    double cum = 0;
-    int sid = 0;
-    for (int i = 0; i < kC; ++i) {
-      if (i < L) {
-        if (i > 0 && seg && seg[t0 + i] != seg[t0 + i - 1]) ++sid;
-        cum += double(g[(t0 + i) * Hv + h]);
-        cs.sid[i] = sid;
-        cs.bt[i] = beta[(t0 + i) * Hv + h];
-      } else {
-        cs.sid[i] = -1;
-        cs.bt[i] = 0.f;
-      }
-      cs.gam[i] = cum;
+  if (tid < kC) {
+    const int i = tid;
+    const bool valid = i < L;
+    cs.gam[i] = valid ? double(g[(t0 + i) * Hv + h]) : 0.0;  // g_i until the scan
+    cs.bt[i] = valid ? beta[(t0 + i) * Hv + h] : 0.f;
+    cs.sid[i] = (valid && i > 0 && seg && seg[t0 + i] != seg[t0 + i - 1]) ? 1 : 0;  // segment starts
+  }
+  __syncthreads();
+  if (tid < 32) {
+    static_assert(kC == 64, "two rows per lane");
+    const int i0 = 2 * tid;
+    const double a = cs.gam[i0], b = cs.gam[i0 + 1];
+    const int sa = cs.sid[i0], sb = cs.sid[i0 + 1];
+    double x = a + b;
+    int y = sa + sb;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {  // inclusive scan of the row pairs
+      const double xn = __shfl_up_sync(0xffffffffu, x, o);
+      const int yn = __shfl_up_sync(0xffffffffu, y, o);
+      if (tid >= o) x += xn, y += yn;
     }
+    double ex = __shfl_up_sync(0xffffffffu, x, 1);  // exclusive: the pairs before this lane's
+    int ey = __shfl_up_sync(0xffffffffu, y, 1);
+    if (tid == 0) ex = 0.0, ey = 0;
+    cs.gam[i0] = ex + a;
+    cs.gam[i0 + 1] = x;
+    cs.sid[i0] = i0 < L ? ey + sa : -1;
+    cs.sid[i0 + 1] = i0 + 1 < L ? y : -1;
   }
   __syncthreads();
   if (tid < kC) {
@@ -377,3 +392,16 @@ struct Carve {
 inline int64_t carve_bytes(int64_t n, int64_t elem) { return (n * elem + 15) / 16 * 16; }
 
 }  // namespace lt::cuda::gdn
+
+namespace lt::cuda {
+// The chunk-parallel forward and backward (GdnRuleImpl::Chunked, deltanet_rule_{fwd,bwd}_chunked.cu);
+// gdn_rule_fwd / gdn_rule_bwd dispatch.
+struct GdnDims;
+int64_t gdn_rule_fwd_chunked_workspace_bytes(const GdnDims& d);
+void gdn_rule_fwd_chunked(const GdnDims& d, const void* qn, const void* kn, const void* v, const float* g,
+                          const float* beta, const int32_t* seg, void* o, float* state_ws, void* ws, cudaStream_t st);
+int64_t gdn_rule_bwd_chunked_workspace_bytes(const GdnDims& d);
+void gdn_rule_bwd_chunked(const GdnDims& d, const void* qn, const void* kn, const void* v, const float* g,
+                          const float* beta, const int32_t* seg, const float* state_ws, const void* dout, float* dqn,
+                          float* dkn, float* dv, float* dg, float* dbeta, void* ws, cudaStream_t st);
+}  // namespace lt::cuda

@@ -337,7 +337,8 @@ int64_t ws_qk_floats(const GdnDims& d, int ntile) {
 int64_t gdn_rule_bwd_workspace_bytes(const GdnDims& d) {
   LT_CUDA_REQUIRE(gdn_dims_supported(d), "gdn_rule_bwd: unsupported shape (see gdn_dims_supported)");
   const BwdPlan pl = bwd_plan(d);
-  return std::max<int64_t>(16, (2 * ws_gates_floats(d, pl.ntile) + 2 * ws_qk_floats(d, pl.ntile)) * 4);
+  const int64_t tiled = (2 * ws_gates_floats(d, pl.ntile) + 2 * ws_qk_floats(d, pl.ntile)) * 4;
+  return std::max<int64_t>({16, tiled, gdn_rule_bwd_chunked_workspace_bytes(d)});
 }
 
 void gdn_rule_bwd(const GdnDims& d, const void* qn, const void* kn, const void* v, const float* g, const float* beta,
@@ -347,6 +348,10 @@ void gdn_rule_bwd(const GdnDims& d, const void* qn, const void* kn, const void* 
   LT_CUDA_REQUIRE(d.batch < 65536 && d.Hk < 65536, "gdn_rule_bwd: batch and Hk must be < 65536");
   const int64_t T = d.tokens();
   if (T == 0) return;
+  if (gdn_rule_impl() == GdnRuleImpl::Chunked) {
+    gdn_rule_bwd_chunked(d, qn, kn, v, g, beta, seg, state_ws, dout, dqn, dkn, dv, dg, dbeta, ws, st);
+    return;
+  }
   const BwdPlan pl = bwd_plan(d);
   float* base = static_cast<float*>(ws);
   float* dgp = base;

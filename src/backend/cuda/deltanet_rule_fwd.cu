@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
+#include <string>
 
 #include "backend/cuda/cuda_util.h"
 #include "backend/cuda/deltanet.h"
@@ -132,11 +133,21 @@ std::atomic<int> g_rule_impl{-1};  // -1: not decided yet (env)
 GdnRuleImpl gdn_rule_impl() {
   int v = g_rule_impl.load(std::memory_order_relaxed);
   if (v < 0) {
-    const char* e = std::getenv("LT_GDN_SIMT");
-    v = (e && e[0] && e[0] != '0') ? int(GdnRuleImpl::Simt) : int(GdnRuleImpl::Mma);
+    v = int(GdnRuleImpl::Chunked);
+    const char* simt = std::getenv("LT_GDN_SIMT");
+    if (simt && simt[0] && simt[0] != '0') v = int(GdnRuleImpl::Simt);
+    if (const char* e = std::getenv("LT_GDN_RULE")) {
+      const std::string s(e);
+      LT_CUDA_REQUIRE(s == "chunked" || s == "mma" || s == "simt",
+                      ("LT_GDN_RULE must be chunked, mma or simt, got '" + s + "'").c_str());
+      v = int(s == "chunked" ? GdnRuleImpl::Chunked : s == "mma" ? GdnRuleImpl::Mma : GdnRuleImpl::Simt);
+    }
     g_rule_impl.store(v, std::memory_order_relaxed);
   }
   return GdnRuleImpl(v);
+}
+const char* gdn_rule_impl_name(GdnRuleImpl impl) {
+  return impl == GdnRuleImpl::Chunked ? "chunked" : impl == GdnRuleImpl::Mma ? "mma" : "simt";
 }
 void gdn_set_rule_impl(GdnRuleImpl impl) { g_rule_impl.store(int(impl), std::memory_order_relaxed); }
 
@@ -146,10 +157,19 @@ int64_t gdn_rule_state_bytes(const GdnDims& d) {
   return d.batch * gdn_rule_num_chunks(d) * d.Hv * d.Dk * d.Dv * int64_t(sizeof(float));
 }
 
+int64_t gdn_rule_fwd_workspace_bytes(const GdnDims& d) {
+  LT_CUDA_REQUIRE(gdn_dims_supported(d), "gdn_rule_fwd: unsupported shape (see gdn_dims_supported)");
+  return gdn_rule_fwd_chunked_workspace_bytes(d);
+}
+
 void gdn_rule_fwd(const GdnDims& d, const void* qn, const void* kn, const void* v, const float* g, const float* beta,
-                  const int32_t* seg, void* o, float* state_ws, cudaStream_t st) {
+                  const int32_t* seg, void* o, float* state_ws, cudaStream_t st, void* ws) {
   static_assert(kGdnChunk == kC, "chunk length");
   LT_CUDA_REQUIRE(gdn_dims_supported(d), "gdn_rule_fwd: unsupported shape (see gdn_dims_supported)");
+  if (ws && gdn_rule_impl() == GdnRuleImpl::Chunked) {
+    gdn_rule_fwd_chunked(d, qn, kn, v, g, beta, seg, o, state_ws, ws, st);
+    return;
+  }
   LT_CUDA_REQUIRE(d.batch < 65536 && d.Hv < 65536, "gdn_rule_fwd: batch and Hv must be < 65536");
   if (d.tokens() == 0) return;
   int dev = 0, optin = 0;
@@ -159,7 +179,7 @@ void gdn_rule_fwd(const GdnDims& d, const void* qn, const void* kn, const void* 
   const int nt = choose_tile(Dv, 64, optin, [&](int n) { return fwd_smem_bytes(Dk, n); });
   LT_CUDA_REQUIRE(nt > 0, "gdn_rule_fwd: shared memory too small for this Dk");
   const int64_t smem = fwd_smem_bytes(Dk, nt);
-  const bool mma = gdn_rule_impl() == GdnRuleImpl::Mma;
+  const bool mma = gdn_rule_impl() != GdnRuleImpl::Simt;  // Chunked runs the Mma forward
   auto kernel = mma ? rule_fwd_kernel<true> : rule_fwd_kernel<false>;
   LT_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   FwdArgs a{static_cast<const bf16*>(qn), static_cast<const bf16*>(kn), static_cast<const bf16*>(v), g, beta, seg,

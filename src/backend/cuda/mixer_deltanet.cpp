@@ -73,7 +73,8 @@ GdnBufs carve_gdn(C& cv, const GdnDims& d) {
   b.dg = cv.template take<float>(T * NV);
   b.dbeta = cv.template take<float>(T * NV);
   const int64_t kws = std::max({gdn_conv_bwd_workspace_bytes(d), gdn_prep_bwd_workspace_bytes(d),
-                                gdn_rule_bwd_workspace_bytes(d), gdn_gated_norm_bwd_workspace_bytes(d), int64_t(1)});
+                                gdn_rule_bwd_workspace_bytes(d), gdn_rule_fwd_workspace_bytes(d),
+                                gdn_gated_norm_bwd_workspace_bytes(d), int64_t(1)});
   b.kws = cv.template take<char>(kws);
   return b;
 }
@@ -110,7 +111,7 @@ class DeltaNetMixer final : public Mixer {
     gdn_conv_silu_fwd(d_, b_.qkv, CH, wptr(m.w, lay, "linear_attn.conv1d.weight"), m.g.segments, b_.y, m.st);
     gdn_prep_fwd(d_, b_.y, b_.a, b_.b, wptr(m.w, lay, "linear_attn.A_log"), wptr(m.w, lay, "linear_attn.dt_bias"),
                  b_.qn, b_.kn, b_.v, b_.g, b_.beta, m.st);
-    gdn_rule_fwd(d_, b_.qn, b_.kn, b_.v, b_.g, b_.beta, m.g.segments, b_.o, b_.states, m.st);
+    gdn_rule_fwd(d_, b_.qn, b_.kn, b_.v, b_.g, b_.beta, m.g.segments, b_.o, b_.states, m.st, b_.kws);
     gdn_gated_norm_fwd(d_, b_.o, b_.z, wptr(m.w, lay, "linear_attn.norm.weight"), float(c_.rms_eps), b_.gout,
                        b_.rstd, m.st);
     L.fwd(b_.gout, wptr(m.w, lay, "linear_attn.out_proj.weight"), nullptr, x1, H, VD, 0, 1.f, res);  // x1 = res + .

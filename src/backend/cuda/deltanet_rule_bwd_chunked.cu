@@ -1,0 +1,307 @@
+// Chunked gated delta rule, backward, chunk-parallel (GdnRuleImpl::Chunked, the default). Same function and
+// formulas as rule_bwd_kernel (deltanet_rule_bwd.cu, steps (1)-(9) of the CPU reference), reorganised so that
+// only the dS recurrence is serial over chunks:
+//   1. chunk_prep   (deltanet_rule_chunked.cuh) with KM and Dl = U - W S0.
+//   2. ds_pass      (value tile, value head, sample), chunks in reverse: dDl = P^T dO + diag(Ge) K dS and
+//                    dS <- G_last dS + Q~^T diag(G) dO - W^T dDl; writes dDl and every chunk's dS (its end
+//                    state's gradient). Two small products per chunk: the only serial part.
+//   3. chunk_grads  (chunk, key head, sample), the value heads of the key head's group in order: steps (2)-(8)
+//                    over the whole Dv (no partial sums across value tiles), then (9) the suffix sums of dgam.
+//                    dq, dk of the key head are accumulated in head order by this CTA alone (deterministic).
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "backend/cuda/cuda_util.h"
+#include "backend/cuda/deltanet.h"
+#include "backend/cuda/deltanet_rule_chunked.cuh"
+
+namespace lt::cuda {
+namespace {
+using namespace gdn;
+
+// ------------------------------------------------------------------------------------------- 2. ds_pass
+int64_t ds_smem_bytes(int Dk, int nt) {
+  return carve_bytes(1, sizeof(ChunkScal)) + 2 * carve_bytes(int64_t(kC) * (Dk + kPad), 2) +
+         carve_bytes(kC * kC, 4) + carve_bytes(int64_t(kC) * (Dk + kPad), 4) +
+         carve_bytes(int64_t(Dk) * (nt + kPad), 4) + carve_bytes(int64_t(kC) * (nt + kPad), 4) +
+         carve_bytes(int64_t(kC) * (nt + kPad), 2);
+}
+
+__global__ void __launch_bounds__(kThreads) ds_pass_kernel(ChunkedArgs p) {
+  extern __shared__ __align__(16) char smem[];
+  const int Dk = p.Dk, Dv = p.Dv, Hv = p.Hv, Hk = p.Hk, nt = p.nt, h = blockIdx.y, kh = h / (Hv / Hk);
+  const int e0 = blockIdx.x * nt;
+  const int64_t b = blockIdx.z;
+  const int ldk = Dk + kPad, ldt = nt + kPad;
+  Carve cv{smem};
+  ChunkScal& cs = *cv.take<ChunkScal>(1);
+  bf16* qs = cv.take<bf16>(int64_t(kC) * ldk);
+  bf16* ks = cv.take<bf16>(int64_t(kC) * ldk);
+  float* P = cv.take<float>(kC * kC);
+  float* W = cv.take<float>(int64_t(kC) * ldk);
+  float* dS = cv.take<float>(int64_t(Dk) * ldt);  // [Dk, nt]: dL/dS_end of the current chunk
+  float* dD = cv.take<float>(int64_t(kC) * ldt);  // [64, nt]: dDl
+  bf16* dO = cv.take<bf16>(int64_t(kC) * ldt);
+  const int64_t sqk = int64_t(Hk) * Dk, sv = int64_t(Hv) * Dv, sw = int64_t(Hv) * Dk;
+  const float scale = p.scale;
+  for (int i = threadIdx.x; i < Dk * ldt; i += blockDim.x) dS[i] = 0.f;
+  for (int64_t c = p.nck - 1; c >= 0; --c) {
+    const Chunk ch(p, b, c);
+    const int64_t cidx = (b * p.nck + c) * Hv + h;
+    load_rows_bf16(qs, ldk, p.q + ch.t0 * sqk + kh * Dk, sqk, Dk, ch.L);
+    load_rows_bf16(ks, ldk, p.k + ch.t0 * sqk + kh * Dk, sqk, Dk, ch.L);
+    load_rows_bf16(dO, ldt, p.dout + ch.t0 * sv + int64_t(h) * Dv + e0, sv, nt, ch.L);
+    load_rows_f32(W, ldk, p.W + ch.t0 * sw + int64_t(h) * Dk, sw, Dk, ch.L);
+    copy_f32(P, p.P + cidx * kC * kC, kC * kC);
+    float* dSg = p.dS + cidx * int64_t(Dk) * Dv + e0;
+    for (int idx = threadIdx.x; idx < Dk * nt; idx += blockDim.x) {
+      const int d = idx / nt, e = idx % nt;
+      dSg[int64_t(d) * Dv + e] = dS[d * ldt + e];
+    }
+    load_chunk_scalars(cs, p.g, p.beta, p.seg, ch.t0, ch.L, Hv, h);  // syncs
+    // (1) dDl = P^T dO + diag(Ge) K dS
+    gemm2<true>(kC, nt, prod(P, 1, kC, dO, ldt, 1, kC), prod(ks, ldk, 1, dS, ldt, 1, Dk),
+                [&](int j, int e, float a1, float a2) { dD[j * ldt + e] = a1 + cs.Ge[j] * a2; });
+    __syncthreads();
+    float* dDg = p.dDl + ch.t0 * sv + int64_t(h) * Dv + e0;
+    store_rows_f32(dDg, sv, dD, ldt, nt, ch.L);
+    // dS0 = G_last dS + Q~^T diag(G) dO - W^T dDl (the previous chunk's dS; zero at a segment start)
+    const float glast = cs.G[ch.L - 1];
+    const bool reset = ch.zero_start;
+    gemm2<true>(Dk, nt, prod(qs, 1, ldk, dO, ldt, 1, kC, cs.G), prod(W, 1, ldk, dD, ldt, 1, kC),
+                [&](int d, int e, float a1, float a2) {
+                  dS[d * ldt + e] = reset ? 0.f : glast * dS[d * ldt + e] + scale * a1 - a2;
+                });
+    __syncthreads();
+  }
+}
+
+// ------------------------------------------------------------------------------------------- 3. chunk_grads
+int64_t grads_smem_bytes(int Dk, int Dv) {
+  return carve_bytes(1, sizeof(ChunkScal)) + 2 * carve_bytes(int64_t(kC) * (Dk + kPad), 2) /*qs, ks*/ +
+         carve_bytes(int64_t(kC) * (Dv + kPad), 2) /*dO*/ + 3 * carve_bytes(kC * kC, 4) /*KM, P, dP*/ +
+         carve_bytes(int64_t(kC) * (Dk + kPad), 4) /*X*/ + carve_bytes(int64_t(kC) * (Dv + kPad), 4) /*Y*/ +
+         carve_bytes(3 * kC + 32, 4) /*dgam, dbt, xs, red*/;
+}
+
+// sum over the lanes of a warp of f(j) for j = lane, lane + 32, ... < n.
+template <typename F>
+__device__ __forceinline__ float warp_row_sum(int n, F f) {
+  float s = 0.f;
+  for (int j = threadIdx.x & 31; j < n; j += 32) s += f(j);
+  return dev::warp_sum(s);
+}
+
+__global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
+  extern __shared__ __align__(16) char smem[];
+  const int Dk = p.Dk, Dv = p.Dv, Hv = p.Hv, Hk = p.Hk, kh = blockIdx.y, group = Hv / Hk;
+  const int64_t c = blockIdx.x, b = blockIdx.z;
+  const Chunk ch(p, b, c);
+  const int L = ch.L, last = L - 1, tid = threadIdx.x, nth = blockDim.x;
+  const int warp = tid >> 5, lane = tid & 31, nwarp = nth >> 5;
+  const int ldk = Dk + kPad, ldv_ = Dv + kPad;
+  const float scale = p.scale;
+  Carve cv{smem};
+  ChunkScal& cs = *cv.take<ChunkScal>(1);
+  bf16* qs = cv.take<bf16>(int64_t(kC) * ldk);
+  bf16* ks = cv.take<bf16>(int64_t(kC) * ldk);
+  bf16* dO = cv.take<bf16>(int64_t(kC) * ldv_);
+  float* KM = cv.take<float>(kC * kC);
+  float* P = cv.take<float>(kC * kC);   // P, later E = dA o b_i M
+  float* dP = cv.take<float>(kC * kC);  // dP -> dP o M -> dA
+  float* X = cv.take<float>(int64_t(kC) * ldk);   // r, r2, dW -> YW
+  float* Y = cv.take<float>(int64_t(kC) * ldv_);  // dDl -> YU
+  float* dgam = cv.take<float>(3 * kC + 32);
+  float* dbt = dgam + kC;
+  float* xs = dbt + kC;
+  float* red = xs + kC;
+  const int64_t sqk = int64_t(Hk) * Dk, sv = int64_t(Hv) * Dv, sw = int64_t(Hv) * Dk;
+  float* dq = p.dqn + ch.t0 * sqk + kh * Dk;  // rows of this chunk, key head kh (row stride sqk)
+  float* dk = p.dkn + ch.t0 * sqk + kh * Dk;
+  load_rows_bf16(qs, ldk, p.q + ch.t0 * sqk + kh * Dk, sqk, Dk, L);
+  load_rows_bf16(ks, ldk, p.k + ch.t0 * sqk + kh * Dk, sqk, Dk, L);
+
+  for (int h = kh * group; h < (kh + 1) * group; ++h) {
+    const int64_t cidx = (b * p.nck + c) * Hv + h;
+    const float* S0 = p.states + cidx * int64_t(Dk) * Dv;  // S0(d, e) = S0[d*Dv + e]
+    const float* dSe = p.dS + cidx * int64_t(Dk) * Dv;
+    const float* Dl = p.Dl + ch.t0 * sv + int64_t(h) * Dv;  // rows: stride sv
+    const float* U = p.U + ch.t0 * sv + int64_t(h) * Dv;
+    const float* Wg = p.W + ch.t0 * sw + int64_t(h) * Dk;
+    const bf16* vg = p.v + ch.t0 * sv + int64_t(h) * Dv;
+    load_rows_bf16(dO, ldv_, p.dout + ch.t0 * sv + int64_t(h) * Dv, sv, Dv, L);
+    load_rows_f32(Y, ldv_, p.dDl + ch.t0 * sv + int64_t(h) * Dv, sv, Dv, L);
+    copy_f32(KM, p.KM + cidx * kC * kC, kC * kC);
+    copy_f32(P, p.P + cidx * kC * kC, kC * kC);
+    for (int i = tid; i < kC * kC; i += nth) dP[i] = 0.f;  // the products below fill columns < L only
+    if (tid < kC) dgam[tid] = dbt[tid] = 0.f;
+    load_chunk_scalars(cs, p.g, p.beta, p.seg, ch.t0, L, Hv, h);  // syncs
+    const float glast = cs.G[last];
+
+    // (2) dP = dO Dl^T;  (3) r = dO S0^T (-> X)
+    gemm<true>(kC, L, prod(dO, ldv_, 1, Dl, 1, sv, Dv), [&](int i, int j, float acc) { dP[i * kC + j] = acc; });
+    gemm<true>(kC, Dk, prod(dO, ldv_, 1, S0, 1, Dv, Dv), [&](int i, int d, float acc) { X[i * ldk + d] = acc; });
+    {  // <S0, dS> (for dgam_last)
+      float s = 0.f;
+      for (int idx = tid; idx < Dk * Dv; idx += nth) s += S0[idx] * dSe[idx];
+      s = dev::warp_sum(s);
+      if (lane == 0) red[warp] = s;
+    }
+    __syncthreads();
+    for (int i = warp; i < L; i += nwarp) {  // dgam from dP o P (rows +, columns -) and from r
+      const float s = warp_row_sum(kC, [&](int j) {
+        float t = 0.f;
+        if (j < i) t += dP[i * kC + j] * P[i * kC + j];
+        if (j > i) t -= dP[j * kC + i] * P[j * kC + i];
+        return t;
+      });
+      const float qr = warp_row_sum(Dk, [&](int d) { return ldv(qs + i * ldk + d) * X[i * ldk + d]; });
+      if (lane == 0) dgam[i] += s + cs.G[i] * scale * qr;
+    }
+    for (int idx = tid; idx < L * Dk; idx += nth) {
+      const int i = idx / Dk, d = idx % Dk;
+      dq[i * sqk + d] += scale * cs.G[i] * X[i * ldk + d];
+    }
+    __syncthreads();
+    if (tid == 0) {
+      float s = 0.f;
+      for (int w = 0; w < nwarp; ++w) s += red[w];
+      dgam[last] += glast * s;
+    }
+    for (int idx = tid; idx < kC * kC; idx += nth) dP[idx] *= decay(cs, idx / kC, idx % kC);
+    __syncthreads();
+
+    // (2) dq~ += (dP o M) K, dk += (dP o M)^T q~;  (4) r2 = Dl dS^T (-> X)
+    gemm<true>(L, Dk, prod(dP, kC, 1, ks, ldk, 1, kC), [&](int i, int d, float acc) { dq[i * sqk + d] += scale * acc; });
+    gemm<true>(L, Dk, prod(dP, 1, kC, qs, ldk, 1, kC), [&](int j, int d, float acc) { dk[j * sqk + d] += scale * acc; });
+    gemm<true>(L, Dk, prod(Dl, sv, 1, dSe, 1, Dv, Dv), [&](int j, int d, float acc) { X[j * ldk + d] = acc; });
+    __syncthreads();
+
+    // (4) dk += Ge r2, dgam terms
+    for (int idx = tid; idx < L * Dk; idx += nth) {
+      const int j = idx / Dk, d = idx % Dk;
+      dk[j * sqk + d] += cs.Ge[j] * X[j * ldk + d];
+    }
+    for (int j = warp; j < kC; j += nwarp) {
+      const float kr = j < last ? warp_row_sum(Dk, [&](int d) { return ldv(ks + j * ldk + d) * X[j * ldk + d]; }) : 0.f;
+      if (lane == 0) {
+        const float x = cs.Ge[j] * kr;
+        xs[j] = x;
+        if (j < last) dgam[j] -= x;
+      }
+    }
+    __syncthreads();
+
+    // (5) dW = -dDl S0^T (-> X; rows >= L are zero since dDl's are)
+    if (tid == 0) {
+      float s = 0.f;
+      for (int j = 0; j < kC; ++j) s += xs[j];
+      dgam[last] += s;
+    }
+    gemm<true>(kC, Dk, prod(Y, ldv_, 1, S0, 1, Dv, Dv), [&](int i, int d, float acc) { X[i * ldk + d] = -acc; });
+    __syncthreads();
+
+    // (6) back substitution Y_i = dX_i - sum_{j>i} A[j,i] Y_j on X (-> YW) and Y (-> YU)
+    for (int col = tid; col < Dk + Dv; col += nth) {
+      if (col < Dk)
+        bwd_subst_col(KM, cs.bt, X + col, ldk);
+      else
+        bwd_subst_col(KM, cs.bt, Y + (col - Dk), ldv_);
+    }
+    for (int i = tid; i < kC * kC; i += nth) dP[i] = P[i] = 0.f;
+    __syncthreads();
+
+    // (7) dA = -(YU U^T + YW W^T), E = dA o b_i M; dv, db, dgam, dk
+    gemm2<true>(kC, L, prod(Y, ldv_, 1, U, 1, sv, Dv), prod(X, ldk, 1, Wg, 1, sw, Dk),
+                [&](int i, int j, float a1, float a2) {
+                  const bool in = j < i && same_seg(cs, i, j);
+                  const float da = in ? -(a1 + a2) : 0.f;
+                  dP[i * kC + j] = da;
+                  P[i * kC + j] = in ? da * cs.bt[i] * decay(cs, i, j) : 0.f;
+                });
+    for (int i = warp; i < L; i += nwarp) {
+      const float tt = warp_row_sum(Dk, [&](int d) { return ldv(ks + i * ldk + d) * X[i * ldk + d]; });
+      const float vy = warp_row_sum(Dv, [&](int e) { return ldv(vg + i * sv + e) * Y[i * ldv_ + e]; });
+      if (lane == 0) {
+        dbt[i] += vy + cs.G[i] * tt;
+        dgam[i] += cs.bt[i] * cs.G[i] * tt;
+      }
+    }
+    float* dvh = p.dv + ch.t0 * sv + int64_t(h) * Dv;
+    for (int idx = tid; idx < L * Dv; idx += nth) {
+      const int i = idx / Dv, e = idx % Dv;
+      dvh[i * sv + e] = cs.bt[i] * Y[i * ldv_ + e];
+    }
+    for (int idx = tid; idx < L * Dk; idx += nth) {
+      const int i = idx / Dk, d = idx % Dk;
+      dk[i * sqk + d] += cs.bt[i] * cs.G[i] * X[i * ldk + d];
+    }
+    __syncthreads();
+
+    // (8) db, dgam from dA; dk += E K + E^T K
+    for (int i = warp; i < L; i += nwarp) {
+      const float sdb = warp_row_sum(i, [&](int j) { return dP[i * kC + j] * KM[i * kC + j]; });
+      const float sg = warp_row_sum(kC, [&](int j) {
+        if (j < i) return dP[i * kC + j] * cs.bt[i] * KM[i * kC + j];
+        if (j > i) return -dP[j * kC + i] * cs.bt[j] * KM[j * kC + i];
+        return 0.f;
+      });
+      if (lane == 0) dbt[i] += sdb, dgam[i] += sg;
+    }
+    gemm2<true>(L, Dk, prod(P, kC, 1, ks, ldk, 1, kC), prod(P, 1, kC, ks, ldk, 1, kC),
+                [&](int i, int d, float a1, float a2) { dk[i * sqk + d] += a1 + a2; });
+    __syncthreads();
+
+    // (9) dg = suffix sums of dgam within the chunk; dbeta
+    if (tid == 0) {
+      float suffix = 0.f;
+      for (int i = L - 1; i >= 0; --i) {
+        suffix += dgam[i];
+        p.dg[(ch.t0 + i) * Hv + h] = suffix;
+        p.dbeta[(ch.t0 + i) * Hv + h] = dbt[i];
+      }
+    }
+    __syncthreads();
+  }
+}
+
+}  // namespace
+
+int64_t gdn_rule_bwd_chunked_workspace_bytes(const GdnDims& d) { return ChunkedWs(d).floats() * 4; }
+
+void gdn_rule_bwd_chunked(const GdnDims& d, const void* qn, const void* kn, const void* v, const float* g,
+                          const float* beta, const int32_t* seg, const float* state_ws, const void* dout, float* dqn,
+                          float* dkn, float* dv, float* dg, float* dbeta, void* ws, cudaStream_t st) {
+  LT_CUDA_REQUIRE(d.batch < 65536 && d.Hv < 65536, "gdn_rule_bwd: batch and Hv must be < 65536");
+  const int64_t T = d.tokens();
+  if (T == 0) return;
+  const int optin = shared_optin(), Dk = int(d.Dk), Dv = int(d.Dv);
+  const int nt = choose_tile(Dv, 32, optin, [&](int n) { return ds_smem_bytes(Dk, n); });
+  const int64_t ds_smem = ds_smem_bytes(Dk, nt), grads_smem = grads_smem_bytes(Dk, Dv);
+  const std::string why = "gdn_rule_bwd (chunked): shared memory too small for Dk = " + std::to_string(Dk) +
+                          ", Dv = " + std::to_string(Dv);
+  LT_CUDA_REQUIRE(nt > 0 && grads_smem <= optin, why.c_str());
+  ChunkedArgs a = chunked_args(d, qn, kn, v, g, beta, seg, state_ws, ws, nt);
+  a.dout = static_cast<const bf16*>(dout);
+  a.dqn = dqn;
+  a.dkn = dkn;
+  a.dv = dv;
+  a.dg = dg;
+  a.dbeta = dbeta;
+  const size_t nqk = size_t(T * d.Hk * d.Dk);
+  LT_CUDA(cudaMemsetAsync(dqn, 0, nqk * sizeof(float), st));
+  LT_CUDA(cudaMemsetAsync(dkn, 0, nqk * sizeof(float), st));
+  launch_chunk_prep(d, a, /*bwd=*/true, st);
+  LT_CUDA(cudaFuncSetAttribute(ds_pass_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(ds_smem)));
+  ds_pass_kernel<<<dim3(unsigned(Dv / nt), unsigned(d.Hv), unsigned(d.batch)), kThreads, size_t(ds_smem), st>>>(a);
+  LT_CUDA_LAUNCH();
+  LT_CUDA(cudaFuncSetAttribute(chunk_grads_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(grads_smem)));
+  chunk_grads_kernel<<<dim3(unsigned(a.nck), unsigned(d.Hk), unsigned(d.batch)), kThreads, size_t(grads_smem),
+                       st>>>(a);
+  LT_CUDA_LAUNCH();
+}
+
+}  // namespace lt::cuda

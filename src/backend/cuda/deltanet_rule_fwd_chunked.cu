@@ -1,0 +1,208 @@
+// Chunked gated delta rule, forward, chunk-parallel (GdnRuleImpl::Chunked; deltanet_rule_chunked.cuh): chunk_prep
+// computes every chunk's W, U and P at once; state_pass then walks a sample's chunks per (value tile, value head,
+// sample) with only the state products left serial (the formulas of deltanet_rule_fwd.cu):
+//   S0 -> state_ws;  Dl = U - W S0;  o_i = scale G_i S0^T q_i + sum_j P[i,j] Dl_j;  S_end = G_last S0 + K^T diag(Ge) Dl
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <string>
+
+#include "backend/cuda/cuda_util.h"
+#include "backend/cuda/deltanet.h"
+#include "backend/cuda/deltanet_rule_chunked.cuh"
+
+namespace lt::cuda {
+namespace gdn {
+namespace {
+
+int64_t prep_smem_bytes(int Dk, int Dv) {
+  return carve_bytes(1, sizeof(ChunkScal)) + 2 * carve_bytes(int64_t(kC) * (Dk + kPad), 2) +
+         2 * carve_bytes(kC * kC, 4) + carve_bytes(int64_t(kC) * (Dk + kPad), 4) +
+         carve_bytes(int64_t(kC) * (Dv + kPad), 4);
+}
+
+__global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkedArgs p, bool bwd) {
+  extern __shared__ __align__(16) char smem[];
+  const int Dk = p.Dk, Dv = p.Dv, Hv = p.Hv, Hk = p.Hk, h = blockIdx.y, kh = h / (Hv / Hk);
+  const int64_t c = blockIdx.x, b = blockIdx.z;
+  const Chunk ch(p, b, c);
+  const int ldk = Dk + kPad, ldu = Dv + kPad;
+  Carve cv{smem};
+  ChunkScal& cs = *cv.take<ChunkScal>(1);
+  bf16* qs = cv.take<bf16>(int64_t(kC) * ldk);
+  bf16* ks = cv.take<bf16>(int64_t(kC) * ldk);
+  float* KM = cv.take<float>(kC * kC);
+  float* P = cv.take<float>(kC * kC);
+  float* W = cv.take<float>(int64_t(kC) * ldk);
+  float* U = cv.take<float>(int64_t(kC) * ldu);
+  const int64_t sqk = int64_t(Hk) * Dk, sv = int64_t(Hv) * Dv, sw = int64_t(Hv) * Dk;
+  load_rows_bf16(qs, ldk, p.q + ch.t0 * sqk + kh * Dk, sqk, Dk, ch.L);
+  load_rows_bf16(ks, ldk, p.k + ch.t0 * sqk + kh * Dk, sqk, Dk, ch.L);
+  load_chunk_scalars(cs, p.g, p.beta, p.seg, ch.t0, ch.L, Hv, h);  // syncs (after the loads above)
+  for (int idx = threadIdx.x; idx < kC * Dk; idx += blockDim.x) {
+    const int i = idx / Dk, d = idx % Dk;
+    W[i * ldk + d] = cs.bt[i] * cs.G[i] * ldv(ks + i * ldk + d);
+  }
+  for (int idx = threadIdx.x; idx < kC * Dv; idx += blockDim.x) {
+    const int i = idx / Dv, e = idx % Dv;
+    U[i * ldu + e] = i < ch.L ? cs.bt[i] * ldv(p.v + (ch.t0 + i) * sv + int64_t(h) * Dv + e) : 0.f;
+  }
+  const float scale = p.scale;
+  gemm2<true>(kC, kC, prod(ks, ldk, 1, ks, 1, ldk, Dk), prod(qs, ldk, 1, ks, 1, ldk, Dk),
+              [&](int i, int j, float kk, float qk) {
+                const float m = decay(cs, i, j);
+                KM[i * kC + j] = j < i ? kk * m : 0.f;
+                P[i * kC + j] = scale * qk * m;
+              });
+  __syncthreads();
+  for (int col = threadIdx.x; col < Dk + Dv; col += blockDim.x) {  // W = (I+A)^-1 diag(bG) K, U = (I+A)^-1 diag(b) V
+    if (col < Dk)
+      fwd_subst_col(KM, cs.bt, W + col, ldk);
+    else
+      fwd_subst_col(KM, cs.bt, U + (col - Dk), ldu);
+  }
+  __syncthreads();
+  const int64_t cidx = (b * p.nck + c) * Hv + h;
+  copy_f32(p.P + cidx * kC * kC, P, kC * kC);
+  store_rows_f32(p.W + ch.t0 * sw + int64_t(h) * Dk, sw, W, ldk, Dk, ch.L);
+  store_rows_f32(p.U + ch.t0 * sv + int64_t(h) * Dv, sv, U, ldu, Dv, ch.L);
+  if (!bwd) return;
+  copy_f32(p.KM + cidx * kC * kC, KM, kC * kC);
+  float* Dl = p.Dl + ch.t0 * sv + int64_t(h) * Dv;
+  if (ch.zero_start) {  // S0 = 0: Dl = U
+    store_rows_f32(Dl, sv, U, ldu, Dv, ch.L);
+    return;
+  }
+  const float* S0 = p.states + cidx * int64_t(Dk) * Dv;
+  gemm<true>(ch.L, Dv, prod(W, ldk, 1, S0, Dv, 1, Dk),
+             [&](int i, int e, float acc) { Dl[i * sv + e] = U[i * ldu + e] - acc; });
+}
+
+// Per (value tile, value head, sample): the forward state recurrence over the sample's chunks.
+int64_t state_smem_bytes(int Dk, int nt) {
+  return carve_bytes(1, sizeof(ChunkScal)) + 2 * carve_bytes(int64_t(kC) * (Dk + kPad), 2) +
+         carve_bytes(kC * kC, 4) + carve_bytes(int64_t(kC) * (Dk + kPad), 4) +
+         carve_bytes(int64_t(Dk) * (nt + kPad), 4) + 2 * carve_bytes(int64_t(kC) * (nt + kPad), 4);
+}
+
+__global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkedArgs p) {
+  extern __shared__ __align__(16) char smem[];
+  const int Dk = p.Dk, Dv = p.Dv, Hv = p.Hv, Hk = p.Hk, nt = p.nt, h = blockIdx.y, kh = h / (Hv / Hk);
+  const int e0 = blockIdx.x * nt;
+  const int64_t b = blockIdx.z;
+  const int ldk = Dk + kPad, ldt = nt + kPad;
+  Carve cv{smem};
+  ChunkScal& cs = *cv.take<ChunkScal>(1);
+  bf16* qs = cv.take<bf16>(int64_t(kC) * ldk);
+  bf16* ks = cv.take<bf16>(int64_t(kC) * ldk);
+  float* P = cv.take<float>(kC * kC);
+  float* W = cv.take<float>(int64_t(kC) * ldk);
+  float* S = cv.take<float>(int64_t(Dk) * ldt);   // [Dk, nt]
+  float* UD = cv.take<float>(int64_t(kC) * ldt);  // [64, nt]: U, then Dl
+  float* Ot = cv.take<float>(int64_t(kC) * ldt);  // [64, nt]: scale G_i S0^T q_i
+  const int64_t sqk = int64_t(Hk) * Dk, sv = int64_t(Hv) * Dv, sw = int64_t(Hv) * Dk;
+  const float scale = p.scale;
+  for (int i = threadIdx.x; i < Dk * ldt; i += blockDim.x) S[i] = 0.f;
+  for (int64_t c = 0; c < p.nck; ++c) {
+    const Chunk ch(p, b, c);
+    const int64_t cidx = (b * p.nck + c) * Hv + h;
+    load_rows_bf16(qs, ldk, p.q + ch.t0 * sqk + kh * Dk, sqk, Dk, ch.L);
+    load_rows_bf16(ks, ldk, p.k + ch.t0 * sqk + kh * Dk, sqk, Dk, ch.L);
+    load_rows_f32(W, ldk, p.W + ch.t0 * sw + int64_t(h) * Dk, sw, Dk, ch.L);
+    load_rows_f32(UD, ldt, p.U + ch.t0 * sv + int64_t(h) * Dv + e0, sv, nt, ch.L);
+    copy_f32(P, p.P + cidx * kC * kC, kC * kC);
+    float* st = const_cast<float*>(p.states) + cidx * int64_t(Dk) * Dv + e0;
+    for (int idx = threadIdx.x; idx < Dk * nt; idx += blockDim.x) {
+      const int d = idx / nt, e = idx % nt;
+      if (ch.zero_start) S[d * ldt + e] = 0.f;
+      st[int64_t(d) * Dv + e] = S[d * ldt + e];
+    }
+    load_chunk_scalars(cs, p.g, p.beta, p.seg, ch.t0, ch.L, Hv, h);  // syncs
+    gemm2<true>(kC, nt, prod(W, ldk, 1, S, ldt, 1, Dk), prod(qs, ldk, 1, S, ldt, 1, Dk),
+                [&](int i, int e, float ws, float qsv) {
+                  UD[i * ldt + e] -= ws;
+                  Ot[i * ldt + e] = scale * cs.G[i] * qsv;
+                });
+    __syncthreads();
+    bf16* o = p.o + ch.t0 * sv + int64_t(h) * Dv + e0;
+    gemm<true>(ch.L, nt, prod(P, kC, 1, UD, ldt, 1, kC),
+               [&](int i, int e, float acc) { o[i * sv + e] = __float2bfloat16(Ot[i * ldt + e] + acc); });
+    const float glast = cs.G[ch.L - 1];
+    gemm<true>(Dk, nt, prod(ks, 1, ldk, UD, ldt, 1, kC, cs.Ge),
+               [&](int d, int e, float acc) { S[d * ldt + e] = glast * S[d * ldt + e] + acc; });
+    __syncthreads();
+  }
+}
+
+}  // namespace
+
+int shared_optin() {
+  int dev = 0, optin = 0;
+  LT_CUDA(cudaGetDevice(&dev));
+  LT_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  return optin;
+}
+
+ChunkedArgs chunked_args(const GdnDims& d, const void* qn, const void* kn, const void* v, const float* g,
+                         const float* beta, const int32_t* seg, const float* states, void* ws, int nt) {
+  const ChunkedWs sz(d);
+  float* w = static_cast<float*>(ws);
+  ChunkedArgs a{};
+  a.q = static_cast<const bf16*>(qn);
+  a.k = static_cast<const bf16*>(kn);
+  a.v = static_cast<const bf16*>(v);
+  a.g = g;
+  a.beta = beta;
+  a.seg = seg;
+  a.states = states;
+  a.W = w;
+  a.U = a.W + sz.W;
+  a.P = a.U + sz.U;  // the forward's pieces first
+  a.Dl = a.P + sz.P;
+  a.dDl = a.Dl + sz.Dl;
+  a.KM = a.dDl + sz.dDl;
+  a.dS = a.KM + sz.KM;
+  a.seq = d.seq;
+  a.nck = gdn_rule_num_chunks(d);
+  a.Hk = int(d.Hk);
+  a.Hv = int(d.Hv);
+  a.Dk = int(d.Dk);
+  a.Dv = int(d.Dv);
+  a.nt = nt;
+  a.scale = float(1.0 / std::sqrt(double(d.Dk)));
+  return a;
+}
+
+void launch_chunk_prep(const GdnDims& d, const ChunkedArgs& a, bool bwd, cudaStream_t st) {
+  const int64_t smem = prep_smem_bytes(a.Dk, a.Dv);
+  LT_CUDA_REQUIRE(smem <= shared_optin(), ("gdn rule (chunked): shared memory too small for Dk = " +
+                                               std::to_string(a.Dk) + ", Dv = " + std::to_string(a.Dv))
+                                                  .c_str());
+  LT_CUDA(cudaFuncSetAttribute(chunk_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  chunk_prep_kernel<<<dim3(unsigned(a.nck), unsigned(d.Hv), unsigned(d.batch)), kThreads, size_t(smem), st>>>(a,
+                                                                                                             bwd);
+  LT_CUDA_LAUNCH();
+}
+
+}  // namespace gdn
+
+int64_t gdn_rule_fwd_chunked_workspace_bytes(const GdnDims& d) { return gdn::ChunkedWs(d).fwd_floats() * 4; }
+
+void gdn_rule_fwd_chunked(const GdnDims& d, const void* qn, const void* kn, const void* v, const float* g,
+                          const float* beta, const int32_t* seg, void* o, float* state_ws, void* ws, cudaStream_t st) {
+  using namespace gdn;
+  LT_CUDA_REQUIRE(d.batch < 65536 && d.Hv < 65536, "gdn_rule_fwd: batch and Hv must be < 65536");
+  if (d.tokens() == 0) return;
+  const int optin = shared_optin();
+  const int nt = choose_tile(int(d.Dv), 32, optin, [&](int n) { return state_smem_bytes(int(d.Dk), n); });
+  LT_CUDA_REQUIRE(nt > 0, ("gdn_rule_fwd (chunked): shared memory too small for Dk = " + std::to_string(d.Dk)).c_str());
+  ChunkedArgs a = chunked_args(d, qn, kn, v, g, beta, seg, state_ws, ws, nt);
+  a.o = static_cast<bf16*>(o);
+  launch_chunk_prep(d, a, /*bwd=*/false, st);
+  const int64_t smem = state_smem_bytes(int(d.Dk), nt);
+  LT_CUDA(cudaFuncSetAttribute(state_pass_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  state_pass_kernel<<<dim3(unsigned(d.Dv / nt), unsigned(d.Hv), unsigned(d.batch)), kThreads, size_t(smem), st>>>(a);
+  LT_CUDA_LAUNCH();
+}
+
+}  // namespace lt::cuda
