@@ -275,33 +275,38 @@ int64_t gdn_rule_bwd_chunked_workspace_bytes(const GdnDims& d) { return ChunkedW
 void gdn_rule_bwd_chunked(const GdnDims& d, const void* qn, const void* kn, const void* v, const float* g,
                           const float* beta, const int32_t* seg, const float* state_ws, const void* dout, float* dqn,
                           float* dkn, float* dv, float* dg, float* dbeta, void* ws, cudaStream_t st) {
-  LT_CUDA_REQUIRE(d.batch < 65536 && d.Hv < 65536, "gdn_rule_bwd: batch and Hv must be < 65536");
-  const int64_t T = d.tokens();
-  if (T == 0) return;
+  LT_CUDA_REQUIRE(d.Hv < 65536, "gdn_rule_bwd: Hv must be < 65536");
+  if (d.tokens() == 0) return;
   const int optin = shared_optin(), Dk = int(d.Dk), Dv = int(d.Dv);
   const int nt = choose_tile(Dv, 32, optin, [&](int n) { return ds_smem_bytes(Dk, n); });
   const int64_t ds_smem = ds_smem_bytes(Dk, nt), grads_smem = grads_smem_bytes(Dk, Dv);
   const std::string why = "gdn_rule_bwd (chunked): shared memory too small for Dk = " + std::to_string(Dk) +
                           ", Dv = " + std::to_string(Dv);
   LT_CUDA_REQUIRE(nt > 0 && grads_smem <= optin, why.c_str());
-  ChunkedArgs a = chunked_args(d, qn, kn, v, g, beta, seg, state_ws, ws, nt);
-  a.dout = static_cast<const bf16*>(dout);
-  a.dqn = dqn;
-  a.dkn = dkn;
-  a.dv = dv;
-  a.dg = dg;
-  a.dbeta = dbeta;
-  const size_t nqk = size_t(T * d.Hk * d.Dk);
-  LT_CUDA(cudaMemsetAsync(dqn, 0, nqk * sizeof(float), st));
-  LT_CUDA(cudaMemsetAsync(dkn, 0, nqk * sizeof(float), st));
-  launch_chunk_prep(d, a, /*bwd=*/true, st);
   LT_CUDA(cudaFuncSetAttribute(ds_pass_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(ds_smem)));
-  ds_pass_kernel<<<dim3(unsigned(Dv / nt), unsigned(d.Hv), unsigned(d.batch)), kThreads, size_t(ds_smem), st>>>(a);
-  LT_CUDA_LAUNCH();
   LT_CUDA(cudaFuncSetAttribute(chunk_grads_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(grads_smem)));
-  chunk_grads_kernel<<<dim3(unsigned(a.nck), unsigned(d.Hk), unsigned(d.batch)), kThreads, size_t(grads_smem),
-                       st>>>(a);
-  LT_CUDA_LAUNCH();
+  const int64_t nck = gdn_rule_num_chunks(d), qk = d.Hk * d.Dk, vd = d.Hv * d.Dv;
+  for_sample_groups(d, [&](const GdnDims& s, int64_t b0) {
+    const int64_t r0 = b0 * d.seq;
+    ChunkedArgs a = chunked_args(s, static_cast<const bf16*>(qn) + r0 * qk, static_cast<const bf16*>(kn) + r0 * qk,
+                                 static_cast<const bf16*>(v) + r0 * vd, g + r0 * d.Hv, beta + r0 * d.Hv,
+                                 seg ? seg + r0 : nullptr, state_ws + b0 * nck * d.Hv * d.Dk * d.Dv, ws, nt);
+    a.dout = static_cast<const bf16*>(dout) + r0 * vd;
+    a.dqn = dqn + r0 * qk;
+    a.dkn = dkn + r0 * qk;
+    a.dv = dv + r0 * vd;
+    a.dg = dg + r0 * d.Hv;
+    a.dbeta = dbeta + r0 * d.Hv;
+    const size_t nqk = size_t(s.tokens() * qk);
+    LT_CUDA(cudaMemsetAsync(a.dqn, 0, nqk * sizeof(float), st));
+    LT_CUDA(cudaMemsetAsync(a.dkn, 0, nqk * sizeof(float), st));
+    launch_chunk_prep(s, a, /*bwd=*/true, st);
+    ds_pass_kernel<<<dim3(unsigned(Dv / nt), unsigned(d.Hv), unsigned(s.batch)), kThreads, size_t(ds_smem), st>>>(a);
+    LT_CUDA_LAUNCH();
+    chunk_grads_kernel<<<dim3(unsigned(nck), unsigned(d.Hk), unsigned(s.batch)), kThreads, size_t(grads_smem),
+                         st>>>(a);
+    LT_CUDA_LAUNCH();
+  });
 }
 
 }  // namespace lt::cuda

@@ -10,6 +10,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "backend/cuda/deltanet.h"
@@ -75,15 +76,33 @@ __device__ __forceinline__ void copy_f32(float* dst, const float* src, int n) {
   for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
 }
 
-// Workspace pieces in floats, in layout order.
+// The chunked kernels run the batch in groups of samples (the rule restarts at every sample, so groups are
+// independent) so that the workspace stays near kGroupTokens rows whatever the batch: at the 27B shape, batch
+// 72 x 1024 would otherwise take 12.7 GB.
+constexpr int64_t kGroupTokens = 8192;
+inline int64_t sample_group(const GdnDims& d) {
+  return std::max<int64_t>(1, std::min<int64_t>(d.batch, kGroupTokens / std::max<int64_t>(d.seq, 1)));
+}
+// Calls f(sub, b0) for each group: sub = d with batch = the group's size, b0 = its first sample.
+template <typename F>
+void for_sample_groups(const GdnDims& d, F f) {
+  const int64_t n = sample_group(d);
+  for (int64_t b0 = 0; b0 < d.batch; b0 += n) {
+    GdnDims sub = d;
+    sub.batch = std::min(n, d.batch - b0);
+    f(sub, b0);
+  }
+}
+
+// Workspace pieces in floats, in layout order, for one group of samples (sample_group).
 struct ChunkedWs {
   int64_t W, U, Dl, dDl, KM, P, dS;
   explicit ChunkedWs(const GdnDims& d) {
-    const int64_t T = d.tokens(), nck = gdn_rule_num_chunks(d);
+    const int64_t nb = sample_group(d), T = nb * d.seq, nck = gdn_rule_num_chunks(d);
     W = T * d.Hv * d.Dk;
     U = Dl = dDl = T * d.Hv * d.Dv;
-    KM = P = d.batch * nck * d.Hv * kC * kC;
-    dS = d.batch * nck * d.Hv * d.Dk * d.Dv;
+    KM = P = nb * nck * d.Hv * kC * kC;
+    dS = nb * nck * d.Hv * d.Dk * d.Dv;
   }
   int64_t fwd_floats() const { return W + U + P; }
   int64_t floats() const { return W + U + Dl + dDl + KM + P + dS; }

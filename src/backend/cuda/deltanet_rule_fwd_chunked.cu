@@ -191,18 +191,25 @@ int64_t gdn_rule_fwd_chunked_workspace_bytes(const GdnDims& d) { return gdn::Chu
 void gdn_rule_fwd_chunked(const GdnDims& d, const void* qn, const void* kn, const void* v, const float* g,
                           const float* beta, const int32_t* seg, void* o, float* state_ws, void* ws, cudaStream_t st) {
   using namespace gdn;
-  LT_CUDA_REQUIRE(d.batch < 65536 && d.Hv < 65536, "gdn_rule_fwd: batch and Hv must be < 65536");
+  LT_CUDA_REQUIRE(d.Hv < 65536, "gdn_rule_fwd: Hv must be < 65536");
   if (d.tokens() == 0) return;
   const int optin = shared_optin();
   const int nt = choose_tile(int(d.Dv), 32, optin, [&](int n) { return state_smem_bytes(int(d.Dk), n); });
   LT_CUDA_REQUIRE(nt > 0, ("gdn_rule_fwd (chunked): shared memory too small for Dk = " + std::to_string(d.Dk)).c_str());
-  ChunkedArgs a = chunked_args(d, qn, kn, v, g, beta, seg, state_ws, ws, nt);
-  a.o = static_cast<bf16*>(o);
-  launch_chunk_prep(d, a, /*bwd=*/false, st);
   const int64_t smem = state_smem_bytes(int(d.Dk), nt);
   LT_CUDA(cudaFuncSetAttribute(state_pass_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  state_pass_kernel<<<dim3(unsigned(d.Dv / nt), unsigned(d.Hv), unsigned(d.batch)), kThreads, size_t(smem), st>>>(a);
-  LT_CUDA_LAUNCH();
+  const int64_t nck = gdn_rule_num_chunks(d);
+  for_sample_groups(d, [&](const GdnDims& s, int64_t b0) {
+    const int64_t r0 = b0 * d.seq;
+    ChunkedArgs a = chunked_args(s, static_cast<const bf16*>(qn) + r0 * d.Hk * d.Dk,
+                                 static_cast<const bf16*>(kn) + r0 * d.Hk * d.Dk,
+                                 static_cast<const bf16*>(v) + r0 * d.Hv * d.Dv, g + r0 * d.Hv, beta + r0 * d.Hv,
+                                 seg ? seg + r0 : nullptr, state_ws + b0 * nck * d.Hv * d.Dk * d.Dv, ws, nt);
+    a.o = static_cast<bf16*>(o) + r0 * d.Hv * d.Dv;
+    launch_chunk_prep(s, a, /*bwd=*/false, st);
+    state_pass_kernel<<<dim3(unsigned(d.Dv / nt), unsigned(d.Hv), unsigned(s.batch)), kThreads, size_t(smem), st>>>(a);
+    LT_CUDA_LAUNCH();
+  });
 }
 
 }  // namespace lt::cuda
