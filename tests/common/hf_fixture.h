@@ -16,6 +16,19 @@ namespace lt::testing {
 
 inline const std::filesystem::path kHfFixtures = lt::testing::repo_root() / "tests" / "fixtures" / "hf";
 
+// The command (from the repo root) that makes fixture `name`.
+inline std::string hf_fixture_command(const std::string& name) {
+  const bool hybrid = name.rfind("qwen35_", 0) == 0;
+  return std::string("python3 tools/") + (hybrid ? "make_hf_fixtures_qwen35.py" : "make_hf_fixtures.py") + " --only " + name;
+}
+
+// Success when dir holds fixture.safetensors; else a failure naming dir and the command that makes it.
+inline ::testing::AssertionResult hf_fixture_present(const std::filesystem::path& dir) {
+  if (std::filesystem::exists(dir / "fixture.safetensors")) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "HF fixture missing: " << dir.string() << "/fixture.safetensors; make it with `"
+                                       << hf_fixture_command(dir.filename().string()) << "` (torch + transformers)";
+}
+
 // An I64 tensor (input_ids, labels) as int32.
 inline std::vector<int32_t> read_ids(const SafetensorsFile& f, const std::string& name) {
   const StTensor* t = f.find(name);

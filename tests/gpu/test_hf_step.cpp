@@ -25,7 +25,7 @@ const std::filesystem::path& kFixtures = lt::testing::kHfFixtures;
 void run_step(const std::string& name) {
   REQUIRE_GPU();
   const auto dir = kFixtures / name;
-  ASSERT_TRUE(std::filesystem::exists(dir / "fixture.safetensors")) << dir;
+  ASSERT_TRUE(lt::testing::hf_fixture_present(dir));
   const ModelConfig c = load_model_config(dir);
   const ModelLayout layout = model_layout(c);
   SafetensorsFile model(dir / "model.safetensors"), fx(dir / "fixture.safetensors");
@@ -114,9 +114,12 @@ TEST(HfStepBf16, Qwen3QkNormUntied) { run_step("qwen3_qknorm_untied"); }
 TEST(HfStepBf16, Llama3RopeScalingUntied) { run_step("llama3_rope_untied"); }
 TEST(HfStepBf16, Llama32MqaTied) { run_step("llama32_mqa_tied"); }
 // Qwen3.5 hybrids (tools/make_hf_fixtures_qwen35.py: Gated DeltaNet + gated attention layers, (1 + w)
-// norms, partial RoPE; 2 x 80 tokens).
-TEST(HybridHfStepBf16, Qwen35Tied3to1) { run_step("qwen35_tied_3to1"); }
-TEST(HybridHfStepBf16, Qwen35UntiedOddHeadsNot3to1) { run_step("qwen35_untied_odd"); }
+// norms, partial RoPE; 2 x 80 tokens). The qwen35_bf16_* fixtures carry the features of qwen35_tied_3to1
+// and qwen35_untied_odd at hidden 256 with bf16-representable weights. Those two (hidden 64 and 48) are
+// not run here: bf16 activation rounding alone moves their gradients to cosine 0.979 / 0.924 even with
+// bf16 weights (run 29, docs/notes.md 0b); they stay for the exact fp32 CPU parity (HfParity.*).
+TEST(HybridHfStepBf16, Qwen35Bf16Tied3to1) { run_step("qwen35_bf16_tied_3to1"); }
+TEST(HybridHfStepBf16, Qwen35Bf16OddHeads) { run_step("qwen35_bf16_odd_heads"); }
 TEST(HybridHfStepBf16, Qwen35HeadDim128Conv3) { run_step("qwen35_hd128"); }
 
 }  // namespace

@@ -41,7 +41,7 @@ Cmp compare(const float* a, const float* b, int64_t n) {
 
 void run_parity(const std::string& name) {
   const auto dir = kFixtures / name;
-  ASSERT_TRUE(std::filesystem::exists(dir / "fixture.safetensors")) << dir;
+  ASSERT_TRUE(lt::testing::hf_fixture_present(dir));
   const ModelConfig c = load_model_config(dir);
   const ModelLayout layout = model_layout(c);
   SafetensorsFile model(dir / "model.safetensors"), fx(dir / "fixture.safetensors");
@@ -116,6 +116,9 @@ TEST(HfParity, Llama32MqaTied) { run_parity("llama32_mqa_tied"); }
 TEST(HfParity, Qwen35Tied3to1) { run_parity("qwen35_tied_3to1"); }
 TEST(HfParity, Qwen35UntiedOddHeadsNot3to1) { run_parity("qwen35_untied_odd"); }
 TEST(HfParity, Qwen35HeadDim128Conv3) { run_parity("qwen35_hd128"); }
+// The hidden-256 fixtures meant for the GPU's bf16 step (tests/gpu/test_hf_step.cpp), exact here too.
+TEST(HfParity, Qwen35Bf16Tied3to1) { run_parity("qwen35_bf16_tied_3to1"); }
+TEST(HfParity, Qwen35Bf16OddHeads) { run_parity("qwen35_bf16_odd_heads"); }
 
 // Packed samples in one row: lazytrain restarts the conv window and the recurrent state at the
 // segment start, so the packed row equals each sample run alone (HF's own run on the packed row,
