@@ -143,11 +143,13 @@ class Backend {
   // Frees now: the caller guarantees no enqueued work still uses it (synchronize first). Null is a no-op.
   virtual void free(Allocation& a) = 0;
   // Extra device bytes one layer_forward/layer_backward on `tokens` rows needs internally (the backend
-  // reserves it itself from the Device budget under tag "workspace" when first needed).
-  virtual int64_t layer_workspace_bytes(int64_t tokens) const = 0;
-  // Reserves the workspace for layers/head on up to `tokens` rows now, so that a plan that cannot fit
-  // fails before running.
-  virtual void reserve_workspace(int64_t tokens) = 0;
+  // reserves it itself from the Device budget under tag "workspace" when first needed). seq: the rows per
+  // sample when the call splits into samples of that length (a Gated DeltaNet workspace depends on the
+  // split); 0 (or not a divisor of tokens): one sample of `tokens` rows, the largest case.
+  virtual int64_t layer_workspace_bytes(int64_t tokens, int64_t seq = 0) const = 0;
+  // Reserves the workspace for layers/head on up to `tokens` rows (samples of `seq`) now, so that a plan that
+  // cannot fit fails before running.
+  virtual void reserve_workspace(int64_t tokens, int64_t seq = 0) = 0;
 
   // ---- lanes and events ----
   virtual Event record(Lane lane) = 0;

@@ -220,7 +220,7 @@ void Executor::Impl::allocate() {
   pool = std::make_unique<ActPool>(be, A);
   pool->reserve(count_act_buffers(P));
   pool->mark_reserved();
-  be.reserve_workspace(chunk * P.seq);
+  be.reserve_workspace(chunk * P.seq, P.seq);
   // Pinned.
   p_ids = Buffer(be, MemKind::Pinned, ib, "batch.staging");
   p_tgt = Buffer(be, MemKind::Pinned, ib, "batch.staging");

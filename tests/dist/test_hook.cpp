@@ -23,8 +23,8 @@ class Bf16Backend final : public Backend {
   BackendDTypes dtypes() const override { return {DType::F32, DType::BF16, DType::F32}; }
   Allocation alloc(MemKind k, int64_t bytes, const std::string& tag) override { return in_.alloc(k, bytes, tag); }
   void free(Allocation& a) override { in_.free(a); }
-  int64_t layer_workspace_bytes(int64_t t) const override { return in_.layer_workspace_bytes(t); }
-  void reserve_workspace(int64_t t) override { in_.reserve_workspace(t); }
+  int64_t layer_workspace_bytes(int64_t t, int64_t seq = 0) const override { return in_.layer_workspace_bytes(t, seq); }
+  void reserve_workspace(int64_t t, int64_t seq = 0) override { in_.reserve_workspace(t, seq); }
   Event record(Lane l) override { return in_.record(l); }
   void wait(Lane l, const Event& e) override { in_.wait(l, e); }
   void host_wait(const Event& e) override { in_.host_wait(e); }

@@ -192,7 +192,7 @@ void CpuBackend::free(Allocation& a) {
   a = {};
 }
 
-int64_t CpuBackend::layer_workspace_bytes(int64_t tokens) const {
+int64_t CpuBackend::layer_workspace_bytes(int64_t tokens, int64_t /*seq: per row*/) const {
   // The reference keeps q, k, v, attention output, normed input and the three MLP activations of the
   // rows it works on, plus their gradients in backward: an upper estimate, in fp32.
   const auto& c = cfg_;
@@ -205,7 +205,7 @@ int64_t CpuBackend::layer_workspace_bytes(int64_t tokens) const {
   return tokens * per_row * 4;
 }
 
-void CpuBackend::reserve_workspace(int64_t tokens) {
+void CpuBackend::reserve_workspace(int64_t tokens, int64_t /*seq: the CPU workspace is per row*/) {
   const int64_t want = layer_workspace_bytes(tokens);
   if (want <= workspace_reserved_) return;
   mem_.reserve(MemKind::Device, want - workspace_reserved_, "workspace");

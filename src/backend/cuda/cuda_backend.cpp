@@ -163,9 +163,11 @@ void CudaBackend::free(Allocation& a) {
   a = {};
 }
 
-int64_t CudaBackend::layer_workspace_bytes(int64_t tokens) const {
+int64_t CudaBackend::layer_workspace_bytes(int64_t tokens, int64_t seq) const {
   const auto& e = *impl_->eng;
-  return std::max({e.layer_workspace_bytes(tokens), e.head_workspace_bytes(tokens), e.embed_workspace_bytes(tokens)});
+  const bool split = seq > 0 && tokens % seq == 0;
+  const int64_t layer = split ? e.layer_workspace_bytes(tokens / seq, seq) : e.layer_workspace_bytes(tokens);
+  return std::max({layer, e.head_workspace_bytes(tokens), e.embed_workspace_bytes(tokens)});
 }
 
 namespace {
@@ -190,7 +192,9 @@ void ensure_ws(CudaBackend::Impl& m, MemoryTracker& mem, int64_t bytes) {
 }
 }  // namespace
 
-void CudaBackend::reserve_workspace(int64_t tokens) { ensure_ws(*impl_, mem_, layer_workspace_bytes(tokens)); }
+void CudaBackend::reserve_workspace(int64_t tokens, int64_t seq) {
+  ensure_ws(*impl_, mem_, layer_workspace_bytes(tokens, seq));
+}
 
 // ------------------------------------------------------------------------------------ lanes, events
 Event CudaBackend::record(Lane lane) {

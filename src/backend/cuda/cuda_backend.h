@@ -31,8 +31,8 @@ class CudaBackend final : public Backend {
 
   Allocation alloc(MemKind k, int64_t bytes, const std::string& tag) override;
   void free(Allocation& a) override;
-  int64_t layer_workspace_bytes(int64_t tokens) const override;
-  void reserve_workspace(int64_t tokens) override;
+  int64_t layer_workspace_bytes(int64_t tokens, int64_t seq = 0) const override;
+  void reserve_workspace(int64_t tokens, int64_t seq = 0) override;
 
   Event record(Lane lane) override;
   void wait(Lane lane, const Event& ev) override;

@@ -186,7 +186,7 @@ void profile_gpu(ResourceProfile& p, const ModelConfig& c, int64_t batch, int64_
     CudaBackendOptions probe;
     probe.gpu_mem_cap = std::min<int64_t>(int64_t(free_b), int64_t(2) << 30);
     CudaBackend tmp(c, probe);
-    const int64_t ws = tmp.layer_workspace_bytes(batch * seq);
+    const int64_t ws = tmp.layer_workspace_bytes(batch * seq, seq);
     const int64_t need = ws + tmp.layout().max_layer_numel() * 6 + 4 * batch * seq * c.hidden * 2 + (int64_t(3) << 30);
     o.gpu_mem_cap = std::min<int64_t>(int64_t(free_b) - (int64_t(256) << 20), need + o.margin);
     // What the planner must know of this backend: its one workspace buffer (32.1 GiB at the Qwen3.6-27B
