@@ -74,7 +74,8 @@ void gdn_prep_bwd(const GdnDims& d, const void* y, const void* a, const void* b,
 // chunk-parallel: per-chunk kernels around a serial pass that carries only dL/dS, deltanet_rule_bwd_chunked.cu),
 // Mma (one CTA per value tile walks a sample's chunks serially; tensor-core mma.sync bf16 with fp32 accumulation,
 // fp32 operands split into bf16 hi + lo, register-resident triangular solves) and Simt (Mma's kernels on fp32
-// CUDA cores). Env LT_GDN_RULE=chunked|mma|simt (or LT_GDN_SIMT=1; read at the first query) selects one;
+// CUDA cores). Env LT_GDN_RULE=chunked|mma|simt (or LT_GDN_SIMT=1; read at the first query) selects one
+// (LT_GDN_RULE_FWD=mma keeps Chunked's backward with the Mma forward);
 // gdn_set_rule_impl overrides it (tests, benchmarks). The choice is read at each launch; the workspace sizes
 // cover every implementation.
 enum class GdnRuleImpl { Chunked, Mma, Simt };

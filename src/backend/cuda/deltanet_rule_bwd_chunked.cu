@@ -51,11 +51,12 @@ __global__ void __launch_bounds__(kThreads) ds_pass_kernel(ChunkedArgs p) {
   for (int64_t c = p.nck - 1; c >= 0; --c) {
     const Chunk ch(p, b, c);
     const int64_t cidx = (b * p.nck + c) * Hv + h;
-    load_rows_bf16(qs, ldk, p.q + ch.t0 * sqk + kh * Dk, sqk, Dk, ch.L);
-    load_rows_bf16(ks, ldk, p.k + ch.t0 * sqk + kh * Dk, sqk, Dk, ch.L);
-    load_rows_bf16(dO, ldt, p.dout + ch.t0 * sv + int64_t(h) * Dv + e0, sv, nt, ch.L);
-    load_rows_f32(W, ldk, p.W + ch.t0 * sw + int64_t(h) * Dk, sw, Dk, ch.L);
-    copy_f32(P, p.P + cidx * kC * kC, kC * kC);
+    async_rows(qs, ldk, p.q + ch.t0 * sqk + kh * Dk, sqk, Dk, kC, ch.L);
+    async_rows(ks, ldk, p.k + ch.t0 * sqk + kh * Dk, sqk, Dk, kC, ch.L);
+    async_rows(dO, ldt, p.dout + ch.t0 * sv + int64_t(h) * Dv + e0, sv, nt, kC, ch.L);
+    async_rows(W, ldk, p.W + ch.t0 * sw + int64_t(h) * Dk, sw, Dk, kC, ch.L);
+    async_copy(P, p.P + cidx * kC * kC, kC * kC);
+    async_done();
     float* dSg = p.dS + cidx * int64_t(Dk) * Dv + e0;
     for (int idx = threadIdx.x; idx < Dk * nt; idx += blockDim.x) {
       const int d = idx / nt, e = idx % nt;
@@ -80,11 +81,14 @@ __global__ void __launch_bounds__(kThreads) ds_pass_kernel(ChunkedArgs p) {
 }
 
 // ------------------------------------------------------------------------------------------- 3. chunk_grads
+// Shared memory: every operand of a product is staged there first (cp.async); the [Dk, Dv] states S0 and dS
+// go through the [64, max(Dk, Dv)] staging tile G in blocks of 64 rows.
 int64_t grads_smem_bytes(int Dk, int Dv) {
+  const int ldg = std::max(Dk, Dv) + kPad;
   return carve_bytes(1, sizeof(ChunkScal)) + 2 * carve_bytes(int64_t(kC) * (Dk + kPad), 2) /*qs, ks*/ +
-         carve_bytes(int64_t(kC) * (Dv + kPad), 2) /*dO*/ + 3 * carve_bytes(kC * kC, 4) /*KM, P, dP*/ +
+         carve_bytes(int64_t(kC) * (Dv + kPad), 2) /*dO, then v*/ + 3 * carve_bytes(kC * kC, 4) /*KM, P, dP*/ +
          carve_bytes(int64_t(kC) * (Dk + kPad), 4) /*X*/ + carve_bytes(int64_t(kC) * (Dv + kPad), 4) /*Y*/ +
-         carve_bytes(3 * kC + 32, 4) /*dgam, dbt, xs, red*/;
+         carve_bytes(int64_t(kC) * ldg, 4) /*G*/ + carve_bytes(3 * kC + 32, 4) /*dgam, dbt, xs, red*/;
 }
 
 // sum over the lanes of a warp of f(j) for j = lane, lane + 32, ... < n.
@@ -95,6 +99,21 @@ __device__ __forceinline__ float warp_row_sum(int n, F f) {
   return dev::warp_sum(s);
 }
 
+// For each block of (up to) 64 rows d0.. of a [Dk, Dv] fp32 state M (global): stage it in G (ld ldg), then
+// use(d0, nd). Barriers before and after every block (all threads must call it).
+template <typename F>
+__device__ __forceinline__ void for_state_blocks(const float* M, int Dk, int Dv, float* G, int ldg, F use) {
+  for (int d0 = 0; d0 < Dk; d0 += kC) {
+    const int nd = Dk - d0 < kC ? Dk - d0 : int(kC);
+    __syncthreads();
+    async_rows(G, ldg, M + int64_t(d0) * Dv, Dv, Dv, kC, nd);
+    async_done();
+    __syncthreads();
+    use(d0, nd);
+  }
+  __syncthreads();
+}
+
 __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
   extern __shared__ __align__(16) char smem[];
   const int Dk = p.Dk, Dv = p.Dv, Hv = p.Hv, Hk = p.Hk, kh = blockIdx.y, group = Hv / Hk;
@@ -102,18 +121,19 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
   const Chunk ch(p, b, c);
   const int L = ch.L, last = L - 1, tid = threadIdx.x, nth = blockDim.x;
   const int warp = tid >> 5, lane = tid & 31, nwarp = nth >> 5;
-  const int ldk = Dk + kPad, ldv_ = Dv + kPad;
+  const int ldk = Dk + kPad, ldv_ = Dv + kPad, ldg = std::max(Dk, Dv) + kPad;
   const float scale = p.scale;
   Carve cv{smem};
   ChunkScal& cs = *cv.take<ChunkScal>(1);
   bf16* qs = cv.take<bf16>(int64_t(kC) * ldk);
   bf16* ks = cv.take<bf16>(int64_t(kC) * ldk);
-  bf16* dO = cv.take<bf16>(int64_t(kC) * ldv_);
+  bf16* dO = cv.take<bf16>(int64_t(kC) * ldv_);  // dO, from (5) on v
   float* KM = cv.take<float>(kC * kC);
   float* P = cv.take<float>(kC * kC);   // P, later E = dA o b_i M
   float* dP = cv.take<float>(kC * kC);  // dP -> dP o M -> dA
   float* X = cv.take<float>(int64_t(kC) * ldk);   // r, r2, dW -> YW
-  float* Y = cv.take<float>(int64_t(kC) * ldv_);  // dDl -> YU
+  float* Y = cv.take<float>(int64_t(kC) * ldv_);  // Dl, from (5) on dDl -> YU
+  float* G = cv.take<float>(int64_t(kC) * ldg);   // staging: S0 / dS row blocks, U, W
   float* dgam = cv.take<float>(3 * kC + 32);
   float* dbt = dgam + kC;
   float* xs = dbt + kC;
@@ -121,36 +141,41 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
   const int64_t sqk = int64_t(Hk) * Dk, sv = int64_t(Hv) * Dv, sw = int64_t(Hv) * Dk;
   float* dq = p.dqn + ch.t0 * sqk + kh * Dk;  // rows of this chunk, key head kh (row stride sqk)
   float* dk = p.dkn + ch.t0 * sqk + kh * Dk;
-  load_rows_bf16(qs, ldk, p.q + ch.t0 * sqk + kh * Dk, sqk, Dk, L);
-  load_rows_bf16(ks, ldk, p.k + ch.t0 * sqk + kh * Dk, sqk, Dk, L);
+  async_rows(qs, ldk, p.q + ch.t0 * sqk + kh * Dk, sqk, Dk, kC, L);
+  async_rows(ks, ldk, p.k + ch.t0 * sqk + kh * Dk, sqk, Dk, kC, L);
 
   for (int h = kh * group; h < (kh + 1) * group; ++h) {
     const int64_t cidx = (b * p.nck + c) * Hv + h;
     const float* S0 = p.states + cidx * int64_t(Dk) * Dv;  // S0(d, e) = S0[d*Dv + e]
     const float* dSe = p.dS + cidx * int64_t(Dk) * Dv;
-    const float* Dl = p.Dl + ch.t0 * sv + int64_t(h) * Dv;  // rows: stride sv
-    const float* U = p.U + ch.t0 * sv + int64_t(h) * Dv;
-    const float* Wg = p.W + ch.t0 * sw + int64_t(h) * Dk;
-    const bf16* vg = p.v + ch.t0 * sv + int64_t(h) * Dv;
-    load_rows_bf16(dO, ldv_, p.dout + ch.t0 * sv + int64_t(h) * Dv, sv, Dv, L);
-    load_rows_f32(Y, ldv_, p.dDl + ch.t0 * sv + int64_t(h) * Dv, sv, Dv, L);
-    copy_f32(KM, p.KM + cidx * kC * kC, kC * kC);
-    copy_f32(P, p.P + cidx * kC * kC, kC * kC);
-    for (int i = tid; i < kC * kC; i += nth) dP[i] = 0.f;  // the products below fill columns < L only
+    const int64_t vrow0 = ch.t0 * sv + int64_t(h) * Dv, wrow0 = ch.t0 * sw + int64_t(h) * Dk;
+    async_rows(dO, ldv_, p.dout + vrow0, sv, Dv, kC, L);
+    async_rows(Y, ldv_, p.Dl + vrow0, sv, Dv, kC, L);
+    async_copy(KM, p.KM + cidx * kC * kC, kC * kC);
+    async_copy(P, p.P + cidx * kC * kC, kC * kC);
+    async_done();
+    for (int i = tid; i < kC * kC; i += nth) dP[i] = 0.f;  // the product below fills columns < L only
     if (tid < kC) dgam[tid] = dbt[tid] = 0.f;
     load_chunk_scalars(cs, p.g, p.beta, p.seg, ch.t0, L, Hv, h);  // syncs
     const float glast = cs.G[last];
 
-    // (2) dP = dO Dl^T;  (3) r = dO S0^T (-> X)
-    gemm<true>(kC, L, prod(dO, ldv_, 1, Dl, 1, sv, Dv), [&](int i, int j, float acc) { dP[i * kC + j] = acc; });
-    gemm<true>(kC, Dk, prod(dO, ldv_, 1, S0, 1, Dv, Dv), [&](int i, int d, float acc) { X[i * ldk + d] = acc; });
-    {  // <S0, dS> (for dgam_last)
-      float s = 0.f;
-      for (int idx = tid; idx < Dk * Dv; idx += nth) s += S0[idx] * dSe[idx];
-      s = dev::warp_sum(s);
-      if (lane == 0) red[warp] = s;
-    }
-    __syncthreads();
+    // (2) dP = dO Dl^T;  (3) r = dO S0^T (-> X), and <S0, dS> (for dgam_last) from the staged S0 blocks
+    gemm<true>(kC, L, prod(dO, ldv_, 1, Y, 1, ldv_, Dv), [&](int i, int j, float acc) { dP[i * kC + j] = acc; });
+    float sdot = 0.f;
+    for_state_blocks(S0, Dk, Dv, G, ldg, [&](int d0, int nd) {
+      gemm<true>(kC, nd, prod(dO, ldv_, 1, G, 1, ldg, Dv),
+                 [&](int i, int d, float acc) { X[i * ldk + d0 + d] = acc; });
+      const float4* ds4 = reinterpret_cast<const float4*>(dSe + int64_t(d0) * Dv);
+      const int n4 = nd * Dv / 4, per_row = Dv / 4;
+#pragma unroll 8
+      for (int idx = tid; idx < n4; idx += nth) {
+        const float4 x = ds4[idx];
+        const float* gr = G + (idx / per_row) * ldg + (idx % per_row) * 4;
+        sdot += gr[0] * x.x + gr[1] * x.y + gr[2] * x.z + gr[3] * x.w;
+      }
+    });
+    sdot = dev::warp_sum(sdot);
+    if (lane == 0) red[warp] = sdot;
     for (int i = warp; i < L; i += nwarp) {  // dgam from dP o P (rows +, columns -) and from r
       const float s = warp_row_sum(kC, [&](int j) {
         float t = 0.f;
@@ -161,10 +186,7 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
       const float qr = warp_row_sum(Dk, [&](int d) { return ldv(qs + i * ldk + d) * X[i * ldk + d]; });
       if (lane == 0) dgam[i] += s + cs.G[i] * scale * qr;
     }
-    for (int idx = tid; idx < L * Dk; idx += nth) {
-      const int i = idx / Dk, d = idx % Dk;
-      dq[i * sqk + d] += scale * cs.G[i] * X[i * ldk + d];
-    }
+    add_rows_global(dq, sqk, L, Dk, [&](int i, int d) { return scale * cs.G[i] * X[i * ldk + d]; });
     __syncthreads();
     if (tid == 0) {
       float s = 0.f;
@@ -175,16 +197,14 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
     __syncthreads();
 
     // (2) dq~ += (dP o M) K, dk += (dP o M)^T q~;  (4) r2 = Dl dS^T (-> X)
-    gemm<true>(L, Dk, prod(dP, kC, 1, ks, ldk, 1, kC), [&](int i, int d, float acc) { dq[i * sqk + d] += scale * acc; });
-    gemm<true>(L, Dk, prod(dP, 1, kC, qs, ldk, 1, kC), [&](int j, int d, float acc) { dk[j * sqk + d] += scale * acc; });
-    gemm<true>(L, Dk, prod(Dl, sv, 1, dSe, 1, Dv, Dv), [&](int j, int d, float acc) { X[j * ldk + d] = acc; });
-    __syncthreads();
+    gemm_add_global(L, Dk, prod(dP, kC, 1, ks, ldk, 1, kC), dq, sqk, scale);
+    gemm_add_global(L, Dk, prod(dP, 1, kC, qs, ldk, 1, kC), dk, sqk, scale);
+    for_state_blocks(dSe, Dk, Dv, G, ldg, [&](int d0, int nd) {
+      gemm<true>(L, nd, prod(Y, ldv_, 1, G, 1, ldg, Dv), [&](int j, int d, float acc) { X[j * ldk + d0 + d] = acc; });
+    });
 
-    // (4) dk += Ge r2, dgam terms
-    for (int idx = tid; idx < L * Dk; idx += nth) {
-      const int j = idx / Dk, d = idx % Dk;
-      dk[j * sqk + d] += cs.Ge[j] * X[j * ldk + d];
-    }
+    // (4) dk += Ge r2, dgam terms; dDl -> Y and v -> dO for what follows
+    add_rows_global(dk, sqk, L, Dk, [&](int j, int d) { return cs.Ge[j] * X[j * ldk + d]; });
     for (int j = warp; j < kC; j += nwarp) {
       const float kr = j < last ? warp_row_sum(Dk, [&](int d) { return ldv(ks + j * ldk + d) * X[j * ldk + d]; }) : 0.f;
       if (lane == 0) {
@@ -193,6 +213,10 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
         if (j < last) dgam[j] -= x;
       }
     }
+    __syncthreads();  // Y (Dl) and dO are no longer read
+    async_rows(Y, ldv_, p.dDl + vrow0, sv, Dv, kC, L);
+    async_rows(dO, ldv_, p.v + vrow0, sv, Dv, kC, L);
+    async_done();
     __syncthreads();
 
     // (5) dW = -dDl S0^T (-> X; rows >= L are zero since dDl's are)
@@ -201,10 +225,13 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
       for (int j = 0; j < kC; ++j) s += xs[j];
       dgam[last] += s;
     }
-    gemm<true>(kC, Dk, prod(Y, ldv_, 1, S0, 1, Dv, Dv), [&](int i, int d, float acc) { X[i * ldk + d] = -acc; });
-    __syncthreads();
+    for_state_blocks(S0, Dk, Dv, G, ldg, [&](int d0, int nd) {
+      gemm<true>(kC, nd, prod(Y, ldv_, 1, G, 1, ldg, Dv),
+                 [&](int i, int d, float acc) { X[i * ldk + d0 + d] = -acc; });
+    });
 
-    // (6) back substitution Y_i = dX_i - sum_{j>i} A[j,i] Y_j on X (-> YW) and Y (-> YU)
+    // (6) back substitution Y_i = dX_i - sum_{j>i} A[j,i] Y_j on X (-> YW) and Y (-> YU); U -> G
+    async_rows(G, ldg, p.U + vrow0, sv, Dv, kC, L);
     for (int col = tid; col < Dk + Dv; col += nth) {
       if (col < Dk)
         bwd_subst_col(KM, cs.bt, X + col, ldk);
@@ -212,33 +239,35 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
         bwd_subst_col(KM, cs.bt, Y + (col - Dk), ldv_);
     }
     for (int i = tid; i < kC * kC; i += nth) dP[i] = P[i] = 0.f;
+    async_done();
     __syncthreads();
 
     // (7) dA = -(YU U^T + YW W^T), E = dA o b_i M; dv, db, dgam, dk
-    gemm2<true>(kC, L, prod(Y, ldv_, 1, U, 1, sv, Dv), prod(X, ldk, 1, Wg, 1, sw, Dk),
-                [&](int i, int j, float a1, float a2) {
-                  const bool in = j < i && same_seg(cs, i, j);
-                  const float da = in ? -(a1 + a2) : 0.f;
-                  dP[i * kC + j] = da;
-                  P[i * kC + j] = in ? da * cs.bt[i] * decay(cs, i, j) : 0.f;
-                });
+    gemm<true>(kC, L, prod(Y, ldv_, 1, G, 1, ldg, Dv), [&](int i, int j, float acc) { dP[i * kC + j] = acc; });
+    __syncthreads();
+    async_rows(G, ldg, p.W + wrow0, sw, Dk, kC, L);
+    async_done();
+    __syncthreads();
+    gemm<true>(kC, L, prod(X, ldk, 1, G, 1, ldg, Dk), [&](int i, int j, float acc) {
+      const bool in = j < i && same_seg(cs, i, j);
+      const float da = in ? -(dP[i * kC + j] + acc) : 0.f;
+      dP[i * kC + j] = da;
+      P[i * kC + j] = in ? da * cs.bt[i] * decay(cs, i, j) : 0.f;
+    });
     for (int i = warp; i < L; i += nwarp) {
       const float tt = warp_row_sum(Dk, [&](int d) { return ldv(ks + i * ldk + d) * X[i * ldk + d]; });
-      const float vy = warp_row_sum(Dv, [&](int e) { return ldv(vg + i * sv + e) * Y[i * ldv_ + e]; });
+      const float vy = warp_row_sum(Dv, [&](int e) { return ldv(dO + i * ldv_ + e) * Y[i * ldv_ + e]; });
       if (lane == 0) {
         dbt[i] += vy + cs.G[i] * tt;
         dgam[i] += cs.bt[i] * cs.G[i] * tt;
       }
     }
-    float* dvh = p.dv + ch.t0 * sv + int64_t(h) * Dv;
+    float* dvh = p.dv + vrow0;
     for (int idx = tid; idx < L * Dv; idx += nth) {
       const int i = idx / Dv, e = idx % Dv;
       dvh[i * sv + e] = cs.bt[i] * Y[i * ldv_ + e];
     }
-    for (int idx = tid; idx < L * Dk; idx += nth) {
-      const int i = idx / Dk, d = idx % Dk;
-      dk[i * sqk + d] += cs.bt[i] * cs.G[i] * X[i * ldk + d];
-    }
+    add_rows_global(dk, sqk, L, Dk, [&](int i, int d) { return cs.bt[i] * cs.G[i] * X[i * ldk + d]; });
     __syncthreads();
 
     // (8) db, dgam from dA; dk += E K + E^T K
@@ -251,8 +280,7 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
       });
       if (lane == 0) dbt[i] += sdb, dgam[i] += sg;
     }
-    gemm2<true>(L, Dk, prod(P, kC, 1, ks, ldk, 1, kC), prod(P, 1, kC, ks, ldk, 1, kC),
-                [&](int i, int d, float a1, float a2) { dk[i * sqk + d] += a1 + a2; });
+    gemm2_add_global(L, Dk, prod(P, kC, 1, ks, ldk, 1, kC), prod(P, 1, kC, ks, ldk, 1, kC), dk, sqk, 1.f);
     __syncthreads();
 
     // (9) dg = suffix sums of dgam within the chunk; dbeta

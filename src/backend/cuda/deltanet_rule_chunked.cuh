@@ -47,25 +47,31 @@ struct Chunk {
   }
 };
 
-// dst [64, ld] bf16 <- rows [t0, t0 + L) of src (row stride sstride, n columns from col0); zero rows >= L.
-__device__ __forceinline__ void load_rows_bf16(bf16* dst, int ld, const bf16* src, int64_t sstride, int n, int L) {
-  const int half = n / 2;
-  for (int idx = threadIdx.x; idx < kC * half; idx += blockDim.x) {
-    const int i = idx / half, c2 = (idx % half) * 2;
-    __nv_bfloat162 x = __floats2bfloat162_rn(0.f, 0.f);
-    if (i < L) x = *reinterpret_cast<const __nv_bfloat162*>(src + i * sstride + c2);
-    *reinterpret_cast<__nv_bfloat162*>(dst + i * ld + c2) = x;
+// Tile loads are cp.async (16-byte pieces, all in flight at once): with one CTA of 8 warps per SM, plain
+// load-then-store loops kept one global load per thread in flight and the loads dominated (run 39).
+// dst [rows, ld] <- rows [0, valid) of src (row stride sstride, n columns), rows in [valid, rows) zeroed.
+// n, ld, sstride times sizeof(T) and both bases must be multiples of 16 bytes. Complete with async_done().
+template <typename T>
+__device__ __forceinline__ void async_rows(T* dst, int ld, const T* src, int64_t sstride, int n, int rows,
+                                           int valid) {
+  constexpr int per = 16 / int(sizeof(T));
+  const int pieces = n / per;
+  for (int idx = threadIdx.x; idx < rows * pieces; idx += blockDim.x) {
+    const int i = idx / pieces, c = (idx % pieces) * per;
+    const bool ok = i < valid;
+    dev::cp_async16(dst + i * ld + c, ok ? src + i * sstride + c : src, ok);
   }
 }
-__device__ __forceinline__ void load_rows_f32(float* dst, int ld, const float* src, int64_t sstride, int n, int L) {
-  const int half = n / 2;
-  for (int idx = threadIdx.x; idx < kC * half; idx += blockDim.x) {
-    const int i = idx / half, c2 = (idx % half) * 2;
-    float2 x = make_float2(0.f, 0.f);
-    if (i < L) x = *reinterpret_cast<const float2*>(src + i * sstride + c2);
-    *reinterpret_cast<float2*>(dst + i * ld + c2) = x;
-  }
+// dst[0, n) <- src[0, n) (n a multiple of 4).
+__device__ __forceinline__ void async_copy(float* dst, const float* src, int n) {
+  for (int i = threadIdx.x * 4; i < n; i += blockDim.x * 4) dev::cp_async16(dst + i, src + i, true);
 }
+// Waits for this thread's async copies; a barrier must follow before other threads read them.
+__device__ __forceinline__ void async_done() {
+  dev::cp_async_commit();
+  dev::cp_async_wait<0>();
+}
+
 __device__ __forceinline__ void store_rows_f32(float* dst, int64_t dstride, const float* src, int ld, int n, int L) {
   for (int idx = threadIdx.x; idx < L * n; idx += blockDim.x) {
     const int i = idx / n, c = idx % n;
@@ -74,6 +80,56 @@ __device__ __forceinline__ void store_rows_f32(float* dst, int64_t dstride, cons
 }
 __device__ __forceinline__ void copy_f32(float* dst, const float* src, int n) {
   for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+}
+
+// out[i * ostride + c] += f(i, c) for i < rows, c < n, in global memory. Each thread loads kBatch outputs before
+// it stores any (a plain += loop serialises on the possible aliasing of its loads and stores).
+template <typename F>
+__device__ __forceinline__ void add_rows_global(float* out, int64_t ostride, int rows, int n, F f) {
+  constexpr int kBatch = 8;
+  const int total = rows * n, step = int(blockDim.x);
+  for (int base = threadIdx.x; base < total; base += kBatch * step) {
+    float old[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int idx = base + u * step;
+      if (idx < total) old[u] = out[(idx / n) * ostride + idx % n];
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int idx = base + u * step;
+      if (idx < total) out[(idx / n) * ostride + idx % n] = old[u] + f(idx / n, idx % n);
+    }
+  }
+}
+
+// out[m * ostride + n] += scale * (sum of the products) for m < M, n < N, in global memory: the tensor-core
+// block product of deltanet_rule.cuh with a load-all-then-store epilogue (as add_rows_global).
+template <typename TA, typename TB, typename TA2, typename TB2>
+__device__ __forceinline__ void gemm_add_global_impl(int M, int N, const Prod<TA, TB>& p1, const Prod<TA2, TB2>* p2,
+                                                     float* out, int64_t ostride, float scale) {
+  const int warp = threadIdx.x >> 5, nwarp = blockDim.x >> 5;
+  const int tn = (N + 15) / 16, tiles = ((M + 15) / 16) * tn;
+  for (int tile = warp; tile < tiles; tile += nwarp) {
+    const int m0 = (tile / tn) * 16, n0 = (tile % tn) * 16;
+    float acc[2][4] = {};
+    mma_tile(p1, M, N, m0, n0, acc);
+    if (p2) mma_tile(*p2, M, N, m0, n0, acc);
+    float old[2][4];
+    mma_epilogue(M, N, m0, n0, [&](int m, int n, int s, int i) { old[s][i] = out[m * ostride + n]; });
+    mma_epilogue(M, N, m0, n0,
+                 [&](int m, int n, int s, int i) { out[m * ostride + n] = old[s][i] + scale * acc[s][i]; });
+  }
+}
+template <typename TA, typename TB>
+__device__ __forceinline__ void gemm_add_global(int M, int N, const Prod<TA, TB>& p, float* out, int64_t ostride,
+                                                float scale) {
+  gemm_add_global_impl(M, N, p, static_cast<const Prod<TA, TB>*>(nullptr), out, ostride, scale);
+}
+template <typename TA, typename TB, typename TA2, typename TB2>
+__device__ __forceinline__ void gemm2_add_global(int M, int N, const Prod<TA, TB>& p1, const Prod<TA2, TB2>& p2,
+                                                 float* out, int64_t ostride, float scale) {
+  gemm_add_global_impl(M, N, p1, &p2, out, ostride, scale);
 }
 
 // The chunked kernels run the batch in groups of samples (the rule restarts at every sample, so groups are

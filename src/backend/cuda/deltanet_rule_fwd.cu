@@ -146,6 +146,14 @@ GdnRuleImpl gdn_rule_impl() {
   }
   return GdnRuleImpl(v);
 }
+// LT_GDN_RULE_FWD=mma: the Chunked implementation runs the Mma forward (same chunk states) with its backward.
+static bool chunked_forward() {
+  static const bool v = [] {
+    const char* e = std::getenv("LT_GDN_RULE_FWD");
+    return !(e && std::string(e) == "mma");
+  }();
+  return v;
+}
 const char* gdn_rule_impl_name(GdnRuleImpl impl) {
   return impl == GdnRuleImpl::Chunked ? "chunked" : impl == GdnRuleImpl::Mma ? "mma" : "simt";
 }
@@ -166,7 +174,7 @@ void gdn_rule_fwd(const GdnDims& d, const void* qn, const void* kn, const void* 
                   const int32_t* seg, void* o, float* state_ws, cudaStream_t st, void* ws) {
   static_assert(kGdnChunk == kC, "chunk length");
   LT_CUDA_REQUIRE(gdn_dims_supported(d), "gdn_rule_fwd: unsupported shape (see gdn_dims_supported)");
-  if (ws && gdn_rule_impl() == GdnRuleImpl::Chunked) {
+  if (ws && gdn_rule_impl() == GdnRuleImpl::Chunked && chunked_forward()) {
     gdn_rule_fwd_chunked(d, qn, kn, v, g, beta, seg, o, state_ws, ws, st);
     return;
   }

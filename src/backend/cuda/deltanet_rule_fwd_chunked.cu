@@ -18,7 +18,11 @@ namespace {
 int64_t prep_smem_bytes(int Dk, int Dv) {
   return carve_bytes(1, sizeof(ChunkScal)) + 2 * carve_bytes(int64_t(kC) * (Dk + kPad), 2) +
          2 * carve_bytes(kC * kC, 4) + carve_bytes(int64_t(kC) * (Dk + kPad), 4) +
-         carve_bytes(int64_t(kC) * (Dv + kPad), 4);
+         carve_bytes(int64_t(kC) * (Dv + kPad), 4) + carve_bytes(int64_t(kC) * (Dv + kPad), 2);
+}
+// The backward's S0 [Dk, Dv] fp32 is staged over qs, ks, KM, P once they are done with.
+bool prep_s0_fits(int Dk, int Dv) {
+  return int64_t(Dk) * Dv * 4 <= 2 * carve_bytes(int64_t(kC) * (Dk + kPad), 2) + 2 * carve_bytes(kC * kC, 4);
 }
 
 __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkedArgs p, bool bwd) {
@@ -35,9 +39,12 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkedArgs p, boo
   float* P = cv.take<float>(kC * kC);
   float* W = cv.take<float>(int64_t(kC) * ldk);
   float* U = cv.take<float>(int64_t(kC) * ldu);
+  bf16* vs = cv.take<bf16>(int64_t(kC) * ldu);
   const int64_t sqk = int64_t(Hk) * Dk, sv = int64_t(Hv) * Dv, sw = int64_t(Hv) * Dk;
-  load_rows_bf16(qs, ldk, p.q + ch.t0 * sqk + kh * Dk, sqk, Dk, ch.L);
-  load_rows_bf16(ks, ldk, p.k + ch.t0 * sqk + kh * Dk, sqk, Dk, ch.L);
+  async_rows(qs, ldk, p.q + ch.t0 * sqk + kh * Dk, sqk, Dk, kC, ch.L);
+  async_rows(ks, ldk, p.k + ch.t0 * sqk + kh * Dk, sqk, Dk, kC, ch.L);
+  async_rows(vs, ldu, p.v + ch.t0 * sv + int64_t(h) * Dv, sv, Dv, kC, ch.L);
+  async_done();
   load_chunk_scalars(cs, p.g, p.beta, p.seg, ch.t0, ch.L, Hv, h);  // syncs (after the loads above)
   for (int idx = threadIdx.x; idx < kC * Dk; idx += blockDim.x) {
     const int i = idx / Dk, d = idx % Dk;
@@ -45,7 +52,7 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkedArgs p, boo
   }
   for (int idx = threadIdx.x; idx < kC * Dv; idx += blockDim.x) {
     const int i = idx / Dv, e = idx % Dv;
-    U[i * ldu + e] = i < ch.L ? cs.bt[i] * ldv(p.v + (ch.t0 + i) * sv + int64_t(h) * Dv + e) : 0.f;
+    U[i * ldu + e] = cs.bt[i] * ldv(vs + i * ldu + e);  // rows >= L: bt = 0, vs = 0
   }
   const float scale = p.scale;
   gemm2<true>(kC, kC, prod(ks, ldk, 1, ks, 1, ldk, Dk), prod(qs, ldk, 1, ks, 1, ldk, Dk),
@@ -73,7 +80,11 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkedArgs p, boo
     store_rows_f32(Dl, sv, U, ldu, Dv, ch.L);
     return;
   }
-  const float* S0 = p.states + cidx * int64_t(Dk) * Dv;
+  __syncthreads();  // qs .. P no longer read: stage S0 over them
+  float* S0 = reinterpret_cast<float*>(qs);
+  async_copy(S0, p.states + cidx * int64_t(Dk) * Dv, Dk * Dv);
+  async_done();
+  __syncthreads();
   gemm<true>(ch.L, Dv, prod(W, ldk, 1, S0, Dv, 1, Dk),
              [&](int i, int e, float acc) { Dl[i * sv + e] = U[i * ldu + e] - acc; });
 }
@@ -106,11 +117,12 @@ __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkedArgs p) {
   for (int64_t c = 0; c < p.nck; ++c) {
     const Chunk ch(p, b, c);
     const int64_t cidx = (b * p.nck + c) * Hv + h;
-    load_rows_bf16(qs, ldk, p.q + ch.t0 * sqk + kh * Dk, sqk, Dk, ch.L);
-    load_rows_bf16(ks, ldk, p.k + ch.t0 * sqk + kh * Dk, sqk, Dk, ch.L);
-    load_rows_f32(W, ldk, p.W + ch.t0 * sw + int64_t(h) * Dk, sw, Dk, ch.L);
-    load_rows_f32(UD, ldt, p.U + ch.t0 * sv + int64_t(h) * Dv + e0, sv, nt, ch.L);
-    copy_f32(P, p.P + cidx * kC * kC, kC * kC);
+    async_rows(qs, ldk, p.q + ch.t0 * sqk + kh * Dk, sqk, Dk, kC, ch.L);
+    async_rows(ks, ldk, p.k + ch.t0 * sqk + kh * Dk, sqk, Dk, kC, ch.L);
+    async_rows(W, ldk, p.W + ch.t0 * sw + int64_t(h) * Dk, sw, Dk, kC, ch.L);
+    async_rows(UD, ldt, p.U + ch.t0 * sv + int64_t(h) * Dv + e0, sv, nt, kC, ch.L);
+    async_copy(P, p.P + cidx * kC * kC, kC * kC);
+    async_done();
     float* st = const_cast<float*>(p.states) + cidx * int64_t(Dk) * Dv + e0;
     for (int idx = threadIdx.x; idx < Dk * nt; idx += blockDim.x) {
       const int d = idx / nt, e = idx % nt;
@@ -175,7 +187,7 @@ ChunkedArgs chunked_args(const GdnDims& d, const void* qn, const void* kn, const
 
 void launch_chunk_prep(const GdnDims& d, const ChunkedArgs& a, bool bwd, cudaStream_t st) {
   const int64_t smem = prep_smem_bytes(a.Dk, a.Dv);
-  LT_CUDA_REQUIRE(smem <= shared_optin(), ("gdn rule (chunked): shared memory too small for Dk = " +
+  LT_CUDA_REQUIRE(smem <= shared_optin() && prep_s0_fits(a.Dk, a.Dv), ("gdn rule (chunked): shared memory too small for Dk = " +
                                                std::to_string(a.Dk) + ", Dv = " + std::to_string(a.Dv))
                                                   .c_str());
   LT_CUDA(cudaFuncSetAttribute(chunk_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
