@@ -24,10 +24,8 @@ using namespace gdn;
 
 // ------------------------------------------------------------------------------------------- 2. ds_pass
 int64_t ds_smem_bytes(int Dk, int nt) {
-  return carve_bytes(1, sizeof(ChunkScal)) + 2 * carve_bytes(int64_t(kC) * (Dk + kPad), 2) +
-         carve_bytes(kC * kC, 4) + carve_bytes(int64_t(kC) * (Dk + kPad), 4) +
-         carve_bytes(int64_t(Dk) * (nt + kPad), 4) + carve_bytes(int64_t(kC) * (nt + kPad), 4) +
-         carve_bytes(int64_t(kC) * (nt + kPad), 2);
+  return carve_bytes(int64_t(Dk) * (nt + kPad), 4) + carve_bytes(int64_t(kC) * (nt + kPad), 4) +
+         2 * PassTiles<bf16>::bytes(Dk, nt);
 }
 
 __global__ void __launch_bounds__(kThreads) ds_pass_kernel(ChunkedArgs p) {
@@ -37,42 +35,46 @@ __global__ void __launch_bounds__(kThreads) ds_pass_kernel(ChunkedArgs p) {
   const int64_t b = blockIdx.z;
   const int ldk = Dk + kPad, ldt = nt + kPad;
   Carve cv{smem};
-  ChunkScal& cs = *cv.take<ChunkScal>(1);
-  bf16* qs = cv.take<bf16>(int64_t(kC) * ldk);
-  bf16* ks = cv.take<bf16>(int64_t(kC) * ldk);
-  float* P = cv.take<float>(kC * kC);
-  float* W = cv.take<float>(int64_t(kC) * ldk);
   float* dS = cv.take<float>(int64_t(Dk) * ldt);  // [Dk, nt]: dL/dS_end of the current chunk
   float* dD = cv.take<float>(int64_t(kC) * ldt);  // [64, nt]: dDl
-  bf16* dO = cv.take<bf16>(int64_t(kC) * ldt);
-  const int64_t sqk = int64_t(Hk) * Dk, sv = int64_t(Hv) * Dv, sw = int64_t(Hv) * Dk;
+  PassTiles<bf16> tl[2];                          // T: dO
+  tl[0].carve(cv, Dk, nt);
+  tl[1].carve(cv, Dk, nt);
+  const int64_t sv = int64_t(Hv) * Dv;
+  const bf16* osrc = p.dout + int64_t(h) * Dv + e0;
   const float scale = p.scale;
   for (int i = threadIdx.x; i < Dk * ldt; i += blockDim.x) dS[i] = 0.f;
-  for (int64_t c = p.nck - 1; c >= 0; --c) {
+  tl[0].issue(p, b, p.nck - 1, h, kh, osrc, sv, nt);
+  for (int64_t it = 0; it < p.nck; ++it) {
+    const int64_t c = p.nck - 1 - it;
+    const PassTiles<bf16>& t = tl[it & 1];
+    if (c > 0) {
+      tl[(it + 1) & 1].issue(p, b, c - 1, h, kh, osrc, sv, nt);
+      dev::cp_async_wait<1>();
+    } else {
+      dev::cp_async_wait<0>();
+    }
     const Chunk ch(p, b, c);
     const int64_t cidx = (b * p.nck + c) * Hv + h;
-    async_rows(qs, ldk, p.q + ch.t0 * sqk + kh * Dk, sqk, Dk, kC, ch.L);
-    async_rows(ks, ldk, p.k + ch.t0 * sqk + kh * Dk, sqk, Dk, kC, ch.L);
-    async_rows(dO, ldt, p.dout + ch.t0 * sv + int64_t(h) * Dv + e0, sv, nt, kC, ch.L);
-    async_rows(W, ldk, p.W + ch.t0 * sw + int64_t(h) * Dk, sw, Dk, kC, ch.L);
-    async_copy(P, p.P + cidx * kC * kC, kC * kC);
-    async_done();
     float* dSg = p.dS + cidx * int64_t(Dk) * Dv + e0;
     for (int idx = threadIdx.x; idx < Dk * nt; idx += blockDim.x) {
       const int d = idx / nt, e = idx % nt;
       dSg[int64_t(d) * Dv + e] = dS[d * ldt + e];
     }
-    load_chunk_scalars(cs, p.g, p.beta, p.seg, ch.t0, ch.L, Hv, h);  // syncs
+    __syncthreads();
+    const float* G = t.GG;
+    const float* Ge = t.GG + kC;
+    const bf16* dO = t.T;
     // (1) dDl = P^T dO + diag(Ge) K dS
-    gemm2<true>(kC, nt, prod(P, 1, kC, dO, ldt, 1, kC), prod(ks, ldk, 1, dS, ldt, 1, Dk),
-                [&](int j, int e, float a1, float a2) { dD[j * ldt + e] = a1 + cs.Ge[j] * a2; });
+    gemm2<true>(kC, nt, prod(t.P, 1, kC, dO, ldt, 1, kC), prod(t.k, ldk, 1, dS, ldt, 1, Dk),
+                [&](int j, int e, float a1, float a2) { dD[j * ldt + e] = a1 + Ge[j] * a2; });
     __syncthreads();
     float* dDg = p.dDl + ch.t0 * sv + int64_t(h) * Dv + e0;
     store_rows_f32(dDg, sv, dD, ldt, nt, ch.L);
     // dS0 = G_last dS + Q~^T diag(G) dO - W^T dDl (the previous chunk's dS; zero at a segment start)
-    const float glast = cs.G[ch.L - 1];
+    const float glast = G[ch.L - 1];
     const bool reset = ch.zero_start;
-    gemm2<true>(Dk, nt, prod(qs, 1, ldk, dO, ldt, 1, kC, cs.G), prod(W, 1, ldk, dD, ldt, 1, kC),
+    gemm2<true>(Dk, nt, prod(t.q, 1, ldk, dO, ldt, 1, kC, G), prod(t.W, 1, ldk, dD, ldt, 1, kC),
                 [&](int d, int e, float a1, float a2) {
                   dS[d * ldt + e] = reset ? 0.f : glast * dS[d * ldt + e] + scale * a1 - a2;
                 });

@@ -26,6 +26,7 @@ struct ChunkedArgs {
   const bf16* dout;
   float *dqn, *dkn, *dv, *dg, *dbeta;  // outputs (dqn, dkn += : zeroed by the launcher)
   float *W, *U, *Dl, *dDl, *KM, *P, *dS;  // workspace
+  float* GG;                               // [batch, nck, Hv, 2, 64]: G, then Ge, of every chunk (chunk_prep)
   bf16* o;                                 // forward output
   int64_t seq, nck;
   int Hk, Hv, Dk, Dv, nt;
@@ -152,16 +153,54 @@ void for_sample_groups(const GdnDims& d, F f) {
 
 // Workspace pieces in floats, in layout order, for one group of samples (sample_group).
 struct ChunkedWs {
-  int64_t W, U, Dl, dDl, KM, P, dS;
+  int64_t W, U, Dl, dDl, KM, P, dS, GG;
   explicit ChunkedWs(const GdnDims& d) {
     const int64_t nb = sample_group(d), T = nb * d.seq, nck = gdn_rule_num_chunks(d);
     W = T * d.Hv * d.Dk;
     U = Dl = dDl = T * d.Hv * d.Dv;
     KM = P = nb * nck * d.Hv * kC * kC;
     dS = nb * nck * d.Hv * d.Dk * d.Dv;
+    GG = nb * nck * d.Hv * 2 * kC;
   }
-  int64_t fwd_floats() const { return W + U + P; }
-  int64_t floats() const { return W + U + Dl + dDl + KM + P + dS; }
+  int64_t fwd_floats() const { return W + U + P + GG; }
+  int64_t floats() const { return W + U + Dl + dDl + KM + P + dS + GG; }
+};
+
+// One chunk's tiles for the serial passes (state_pass, ds_pass), double-buffered: the next chunk's copies are
+// in flight while the current chunk computes. a: q rows, b: k rows (bf16 [64, Dk + pad]), W [64, Dk + pad],
+// P [64, 64], T the pass's own [64, nt + pad] tile (U fp32 forward, dO bf16 backward), GG: G, Ge [2, 64].
+template <typename TT>
+struct PassTiles {
+  bf16 *q, *k;
+  float *W, *P, *GG;
+  TT* T;
+  __device__ void carve(Carve& cv, int Dk, int nt) {
+    q = cv.take<bf16>(int64_t(kC) * (Dk + kPad));
+    k = cv.take<bf16>(int64_t(kC) * (Dk + kPad));
+    W = cv.take<float>(int64_t(kC) * (Dk + kPad));
+    P = cv.take<float>(kC * kC);
+    GG = cv.take<float>(2 * kC);
+    T = cv.take<TT>(int64_t(kC) * (nt + kPad));
+  }
+  static int64_t bytes(int Dk, int nt) {
+    return 2 * carve_bytes(int64_t(kC) * (Dk + kPad), 2) + carve_bytes(int64_t(kC) * (Dk + kPad), 4) +
+           carve_bytes(kC * kC, 4) + carve_bytes(2 * kC, 4) + carve_bytes(int64_t(kC) * (nt + kPad), sizeof(TT));
+  }
+  // Starts the copies of chunk c (value head h, key head kh, columns e0.. of `tsrc`, whose rows have stride sv)
+  // and commits them as one group.
+  __device__ void issue(const ChunkedArgs& p, int64_t b, int64_t c, int h, int kh, const TT* tsrc, int64_t sv,
+                        int nt) {
+    const int64_t s0 = c * kC, t0 = b * p.seq + s0, cidx = (b * p.nck + c) * p.Hv + h;
+    const int L = int(p.seq - s0 < kC ? p.seq - s0 : int64_t(kC)), Dk = p.Dk, ldk = Dk + kPad;
+    const int64_t sqk = int64_t(p.Hk) * Dk, sw = int64_t(p.Hv) * Dk;
+    async_rows(q, ldk, p.q + t0 * sqk + kh * Dk, sqk, Dk, kC, L);
+    async_rows(k, ldk, p.k + t0 * sqk + kh * Dk, sqk, Dk, kC, L);
+    async_rows(W, ldk, p.W + t0 * sw + int64_t(h) * Dk, sw, Dk, kC, L);
+    async_rows(T, nt + kPad, tsrc + t0 * sv, sv, nt, kC, L);
+    async_copy(P, p.P + cidx * kC * kC, kC * kC);
+    async_copy(GG, p.GG + cidx * 2 * kC, 2 * kC);
+    dev::cp_async_commit();
+  }
 };
 
 // Arguments with the workspace pointers set (layout above) and the shape fields filled; outputs left null.

@@ -46,6 +46,11 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkedArgs p, boo
   async_rows(vs, ldu, p.v + ch.t0 * sv + int64_t(h) * Dv, sv, Dv, kC, ch.L);
   async_done();
   load_chunk_scalars(cs, p.g, p.beta, p.seg, ch.t0, ch.L, Hv, h);  // syncs (after the loads above)
+  if (threadIdx.x < kC) {  // for the serial passes
+    float* gg = p.GG + ((b * p.nck + c) * Hv + h) * 2 * kC;
+    gg[threadIdx.x] = cs.G[threadIdx.x];
+    gg[kC + threadIdx.x] = cs.Ge[threadIdx.x];
+  }
   for (int idx = threadIdx.x; idx < kC * Dk; idx += blockDim.x) {
     const int i = idx / Dk, d = idx % Dk;
     W[i * ldk + d] = cs.bt[i] * cs.G[i] * ldv(ks + i * ldk + d);
@@ -89,11 +94,11 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkedArgs p, boo
              [&](int i, int e, float acc) { Dl[i * sv + e] = U[i * ldu + e] - acc; });
 }
 
-// Per (value tile, value head, sample): the forward state recurrence over the sample's chunks.
+// Per (value tile, value head, sample): the forward state recurrence over the sample's chunks, the next
+// chunk's tiles loading while the current one computes.
 int64_t state_smem_bytes(int Dk, int nt) {
-  return carve_bytes(1, sizeof(ChunkScal)) + 2 * carve_bytes(int64_t(kC) * (Dk + kPad), 2) +
-         carve_bytes(kC * kC, 4) + carve_bytes(int64_t(kC) * (Dk + kPad), 4) +
-         carve_bytes(int64_t(Dk) * (nt + kPad), 4) + 2 * carve_bytes(int64_t(kC) * (nt + kPad), 4);
+  return carve_bytes(int64_t(Dk) * (nt + kPad), 4) + carve_bytes(int64_t(kC) * (nt + kPad), 4) +
+         2 * PassTiles<float>::bytes(Dk, nt);
 }
 
 __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkedArgs p) {
@@ -103,44 +108,46 @@ __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkedArgs p) {
   const int64_t b = blockIdx.z;
   const int ldk = Dk + kPad, ldt = nt + kPad;
   Carve cv{smem};
-  ChunkScal& cs = *cv.take<ChunkScal>(1);
-  bf16* qs = cv.take<bf16>(int64_t(kC) * ldk);
-  bf16* ks = cv.take<bf16>(int64_t(kC) * ldk);
-  float* P = cv.take<float>(kC * kC);
-  float* W = cv.take<float>(int64_t(kC) * ldk);
   float* S = cv.take<float>(int64_t(Dk) * ldt);   // [Dk, nt]
-  float* UD = cv.take<float>(int64_t(kC) * ldt);  // [64, nt]: U, then Dl
   float* Ot = cv.take<float>(int64_t(kC) * ldt);  // [64, nt]: scale G_i S0^T q_i
-  const int64_t sqk = int64_t(Hk) * Dk, sv = int64_t(Hv) * Dv, sw = int64_t(Hv) * Dk;
+  PassTiles<float> tl[2];                         // T: U, then Dl
+  tl[0].carve(cv, Dk, nt);
+  tl[1].carve(cv, Dk, nt);
+  const int64_t sv = int64_t(Hv) * Dv;
+  const float* usrc = p.U + int64_t(h) * Dv + e0;
   const float scale = p.scale;
   for (int i = threadIdx.x; i < Dk * ldt; i += blockDim.x) S[i] = 0.f;
+  tl[0].issue(p, b, 0, h, kh, usrc, sv, nt);
   for (int64_t c = 0; c < p.nck; ++c) {
+    const PassTiles<float>& t = tl[c & 1];
+    if (c + 1 < p.nck) {
+      tl[(c + 1) & 1].issue(p, b, c + 1, h, kh, usrc, sv, nt);
+      dev::cp_async_wait<1>();
+    } else {
+      dev::cp_async_wait<0>();
+    }
     const Chunk ch(p, b, c);
-    const int64_t cidx = (b * p.nck + c) * Hv + h;
-    async_rows(qs, ldk, p.q + ch.t0 * sqk + kh * Dk, sqk, Dk, kC, ch.L);
-    async_rows(ks, ldk, p.k + ch.t0 * sqk + kh * Dk, sqk, Dk, kC, ch.L);
-    async_rows(W, ldk, p.W + ch.t0 * sw + int64_t(h) * Dk, sw, Dk, kC, ch.L);
-    async_rows(UD, ldt, p.U + ch.t0 * sv + int64_t(h) * Dv + e0, sv, nt, kC, ch.L);
-    async_copy(P, p.P + cidx * kC * kC, kC * kC);
-    async_done();
-    float* st = const_cast<float*>(p.states) + cidx * int64_t(Dk) * Dv + e0;
+    float* st = const_cast<float*>(p.states) + ((b * p.nck + c) * Hv + h) * int64_t(Dk) * Dv + e0;
     for (int idx = threadIdx.x; idx < Dk * nt; idx += blockDim.x) {
       const int d = idx / nt, e = idx % nt;
       if (ch.zero_start) S[d * ldt + e] = 0.f;
       st[int64_t(d) * Dv + e] = S[d * ldt + e];
     }
-    load_chunk_scalars(cs, p.g, p.beta, p.seg, ch.t0, ch.L, Hv, h);  // syncs
-    gemm2<true>(kC, nt, prod(W, ldk, 1, S, ldt, 1, Dk), prod(qs, ldk, 1, S, ldt, 1, Dk),
+    __syncthreads();
+    const float* G = t.GG;
+    const float* Ge = t.GG + kC;
+    float* UD = t.T;
+    gemm2<true>(kC, nt, prod(t.W, ldk, 1, S, ldt, 1, Dk), prod(t.q, ldk, 1, S, ldt, 1, Dk),
                 [&](int i, int e, float ws, float qsv) {
                   UD[i * ldt + e] -= ws;
-                  Ot[i * ldt + e] = scale * cs.G[i] * qsv;
+                  Ot[i * ldt + e] = scale * G[i] * qsv;
                 });
     __syncthreads();
     bf16* o = p.o + ch.t0 * sv + int64_t(h) * Dv + e0;
-    gemm<true>(ch.L, nt, prod(P, kC, 1, UD, ldt, 1, kC),
+    gemm<true>(ch.L, nt, prod(t.P, kC, 1, UD, ldt, 1, kC),
                [&](int i, int e, float acc) { o[i * sv + e] = __float2bfloat16(Ot[i * ldt + e] + acc); });
-    const float glast = cs.G[ch.L - 1];
-    gemm<true>(Dk, nt, prod(ks, 1, ldk, UD, ldt, 1, kC, cs.Ge),
+    const float glast = G[ch.L - 1];
+    gemm<true>(Dk, nt, prod(t.k, 1, ldk, UD, ldt, 1, kC, Ge),
                [&](int d, int e, float acc) { S[d * ldt + e] = glast * S[d * ldt + e] + acc; });
     __syncthreads();
   }
@@ -170,7 +177,8 @@ ChunkedArgs chunked_args(const GdnDims& d, const void* qn, const void* kn, const
   a.W = w;
   a.U = a.W + sz.W;
   a.P = a.U + sz.U;  // the forward's pieces first
-  a.Dl = a.P + sz.P;
+  a.GG = a.P + sz.P;
+  a.Dl = a.GG + sz.GG;
   a.dDl = a.Dl + sz.Dl;
   a.KM = a.dDl + sz.dDl;
   a.dS = a.KM + sz.KM;
