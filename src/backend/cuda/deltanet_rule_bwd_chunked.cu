@@ -188,7 +188,6 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
       const float qr = warp_row_sum(Dk, [&](int d) { return ldv(qs + i * ldk + d) * X[i * ldk + d]; });
       if (lane == 0) dgam[i] += s + cs.G[i] * scale * qr;
     }
-    add_rows_global(dq, sqk, L, Dk, [&](int i, int d) { return scale * cs.G[i] * X[i * ldk + d]; });
     __syncthreads();
     if (tid == 0) {
       float s = 0.f;
@@ -198,15 +197,17 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
     for (int idx = tid; idx < kC * kC; idx += nth) dP[idx] *= decay(cs, idx / kC, idx % kC);
     __syncthreads();
 
-    // (2) dq~ += (dP o M) K, dk += (dP o M)^T q~;  (4) r2 = Dl dS^T (-> X)
-    gemm_add_global(L, Dk, prod(dP, kC, 1, ks, ldk, 1, kC), dq, sqk, scale);
-    gemm_add_global(L, Dk, prod(dP, 1, kC, qs, ldk, 1, kC), dk, sqk, scale);
+    // (2)(3) dq = scale ((dP o M) K + G r), one pass over dq; (4) r2 = Dl dS^T (-> X);
+    // (2)(4) dk += scale (dP o M)^T q + Ge r2
+    gemm_add_global(L, Dk, prod(dP, kC, 1, ks, ldk, 1, kC), dq, sqk, scale,
+                    [&](int i, int d) { return scale * cs.G[i] * X[i * ldk + d]; });
     for_state_blocks(dSe, Dk, Dv, G, ldg, [&](int d0, int nd) {
       gemm<true>(L, nd, prod(Y, ldv_, 1, G, 1, ldg, Dv), [&](int j, int d, float acc) { X[j * ldk + d0 + d] = acc; });
     });
+    gemm_add_global(L, Dk, prod(dP, 1, kC, qs, ldk, 1, kC), dk, sqk, scale,
+                    [&](int j, int d) { return cs.Ge[j] * X[j * ldk + d]; });
 
-    // (4) dk += Ge r2, dgam terms; dDl -> Y and v -> dO for what follows
-    add_rows_global(dk, sqk, L, Dk, [&](int j, int d) { return cs.Ge[j] * X[j * ldk + d]; });
+    // (4) dgam terms; dDl -> Y and v -> dO for what follows
     for (int j = warp; j < kC; j += nwarp) {
       const float kr = j < last ? warp_row_sum(Dk, [&](int d) { return ldv(ks + j * ldk + d) * X[j * ldk + d]; }) : 0.f;
       if (lane == 0) {
@@ -269,10 +270,9 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
       const int i = idx / Dv, e = idx % Dv;
       dvh[i * sv + e] = cs.bt[i] * Y[i * ldv_ + e];
     }
-    add_rows_global(dk, sqk, L, Dk, [&](int i, int d) { return cs.bt[i] * cs.G[i] * X[i * ldk + d]; });
     __syncthreads();
 
-    // (8) db, dgam from dA; dk += E K + E^T K
+    // (8) db, dgam from dA; (7)(8) dk += b G YW + E K + E^T K
     for (int i = warp; i < L; i += nwarp) {
       const float sdb = warp_row_sum(i, [&](int j) { return dP[i * kC + j] * KM[i * kC + j]; });
       const float sg = warp_row_sum(kC, [&](int j) {
@@ -282,7 +282,8 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
       });
       if (lane == 0) dbt[i] += sdb, dgam[i] += sg;
     }
-    gemm2_add_global(L, Dk, prod(P, kC, 1, ks, ldk, 1, kC), prod(P, 1, kC, ks, ldk, 1, kC), dk, sqk, 1.f);
+    gemm2_add_global(L, Dk, prod(P, kC, 1, ks, ldk, 1, kC), prod(P, 1, kC, ks, ldk, 1, kC), dk, sqk, 1.f,
+                     [&](int i, int d) { return cs.bt[i] * cs.G[i] * X[i * ldk + d]; });
     __syncthreads();
 
     // (9) dg = suffix sums of dgam within the chunk; dbeta

@@ -83,32 +83,15 @@ __device__ __forceinline__ void copy_f32(float* dst, const float* src, int n) {
   for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
 }
 
-// out[i * ostride + c] += f(i, c) for i < rows, c < n, in global memory. Each thread loads kBatch outputs before
-// it stores any (a plain += loop serialises on the possible aliasing of its loads and stores).
-template <typename F>
-__device__ __forceinline__ void add_rows_global(float* out, int64_t ostride, int rows, int n, F f) {
-  constexpr int kBatch = 8;
-  const int total = rows * n, step = int(blockDim.x);
-  for (int base = threadIdx.x; base < total; base += kBatch * step) {
-    float old[kBatch];
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int idx = base + u * step;
-      if (idx < total) old[u] = out[(idx / n) * ostride + idx % n];
-    }
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int idx = base + u * step;
-      if (idx < total) out[(idx / n) * ostride + idx % n] = old[u] + f(idx / n, idx % n);
-    }
-  }
-}
-
-// out[m * ostride + n] += scale * (sum of the products) for m < M, n < N, in global memory: the tensor-core
-// block product of deltanet_rule.cuh with a load-all-then-store epilogue (as add_rows_global).
-template <typename TA, typename TB, typename TA2, typename TB2>
+// out[m * ostride + n] += scale * (sum of the products) + extra(m, n) for m < M, n < N, in global memory: the
+// tensor-core block product of deltanet_rule.cuh with a load-all-then-store epilogue (a plain += would
+// serialise each lane's loads and stores on their possible aliasing).
+struct NoExtra {
+  __device__ float operator()(int, int) const { return 0.f; }
+};
+template <typename TA, typename TB, typename TA2, typename TB2, typename Extra>
 __device__ __forceinline__ void gemm_add_global_impl(int M, int N, const Prod<TA, TB>& p1, const Prod<TA2, TB2>* p2,
-                                                     float* out, int64_t ostride, float scale) {
+                                                     float* out, int64_t ostride, float scale, Extra extra) {
   const int warp = threadIdx.x >> 5, nwarp = blockDim.x >> 5;
   const int tn = (N + 15) / 16, tiles = ((M + 15) / 16) * tn;
   for (int tile = warp; tile < tiles; tile += nwarp) {
@@ -118,19 +101,20 @@ __device__ __forceinline__ void gemm_add_global_impl(int M, int N, const Prod<TA
     if (p2) mma_tile(*p2, M, N, m0, n0, acc);
     float old[2][4];
     mma_epilogue(M, N, m0, n0, [&](int m, int n, int s, int i) { old[s][i] = out[m * ostride + n]; });
-    mma_epilogue(M, N, m0, n0,
-                 [&](int m, int n, int s, int i) { out[m * ostride + n] = old[s][i] + scale * acc[s][i]; });
+    mma_epilogue(M, N, m0, n0, [&](int m, int n, int s, int i) {
+      out[m * ostride + n] = old[s][i] + scale * acc[s][i] + extra(m, n);
+    });
   }
 }
-template <typename TA, typename TB>
+template <typename TA, typename TB, typename Extra = NoExtra>
 __device__ __forceinline__ void gemm_add_global(int M, int N, const Prod<TA, TB>& p, float* out, int64_t ostride,
-                                                float scale) {
-  gemm_add_global_impl(M, N, p, static_cast<const Prod<TA, TB>*>(nullptr), out, ostride, scale);
+                                                float scale, Extra extra = Extra()) {
+  gemm_add_global_impl(M, N, p, static_cast<const Prod<TA, TB>*>(nullptr), out, ostride, scale, extra);
 }
-template <typename TA, typename TB, typename TA2, typename TB2>
+template <typename TA, typename TB, typename TA2, typename TB2, typename Extra = NoExtra>
 __device__ __forceinline__ void gemm2_add_global(int M, int N, const Prod<TA, TB>& p1, const Prod<TA2, TB2>& p2,
-                                                 float* out, int64_t ostride, float scale) {
-  gemm_add_global_impl(M, N, p1, &p2, out, ostride, scale);
+                                                 float* out, int64_t ostride, float scale, Extra extra = Extra()) {
+  gemm_add_global_impl(M, N, p1, &p2, out, ostride, scale, extra);
 }
 
 // The chunked kernels run the batch in groups of samples (the rule restarts at every sample, so groups are
