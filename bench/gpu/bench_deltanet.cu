@@ -1,6 +1,6 @@
 // Gated DeltaNet kernel timings (src/backend/cuda/deltanet.h) at a layer shape, default the Qwen3.5/3.6
 // 27B layer: batch 8 x seq 1024, Hk 16, Hv 48, Dk = Dv = 128, conv kernel 4. Median of 10 runs (events).
-// The chunked rule is timed on both implementations (cuda::GdnRuleImpl Mma and Simt) with the TFLOP/s it
+// The chunked rule is timed on every implementation (cuda::GdnRuleImpl Chunked, Mma, Simt) with the TFLOP/s it
 // reaches at the model's FLOP count (src/model/mixer_deltanet.cpp: per token and value head
 // C (3 Dk + 2 Dv) + 6 Dk Dv forward, twice that backward); the total uses the default implementation.
 // Usage: bench_deltanet [batch seq Hk Hv Dk Dv]
