@@ -70,8 +70,9 @@ void gdn_prep_bwd(const GdnDims& d, const void* y, const void* a, const void* b,
 // Layout of state_ws: [batch, gdn_rule_num_chunks(d), Hv, Dk, Dv] fp32, the state at the start of every
 // fixed-grid chunk (zero where the chunk starts a sample or a segment).
 //
-// Three implementations of the rule kernels, same semantics: Chunked (default; forward as Mma, backward
-// chunk-parallel: per-chunk kernels around a serial pass that carries only dL/dS, deltanet_rule_bwd_chunked.cu),
+// Three implementations of the rule kernels, same semantics: Chunked (default; per-chunk kernels around serial
+// passes that carry only S forward and dL/dS backward, deltanet_rule_{fwd,bwd}_chunked.cu; its forward needs
+// the `ws` argument of gdn_rule_fwd, without which the Mma forward runs),
 // Mma (one CTA per value tile walks a sample's chunks serially; tensor-core mma.sync bf16 with fp32 accumulation,
 // fp32 operands split into bf16 hi + lo, register-resident triangular solves) and Simt (Mma's kernels on fp32
 // CUDA cores). Env LT_GDN_RULE=chunked|mma|simt (or LT_GDN_SIMT=1; read at the first query) selects one
