@@ -49,6 +49,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json", default="")
+    ap.add_argument("--profile", action="store_true",
+                    help="after the timing, one forward+backward per layer under torch.profiler: the CUDA kernels "
+                         "by total time")
     a = ap.parse_args()
 
     import transformers
@@ -82,6 +85,13 @@ def main():
         tfb = median_time(lambda: run(True), a.warmup, a.reps)
         res[kind] = (tf, tfb)
         print(f"  {kind:18s} fwd {tf:8.2f} ms   fwd+bwd {tfb:8.2f} ms", flush=True)
+        if a.profile:
+            from torch.profiler import ProfilerActivity, profile
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                run(True)
+                torch.cuda.synchronize()
+            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=90),
+                  flush=True)
         if a.json:
             with open(a.json, "a") as f:
                 f.write(json.dumps({"bench": "qwen35_layer", "impl": "hf", "kind": kind, "batch": B, "seq": S,

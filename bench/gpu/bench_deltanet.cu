@@ -1,7 +1,7 @@
 // Gated DeltaNet kernel timings (src/backend/cuda/deltanet.h) at a layer shape, default the Qwen3.5/3.6
 // 27B layer: batch 8 x seq 1024, Hk 16, Hv 48, Dk = Dv = 128, conv kernel 4. Median of 10 runs (events).
-// The chunked rule is timed on every implementation (cuda::GdnRuleImpl Chunked, Mma, Simt) with the TFLOP/s it
-// reaches at the model's FLOP count (src/model/mixer_deltanet.cpp: per token and value head
+// The chunked rule is timed on every implementation (cuda::GdnRuleImpl Chunked in both precisions, Mma, Simt)
+// with the TFLOP/s it reaches at the model's FLOP count (src/model/mixer_deltanet.cpp: per token and value head
 // C (3 Dk + 2 Dv) + 6 Dk Dv forward, twice that backward); the total uses the default implementation.
 // Usage: bench_deltanet [batch seq Hk Hv Dk Dv]
 #include <cuda_runtime.h>
@@ -174,15 +174,28 @@ int main(int argc, char** argv) {
                                (double(cuda::kGdnChunk) * (3.0 * double(d.Dk) + 2.0 * double(d.Dv)) +
                                 6.0 * double(d.Dk) * double(d.Dv));
   std::printf("  rule per implementation (FLOP fwd %.3g, bwd %.3g):\n", rule_flop_fwd, 2 * rule_flop_fwd);
-  for (cuda::GdnRuleImpl impl : {cuda::GdnRuleImpl::Chunked, cuda::GdnRuleImpl::Mma, cuda::GdnRuleImpl::Simt}) {
-    cuda::gdn_set_rule_impl(impl);
+  const cuda::GdnRulePrecision def_prec = cuda::gdn_rule_precision();
+  struct Variant {
+    cuda::GdnRuleImpl impl;
+    cuda::GdnRulePrecision prec;
+  };
+  for (Variant var : {Variant{cuda::GdnRuleImpl::Chunked, cuda::GdnRulePrecision::Split},
+                      Variant{cuda::GdnRuleImpl::Chunked, cuda::GdnRulePrecision::Bf16},
+                      Variant{cuda::GdnRuleImpl::Mma, cuda::GdnRulePrecision::Split},
+                      Variant{cuda::GdnRuleImpl::Simt, cuda::GdnRulePrecision::Split}}) {
+    cuda::gdn_set_rule_impl(var.impl);
+    cuda::gdn_set_rule_precision(var.prec);
     const double f = time_median_ms([&] { cuda::gdn_rule_fwd(d, qn, kn, v, g, beta, nullptr, o, states, st, ws); }, st);
     const double bw = time_median_ms(
         [&] { cuda::gdn_rule_bwd(d, qn, kn, v, g, beta, nullptr, states, dO, dq, dk, dv, dg, dbeta, ws, st); }, st);
-    std::printf("    %-7s fwd %8.3f ms (%6.1f TFLOP/s)  bwd %8.3f ms (%6.1f TFLOP/s)  fwd+bwd %8.3f ms\n",
-                cuda::gdn_rule_impl_name(impl), f, rule_flop_fwd / (f * 1e9), bw,
-                2 * rule_flop_fwd / (bw * 1e9), f + bw);
+    const std::string name = std::string(cuda::gdn_rule_impl_name(var.impl)) +
+                             (var.impl == cuda::GdnRuleImpl::Chunked ? std::string("/") +
+                                                                           cuda::gdn_rule_precision_name(var.prec)
+                                                                     : std::string());
+    std::printf("    %-13s fwd %8.3f ms (%6.1f TFLOP/s)  bwd %8.3f ms (%6.1f TFLOP/s)  fwd+bwd %8.3f ms\n",
+                name.c_str(), f, rule_flop_fwd / (f * 1e9), bw, 2 * rule_flop_fwd / (bw * 1e9), f + bw);
   }
+  cuda::gdn_set_rule_precision(def_prec);
   cuda::gdn_set_rule_impl(def_impl);
   std::printf("  workspace: rule states %.1f MiB, bwd workspace %.1f MiB\n",
               double(cuda::gdn_rule_state_bytes(d)) / 1048576.0, double(ws_bytes) / 1048576.0);

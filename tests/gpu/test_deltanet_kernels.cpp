@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstring>
 #include <sstream>
+#include <tuple>
 
 #include "backend/cpu/ops_gdn.h"
 #include "backend/cuda/deltanet.h"
@@ -203,9 +204,19 @@ struct RuleOut {
   std::vector<float> o, states, dq, dk, dv, dg, db;
   float ms_fwd = 0, ms_bwd = 0;
 };
+// Sets the Chunked implementation's operand precision for a scope (restores the previous one).
+struct RulePrecisionScope {
+  cuda::GdnRulePrecision prev;
+  explicit RulePrecisionScope(cuda::GdnRulePrecision p) : prev(cuda::gdn_rule_precision()) {
+    cuda::gdn_set_rule_precision(p);
+  }
+  ~RulePrecisionScope() { cuda::gdn_set_rule_precision(prev); }
+};
+
 void run_rule(const GdnCase& gc, const RuleInputs& in, const std::vector<int32_t>& seg, cuda::GdnRuleImpl impl,
-              RuleOut& r) {
+              RuleOut& r, cuda::GdnRulePrecision prec = cuda::GdnRulePrecision::Split) {
   RuleImplScope scope(impl);
+  RulePrecisionScope pscope(prec);
   const auto d = dims_of(gc);
   const int64_t T = d.tokens(), KD = d.Hk * d.Dk, VD = d.Hv * d.Dv, NV = d.Hv;
   DevBuf q = up_bf16(in.q), k = up_bf16(in.k), v = up_bf16(in.v), g = up(in.g), beta = up(in.beta);
@@ -269,22 +280,34 @@ TEST_P(GdnKernel, RuleForwardBackward) {
                               dq_ref.data() + off(KD), dk_ref.data() + off(KD), dv_ref.data() + off(VD),
                               dg_ref.data() + off(NV), db_ref.data() + off(NV));
   }
-  RuleOut res[3];
-  for (int ii = 0; ii < 3; ++ii) {
+  // The three implementations (split products), then Chunked with bf16 products (GdnRulePrecision::Bf16): the same
+  // tolerances except the fp32 chunk states, whose products now round their fp32 operands to bf16 (8 mantissa
+  // bits, as flash-linear-attention's kernels): rel <= 1e-2.
+  RuleOut res[4];
+  for (int ii = 0; ii < 4; ++ii) {
     RuleOut& r = res[ii];
-    run_rule(gc, in, seg, kImpls[ii], r);
-    ASSERT_FALSE(::testing::Test::HasFatalFailure()) << impl_name(kImpls[ii]);
+    const bool bf16 = ii == 3;
+    const cuda::GdnRuleImpl impl = bf16 ? cuda::GdnRuleImpl::Chunked : kImpls[ii];
+    run_rule(gc, in, seg, impl, r, bf16 ? cuda::GdnRulePrecision::Bf16 : cuda::GdnRulePrecision::Split);
+    ASSERT_FALSE(::testing::Test::HasFatalFailure()) << impl_name(impl);
     std::ostringstream name;
-    name << gc << " [" << impl_name(kImpls[ii]) << "]";
+    name << gc << " [" << impl_name(impl) << (bf16 ? "/bf16" : "") << "]";
     EXPECT_LE(rel_err(r.o, o_ref), 1e-2) << name.str();
     if (!gc.segments) {  // the chunk grids agree without segments: the states are the same tensors
-      EXPECT_LE(rel_err(r.states, st_ref), 1e-3) << name.str();
+      EXPECT_LE(rel_err(r.states, st_ref), bf16 ? 1e-2 : 1e-3) << name.str();
     }
     expect_grad(r.dq, dq_ref, "dq " + name.str());
     expect_grad(r.dk, dk_ref, "dk " + name.str());
     expect_grad(r.dv, dv_ref, "dv " + name.str());
     expect_grad(r.dg, dg_ref, "dg " + name.str());
     expect_grad(r.db, db_ref, "dbeta " + name.str());
+    if (bf16)
+      std::printf("[gdn-bf16] %s rel o %.2e states %.2e dq %.2e dk %.2e dv %.2e dg %.2e dbeta %.2e; cos dq %.6f dk %.6f "
+                  "dg %.6f\n",
+                  name.str().c_str(), rel_err(r.o, o_ref), gc.segments ? 0.0 : rel_err(r.states, st_ref),
+                  rel_err(r.dq, dq_ref), rel_err(r.dk, dk_ref), rel_err(r.dv, dv_ref), rel_err(r.dg, dg_ref),
+                  rel_err(r.db, db_ref), cosine(r.dq.data(), dq_ref.data(), r.dq.size()),
+                  cosine(r.dk.data(), dk_ref.data(), r.dk.size()), cosine(r.dg.data(), dg_ref.data(), r.dg.size()));
   }
   std::ostringstream cm, ms;
   cm << gc << " [chunked vs mma]";
@@ -442,6 +465,20 @@ TEST(GdnKernelShape, Qwen27BLayerRuns) {
   }
   expect_impls_agree(res[0], res[1], "27B shape [chunked vs mma]");
   expect_impls_agree(res[1], res[2], "27B shape [mma vs simt]");
+  // Chunked with bf16 products against the split ones at this shape (16 chunks of state recurrence).
+  RuleOut b16;
+  run_rule(gc, in, seg, cuda::GdnRuleImpl::Chunked, b16, cuda::GdnRulePrecision::Bf16);
+  const RuleOut& sp = res[0];
+  std::printf("[27B shape, chunked/bf16] fwd %.3f ms, bwd %.3f ms; rel to split: o %.2e states %.2e dq %.2e dk %.2e "
+              "dv %.2e dg %.2e dbeta %.2e\n",
+              b16.ms_fwd, b16.ms_bwd, rel_err(b16.o, sp.o), rel_err(b16.states, sp.states), rel_err(b16.dq, sp.dq),
+              rel_err(b16.dk, sp.dk), rel_err(b16.dv, sp.dv), rel_err(b16.dg, sp.dg), rel_err(b16.db, sp.db));
+  EXPECT_LE(rel_err(b16.o, sp.o), 1e-2);
+  EXPECT_LE(rel_err(b16.states, sp.states), 1e-2);
+  for (auto [got, ref, nm] : {std::tuple{&b16.dq, &sp.dq, "dq"}, std::tuple{&b16.dk, &sp.dk, "dk"},
+                              std::tuple{&b16.dv, &sp.dv, "dv"}, std::tuple{&b16.dg, &sp.dg, "dg"},
+                              std::tuple{&b16.db, &sp.db, "dbeta"}})
+    expect_grad(*got, *ref, std::string(nm) + " 27B shape [chunked/bf16 vs split]");
 }
 
 }  // namespace

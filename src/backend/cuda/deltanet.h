@@ -83,6 +83,14 @@ enum class GdnRuleImpl { Chunked, Mma, Simt };
 const char* gdn_rule_impl_name(GdnRuleImpl impl);
 GdnRuleImpl gdn_rule_impl();
 void gdn_set_rule_impl(GdnRuleImpl impl);
+// Operand precision of the Chunked implementation's tensor-core products (accumulation is fp32 in both):
+// Split (fp32 operands as bf16 hi + lo, ~16 mantissa bits, up to three mma per fragment pair) or Bf16 (fp32
+// operands rounded to bf16 once, as flash-linear-attention's kernels do; one mma). Mma and Simt always split.
+// Env LT_GDN_PRECISION=split|bf16 (read at the first query); gdn_set_rule_precision overrides it.
+enum class GdnRulePrecision { Split, Bf16 };
+const char* gdn_rule_precision_name(GdnRulePrecision p);
+GdnRulePrecision gdn_rule_precision();
+void gdn_set_rule_precision(GdnRulePrecision p);
 int64_t gdn_rule_num_chunks(const GdnDims& d);  // per sample: ceil(seq / kGdnChunk)
 int64_t gdn_rule_state_bytes(const GdnDims& d);
 // ws: gdn_rule_fwd_workspace_bytes(d) bytes of scratch for the Chunked forward (nullptr: the Mma forward runs).

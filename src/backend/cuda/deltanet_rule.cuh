@@ -147,8 +147,9 @@ struct IsBf16<bf16> {
   static constexpr bool value = true;
 };
 
-// One product's fragments for k-step k0 of a 16 x 16 output tile at (m0, n0).
-template <typename TA, typename TB>
+// One product's fragments for k-step k0 of a 16 x 16 output tile at (m0, n0). kSplit = false: fp32 operands are
+// rounded to bf16 once (one mma per fragment pair instead of up to three; GdnRulePrecision::Bf16).
+template <typename TA, typename TB, bool kSplit = true>
 struct MmaFrag {
   uint32_t ahi[4], alo[4], bhi[2][2], blo[2][2];
   bool asplit, bsplit;
@@ -156,8 +157,8 @@ struct MmaFrag {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const bool scale_b = p.ks != nullptr && IsBf16<TA>::value && !IsBf16<TB>::value;
     const bool scale_a = p.ks != nullptr && !scale_b;
-    asplit = !IsBf16<TA>::value || scale_a;
-    bsplit = !IsBf16<TB>::value || scale_b;
+    asplit = kSplit && (!IsBf16<TA>::value || scale_a);
+    bsplit = kSplit && (!IsBf16<TB>::value || scale_b);
     // Pairs along k: one 4-byte (bf16x2) / 8-byte (float2) load when the pair is contiguous (stride 1 along
     // k, even row stride, so the even-k offset is aligned); K is a multiple of 8, so k < K covers k + 1.
     const bool avec = p.sak == 1 && (p.sam & 1) == 0, bvec = p.sbk == 1 && (p.sbn & 1) == 0;
@@ -198,10 +199,10 @@ struct MmaFrag {
   }
 };
 
-template <typename TA, typename TB>
+template <bool kSplit = true, typename TA, typename TB>
 __device__ __forceinline__ void mma_tile(const Prod<TA, TB>& p, int M, int N, int m0, int n0, float (&acc)[2][4]) {
   for (int k0 = 0; k0 < p.K; k0 += 16) {
-    MmaFrag<TA, TB> f;
+    MmaFrag<TA, TB, kSplit> f;
     f.load(p, M, N, m0, n0, k0);
     f.mma(acc);
   }
@@ -220,42 +221,42 @@ __device__ __forceinline__ void mma_epilogue(int M, int N, int m0, int n0, Epi e
     }
 }
 
-template <typename TA, typename TB, typename Epi>
+template <bool kSplit, typename TA, typename TB, typename Epi>
 __device__ __forceinline__ void mma_gemm(int M, int N, const Prod<TA, TB>& p, Epi epi) {
   const int warp = threadIdx.x >> 5, nwarp = blockDim.x >> 5;
   const int tn = (N + 15) / 16, tiles = ((M + 15) / 16) * tn;
   for (int tile = warp; tile < tiles; tile += nwarp) {  // warp-uniform: every lane runs every mma
     const int m0 = (tile / tn) * 16, n0 = (tile % tn) * 16;
     float acc[2][4] = {};
-    mma_tile(p, M, N, m0, n0, acc);
+    mma_tile<kSplit>(p, M, N, m0, n0, acc);
     mma_epilogue(M, N, m0, n0, [&](int m, int n, int s, int i) { epi(m, n, acc[s][i]); });
   }
 }
-template <typename TA1, typename TB1, typename TA2, typename TB2, typename Epi>
+template <bool kSplit, typename TA1, typename TB1, typename TA2, typename TB2, typename Epi>
 __device__ __forceinline__ void mma_gemm2(int M, int N, const Prod<TA1, TB1>& p1, const Prod<TA2, TB2>& p2, Epi epi) {
   const int warp = threadIdx.x >> 5, nwarp = blockDim.x >> 5;
   const int tn = (N + 15) / 16, tiles = ((M + 15) / 16) * tn;
   for (int tile = warp; tile < tiles; tile += nwarp) {
     const int m0 = (tile / tn) * 16, n0 = (tile % tn) * 16;
     float acc1[2][4] = {}, acc2[2][4] = {};
-    mma_tile(p1, M, N, m0, n0, acc1);
-    mma_tile(p2, M, N, m0, n0, acc2);
+    mma_tile<kSplit>(p1, M, N, m0, n0, acc1);
+    mma_tile<kSplit>(p2, M, N, m0, n0, acc2);
     mma_epilogue(M, N, m0, n0, [&](int m, int n, int s, int i) { epi(m, n, acc1[s][i], acc2[s][i]); });
   }
 }
 
-// Path dispatch: kMma selects mma_gemm*, else the SIMT blk_gemm* (same contract).
-template <bool kMma, typename TA, typename TB, typename Epi>
+// Path dispatch: kMma selects mma_gemm*, else the SIMT blk_gemm* (same contract); kSplit: MmaFrag.
+template <bool kMma, bool kSplit = true, typename TA, typename TB, typename Epi>
 __device__ __forceinline__ void gemm(int M, int N, const Prod<TA, TB>& p, Epi epi) {
   if constexpr (kMma)
-    mma_gemm(M, N, p, epi);
+    mma_gemm<kSplit>(M, N, p, epi);
   else
     blk_gemm(M, N, p, epi);
 }
-template <bool kMma, typename TA1, typename TB1, typename TA2, typename TB2, typename Epi>
+template <bool kMma, bool kSplit = true, typename TA1, typename TB1, typename TA2, typename TB2, typename Epi>
 __device__ __forceinline__ void gemm2(int M, int N, const Prod<TA1, TB1>& p1, const Prod<TA2, TB2>& p2, Epi epi) {
   if constexpr (kMma)
-    mma_gemm2(M, N, p1, p2, epi);
+    mma_gemm2<kSplit>(M, N, p1, p2, epi);
   else
     blk_gemm2(M, N, p1, p2, epi);
 }

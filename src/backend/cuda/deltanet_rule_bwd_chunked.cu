@@ -28,6 +28,7 @@ int64_t ds_smem_bytes(int Dk, int nt) {
          2 * PassTiles<bf16>::bytes(Dk, nt);
 }
 
+template <bool kSplit>
 __global__ void __launch_bounds__(kThreads) ds_pass_kernel(ChunkedArgs p) {
   extern __shared__ __align__(16) char smem[];
   const int Dk = p.Dk, Dv = p.Dv, Hv = p.Hv, Hk = p.Hk, nt = p.nt, h = blockIdx.y, kh = h / (Hv / Hk);
@@ -66,7 +67,7 @@ __global__ void __launch_bounds__(kThreads) ds_pass_kernel(ChunkedArgs p) {
     const float* Ge = t.GG + kC;
     const bf16* dO = t.T;
     // (1) dDl = P^T dO + diag(Ge) K dS
-    gemm2<true>(kC, nt, prod(t.P, 1, kC, dO, ldt, 1, kC), prod(t.k, ldk, 1, dS, ldt, 1, Dk),
+    gemm2<true, kSplit>(kC, nt, prod(t.P, 1, kC, dO, ldt, 1, kC), prod(t.k, ldk, 1, dS, ldt, 1, Dk),
                 [&](int j, int e, float a1, float a2) { dD[j * ldt + e] = a1 + Ge[j] * a2; });
     __syncthreads();
     float* dDg = p.dDl + ch.t0 * sv + int64_t(h) * Dv + e0;
@@ -74,7 +75,7 @@ __global__ void __launch_bounds__(kThreads) ds_pass_kernel(ChunkedArgs p) {
     // dS0 = G_last dS + Q~^T diag(G) dO - W^T dDl (the previous chunk's dS; zero at a segment start)
     const float glast = G[ch.L - 1];
     const bool reset = ch.zero_start;
-    gemm2<true>(Dk, nt, prod(t.q, 1, ldk, dO, ldt, 1, kC, G), prod(t.W, 1, ldk, dD, ldt, 1, kC),
+    gemm2<true, kSplit>(Dk, nt, prod(t.q, 1, ldk, dO, ldt, 1, kC, G), prod(t.W, 1, ldk, dD, ldt, 1, kC),
                 [&](int d, int e, float a1, float a2) {
                   dS[d * ldt + e] = reset ? 0.f : glast * dS[d * ldt + e] + scale * a1 - a2;
                 });
@@ -116,6 +117,7 @@ __device__ __forceinline__ void for_state_blocks(const float* M, int Dk, int Dv,
   __syncthreads();
 }
 
+template <bool kSplit>
 __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
   extern __shared__ __align__(16) char smem[];
   const int Dk = p.Dk, Dv = p.Dv, Hv = p.Hv, Hk = p.Hk, kh = blockIdx.y, group = Hv / Hk;
@@ -162,10 +164,10 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
     const float glast = cs.G[last];
 
     // (2) dP = dO Dl^T;  (3) r = dO S0^T (-> X), and <S0, dS> (for dgam_last) from the staged S0 blocks
-    gemm<true>(kC, L, prod(dO, ldv_, 1, Y, 1, ldv_, Dv), [&](int i, int j, float acc) { dP[i * kC + j] = acc; });
+    gemm<true, kSplit>(kC, L, prod(dO, ldv_, 1, Y, 1, ldv_, Dv), [&](int i, int j, float acc) { dP[i * kC + j] = acc; });
     float sdot = 0.f;
     for_state_blocks(S0, Dk, Dv, G, ldg, [&](int d0, int nd) {
-      gemm<true>(kC, nd, prod(dO, ldv_, 1, G, 1, ldg, Dv),
+      gemm<true, kSplit>(kC, nd, prod(dO, ldv_, 1, G, 1, ldg, Dv),
                  [&](int i, int d, float acc) { X[i * ldk + d0 + d] = acc; });
       const float4* ds4 = reinterpret_cast<const float4*>(dSe + int64_t(d0) * Dv);
       const int n4 = nd * Dv / 4, per_row = Dv / 4;
@@ -199,12 +201,12 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
 
     // (2)(3) dq = scale ((dP o M) K + G r), one pass over dq; (4) r2 = Dl dS^T (-> X);
     // (2)(4) dk += scale (dP o M)^T q + Ge r2
-    gemm_add_global(L, Dk, prod(dP, kC, 1, ks, ldk, 1, kC), dq, sqk, scale,
+    gemm_add_global<kSplit>(L, Dk, prod(dP, kC, 1, ks, ldk, 1, kC), dq, sqk, scale,
                     [&](int i, int d) { return scale * cs.G[i] * X[i * ldk + d]; });
     for_state_blocks(dSe, Dk, Dv, G, ldg, [&](int d0, int nd) {
-      gemm<true>(L, nd, prod(Y, ldv_, 1, G, 1, ldg, Dv), [&](int j, int d, float acc) { X[j * ldk + d0 + d] = acc; });
+      gemm<true, kSplit>(L, nd, prod(Y, ldv_, 1, G, 1, ldg, Dv), [&](int j, int d, float acc) { X[j * ldk + d0 + d] = acc; });
     });
-    gemm_add_global(L, Dk, prod(dP, 1, kC, qs, ldk, 1, kC), dk, sqk, scale,
+    gemm_add_global<kSplit>(L, Dk, prod(dP, 1, kC, qs, ldk, 1, kC), dk, sqk, scale,
                     [&](int j, int d) { return cs.Ge[j] * X[j * ldk + d]; });
 
     // (4) dgam terms; dDl -> Y and v -> dO for what follows
@@ -229,7 +231,7 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
       dgam[last] += s;
     }
     for_state_blocks(S0, Dk, Dv, G, ldg, [&](int d0, int nd) {
-      gemm<true>(kC, nd, prod(Y, ldv_, 1, G, 1, ldg, Dv),
+      gemm<true, kSplit>(kC, nd, prod(Y, ldv_, 1, G, 1, ldg, Dv),
                  [&](int i, int d, float acc) { X[i * ldk + d0 + d] = -acc; });
     });
 
@@ -246,12 +248,12 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
     __syncthreads();
 
     // (7) dA = -(YU U^T + YW W^T), E = dA o b_i M; dv, db, dgam, dk
-    gemm<true>(kC, L, prod(Y, ldv_, 1, G, 1, ldg, Dv), [&](int i, int j, float acc) { dP[i * kC + j] = acc; });
+    gemm<true, kSplit>(kC, L, prod(Y, ldv_, 1, G, 1, ldg, Dv), [&](int i, int j, float acc) { dP[i * kC + j] = acc; });
     __syncthreads();
     async_rows(G, ldg, p.W + wrow0, sw, Dk, kC, L);
     async_done();
     __syncthreads();
-    gemm<true>(kC, L, prod(X, ldk, 1, G, 1, ldg, Dk), [&](int i, int j, float acc) {
+    gemm<true, kSplit>(kC, L, prod(X, ldk, 1, G, 1, ldg, Dk), [&](int i, int j, float acc) {
       const bool in = j < i && same_seg(cs, i, j);
       const float da = in ? -(dP[i * kC + j] + acc) : 0.f;
       dP[i * kC + j] = da;
@@ -282,7 +284,7 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
       });
       if (lane == 0) dbt[i] += sdb, dgam[i] += sg;
     }
-    gemm2_add_global(L, Dk, prod(P, kC, 1, ks, ldk, 1, kC), prod(P, 1, kC, ks, ldk, 1, kC), dk, sqk, 1.f,
+    gemm2_add_global<kSplit>(L, Dk, prod(P, kC, 1, ks, ldk, 1, kC), prod(P, 1, kC, ks, ldk, 1, kC), dk, sqk, 1.f,
                      [&](int i, int d) { return cs.bt[i] * cs.G[i] * X[i * ldk + d]; });
     __syncthreads();
 
@@ -314,8 +316,11 @@ void gdn_rule_bwd_chunked(const GdnDims& d, const void* qn, const void* kn, cons
   const std::string why = "gdn_rule_bwd (chunked): shared memory too small for Dk = " + std::to_string(Dk) +
                           ", Dv = " + std::to_string(Dv);
   LT_CUDA_REQUIRE(nt > 0 && grads_smem <= optin, why.c_str());
-  LT_CUDA(cudaFuncSetAttribute(ds_pass_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(ds_smem)));
-  LT_CUDA(cudaFuncSetAttribute(chunk_grads_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(grads_smem)));
+  const bool split = gdn_rule_precision() == GdnRulePrecision::Split;
+  const auto ds_kern = LT_GDN_SPLIT_KERNEL(ds_pass_kernel, split);
+  const auto grads_kern = LT_GDN_SPLIT_KERNEL(chunk_grads_kernel, split);
+  LT_CUDA(cudaFuncSetAttribute(ds_kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(ds_smem)));
+  LT_CUDA(cudaFuncSetAttribute(grads_kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(grads_smem)));
   const int64_t nck = gdn_rule_num_chunks(d), qk = d.Hk * d.Dk, vd = d.Hv * d.Dv;
   for_sample_groups(d, [&](const GdnDims& s, int64_t b0) {
     const int64_t r0 = b0 * d.seq;
@@ -332,9 +337,9 @@ void gdn_rule_bwd_chunked(const GdnDims& d, const void* qn, const void* kn, cons
     LT_CUDA(cudaMemsetAsync(a.dqn, 0, nqk * sizeof(float), st));
     LT_CUDA(cudaMemsetAsync(a.dkn, 0, nqk * sizeof(float), st));
     launch_chunk_prep(s, a, /*bwd=*/true, st);
-    ds_pass_kernel<<<dim3(unsigned(Dv / nt), unsigned(d.Hv), unsigned(s.batch)), kThreads, size_t(ds_smem), st>>>(a);
+    ds_kern<<<dim3(unsigned(Dv / nt), unsigned(d.Hv), unsigned(s.batch)), kThreads, size_t(ds_smem), st>>>(a);
     LT_CUDA_LAUNCH();
-    chunk_grads_kernel<<<dim3(unsigned(nck), unsigned(d.Hk), unsigned(s.batch)), kThreads, size_t(grads_smem),
+    grads_kern<<<dim3(unsigned(nck), unsigned(d.Hk), unsigned(s.batch)), kThreads, size_t(grads_smem),
                          st>>>(a);
     LT_CUDA_LAUNCH();
   });

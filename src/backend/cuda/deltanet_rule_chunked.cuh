@@ -31,6 +31,7 @@ struct ChunkedArgs {
   int64_t seq, nck;
   int Hk, Hv, Dk, Dv, nt;
   float scale;
+  bool split;  // the kernels' instantiation (host side): kSplit = gdn_rule_precision() == Split
 };
 
 constexpr int kPad = 8;  // row padding of the shared tiles (keeps the fragment loads off one bank)
@@ -89,7 +90,7 @@ __device__ __forceinline__ void copy_f32(float* dst, const float* src, int n) {
 struct NoExtra {
   __device__ float operator()(int, int) const { return 0.f; }
 };
-template <typename TA, typename TB, typename TA2, typename TB2, typename Extra>
+template <bool kSplit, typename TA, typename TB, typename TA2, typename TB2, typename Extra>
 __device__ __forceinline__ void gemm_add_global_impl(int M, int N, const Prod<TA, TB>& p1, const Prod<TA2, TB2>* p2,
                                                      float* out, int64_t ostride, float scale, Extra extra) {
   const int warp = threadIdx.x >> 5, nwarp = blockDim.x >> 5;
@@ -97,8 +98,8 @@ __device__ __forceinline__ void gemm_add_global_impl(int M, int N, const Prod<TA
   for (int tile = warp; tile < tiles; tile += nwarp) {
     const int m0 = (tile / tn) * 16, n0 = (tile % tn) * 16;
     float acc[2][4] = {};
-    mma_tile(p1, M, N, m0, n0, acc);
-    if (p2) mma_tile(*p2, M, N, m0, n0, acc);
+    mma_tile<kSplit>(p1, M, N, m0, n0, acc);
+    if (p2) mma_tile<kSplit>(*p2, M, N, m0, n0, acc);
     float old[2][4];
     mma_epilogue(M, N, m0, n0, [&](int m, int n, int s, int i) { old[s][i] = out[m * ostride + n]; });
     mma_epilogue(M, N, m0, n0, [&](int m, int n, int s, int i) {
@@ -106,15 +107,15 @@ __device__ __forceinline__ void gemm_add_global_impl(int M, int N, const Prod<TA
     });
   }
 }
-template <typename TA, typename TB, typename Extra = NoExtra>
+template <bool kSplit, typename TA, typename TB, typename Extra = NoExtra>
 __device__ __forceinline__ void gemm_add_global(int M, int N, const Prod<TA, TB>& p, float* out, int64_t ostride,
                                                 float scale, Extra extra = Extra()) {
-  gemm_add_global_impl(M, N, p, static_cast<const Prod<TA, TB>*>(nullptr), out, ostride, scale, extra);
+  gemm_add_global_impl<kSplit>(M, N, p, static_cast<const Prod<TA, TB>*>(nullptr), out, ostride, scale, extra);
 }
-template <typename TA, typename TB, typename TA2, typename TB2, typename Extra = NoExtra>
+template <bool kSplit, typename TA, typename TB, typename TA2, typename TB2, typename Extra = NoExtra>
 __device__ __forceinline__ void gemm2_add_global(int M, int N, const Prod<TA, TB>& p1, const Prod<TA2, TB2>& p2,
                                                  float* out, int64_t ostride, float scale, Extra extra = Extra()) {
-  gemm_add_global_impl(M, N, p1, &p2, out, ostride, scale, extra);
+  gemm_add_global_impl<kSplit>(M, N, p1, &p2, out, ostride, scale, extra);
 }
 
 // The chunked kernels run the batch in groups of samples (the rule restarts at every sample, so groups are
@@ -190,6 +191,8 @@ struct PassTiles {
 // Arguments with the workspace pointers set (layout above) and the shape fields filled; outputs left null.
 ChunkedArgs chunked_args(const GdnDims& d, const void* qn, const void* kn, const void* v, const float* g,
                          const float* beta, const int32_t* seg, const float* states, void* ws, int nt);
+// kern<true> or kern<false> as a.split says: the precision of the products (GdnRulePrecision).
+#define LT_GDN_SPLIT_KERNEL(kern, split) ((split) ? kern<true> : kern<false>)
 // Launches chunk_prep over every (chunk, value head, sample).
 void launch_chunk_prep(const GdnDims& d, const ChunkedArgs& a, bool bwd, cudaStream_t st);
 int shared_optin();

@@ -159,6 +159,25 @@ const char* gdn_rule_impl_name(GdnRuleImpl impl) {
 }
 void gdn_set_rule_impl(GdnRuleImpl impl) { g_rule_impl.store(int(impl), std::memory_order_relaxed); }
 
+namespace {
+std::atomic<int> g_rule_precision{-1};  // -1: not decided yet (env)
+}
+GdnRulePrecision gdn_rule_precision() {
+  int v = g_rule_precision.load(std::memory_order_relaxed);
+  if (v < 0) {
+    v = int(GdnRulePrecision::Split);
+    if (const char* e = std::getenv("LT_GDN_PRECISION")) {
+      const std::string s(e);
+      LT_CUDA_REQUIRE(s == "split" || s == "bf16", ("LT_GDN_PRECISION must be split or bf16, got '" + s + "'").c_str());
+      v = int(s == "split" ? GdnRulePrecision::Split : GdnRulePrecision::Bf16);
+    }
+    g_rule_precision.store(v, std::memory_order_relaxed);
+  }
+  return GdnRulePrecision(v);
+}
+const char* gdn_rule_precision_name(GdnRulePrecision p) { return p == GdnRulePrecision::Split ? "split" : "bf16"; }
+void gdn_set_rule_precision(GdnRulePrecision p) { g_rule_precision.store(int(p), std::memory_order_relaxed); }
+
 int64_t gdn_rule_num_chunks(const GdnDims& d) { return (d.seq + kGdnChunk - 1) / kGdnChunk; }
 
 int64_t gdn_rule_state_bytes(const GdnDims& d) {

@@ -25,6 +25,7 @@ bool prep_s0_fits(int Dk, int Dv) {
   return int64_t(Dk) * Dv * 4 <= 2 * carve_bytes(int64_t(kC) * (Dk + kPad), 2) + 2 * carve_bytes(kC * kC, 4);
 }
 
+template <bool kSplit>
 __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkedArgs p, bool bwd) {
   extern __shared__ __align__(16) char smem[];
   const int Dk = p.Dk, Dv = p.Dv, Hv = p.Hv, Hk = p.Hk, h = blockIdx.y, kh = h / (Hv / Hk);
@@ -60,7 +61,7 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkedArgs p, boo
     U[i * ldu + e] = cs.bt[i] * ldv(vs + i * ldu + e);  // rows >= L: bt = 0, vs = 0
   }
   const float scale = p.scale;
-  gemm2<true>(kC, kC, prod(ks, ldk, 1, ks, 1, ldk, Dk), prod(qs, ldk, 1, ks, 1, ldk, Dk),
+  gemm2<true, kSplit>(kC, kC, prod(ks, ldk, 1, ks, 1, ldk, Dk), prod(qs, ldk, 1, ks, 1, ldk, Dk),
               [&](int i, int j, float kk, float qk) {
                 const float m = decay(cs, i, j);
                 KM[i * kC + j] = j < i ? kk * m : 0.f;
@@ -90,7 +91,7 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkedArgs p, boo
   async_copy(S0, p.states + cidx * int64_t(Dk) * Dv, Dk * Dv);
   async_done();
   __syncthreads();
-  gemm<true>(ch.L, Dv, prod(W, ldk, 1, S0, Dv, 1, Dk),
+  gemm<true, kSplit>(ch.L, Dv, prod(W, ldk, 1, S0, Dv, 1, Dk),
              [&](int i, int e, float acc) { Dl[i * sv + e] = U[i * ldu + e] - acc; });
 }
 
@@ -101,6 +102,7 @@ int64_t state_smem_bytes(int Dk, int nt) {
          2 * PassTiles<float>::bytes(Dk, nt);
 }
 
+template <bool kSplit>
 __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkedArgs p) {
   extern __shared__ __align__(16) char smem[];
   const int Dk = p.Dk, Dv = p.Dv, Hv = p.Hv, Hk = p.Hk, nt = p.nt, h = blockIdx.y, kh = h / (Hv / Hk);
@@ -137,17 +139,17 @@ __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkedArgs p) {
     const float* G = t.GG;
     const float* Ge = t.GG + kC;
     float* UD = t.T;
-    gemm2<true>(kC, nt, prod(t.W, ldk, 1, S, ldt, 1, Dk), prod(t.q, ldk, 1, S, ldt, 1, Dk),
+    gemm2<true, kSplit>(kC, nt, prod(t.W, ldk, 1, S, ldt, 1, Dk), prod(t.q, ldk, 1, S, ldt, 1, Dk),
                 [&](int i, int e, float ws, float qsv) {
                   UD[i * ldt + e] -= ws;
                   Ot[i * ldt + e] = scale * G[i] * qsv;
                 });
     __syncthreads();
     bf16* o = p.o + ch.t0 * sv + int64_t(h) * Dv + e0;
-    gemm<true>(ch.L, nt, prod(t.P, kC, 1, UD, ldt, 1, kC),
+    gemm<true, kSplit>(ch.L, nt, prod(t.P, kC, 1, UD, ldt, 1, kC),
                [&](int i, int e, float acc) { o[i * sv + e] = __float2bfloat16(Ot[i * ldt + e] + acc); });
     const float glast = G[ch.L - 1];
-    gemm<true>(Dk, nt, prod(t.k, 1, ldk, UD, ldt, 1, kC, Ge),
+    gemm<true, kSplit>(Dk, nt, prod(t.k, 1, ldk, UD, ldt, 1, kC, Ge),
                [&](int d, int e, float acc) { S[d * ldt + e] = glast * S[d * ldt + e] + acc; });
     __syncthreads();
   }
@@ -190,6 +192,7 @@ ChunkedArgs chunked_args(const GdnDims& d, const void* qn, const void* kn, const
   a.Dv = int(d.Dv);
   a.nt = nt;
   a.scale = float(1.0 / std::sqrt(double(d.Dk)));
+  a.split = gdn_rule_precision() == GdnRulePrecision::Split;
   return a;
 }
 
@@ -198,8 +201,9 @@ void launch_chunk_prep(const GdnDims& d, const ChunkedArgs& a, bool bwd, cudaStr
   LT_CUDA_REQUIRE(smem <= shared_optin() && prep_s0_fits(a.Dk, a.Dv), ("gdn rule (chunked): shared memory too small for Dk = " +
                                                std::to_string(a.Dk) + ", Dv = " + std::to_string(a.Dv))
                                                   .c_str());
-  LT_CUDA(cudaFuncSetAttribute(chunk_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  chunk_prep_kernel<<<dim3(unsigned(a.nck), unsigned(d.Hv), unsigned(d.batch)), kThreads, size_t(smem), st>>>(a,
+  const auto kern = LT_GDN_SPLIT_KERNEL(chunk_prep_kernel, a.split);
+  LT_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  kern<<<dim3(unsigned(a.nck), unsigned(d.Hv), unsigned(d.batch)), kThreads, size_t(smem), st>>>(a,
                                                                                                              bwd);
   LT_CUDA_LAUNCH();
 }
@@ -217,7 +221,8 @@ void gdn_rule_fwd_chunked(const GdnDims& d, const void* qn, const void* kn, cons
   const int nt = choose_tile(int(d.Dv), 32, optin, [&](int n) { return state_smem_bytes(int(d.Dk), n); });
   LT_CUDA_REQUIRE(nt > 0, ("gdn_rule_fwd (chunked): shared memory too small for Dk = " + std::to_string(d.Dk)).c_str());
   const int64_t smem = state_smem_bytes(int(d.Dk), nt);
-  LT_CUDA(cudaFuncSetAttribute(state_pass_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const auto kern = LT_GDN_SPLIT_KERNEL(state_pass_kernel, gdn_rule_precision() == GdnRulePrecision::Split);
+  LT_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const int64_t nck = gdn_rule_num_chunks(d);
   for_sample_groups(d, [&](const GdnDims& s, int64_t b0) {
     const int64_t r0 = b0 * d.seq;
@@ -227,7 +232,7 @@ void gdn_rule_fwd_chunked(const GdnDims& d, const void* qn, const void* kn, cons
                                  seg ? seg + r0 : nullptr, state_ws + b0 * nck * d.Hv * d.Dk * d.Dv, ws, nt);
     a.o = static_cast<bf16*>(o) + r0 * d.Hv * d.Dv;
     launch_chunk_prep(s, a, /*bwd=*/false, st);
-    state_pass_kernel<<<dim3(unsigned(d.Dv / nt), unsigned(d.Hv), unsigned(s.batch)), kThreads, size_t(smem), st>>>(a);
+    kern<<<dim3(unsigned(d.Dv / nt), unsigned(d.Hv), unsigned(s.batch)), kThreads, size_t(smem), st>>>(a);
     LT_CUDA_LAUNCH();
   });
 }
