@@ -4,14 +4,17 @@ shape (hidden 5120, ffn 17408, 24/4 heads of head_dim 256, partial RoPE 0.25, ou
 16 key / 48 value heads of 128, conv 4), batch 8 x 1024, bf16, on one GPU: forward, and forward+backward
 (out.backward(dy)) of a linear-attention and a full-attention layer in the same call. The full layer
 uses SDPA; the linear layer uses whatever transformers picks (the PyTorch fallback of the chunked delta
-rule and of the causal conv when flash-linear-attention / causal-conv1d are not usable). Prints ms and
-writes JSON lines (--json) in the format of bench_qwen35_layer --json.
+rule and of the causal conv when flash-linear-attention / causal-conv1d are not usable). Also forward+backward
+with activation checkpointing (torch.utils.checkpoint: the backward recomputes the layer's forward), which is
+what a training step with gradient checkpointing does per layer, and what lazytrain's fwd + layer_backward does.
+Prints ms and writes JSON lines (--json) in the format of bench_qwen35_layer --json (ckpt_fwd_bwd_ms added).
 """
 import argparse
 import json
 import statistics
 
 import torch
+import torch.utils.checkpoint
 
 
 def median_time(fn, warm, reps):
@@ -80,11 +83,19 @@ def main():
                 out.backward(dy)
             return out
 
+        def run_ckpt():
+            def f(xx):
+                out = layer(xx, position_embeddings=(cos, sin), attention_mask=None, position_ids=pos[0])
+                return out[0] if isinstance(out, tuple) else out
+            torch.utils.checkpoint.checkpoint(f, x, use_reentrant=False).backward(dy)
+
         with torch.no_grad():
             tf = median_time(lambda: run(False), a.warmup, a.reps)
         tfb = median_time(lambda: run(True), a.warmup, a.reps)
+        tck = median_time(run_ckpt, a.warmup, a.reps)
         res[kind] = (tf, tfb)
-        print(f"  {kind:18s} fwd {tf:8.2f} ms   fwd+bwd {tfb:8.2f} ms", flush=True)
+        print(f"  {kind:18s} fwd {tf:8.2f} ms   fwd+bwd {tfb:8.2f} ms   fwd+bwd with checkpointing {tck:8.2f} ms",
+              flush=True)
         if a.profile:
             from torch.profiler import ProfilerActivity, profile
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -95,7 +106,7 @@ def main():
         if a.json:
             with open(a.json, "a") as f:
                 f.write(json.dumps({"bench": "qwen35_layer", "impl": "hf", "kind": kind, "batch": B, "seq": S,
-                                    "fwd_ms": tf, "fwd_bwd_ms": tfb}) + "\n")
+                                    "fwd_ms": tf, "fwd_bwd_ms": tfb, "ckpt_fwd_bwd_ms": tck}) + "\n")
         del layer
         x.grad = None
         torch.cuda.empty_cache()

@@ -272,16 +272,17 @@ __device__ __forceinline__ void fwd_subst_col(const float* Mx, const float* rs, 
   for (int i = 0; i < kC; ++i) x[i] = X[i * ld];
 #pragma unroll
   for (int i = 1; i < kC; ++i) {
-    float s = 0.f;
+    // Four partial sums: one chain of i dependent FMAs was the latency of the whole solve.
+    float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
 #pragma unroll
     for (int j = 0; j < i; j += 4) {
       const float4 a = *reinterpret_cast<const float4*>(Mx + i * kC + j);
-      s += a.x * x[j];
-      if (j + 1 < i) s += a.y * x[j + 1];
-      if (j + 2 < i) s += a.z * x[j + 2];
-      if (j + 3 < i) s += a.w * x[j + 3];
+      s0 += a.x * x[j];
+      if (j + 1 < i) s1 += a.y * x[j + 1];
+      if (j + 2 < i) s2 += a.z * x[j + 2];
+      if (j + 3 < i) s3 += a.w * x[j + 3];
     }
-    x[i] -= (rs ? rs[i] : 1.f) * s;
+    x[i] -= (rs ? rs[i] : 1.f) * ((s0 + s1) + (s2 + s3));
   }
 #pragma unroll
   for (int i = 0; i < kC; ++i) X[i * ld] = x[i];

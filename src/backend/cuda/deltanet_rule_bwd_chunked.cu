@@ -45,6 +45,7 @@ __global__ void __launch_bounds__(kThreads) ds_pass_kernel(ChunkedArgs p) {
   const bf16* osrc = p.dout + int64_t(h) * Dv + e0;
   const float scale = p.scale;
   for (int i = threadIdx.x; i < Dk * ldt; i += blockDim.x) dS[i] = 0.f;
+  __syncthreads();  // the first chunk's store below reads dS in another thread-to-element order (racecheck, run 42)
   tl[0].issue(p, b, p.nck - 1, h, kh, osrc, sv, nt);
   for (int64_t it = 0; it < p.nck; ++it) {
     const int64_t c = p.nck - 1 - it;

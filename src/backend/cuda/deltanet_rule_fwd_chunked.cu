@@ -119,6 +119,7 @@ __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkedArgs p) {
   const float* usrc = p.U + int64_t(h) * Dv + e0;
   const float scale = p.scale;
   for (int i = threadIdx.x; i < Dk * ldt; i += blockDim.x) S[i] = 0.f;
+  __syncthreads();  // the chunk loop touches S in another thread-to-element order
   tl[0].issue(p, b, 0, h, kh, usrc, sv, nt);
   for (int64_t c = 0; c < p.nck; ++c) {
     const PassTiles<float>& t = tl[c & 1];
