@@ -117,20 +117,6 @@ __global__ void conv_bwd_kernel(const bf16* x, int64_t ldx, const bf16* w, const
 // channel, 0.85 ms at the 27B shape where its 336 MB of traffic need ~0.1 ms.
 constexpr int kConvFwdRows = 16;  // rows per thread of the vectorised forward
 
-__device__ __forceinline__ void load8(const bf16* p, float (&v)[8]) {
-  const uint4 u = *reinterpret_cast<const uint4*>(p);
-  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = unpack_bf16(w[i]);
-    v[2 * i] = f.x, v[2 * i + 1] = f.y;
-  }
-}
-__device__ __forceinline__ void store8(bf16* p, const float (&v)[8]) {
-  uint4 u;
-  u.x = pack_bf16(v[0], v[1]), u.y = pack_bf16(v[2], v[3]), u.z = pack_bf16(v[4], v[5]), u.w = pack_bf16(v[6], v[7]);
-  *reinterpret_cast<uint4*>(p) = u;
-}
 // wr[j][e] = w[c0 + e, K - 1 - j]: the tap that multiplies row s - j.
 template <int K>
 __device__ __forceinline__ void load_taps8(const bf16* w, int64_t c0, float (&wr)[K][8]) {
