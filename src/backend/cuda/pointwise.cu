@@ -80,18 +80,6 @@ __global__ void swiglu_bwd_kernel(const bf16* gu, const bf16* dact, int64_t rows
 }
 
 // 8 columns per thread (16-byte accesses) when f % 8 == 0.
-__device__ __forceinline__ void unpack8(const uint4& u, float (&v)[8]) {
-  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = unpack_bf16(w[i]);
-    v[2 * i] = f.x;
-    v[2 * i + 1] = f.y;
-  }
-}
-__device__ __forceinline__ uint4 pack8(const float (&v)[8]) {
-  return make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]), pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7]));
-}
 __global__ void swiglu_fwd8_kernel(const bf16* gu, int64_t rows, int64_t f, bf16* act) {
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t f8 = f / 8;
