@@ -499,9 +499,8 @@ void gdn_conv_silu_fwd(const GdnDims& d, const void* x, int64_t ldx, const void*
   const int64_t T = d.tokens(), C = d.conv_ch();
   LT_CUDA_REQUIRE(ldx >= C, "gdn_conv_silu_fwd: ldx < conv channels");
   if (T == 0) return;
-  if (conv_vec8(d, x, ldx, y)) {
-    const int64_t n_rc = (d.seq + kConvFwdRows - 1) / kConvFwdRows;
-    LT_CUDA_REQUIRE(d.batch * n_rc < 65536 * 1024, "gdn_conv_silu_fwd: too many row chunks");
+  const int64_t n_rc = (d.seq + kConvFwdRows - 1) / kConvFwdRows;
+  if (conv_vec8(d, x, ldx, y) && d.batch * n_rc < 65536) {  // gridDim.y limit; else the 1-D scalar grid
     const dim3 grid(nblocks(C / 8, 128), unsigned(d.batch * n_rc));
     if (d.K == 2) conv_fwd_vec8_kernel<2><<<grid, 128, 0, st>>>(B(x), ldx, B(w), seg, d.seq, C, n_rc, Bm(y));
     if (d.K == 3) conv_fwd_vec8_kernel<3><<<grid, 128, 0, st>>>(B(x), ldx, B(w), seg, d.seq, C, n_rc, Bm(y));
