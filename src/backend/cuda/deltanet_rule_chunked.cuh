@@ -22,7 +22,8 @@ struct ChunkedArgs {
   const bf16 *q, *k, *v;
   const float *g, *beta;
   const int32_t* seg;
-  const float* states;  // [batch, nck, Hv, Dk, Dv]
+  const float* states;  // [batch, nck, Hv, Dk, Dv]: the chunk-start states (read by chunk_prep, chunk_grads)
+  float* states_out;    // the same tensor, written by state_pass (forward only; null in the backward)
   const bf16* dout;
   float *dqn, *dkn, *dv, *dg, *dbeta;  // outputs (dqn, dkn += : zeroed by the launcher)
   float *W, *U, *Dl, *dDl, *KM, *P, *dS;  // workspace

@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkedArgs p) {
       dev::cp_async_wait<0>();
     }
     const Chunk ch(p, b, c);
-    float* st = const_cast<float*>(p.states) + ((b * p.nck + c) * Hv + h) * int64_t(Dk) * Dv + e0;
+    float* st = p.states_out + ((b * p.nck + c) * Hv + h) * int64_t(Dk) * Dv + e0;
     for (int idx = threadIdx.x; idx < Dk * nt; idx += blockDim.x) {
       const int d = idx / nt, e = idx % nt;
       if (ch.zero_start) S[d * ldt + e] = 0.f;
@@ -232,6 +232,7 @@ void gdn_rule_fwd_chunked(const GdnDims& d, const void* qn, const void* kn, cons
                                  static_cast<const bf16*>(v) + r0 * d.Hv * d.Dv, g + r0 * d.Hv, beta + r0 * d.Hv,
                                  seg ? seg + r0 : nullptr, state_ws + b0 * nck * d.Hv * d.Dk * d.Dv, ws, nt);
     a.o = static_cast<bf16*>(o) + r0 * d.Hv * d.Dv;
+    a.states_out = state_ws + b0 * nck * d.Hv * d.Dk * d.Dv;
     launch_chunk_prep(s, a, /*bwd=*/false, st);
     kern<<<dim3(unsigned(d.Dv / nt), unsigned(d.Hv), unsigned(s.batch)), kThreads, size_t(smem), st>>>(a);
     LT_CUDA_LAUNCH();
