@@ -75,19 +75,18 @@ def main():
     for idx, kind in enumerate(cfg.layer_types):
         layer = mq.Qwen3_5DecoderLayer(cfg, layer_idx=idx).cuda().to(torch.bfloat16)
 
+        def fwd(xx):
+            out = layer(xx, position_embeddings=(cos, sin), attention_mask=None, position_ids=pos[0])
+            return out[0] if isinstance(out, tuple) else out
+
         def run(backward):
-            out = layer(x, position_embeddings=(cos, sin), attention_mask=None, position_ids=pos[0])
-            if isinstance(out, tuple):
-                out = out[0]
+            out = fwd(x)
             if backward:
                 out.backward(dy)
             return out
 
         def run_ckpt():
-            def f(xx):
-                out = layer(xx, position_embeddings=(cos, sin), attention_mask=None, position_ids=pos[0])
-                return out[0] if isinstance(out, tuple) else out
-            torch.utils.checkpoint.checkpoint(f, x, use_reentrant=False).backward(dy)
+            torch.utils.checkpoint.checkpoint(fwd, x, use_reentrant=False).backward(dy)
 
         with torch.no_grad():
             tf = median_time(lambda: run(False), a.warmup, a.reps)

@@ -272,17 +272,16 @@ __device__ __forceinline__ void fwd_subst_col(const float* Mx, const float* rs, 
   for (int i = 0; i < kC; ++i) x[i] = X[i * ld];
 #pragma unroll
   for (int i = 1; i < kC; ++i) {
-    // Four partial sums: one chain of i dependent FMAs was the latency of the whole solve.
-    float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
+    float s = 0.f;
 #pragma unroll
     for (int j = 0; j < i; j += 4) {
       const float4 a = *reinterpret_cast<const float4*>(Mx + i * kC + j);
-      s0 += a.x * x[j];
-      if (j + 1 < i) s1 += a.y * x[j + 1];
-      if (j + 2 < i) s2 += a.z * x[j + 2];
-      if (j + 3 < i) s3 += a.w * x[j + 3];
+      s += a.x * x[j];
+      if (j + 1 < i) s += a.y * x[j + 1];
+      if (j + 2 < i) s += a.z * x[j + 2];
+      if (j + 3 < i) s += a.w * x[j + 3];
     }
-    x[i] -= (rs ? rs[i] : 1.f) * ((s0 + s1) + (s2 + s3));
+    x[i] -= (rs ? rs[i] : 1.f) * s;
   }
 #pragma unroll
   for (int i = 0; i < kC; ++i) X[i * ld] = x[i];
@@ -399,6 +398,8 @@ namespace lt::cuda {
 // The chunk-parallel forward and backward (GdnRuleImpl::Chunked, deltanet_rule_{fwd,bwd}_chunked.cu);
 // gdn_rule_fwd / gdn_rule_bwd dispatch.
 struct GdnDims;
+// gdn_rule_precision() == Split: which instantiation (kSplit) of the Chunked kernels a launch takes.
+bool gdn_split_products();
 int64_t gdn_rule_fwd_chunked_workspace_bytes(const GdnDims& d);
 void gdn_rule_fwd_chunked(const GdnDims& d, const void* qn, const void* kn, const void* v, const float* g,
                           const float* beta, const int32_t* seg, void* o, float* state_ws, void* ws, cudaStream_t st);

@@ -317,9 +317,8 @@ void gdn_rule_bwd_chunked(const GdnDims& d, const void* qn, const void* kn, cons
   const std::string why = "gdn_rule_bwd (chunked): shared memory too small for Dk = " + std::to_string(Dk) +
                           ", Dv = " + std::to_string(Dv);
   LT_CUDA_REQUIRE(nt > 0 && grads_smem <= optin, why.c_str());
-  const bool split = gdn_rule_precision() == GdnRulePrecision::Split;
-  const auto ds_kern = LT_GDN_SPLIT_KERNEL(ds_pass_kernel, split);
-  const auto grads_kern = LT_GDN_SPLIT_KERNEL(chunk_grads_kernel, split);
+  const auto ds_kern = LT_GDN_SPLIT_KERNEL(ds_pass_kernel);
+  const auto grads_kern = LT_GDN_SPLIT_KERNEL(chunk_grads_kernel);
   LT_CUDA(cudaFuncSetAttribute(ds_kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(ds_smem)));
   LT_CUDA(cudaFuncSetAttribute(grads_kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(grads_smem)));
   const int64_t nck = gdn_rule_num_chunks(d), qk = d.Hk * d.Dk, vd = d.Hv * d.Dv;

@@ -32,7 +32,6 @@ struct ChunkedArgs {
   int64_t seq, nck;
   int Hk, Hv, Dk, Dv, nt;
   float scale;
-  bool split;  // the kernels' instantiation (host side): kSplit = gdn_rule_precision() == Split
 };
 
 constexpr int kPad = 8;  // row padding of the shared tiles (keeps the fragment loads off one bank)
@@ -192,8 +191,8 @@ struct PassTiles {
 // Arguments with the workspace pointers set (layout above) and the shape fields filled; outputs left null.
 ChunkedArgs chunked_args(const GdnDims& d, const void* qn, const void* kn, const void* v, const float* g,
                          const float* beta, const int32_t* seg, const float* states, void* ws, int nt);
-// kern<true> or kern<false> as a.split says: the precision of the products (GdnRulePrecision).
-#define LT_GDN_SPLIT_KERNEL(kern, split) ((split) ? kern<true> : kern<false>)
+// kern<true> or kern<false> as gdn_split_products() says: the precision of the products (GdnRulePrecision).
+#define LT_GDN_SPLIT_KERNEL(kern) (gdn_split_products() ? kern<true> : kern<false>)
 // Launches chunk_prep over every (chunk, value head, sample).
 void launch_chunk_prep(const GdnDims& d, const ChunkedArgs& a, bool bwd, cudaStream_t st);
 int shared_optin();

@@ -193,7 +193,6 @@ ChunkedArgs chunked_args(const GdnDims& d, const void* qn, const void* kn, const
   a.Dv = int(d.Dv);
   a.nt = nt;
   a.scale = float(1.0 / std::sqrt(double(d.Dk)));
-  a.split = gdn_rule_precision() == GdnRulePrecision::Split;
   return a;
 }
 
@@ -202,7 +201,7 @@ void launch_chunk_prep(const GdnDims& d, const ChunkedArgs& a, bool bwd, cudaStr
   LT_CUDA_REQUIRE(smem <= shared_optin() && prep_s0_fits(a.Dk, a.Dv), ("gdn rule (chunked): shared memory too small for Dk = " +
                                                std::to_string(a.Dk) + ", Dv = " + std::to_string(a.Dv))
                                                   .c_str());
-  const auto kern = LT_GDN_SPLIT_KERNEL(chunk_prep_kernel, a.split);
+  const auto kern = LT_GDN_SPLIT_KERNEL(chunk_prep_kernel);
   LT_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   kern<<<dim3(unsigned(a.nck), unsigned(d.Hv), unsigned(d.batch)), kThreads, size_t(smem), st>>>(a,
                                                                                                              bwd);
@@ -222,7 +221,7 @@ void gdn_rule_fwd_chunked(const GdnDims& d, const void* qn, const void* kn, cons
   const int nt = choose_tile(int(d.Dv), 32, optin, [&](int n) { return state_smem_bytes(int(d.Dk), n); });
   LT_CUDA_REQUIRE(nt > 0, ("gdn_rule_fwd (chunked): shared memory too small for Dk = " + std::to_string(d.Dk)).c_str());
   const int64_t smem = state_smem_bytes(int(d.Dk), nt);
-  const auto kern = LT_GDN_SPLIT_KERNEL(state_pass_kernel, gdn_rule_precision() == GdnRulePrecision::Split);
+  const auto kern = LT_GDN_SPLIT_KERNEL(state_pass_kernel);
   LT_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const int64_t nck = gdn_rule_num_chunks(d);
   for_sample_groups(d, [&](const GdnDims& s, int64_t b0) {
