@@ -1,6 +1,7 @@
 // Gated DeltaNet kernel timings (src/backend/cuda/deltanet.h) at a layer shape, default the Qwen3.5/3.6
 // 27B layer: batch 8 x seq 1024, Hk 16, Hv 48, Dk = Dv = 128, conv kernel 4. Median of 10 runs (events).
-// The chunked rule is timed on every implementation (cuda::GdnRuleImpl Chunked in both precisions, Mma, Simt)
+// The chunked rule is timed on every implementation (cuda::GdnRuleImpl Chunked in both precisions and, in Bf16, with
+// the register passes and the tile passes; Mma, Simt)
 // with the TFLOP/s it reaches at the model's FLOP count (src/model/mixer_deltanet.cpp: per token and value head
 // C (3 Dk + 2 Dv) + 6 Dk Dv forward, twice that backward); the total uses the default implementation.
 // Usage: bench_deltanet [batch seq Hk Hv Dk Dv]
@@ -178,25 +179,30 @@ int main(int argc, char** argv) {
   struct Variant {
     cuda::GdnRuleImpl impl;
     cuda::GdnRulePrecision prec;
+    int warp_passes;  // -1: the default (register passes where the shape allows), 0: the tile passes
   };
-  for (Variant var : {Variant{cuda::GdnRuleImpl::Chunked, cuda::GdnRulePrecision::Split},
-                      Variant{cuda::GdnRuleImpl::Chunked, cuda::GdnRulePrecision::Bf16},
-                      Variant{cuda::GdnRuleImpl::Mma, cuda::GdnRulePrecision::Split},
-                      Variant{cuda::GdnRuleImpl::Simt, cuda::GdnRulePrecision::Split}}) {
+  for (Variant var : {Variant{cuda::GdnRuleImpl::Chunked, cuda::GdnRulePrecision::Split, -1},
+                      Variant{cuda::GdnRuleImpl::Chunked, cuda::GdnRulePrecision::Bf16, 0},
+                      Variant{cuda::GdnRuleImpl::Chunked, cuda::GdnRulePrecision::Bf16, -1},
+                      Variant{cuda::GdnRuleImpl::Mma, cuda::GdnRulePrecision::Split, -1},
+                      Variant{cuda::GdnRuleImpl::Simt, cuda::GdnRulePrecision::Split, -1}}) {
     cuda::gdn_set_rule_impl(var.impl);
     cuda::gdn_set_rule_precision(var.prec);
+    cuda::gdn_set_warp_passes(var.warp_passes);
     const double f = time_median_ms([&] { cuda::gdn_rule_fwd(d, qn, kn, v, g, beta, nullptr, o, states, st, ws); }, st);
     const double bw = time_median_ms(
         [&] { cuda::gdn_rule_bwd(d, qn, kn, v, g, beta, nullptr, states, dO, dq, dk, dv, dg, dbeta, ws, st); }, st);
     const std::string name = std::string(cuda::gdn_rule_impl_name(var.impl)) +
                              (var.impl == cuda::GdnRuleImpl::Chunked ? std::string("/") +
                                                                            cuda::gdn_rule_precision_name(var.prec)
-                                                                     : std::string());
-    std::printf("    %-13s fwd %8.3f ms (%6.1f TFLOP/s)  bwd %8.3f ms (%6.1f TFLOP/s)  fwd+bwd %8.3f ms\n",
+                                                                     : std::string()) +
+                             (var.warp_passes == 0 ? "/tile" : "");
+    std::printf("    %-18s fwd %8.3f ms (%6.1f TFLOP/s)  bwd %8.3f ms (%6.1f TFLOP/s)  fwd+bwd %8.3f ms\n",
                 name.c_str(), f, rule_flop_fwd / (f * 1e9), bw, 2 * rule_flop_fwd / (bw * 1e9), f + bw);
   }
   cuda::gdn_set_rule_precision(def_prec);
   cuda::gdn_set_rule_impl(def_impl);
+  cuda::gdn_set_warp_passes(-1);
   std::printf("  workspace: rule states %.1f MiB, bwd workspace %.1f MiB\n",
               double(cuda::gdn_rule_state_bytes(d)) / 1048576.0, double(ws_bytes) / 1048576.0);
   for (void* p : g_bufs) cudaFree(p);

@@ -213,10 +213,17 @@ struct RulePrecisionScope {
   ~RulePrecisionScope() { cuda::gdn_set_rule_precision(prev); }
 };
 
+// Forces the tile passes (0) or restores the default choice (-1: register passes where the shape allows).
+struct WarpPassScope {
+  explicit WarpPassScope(int on) { cuda::gdn_set_warp_passes(on); }
+  ~WarpPassScope() { cuda::gdn_set_warp_passes(-1); }
+};
+
 void run_rule(const GdnCase& gc, const RuleInputs& in, const std::vector<int32_t>& seg, cuda::GdnRuleImpl impl,
-              RuleOut& r, cuda::GdnRulePrecision prec = cuda::GdnRulePrecision::Split) {
+              RuleOut& r, cuda::GdnRulePrecision prec = cuda::GdnRulePrecision::Split, int warp_passes = -1) {
   RuleImplScope scope(impl);
   RulePrecisionScope pscope(prec);
+  WarpPassScope wscope(warp_passes);
   const auto d = dims_of(gc);
   const int64_t T = d.tokens(), KD = d.Hk * d.Dk, VD = d.Hv * d.Dv, NV = d.Hv;
   DevBuf q = up_bf16(in.q), k = up_bf16(in.k), v = up_bf16(in.v), g = up(in.g), beta = up(in.beta);
@@ -280,18 +287,20 @@ TEST_P(GdnKernel, RuleForwardBackward) {
                               dq_ref.data() + off(KD), dk_ref.data() + off(KD), dv_ref.data() + off(VD),
                               dg_ref.data() + off(NV), db_ref.data() + off(NV));
   }
-  // The three implementations (split products), then Chunked with bf16 products (GdnRulePrecision::Bf16): the same
+  // The three implementations (split products), then Chunked with bf16 products (GdnRulePrecision::Bf16), with the
+  // default serial passes (the register passes where the shape allows) and with the tile passes: the same
   // tolerances except the fp32 chunk states, whose products now round their fp32 operands to bf16 (8 mantissa
   // bits, as flash-linear-attention's kernels): rel <= 1e-2.
-  RuleOut res[4];
-  for (int ii = 0; ii < 4; ++ii) {
+  RuleOut res[5];
+  for (int ii = 0; ii < 5; ++ii) {
     RuleOut& r = res[ii];
-    const bool bf16 = ii == 3;
+    const bool bf16 = ii >= 3, tile = ii == 4;
     const cuda::GdnRuleImpl impl = bf16 ? cuda::GdnRuleImpl::Chunked : kImpls[ii];
-    run_rule(gc, in, seg, impl, r, bf16 ? cuda::GdnRulePrecision::Bf16 : cuda::GdnRulePrecision::Split);
+    run_rule(gc, in, seg, impl, r, bf16 ? cuda::GdnRulePrecision::Bf16 : cuda::GdnRulePrecision::Split,
+             tile ? 0 : -1);
     ASSERT_FALSE(::testing::Test::HasFatalFailure()) << impl_name(impl);
     std::ostringstream name;
-    name << gc << " [" << impl_name(impl) << (bf16 ? "/bf16" : "") << "]";
+    name << gc << " [" << impl_name(impl) << (bf16 ? "/bf16" : "") << (tile ? "/tile" : "") << "]";
     EXPECT_LE(rel_err(r.o, o_ref), 1e-2) << name.str();
     if (!gc.segments) {  // the chunk grids agree without segments: the states are the same tensors
       EXPECT_LE(rel_err(r.states, st_ref), bf16 ? 1e-2 : 1e-3) << name.str();
@@ -465,10 +474,17 @@ TEST(GdnKernelShape, Qwen27BLayerRuns) {
   }
   expect_impls_agree(res[0], res[1], "27B shape [chunked vs mma]");
   expect_impls_agree(res[1], res[2], "27B shape [mma vs simt]");
-  // Chunked with bf16 products against the split ones at this shape (16 chunks of state recurrence).
-  RuleOut b16;
+  // Chunked with bf16 products against the split ones at this shape (16 chunks of state recurrence), with the
+  // register passes (the default) and the tile passes.
+  RuleOut b16, b16t;
+  run_rule(gc, in, seg, cuda::GdnRuleImpl::Chunked, b16t, cuda::GdnRulePrecision::Bf16, 0);
   run_rule(gc, in, seg, cuda::GdnRuleImpl::Chunked, b16, cuda::GdnRulePrecision::Bf16);
   const RuleOut& sp = res[0];
+  std::printf("[27B shape, chunked/bf16/tile] fwd %.3f ms, bwd %.3f ms; rel to split: o %.2e states %.2e dq %.2e dk "
+              "%.2e dv %.2e dg %.2e dbeta %.2e\n",
+              b16t.ms_fwd, b16t.ms_bwd, rel_err(b16t.o, sp.o), rel_err(b16t.states, sp.states),
+              rel_err(b16t.dq, sp.dq), rel_err(b16t.dk, sp.dk), rel_err(b16t.dv, sp.dv), rel_err(b16t.dg, sp.dg),
+              rel_err(b16t.db, sp.db));
   std::printf("[27B shape, chunked/bf16] fwd %.3f ms, bwd %.3f ms; rel to split: o %.2e states %.2e dq %.2e dk %.2e "
               "dv %.2e dg %.2e dbeta %.2e\n",
               b16.ms_fwd, b16.ms_bwd, rel_err(b16.o, sp.o), rel_err(b16.states, sp.states), rel_err(b16.dq, sp.dq),

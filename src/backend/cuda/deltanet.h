@@ -93,6 +93,11 @@ enum class GdnRulePrecision { Split, Bf16 };
 const char* gdn_rule_precision_name(GdnRulePrecision p);
 GdnRulePrecision gdn_rule_precision();
 void gdn_set_rule_precision(GdnRulePrecision p);
+// The Chunked implementation's serial passes in Bf16 precision: register passes (the state in mma accumulators,
+// one CTA per value head and sample; deltanet_rule_pass_warp.cu) where the shape allows (Dk 64 or 128, Dv a
+// multiple of 16 up to 128), else the tile passes. Env LT_GDN_PASS=tile forces the tile passes;
+// gdn_set_warp_passes(0 / 1) overrides, -1 restores the default.
+void gdn_set_warp_passes(int on);
 int64_t gdn_rule_num_chunks(const GdnDims& d);  // per sample: ceil(seq / kGdnChunk)
 int64_t gdn_rule_state_bytes(const GdnDims& d);
 // ws: gdn_rule_fwd_workspace_bytes(d) bytes of scratch for the Chunked forward (nullptr: the Mma forward runs).

@@ -390,7 +390,7 @@ struct Carve {
     return r;
   }
 };
-inline int64_t carve_bytes(int64_t n, int64_t elem) { return (n * elem + 15) / 16 * 16; }
+__host__ __device__ inline int64_t carve_bytes(int64_t n, int64_t elem) { return (n * elem + 15) / 16 * 16; }
 
 }  // namespace lt::cuda::gdn
 

@@ -322,6 +322,7 @@ void gdn_rule_bwd_chunked(const GdnDims& d, const void* qn, const void* kn, cons
   LT_CUDA(cudaFuncSetAttribute(ds_kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(ds_smem)));
   LT_CUDA(cudaFuncSetAttribute(grads_kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(grads_smem)));
   const int64_t nck = gdn_rule_num_chunks(d), qk = d.Hk * d.Dk, vd = d.Hv * d.Dv;
+  const bool warp = warp_passes(d);
   for_sample_groups(d, [&](const GdnDims& s, int64_t b0) {
     const int64_t r0 = b0 * d.seq;
     ChunkedArgs a = chunked_args(s, static_cast<const bf16*>(qn) + r0 * qk, static_cast<const bf16*>(kn) + r0 * qk,
@@ -336,9 +337,14 @@ void gdn_rule_bwd_chunked(const GdnDims& d, const void* qn, const void* kn, cons
     const size_t nqk = size_t(s.tokens() * qk);
     LT_CUDA(cudaMemsetAsync(a.dqn, 0, nqk * sizeof(float), st));
     LT_CUDA(cudaMemsetAsync(a.dkn, 0, nqk * sizeof(float), st));
+    if (!warp) a.Wb = a.Pb = nullptr;
     launch_chunk_prep(s, a, /*bwd=*/true, st);
-    ds_kern<<<dim3(unsigned(Dv / nt), unsigned(d.Hv), unsigned(s.batch)), kThreads, size_t(ds_smem), st>>>(a);
-    LT_CUDA_LAUNCH();
+    if (warp) {
+      launch_ds_pass_warp(s, a, st);
+    } else {
+      ds_kern<<<dim3(unsigned(Dv / nt), unsigned(d.Hv), unsigned(s.batch)), kThreads, size_t(ds_smem), st>>>(a);
+      LT_CUDA_LAUNCH();
+    }
     grads_kern<<<dim3(unsigned(nck), unsigned(d.Hk), unsigned(s.batch)), kThreads, size_t(grads_smem),
                          st>>>(a);
     LT_CUDA_LAUNCH();

@@ -5,7 +5,8 @@
 //               KM and Dl = U - W S0 (S0 from the chunk states). Once per chunk: the per-tile kernels of the Mma
 //               implementation redo these per value tile.
 // Workspace (fp32): W [T,Hv,Dk], U, Dl, dDl [T,Hv,Dv], P, KM [batch,nck,Hv,64,64], dS [batch,nck,Hv,Dk,Dv]; the
-// forward uses W, U, P only.
+// forward uses W, U, P only. With the register passes (deltanet_rule_pass_warp.cu) chunk_prep also writes W and P
+// as bf16 (Wb, Pb: the operands those passes read with ldmatrix).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -28,6 +29,7 @@ struct ChunkedArgs {
   float *dqn, *dkn, *dv, *dg, *dbeta;  // outputs (dqn, dkn += : zeroed by the launcher)
   float *W, *U, *Dl, *dDl, *KM, *P, *dS;  // workspace
   float* GG;                               // [batch, nck, Hv, 2, 64]: G, then Ge, of every chunk (chunk_prep)
+  bf16 *Wb, *Pb;                           // bf16 copies of W, P; null unless the register passes run
   bf16* o;                                 // forward output
   int64_t seq, nck;
   int Hk, Hv, Dk, Dv, nt;
@@ -138,7 +140,7 @@ void for_sample_groups(const GdnDims& d, F f) {
 
 // Workspace pieces in floats, in layout order, for one group of samples (sample_group).
 struct ChunkedWs {
-  int64_t W, U, Dl, dDl, KM, P, dS, GG;
+  int64_t W, U, Dl, dDl, KM, P, dS, GG, Wb, Pb;  // Wb, Pb: bf16 pieces, counted in floats (two per float)
   explicit ChunkedWs(const GdnDims& d) {
     const int64_t nb = sample_group(d), T = nb * d.seq, nck = gdn_rule_num_chunks(d);
     W = T * d.Hv * d.Dk;
@@ -146,9 +148,11 @@ struct ChunkedWs {
     KM = P = nb * nck * d.Hv * kC * kC;
     dS = nb * nck * d.Hv * d.Dk * d.Dv;
     GG = nb * nck * d.Hv * 2 * kC;
+    Wb = (W / 2 + 3) / 4 * 4;  // 16-byte multiples keep the pieces after them aligned
+    Pb = P / 2;
   }
-  int64_t fwd_floats() const { return W + U + P + GG; }
-  int64_t floats() const { return W + U + Dl + dDl + KM + P + dS + GG; }
+  int64_t fwd_floats() const { return W + U + P + GG + Wb + Pb; }
+  int64_t floats() const { return fwd_floats() + Dl + dDl + KM + dS; }
 };
 
 // One chunk's tiles for the serial passes (state_pass, ds_pass), double-buffered: the next chunk's copies are
@@ -193,8 +197,23 @@ ChunkedArgs chunked_args(const GdnDims& d, const void* qn, const void* kn, const
                          const float* beta, const int32_t* seg, const float* states, void* ws, int nt);
 // kern<true> or kern<false> as gdn_split_products() says: the precision of the products (GdnRulePrecision).
 #define LT_GDN_SPLIT_KERNEL(kern) (gdn_split_products() ? kern<true> : kern<false>)
+// dst rows [0, L) (row stride dstride) <- bf16 of src rows (ld, n columns).
+__device__ __forceinline__ void store_rows_bf16(bf16* dst, int64_t dstride, const float* src, int ld, int n, int L) {
+  for (int idx = threadIdx.x; idx < L * n; idx += blockDim.x) {
+    const int i = idx / n, c = idx % n;
+    dst[i * dstride + c] = __float2bfloat16(src[i * ld + c]);
+  }
+}
+
 // Launches chunk_prep over every (chunk, value head, sample).
 void launch_chunk_prep(const GdnDims& d, const ChunkedArgs& a, bool bwd, cudaStream_t st);
 int shared_optin();
+
+// The register passes (deltanet_rule_pass_warp.cu): whether they run for this shape and precision (Bf16 products,
+// Dk 64 or 128, Dv a multiple of 16 up to 128, their shared memory fits; env LT_GDN_PASS=tile forces the tile
+// passes, gdn_set_warp_passes overrides), and their launches over one group of samples (a.Wb, a.Pb set).
+bool warp_passes(const GdnDims& d);
+void launch_state_pass_warp(const GdnDims& s, const ChunkedArgs& a, cudaStream_t st);
+void launch_ds_pass_warp(const GdnDims& s, const ChunkedArgs& a, cudaStream_t st);
 
 }  // namespace lt::cuda::gdn

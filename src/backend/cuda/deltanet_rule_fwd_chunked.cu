@@ -78,6 +78,10 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkedArgs p, boo
   const int64_t cidx = (b * p.nck + c) * Hv + h;
   copy_f32(p.P + cidx * kC * kC, P, kC * kC);
   store_rows_f32(p.W + ch.t0 * sw + int64_t(h) * Dk, sw, W, ldk, Dk, ch.L);
+  if (p.Wb) {
+    store_rows_bf16(p.Pb + cidx * kC * kC, kC, P, kC, kC, kC);
+    store_rows_bf16(p.Wb + ch.t0 * sw + int64_t(h) * Dk, sw, W, ldk, Dk, ch.L);
+  }
   store_rows_f32(p.U + ch.t0 * sv + int64_t(h) * Dv, sv, U, ldu, Dv, ch.L);
   if (!bwd) return;
   copy_f32(p.KM + cidx * kC * kC, KM, kC * kC);
@@ -181,7 +185,9 @@ ChunkedArgs chunked_args(const GdnDims& d, const void* qn, const void* kn, const
   a.U = a.W + sz.W;
   a.P = a.U + sz.U;  // the forward's pieces first
   a.GG = a.P + sz.P;
-  a.Dl = a.GG + sz.GG;
+  a.Wb = reinterpret_cast<bf16*>(a.GG + sz.GG);
+  a.Pb = reinterpret_cast<bf16*>(a.GG + sz.GG + sz.Wb);
+  a.Dl = a.GG + sz.GG + sz.Wb + sz.Pb;
   a.dDl = a.Dl + sz.Dl;
   a.KM = a.dDl + sz.dDl;
   a.dS = a.KM + sz.KM;
@@ -224,6 +230,7 @@ void gdn_rule_fwd_chunked(const GdnDims& d, const void* qn, const void* kn, cons
   const auto kern = LT_GDN_SPLIT_KERNEL(state_pass_kernel);
   LT_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const int64_t nck = gdn_rule_num_chunks(d);
+  const bool warp = warp_passes(d);
   for_sample_groups(d, [&](const GdnDims& s, int64_t b0) {
     const int64_t r0 = b0 * d.seq;
     ChunkedArgs a = chunked_args(s, static_cast<const bf16*>(qn) + r0 * d.Hk * d.Dk,
@@ -232,7 +239,12 @@ void gdn_rule_fwd_chunked(const GdnDims& d, const void* qn, const void* kn, cons
                                  seg ? seg + r0 : nullptr, state_ws + b0 * nck * d.Hv * d.Dk * d.Dv, ws, nt);
     a.o = static_cast<bf16*>(o) + r0 * d.Hv * d.Dv;
     a.states_out = state_ws + b0 * nck * d.Hv * d.Dk * d.Dv;
+    if (!warp) a.Wb = a.Pb = nullptr;
     launch_chunk_prep(s, a, /*bwd=*/false, st);
+    if (warp) {
+      launch_state_pass_warp(s, a, st);
+      return;
+    }
     kern<<<dim3(unsigned(d.Dv / nt), unsigned(d.Hv), unsigned(s.batch)), kThreads, size_t(smem), st>>>(a);
     LT_CUDA_LAUNCH();
   });
