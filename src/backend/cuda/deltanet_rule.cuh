@@ -266,10 +266,7 @@ __device__ __forceinline__ void gemm2(int M, int N, const Prod<TA1, TB1>& p1, co
 // registers, rows of the 64 x 64 matrix read as broadcast float4): no serial smem round trip per term.
 // Rows >= L need no special case: their matrix rows/columns and right-hand sides are zero.
 // Forward: x_i -= rs_i * sum_{j<i} Mx[i, j] x_j (i ascending; only j < i of Mx is read); rs = nullptr: 1.
-__device__ __forceinline__ void fwd_subst_col(const float* Mx, const float* rs, float* X, int ld) {
-  float x[kC];
-#pragma unroll
-  for (int i = 0; i < kC; ++i) x[i] = X[i * ld];
+__device__ __forceinline__ void fwd_subst(const float* Mx, const float* rs, float (&x)[kC]) {
 #pragma unroll
   for (int i = 1; i < kC; ++i) {
     float s = 0.f;
@@ -283,6 +280,13 @@ __device__ __forceinline__ void fwd_subst_col(const float* Mx, const float* rs, 
     }
     x[i] -= (rs ? rs[i] : 1.f) * s;
   }
+}
+// The same on column X[0 .. kC) (stride ld) of a shared tile.
+__device__ __forceinline__ void fwd_subst_col(const float* Mx, const float* rs, float* X, int ld) {
+  float x[kC];
+#pragma unroll
+  for (int i = 0; i < kC; ++i) x[i] = X[i * ld];
+  fwd_subst(Mx, rs, x);
 #pragma unroll
   for (int i = 0; i < kC; ++i) X[i * ld] = x[i];
 }

@@ -20,16 +20,90 @@ int64_t prep_smem_bytes(int Dk, int Dv) {
          2 * carve_bytes(kC * kC, 4) + carve_bytes(int64_t(kC) * (Dk + kPad), 4) +
          carve_bytes(int64_t(kC) * (Dv + kPad), 4) + carve_bytes(int64_t(kC) * (Dv + kPad), 2);
 }
+int64_t prep_fwd_smem_bytes(int Dk, int Dv) {
+  return carve_bytes(1, sizeof(ChunkScal)) + 2 * carve_bytes(int64_t(kC) * (Dk + kPad), 2) +
+         carve_bytes(int64_t(kC) * (Dv + kPad), 2) + carve_bytes(kC * kC, 4);
+}
 // The backward's S0 [Dk, Dv] fp32 is staged over qs, ks, KM, P once they are done with.
 bool prep_s0_fits(int Dk, int Dv) {
   return int64_t(Dk) * Dv * 4 <= 2 * carve_bytes(int64_t(kC) * (Dk + kPad), 2) + 2 * carve_bytes(kC * kC, 4);
 }
 
+// Both preps' start: the chunk's q, k, v rows into shared tiles (row strides Dk + pad, Dv + pad), its scalars
+// (cs), and G, Ge to the workspace for the serial passes. Syncs.
+__device__ __forceinline__ void prep_load(const ChunkedArgs& p, const Chunk& ch, int64_t cidx, int h, int kh,
+                                          ChunkScal& cs, bf16* qs, bf16* ks, bf16* vs) {
+  const int Dk = p.Dk, Dv = p.Dv;
+  const int64_t sqk = int64_t(p.Hk) * Dk, sv = int64_t(p.Hv) * Dv;
+  async_rows(qs, Dk + kPad, p.q + ch.t0 * sqk + kh * Dk, sqk, Dk, kC, ch.L);
+  async_rows(ks, Dk + kPad, p.k + ch.t0 * sqk + kh * Dk, sqk, Dk, kC, ch.L);
+  async_rows(vs, Dv + kPad, p.v + ch.t0 * sv + int64_t(h) * Dv, sv, Dv, kC, ch.L);
+  async_done();
+  load_chunk_scalars(cs, p.g, p.beta, p.seg, ch.t0, ch.L, p.Hv, h);  // syncs (after the loads above)
+  if (threadIdx.x < kC) {
+    float* gg = p.GG + cidx * 2 * kC;
+    gg[threadIdx.x] = cs.G[threadIdx.x];
+    gg[kC + threadIdx.x] = cs.Ge[threadIdx.x];
+  }
+}
+
+// The forward's prep (the state pass needs W, U, P and G, Ge only): the solves' right-hand sides are built in
+// registers and their results, and P, go straight to global memory, so shared memory holds q, k, v and KM alone
+// (~70 KB at Dk = Dv = 128: three CTAs per SM where the backward's prep fits one).
 template <bool kSplit>
-__global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkedArgs p, bool bwd) {
+__global__ void __launch_bounds__(kThreads) chunk_prep_fwd_kernel(ChunkedArgs p) {
+  extern __shared__ __align__(16) char smem[];
+  const int Dk = p.Dk, Dv = p.Dv, Hv = p.Hv, h = blockIdx.y, kh = h / (Hv / p.Hk);
+  const int64_t c = blockIdx.x, b = blockIdx.z, cidx = (b * p.nck + c) * Hv + h;
+  const Chunk ch(p, b, c);
+  const int ldk = Dk + kPad, ldu = Dv + kPad;
+  Carve cv{smem};
+  ChunkScal& cs = *cv.take<ChunkScal>(1);
+  bf16* qs = cv.take<bf16>(int64_t(kC) * ldk);
+  bf16* ks = cv.take<bf16>(int64_t(kC) * ldk);
+  bf16* vs = cv.take<bf16>(int64_t(kC) * ldu);
+  float* KM = cv.take<float>(kC * kC);
+  prep_load(p, ch, cidx, h, kh, cs, qs, ks, vs);
+  const float scale = p.scale;
+  float* P = p.P + cidx * kC * kC;
+  bf16* Pb = p.Pb ? p.Pb + cidx * kC * kC : nullptr;
+  gemm2<true, kSplit>(kC, kC, prod(ks, ldk, 1, ks, 1, ldk, Dk), prod(qs, ldk, 1, ks, 1, ldk, Dk),
+                      [&](int i, int j, float kk, float qk) {
+                        const float m = decay(cs, i, j);
+                        KM[i * kC + j] = j < i ? kk * m : 0.f;
+                        P[i * kC + j] = scale * qk * m;
+                        if (Pb) Pb[i * kC + j] = __float2bfloat16(scale * qk * m);
+                      });
+  __syncthreads();
+  // W = (I+A)^-1 diag(bG) K, U = (I+A)^-1 diag(b) V: a column per thread (rows >= L: bt = 0, tiles zero-filled).
+  const int64_t sw = int64_t(Hv) * Dk, sv = int64_t(Hv) * Dv;
+  for (int col = threadIdx.x; col < Dk + Dv; col += blockDim.x) {
+    const bool isw = col < Dk;
+    const bf16* src = isw ? ks + col : vs + (col - Dk);
+    const int ld = isw ? ldk : ldu;
+    float x[kC];
+#pragma unroll
+    for (int i = 0; i < kC; ++i) x[i] = cs.bt[i] * (isw ? cs.G[i] : 1.f) * ldv(src + i * ld);
+    fwd_subst(KM, cs.bt, x);
+    float* dst = isw ? p.W + ch.t0 * sw + int64_t(h) * Dk + col : p.U + ch.t0 * sv + int64_t(h) * Dv + (col - Dk);
+    bf16* dstb = isw && p.Wb ? p.Wb + ch.t0 * sw + int64_t(h) * Dk + col : nullptr;
+    const int64_t ds = isw ? sw : sv;
+#pragma unroll
+    for (int i = 0; i < kC; ++i)
+      if (i < ch.L) {
+        dst[i * ds] = x[i];
+        if (dstb) dstb[i * ds] = __float2bfloat16(x[i]);
+      }
+  }
+}
+
+// The backward's prep: as the forward's, plus KM and Dl = U - W S0 for chunk_grads (W, U kept in shared memory
+// for the Dl product).
+template <bool kSplit>
+__global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkedArgs p) {
   extern __shared__ __align__(16) char smem[];
   const int Dk = p.Dk, Dv = p.Dv, Hv = p.Hv, Hk = p.Hk, h = blockIdx.y, kh = h / (Hv / Hk);
-  const int64_t c = blockIdx.x, b = blockIdx.z;
+  const int64_t c = blockIdx.x, b = blockIdx.z, cidx = (b * p.nck + c) * Hv + h;
   const Chunk ch(p, b, c);
   const int ldk = Dk + kPad, ldu = Dv + kPad;
   Carve cv{smem};
@@ -41,17 +115,8 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkedArgs p, boo
   float* W = cv.take<float>(int64_t(kC) * ldk);
   float* U = cv.take<float>(int64_t(kC) * ldu);
   bf16* vs = cv.take<bf16>(int64_t(kC) * ldu);
-  const int64_t sqk = int64_t(Hk) * Dk, sv = int64_t(Hv) * Dv, sw = int64_t(Hv) * Dk;
-  async_rows(qs, ldk, p.q + ch.t0 * sqk + kh * Dk, sqk, Dk, kC, ch.L);
-  async_rows(ks, ldk, p.k + ch.t0 * sqk + kh * Dk, sqk, Dk, kC, ch.L);
-  async_rows(vs, ldu, p.v + ch.t0 * sv + int64_t(h) * Dv, sv, Dv, kC, ch.L);
-  async_done();
-  load_chunk_scalars(cs, p.g, p.beta, p.seg, ch.t0, ch.L, Hv, h);  // syncs (after the loads above)
-  if (threadIdx.x < kC) {  // for the serial passes
-    float* gg = p.GG + ((b * p.nck + c) * Hv + h) * 2 * kC;
-    gg[threadIdx.x] = cs.G[threadIdx.x];
-    gg[kC + threadIdx.x] = cs.Ge[threadIdx.x];
-  }
+  const int64_t sv = int64_t(Hv) * Dv, sw = int64_t(Hv) * Dk;
+  prep_load(p, ch, cidx, h, kh, cs, qs, ks, vs);
   for (int idx = threadIdx.x; idx < kC * Dk; idx += blockDim.x) {
     const int i = idx / Dk, d = idx % Dk;
     W[i * ldk + d] = cs.bt[i] * cs.G[i] * ldv(ks + i * ldk + d);
@@ -75,15 +140,13 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkedArgs p, boo
       fwd_subst_col(KM, cs.bt, U + (col - Dk), ldu);
   }
   __syncthreads();
-  const int64_t cidx = (b * p.nck + c) * Hv + h;
   copy_f32(p.P + cidx * kC * kC, P, kC * kC);
   store_rows_f32(p.W + ch.t0 * sw + int64_t(h) * Dk, sw, W, ldk, Dk, ch.L);
+  store_rows_f32(p.U + ch.t0 * sv + int64_t(h) * Dv, sv, U, ldu, Dv, ch.L);
   if (p.Wb) {
     store_rows_bf16(p.Pb + cidx * kC * kC, kC, P, kC, kC, kC);
     store_rows_bf16(p.Wb + ch.t0 * sw + int64_t(h) * Dk, sw, W, ldk, Dk, ch.L);
   }
-  store_rows_f32(p.U + ch.t0 * sv + int64_t(h) * Dv, sv, U, ldu, Dv, ch.L);
-  if (!bwd) return;
   copy_f32(p.KM + cidx * kC * kC, KM, kC * kC);
   float* Dl = p.Dl + ch.t0 * sv + int64_t(h) * Dv;
   if (ch.zero_start) {  // S0 = 0: Dl = U
@@ -203,14 +266,14 @@ ChunkedArgs chunked_args(const GdnDims& d, const void* qn, const void* kn, const
 }
 
 void launch_chunk_prep(const GdnDims& d, const ChunkedArgs& a, bool bwd, cudaStream_t st) {
-  const int64_t smem = prep_smem_bytes(a.Dk, a.Dv);
-  LT_CUDA_REQUIRE(smem <= shared_optin() && prep_s0_fits(a.Dk, a.Dv), ("gdn rule (chunked): shared memory too small for Dk = " +
-                                               std::to_string(a.Dk) + ", Dv = " + std::to_string(a.Dv))
-                                                  .c_str());
-  const auto kern = LT_GDN_SPLIT_KERNEL(chunk_prep_kernel);
+  const int64_t smem = bwd ? prep_smem_bytes(a.Dk, a.Dv) : prep_fwd_smem_bytes(a.Dk, a.Dv);
+  LT_CUDA_REQUIRE(smem <= shared_optin() && (!bwd || prep_s0_fits(a.Dk, a.Dv)),
+                  ("gdn rule (chunked): shared memory too small for Dk = " + std::to_string(a.Dk) +
+                   ", Dv = " + std::to_string(a.Dv))
+                      .c_str());
+  const auto kern = bwd ? LT_GDN_SPLIT_KERNEL(chunk_prep_kernel) : LT_GDN_SPLIT_KERNEL(chunk_prep_fwd_kernel);
   LT_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  kern<<<dim3(unsigned(a.nck), unsigned(d.Hv), unsigned(d.batch)), kThreads, size_t(smem), st>>>(a,
-                                                                                                             bwd);
+  kern<<<dim3(unsigned(a.nck), unsigned(d.Hv), unsigned(d.batch)), kThreads, size_t(smem), st>>>(a);
   LT_CUDA_LAUNCH();
 }
 
