@@ -103,6 +103,17 @@ __device__ __forceinline__ float warp_row_sum(int n, F f) {
   return dev::warp_sum(s);
 }
 
+// xs[i] = sum_{j > i, j < kC} f(j, i) for i < L: a thread per column i, so that column reads of a [kC, kC] tile
+// (f reading M[j * kC + i]) hit consecutive banks; a warp-per-row sum over the column was a 32-way conflict.
+template <typename F>
+__device__ __forceinline__ void col_sums(int L, float* xs, F f) {
+  const int i = threadIdx.x;
+  if (i >= L) return;
+  float s = 0.f;
+  for (int j = i + 1; j < kC; ++j) s += f(j, i);
+  xs[i] = s;
+}
+
 // For each block of (up to) 64 rows d0.. of a [Dk, Dv] fp32 state M (global): stage it in G (ld ldg), then
 // use(d0, nd). Barriers before and after every block (all threads must call it).
 template <typename F>
@@ -181,21 +192,21 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
     });
     sdot = dev::warp_sum(sdot);
     if (lane == 0) red[warp] = sdot;
-    for (int i = warp; i < L; i += nwarp) {  // dgam from dP o P (rows +, columns -) and from r
-      const float s = warp_row_sum(kC, [&](int j) {
-        float t = 0.f;
-        if (j < i) t += dP[i * kC + j] * P[i * kC + j];
-        if (j > i) t -= dP[j * kC + i] * P[j * kC + i];
-        return t;
-      });
+    for (int i = warp; i < L; i += nwarp) {  // dgam from dP o P (rows +) and from r
+      const float s = warp_row_sum(i, [&](int j) { return dP[i * kC + j] * P[i * kC + j]; });
       const float qr = warp_row_sum(Dk, [&](int d) { return ldv(qs + i * ldk + d) * X[i * ldk + d]; });
       if (lane == 0) dgam[i] += s + cs.G[i] * scale * qr;
     }
+    col_sums(L, xs, [&](int j, int i) { return dP[j * kC + i] * P[j * kC + i]; });  // (columns -)
     __syncthreads();
-    if (tid == 0) {
-      float s = 0.f;
-      for (int w = 0; w < nwarp; ++w) s += red[w];
-      dgam[last] += glast * s;
+    if (tid < L) {
+      float x = -xs[tid];
+      if (tid == last) {
+        float s = 0.f;
+        for (int w = 0; w < nwarp; ++w) s += red[w];
+        x += glast * s;
+      }
+      dgam[tid] += x;
     }
     for (int idx = tid; idx < kC * kC; idx += nth) dP[idx] *= decay(cs, idx / kC, idx % kC);
     __syncthreads();
@@ -276,15 +287,11 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
     __syncthreads();
 
     // (8) db, dgam from dA; (7)(8) dk += b G YW + E K + E^T K
-    for (int i = warp; i < L; i += nwarp) {
+    for (int i = warp; i < L; i += nwarp) {  // the row part of dgam: b_i sum_{j<i} dA[i,j] KM[i,j] = b_i db_i's term
       const float sdb = warp_row_sum(i, [&](int j) { return dP[i * kC + j] * KM[i * kC + j]; });
-      const float sg = warp_row_sum(kC, [&](int j) {
-        if (j < i) return dP[i * kC + j] * cs.bt[i] * KM[i * kC + j];
-        if (j > i) return -dP[j * kC + i] * cs.bt[j] * KM[j * kC + i];
-        return 0.f;
-      });
-      if (lane == 0) dbt[i] += sdb, dgam[i] += sg;
+      if (lane == 0) dbt[i] += sdb, dgam[i] += cs.bt[i] * sdb;
     }
+    col_sums(L, xs, [&](int j, int i) { return dP[j * kC + i] * cs.bt[j] * KM[j * kC + i]; });  // subtracted in (9)
     gemm2_add_global<kSplit>(L, Dk, prod(P, kC, 1, ks, ldk, 1, kC), prod(P, 1, kC, ks, ldk, 1, kC), dk, sqk, 1.f,
                      [&](int i, int d) { return cs.bt[i] * cs.G[i] * X[i * ldk + d]; });
     __syncthreads();
@@ -293,7 +300,7 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
     if (tid == 0) {
       float suffix = 0.f;
       for (int i = L - 1; i >= 0; --i) {
-        suffix += dgam[i];
+        suffix += dgam[i] - xs[i];
         p.dg[(ch.t0 + i) * Hv + h] = suffix;
         p.dbeta[(ch.t0 + i) * Hv + h] = dbt[i];
       }

@@ -9,6 +9,7 @@
 
 #include "backend/cuda/cuda_util.h"
 #include "backend/cuda/deltanet.h"
+#include "backend/cuda/deltanet_frag.cuh"
 #include "backend/cuda/deltanet_rule_chunked.cuh"
 
 namespace lt::cuda {
@@ -20,9 +21,14 @@ int64_t prep_smem_bytes(int Dk, int Dv) {
          2 * carve_bytes(kC * kC, 4) + carve_bytes(int64_t(kC) * (Dk + kPad), 4) +
          carve_bytes(int64_t(kC) * (Dv + kPad), 4) + carve_bytes(int64_t(kC) * (Dv + kPad), 2);
 }
-int64_t prep_fwd_smem_bytes(int Dk, int Dv) {
+int64_t prep_lean_smem_bytes(int Dk, int Dv, bool dl) {
   return carve_bytes(1, sizeof(ChunkScal)) + 2 * carve_bytes(int64_t(kC) * (Dk + kPad), 2) +
-         carve_bytes(int64_t(kC) * (Dv + kPad), 2) + carve_bytes(kC * kC, 4);
+         carve_bytes(int64_t(kC) * (Dv + kPad), 2) + carve_bytes(kC * kC, 4) +
+         (dl ? carve_bytes(int64_t(kC) * (Dk + kPad), 2) : 0);
+}
+// The lean prep's Dl stages S0 as bf16 [Dk, Dv + pad] over qs and ks.
+bool prep_lean_s0_fits(int Dk, int Dv) {
+  return int64_t(Dk) * (Dv + kPad) * 2 <= 2 * carve_bytes(int64_t(kC) * (Dk + kPad), 2);
 }
 // The backward's S0 [Dk, Dv] fp32 is staged over qs, ks, KM, P once they are done with.
 bool prep_s0_fits(int Dk, int Dv) {
@@ -47,11 +53,13 @@ __device__ __forceinline__ void prep_load(const ChunkedArgs& p, const Chunk& ch,
   }
 }
 
-// The forward's prep (the state pass needs W, U, P and G, Ge only): the solves' right-hand sides are built in
-// registers and their results, and P, go straight to global memory, so shared memory holds q, k, v and KM alone
-// (~70 KB at Dk = Dv = 128: three CTAs per SM where the backward's prep fits one).
-template <bool kSplit>
-__global__ void __launch_bounds__(kThreads) chunk_prep_fwd_kernel(ChunkedArgs p) {
+// The lean prep: the solves' right-hand sides are built in registers and their results, and P, go straight to
+// global memory, so shared memory holds q, k, v and KM alone (~70 KB at Dk = Dv = 128: two CTAs per SM, by
+// registers, where chunk_prep fits one). The forward's (the state pass needs W, U, P and G, Ge only); with kDl
+// also the backward's for the register passes (Bf16 products): KM, and Dl = U - W S0 on the tensor cores from
+// bf16 shared tiles of W and S0 (the rounding of chunk_prep's product).
+template <bool kSplit, bool kDl>
+__global__ void __launch_bounds__(kThreads) chunk_prep_lean_kernel(ChunkedArgs p) {
   extern __shared__ __align__(16) char smem[];
   const int Dk = p.Dk, Dv = p.Dv, Hv = p.Hv, h = blockIdx.y, kh = h / (Hv / p.Hk);
   const int64_t c = blockIdx.x, b = blockIdx.z, cidx = (b * p.nck + c) * Hv + h;
@@ -75,8 +83,10 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_fwd_kernel(ChunkedArgs p)
                         if (Pb) Pb[i * kC + j] = __float2bfloat16(scale * qk * m);
                       });
   __syncthreads();
+  if (kDl) copy_f32(p.KM + cidx * kC * kC, KM, kC * kC);
   // W = (I+A)^-1 diag(bG) K, U = (I+A)^-1 diag(b) V: a column per thread (rows >= L: bt = 0, tiles zero-filled).
   const int64_t sw = int64_t(Hv) * Dk, sv = int64_t(Hv) * Dv;
+  bf16* Wt = kDl ? cv.take<bf16>(int64_t(kC) * ldk) : nullptr;  // [64, Dk + pad]: W for the Dl product
   for (int col = threadIdx.x; col < Dk + Dv; col += blockDim.x) {
     const bool isw = col < Dk;
     const bf16* src = isw ? ks + col : vs + (col - Dk);
@@ -87,18 +97,50 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_fwd_kernel(ChunkedArgs p)
     fwd_subst(KM, cs.bt, x);
     float* dst = isw ? p.W + ch.t0 * sw + int64_t(h) * Dk + col : p.U + ch.t0 * sv + int64_t(h) * Dv + (col - Dk);
     bf16* dstb = isw && p.Wb ? p.Wb + ch.t0 * sw + int64_t(h) * Dk + col : nullptr;
+    float* dl = kDl && !isw && ch.zero_start ? p.Dl + ch.t0 * sv + int64_t(h) * Dv + (col - Dk) : nullptr;
     const int64_t ds = isw ? sw : sv;
 #pragma unroll
-    for (int i = 0; i < kC; ++i)
+    for (int i = 0; i < kC; ++i) {
       if (i < ch.L) {
         dst[i * ds] = x[i];
         if (dstb) dstb[i * ds] = __float2bfloat16(x[i]);
+        if (dl) dl[i * ds] = x[i];  // S0 = 0: Dl = U
       }
+      if (kDl && isw) Wt[i * ldk + col] = __float2bfloat16(x[i]);
+    }
+  }
+  if (!kDl || ch.zero_start) return;
+  // Dl = U - W S0: S0 as bf16 over qs, ks (no longer read), U read back from global (written above by this CTA).
+  __syncthreads();
+  bf16* S0 = qs;
+  const int lds = Dv + kPad;
+  const float4* s4 = reinterpret_cast<const float4*>(p.states + cidx * int64_t(Dk) * Dv);
+  for (int idx = threadIdx.x; idx < Dk * Dv / 4; idx += blockDim.x) {
+    const float4 x = s4[idx];
+    const int d = (idx * 4) / Dv, e = (idx * 4) % Dv;
+    *reinterpret_cast<uint2*>(S0 + d * lds + e) = make_uint2(dev::pack_bf16(x.x, x.y), dev::pack_bf16(x.z, x.w));
+  }
+  __syncthreads();
+  const int warp = threadIdx.x >> 5, nwarp = blockDim.x >> 5, m0 = 16 * (warp & 3);
+  const float* U = p.U + ch.t0 * sv + int64_t(h) * Dv;
+  float* Dl = p.Dl + ch.t0 * sv + int64_t(h) * Dv;
+  for (int pr = warp >> 2; pr < Dv / 16; pr += nwarp / 4) {  // 16 x 16 output tiles: rows m0, columns 16 pr
+    float acc[2][4] = {};
+    for (int kk = 0; kk < Dk / 16; ++kk) {
+      uint32_t a[4], bs[4];
+      lda_mmajor(a, Wt, ldk, m0, 16 * kk);
+      ldb_kmajor(bs, S0, lds, 16 * pr, 16 * kk);
+      mma_pair(acc, 0, a, bs);
+    }
+    for_acc(acc, [&](int r, int cc, float& x) {
+      const int i = m0 + r, e = 16 * pr + cc;
+      if (i < ch.L) Dl[i * sv + e] = U[i * sv + e] - x;
+    });
   }
 }
 
-// The backward's prep: as the forward's, plus KM and Dl = U - W S0 for chunk_grads (W, U kept in shared memory
-// for the Dl product).
+// The backward's prep for the tile passes (and Split products): as the lean one, plus KM and Dl = U - W S0 for
+// chunk_grads, with W, U kept in shared memory for the Dl product.
 template <bool kSplit>
 __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkedArgs p) {
   extern __shared__ __align__(16) char smem[];
@@ -266,12 +308,17 @@ ChunkedArgs chunked_args(const GdnDims& d, const void* qn, const void* kn, const
 }
 
 void launch_chunk_prep(const GdnDims& d, const ChunkedArgs& a, bool bwd, cudaStream_t st) {
-  const int64_t smem = bwd ? prep_smem_bytes(a.Dk, a.Dv) : prep_fwd_smem_bytes(a.Dk, a.Dv);
-  LT_CUDA_REQUIRE(smem <= shared_optin() && (!bwd || prep_s0_fits(a.Dk, a.Dv)),
+  // The backward's lean prep serves the register passes (a.Wb set: Bf16 products, Dk 64 or 128, Dv <= 128).
+  const bool lean = !bwd || a.Wb;
+  const int64_t smem = lean ? prep_lean_smem_bytes(a.Dk, a.Dv, bwd) : prep_smem_bytes(a.Dk, a.Dv);
+  const bool s0_fits = !bwd || (lean ? prep_lean_s0_fits(a.Dk, a.Dv) : prep_s0_fits(a.Dk, a.Dv));
+  LT_CUDA_REQUIRE(smem <= shared_optin() && s0_fits && (!lean || !bwd || !gdn_split_products()),
                   ("gdn rule (chunked): shared memory too small for Dk = " + std::to_string(a.Dk) +
                    ", Dv = " + std::to_string(a.Dv))
                       .c_str());
-  const auto kern = bwd ? LT_GDN_SPLIT_KERNEL(chunk_prep_kernel) : LT_GDN_SPLIT_KERNEL(chunk_prep_fwd_kernel);
+  const auto kern = !lean ? LT_GDN_SPLIT_KERNEL(chunk_prep_kernel)
+                    : bwd ? chunk_prep_lean_kernel<false, true>
+                          : (gdn_split_products() ? chunk_prep_lean_kernel<true, false> : chunk_prep_lean_kernel<false, false>);
   LT_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   kern<<<dim3(unsigned(a.nck), unsigned(d.Hv), unsigned(d.batch)), kThreads, size_t(smem), st>>>(a);
   LT_CUDA_LAUNCH();
