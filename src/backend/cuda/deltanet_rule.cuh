@@ -109,17 +109,12 @@ __device__ __forceinline__ void blk_gemm2(int M, int N, const Prod<TA1, TB1>& p1
 // Work split: warp w takes output tiles 16 x 16 (two m16n8 accumulators) round-robin; every lane calls epi
 // for the 8 elements it owns (row g / g+8, cols 2t, 2t+1 of each n8 half, PTX fragment layout), elements
 // outside [M, N) skipped; K, M, N need not be multiples of 16 (zero-padded fragments).
-// LT_GDN_EMU: the CPU emulation harness supplies lt::cuda::dev::emu_mma_bf16_16816 (same fragment semantics).
 __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-#ifdef LT_GDN_EMU
-  dev::emu_mma_bf16_16816(d, a, b);
-#else
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#endif
 }
 
 // hi/lo split of the pair (x0, x1) -> packed bf16x2 (x0 in the low half, as the fragment element order).
