@@ -403,7 +403,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(GdnCase{1, 37, 2, 2, 16, 16, false}, GdnCase{2, 100, 2, 6, 24, 32, true},
                       GdnCase{3, 130, 1, 3, 64, 64, true}, GdnCase{1, 130, 2, 2, 128, 128, false},
                       GdnCase{2, 70, 1, 3, 128, 128, true}, GdnCase{2, 64, 2, 2, 64, 128, false},
-                      GdnCase{1, 200, 1, 2, 128, 64, true}, GdnCase{3, 1, 1, 1, 32, 16, false}),
+                      GdnCase{1, 200, 1, 2, 128, 64, true}, GdnCase{3, 1, 1, 1, 32, 16, false},
+                      // the register passes with three warps (Dv 48), three chunks, segments
+                      GdnCase{2, 150, 2, 6, 64, 48, true}),
     [](const auto& info) {
       std::ostringstream s;
       s << info.param;
