@@ -38,6 +38,9 @@ struct WindowFigures {
   // optimizer update (the transfer it gates could not be issued yet). exposed - exposed_optimizer is
   // the time compute waited for transfers proper.
   double exposed_optimizer = 0;
+  // Measured only: the compute-lane time of the embedding's lookup and backward (ops labelled "embed.*") in this
+  // window; a part of `compute` (the planner does not model it: predicted 0).
+  double embedding = 0;
 };
 
 struct ExecPlan {

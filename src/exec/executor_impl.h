@@ -4,6 +4,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string_view>
 #include <vector>
 
 #include "exec/act_pool.h"
@@ -18,6 +19,8 @@ namespace lt {
 // Tracks beyond the backend's lanes, for traces.
 // Label of the host spans during which the executor waits for a unit's optimizer update.
 inline constexpr const char* kOptimizerWaitLabel = "optimizer.wait";
+// Labels of the embedding's device ops ("embed.fwd", "embed.bwd") start with this: window_stats sums them apart.
+inline constexpr std::string_view kEmbedLabelPrefix = "embed.";
 
 enum ExtraTrack : int { kTrackNvmeRead = kNumLanes, kTrackNvmeWrite, kTrackHost, kTrackWindows, kNumTracks };
 

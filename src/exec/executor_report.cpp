@@ -14,7 +14,7 @@ namespace lt {
 
 std::vector<WindowStats> Executor::Impl::window_stats(int32_t mb, double t_mb0) const {
   const size_t nw = wins.size();
-  std::vector<double> busy(nw, 0), end(nw, -1);
+  std::vector<double> busy(nw, 0), end(nw, -1), embed(nw, 0);
   std::vector<TraceSpan> spans;
   {
     std::lock_guard<std::mutex> g(const_cast<std::mutex&>(trace_mu));
@@ -26,6 +26,8 @@ std::vector<WindowStats> Executor::Impl::window_stats(int32_t mb, double t_mb0) 
   for (auto& s : spans) {
     if (s.track == int(Lane::Compute) && s.label.window >= 0 && size_t(s.label.window) < nw) {
       busy[size_t(s.label.window)] += s.t1 - s.t0;
+      if (s.label.what && std::string_view(s.label.what).starts_with(kEmbedLabelPrefix))
+        embed[size_t(s.label.window)] += s.t1 - s.t0;
       end[size_t(s.label.window)] = std::max(end[size_t(s.label.window)], s.t1);
       runs[size_t(s.label.window)].emplace_back(s.t0, s.t1);
     }
@@ -47,6 +49,7 @@ std::vector<WindowStats> Executor::Impl::window_stats(int32_t mb, double t_mb0) 
     ws.t_begin = prev - trace_t0;
     ws.t_end = e - trace_t0;
     ws.measured.compute = busy[w];
+    ws.measured.embedding = embed[w];
     ws.measured.exposed = std::max(0.0, (e - prev) - busy[w]);
     // The compute lane's idle gaps in [prev, e); the parts that overlap an optimizer wait are charged to
     // the optimizer (waits on one thread never overlap each other).

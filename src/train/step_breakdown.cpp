@@ -13,9 +13,13 @@ namespace {
 void add_windows(const StepResult& r, bool predicted, TimeSplit& t) {
   for (const WindowStats& w : r.windows) {
     const double c = predicted ? w.predicted.compute : w.measured.compute;
+    const double e = predicted ? w.predicted.embedding : w.measured.embedding;
     switch (w.ref.kind) {
       case WindowKind::Forward:
-      case WindowKind::Backward: t.layers += c; break;
+      case WindowKind::Backward:
+        t.layers += c - e;
+        t.embedding += e;
+        break;
       case WindowKind::Recompute: t.recompute += c; break;
       case WindowKind::Head: t.head += c; break;
     }
@@ -24,6 +28,7 @@ void add_windows(const StepResult& r, bool predicted, TimeSplit& t) {
 
 void scale(TimeSplit& t, double k) {
   t.layers *= k;
+  t.embedding *= k;
   t.recompute *= k;
   t.head *= k;
 }
@@ -42,7 +47,8 @@ StepBreakdown step_breakdown(const StepResult& r, int64_t micro_batches, double 
   m.exposed_optimizer = r.exposed_optimizer_s;
   m.exposed_transfer = std::max(0.0, r.exposed_s - r.exposed_optimizer_s);
   m.step = step_s;
-  m.gaps = std::max(0.0, step_s - (m.layers + m.recompute + m.head + m.exposed_transfer + m.exposed_optimizer));
+  m.gaps = std::max(0.0, step_s - (m.layers + m.embedding + m.recompute + m.head + m.exposed_transfer +
+                                    m.exposed_optimizer));
   TimeSplit& p = b.predicted;
   add_windows(r, true, p);
   scale(p, k);
@@ -56,9 +62,9 @@ std::string format_breakdown(const StepBreakdown& b) {
   if (!b.valid) return {};
   const TimeSplit &m = b.measured, &p = b.predicted;
   auto ms = [](double s) { return fmt::format("{:.0f}", 1e3 * s); };
-  return fmt::format("  time: layers {} ms (pred {}) | recompute {} ({}) | head+loss {} ({}) | exposed xfer {} ({}) | "
-                     "exposed optim {} ({}) | host gaps {} | step {} ({})",
-                     ms(m.layers), ms(p.layers), ms(m.recompute), ms(p.recompute), ms(m.head), ms(p.head),
+  return fmt::format("  time: layers {} ms (pred {}) | embedding {} (-) | recompute {} ({}) | head+loss {} ({}) | "
+                     "exposed xfer {} ({}) | exposed optim {} ({}) | host gaps {} | step {} ({})",
+                     ms(m.layers), ms(p.layers), ms(m.embedding), ms(m.recompute), ms(p.recompute), ms(m.head), ms(p.head),
                      ms(m.exposed_transfer), ms(p.exposed_transfer), ms(m.exposed_optimizer), ms(p.exposed_optimizer),
                      ms(m.gaps), ms(m.step), ms(p.step));
 }
@@ -66,6 +72,7 @@ std::string format_breakdown(const StepBreakdown& b) {
 nlohmann::json breakdown_json(const StepBreakdown& b) {
   auto split = [](const TimeSplit& t) {
     return nlohmann::json{{"layers_s", t.layers},
+                          {"embedding_s", t.embedding},
                           {"recompute_s", t.recompute},
                           {"head_s", t.head},
                           {"exposed_transfer_s", t.exposed_transfer},

@@ -1,7 +1,8 @@
 // Where one optimizer step's wall time went (issue 17), measured beside the plan's prediction, from the
 // executor's per-window figures:
-//   layers      compute of the decoder layers' forward and backward windows (window 0 and the last
-//               backward window include the embedding's lookup and backward when they run on the device)
+//   layers      compute of the decoder layers' forward and backward windows, the embedding's ops excepted
+//   embedding   the embedding's lookup and backward on the device (in window 0 and the last backward window;
+//               not modelled by the planner: predicted 0)
 //   recompute   compute of the recompute windows (blocks regenerating dropped boundaries)
 //   head        the head window: final norm, LM head and loss, forward and backward
 //   exposed transfer / exposed optimizer   compute waiting for transfers / for the CPU optimizer
@@ -19,7 +20,8 @@
 namespace lt::train {
 
 struct TimeSplit {
-  double layers = 0, recompute = 0, head = 0, exposed_transfer = 0, exposed_optimizer = 0, gaps = 0, step = 0;
+  double layers = 0, embedding = 0, recompute = 0, head = 0, exposed_transfer = 0, exposed_optimizer = 0, gaps = 0,
+         step = 0;
 };
 
 struct StepBreakdown {
@@ -29,7 +31,7 @@ struct StepBreakdown {
 
 StepBreakdown step_breakdown(const StepResult& r, int64_t micro_batches, double step_s, double predicted_step_s,
                              double predicted_exposed_transfer_s, double predicted_exposed_optimizer_s);
-// "time: layers 2941 ms (pred 2980) | recompute 0 (0) | head 310 (298) | exposed xfer 12 (0) | ..."
+// "time: layers 2941 ms (pred 2980) | embedding 4 (-) | recompute 0 (0) | head+loss 310 (298) | ..."
 std::string format_breakdown(const StepBreakdown& b);
 nlohmann::json breakdown_json(const StepBreakdown& b);
 
