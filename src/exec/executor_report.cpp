@@ -26,7 +26,7 @@ std::vector<WindowStats> Executor::Impl::window_stats(int32_t mb, double t_mb0) 
   for (auto& s : spans) {
     if (s.track == int(Lane::Compute) && s.label.window >= 0 && size_t(s.label.window) < nw) {
       busy[size_t(s.label.window)] += s.t1 - s.t0;
-      if (s.label.what && std::string_view(s.label.what).starts_with(kEmbedLabelPrefix))
+      if (std::string_view(s.label.what).starts_with(kEmbedLabelPrefix))
         embed[size_t(s.label.window)] += s.t1 - s.t0;
       end[size_t(s.label.window)] = std::max(end[size_t(s.label.window)], s.t1);
       runs[size_t(s.label.window)].emplace_back(s.t0, s.t1);

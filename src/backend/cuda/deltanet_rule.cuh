@@ -399,6 +399,8 @@ namespace lt::cuda {
 struct GdnDims;
 // gdn_rule_precision() == Split: which instantiation (kSplit) of the Chunked kernels a launch takes.
 bool gdn_split_products();
+// LT_GDN_PASS / gdn_set_warp_passes allow the register passes (gdn::warp_passes adds the shape's conditions).
+bool gdn_warp_passes_allowed();
 int64_t gdn_rule_fwd_chunked_workspace_bytes(const GdnDims& d);
 void gdn_rule_fwd_chunked(const GdnDims& d, const void* qn, const void* kn, const void* v, const float* g,
                           const float* beta, const int32_t* seg, void* o, float* state_ws, void* ws, cudaStream_t st);

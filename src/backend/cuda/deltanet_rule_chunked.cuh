@@ -2,8 +2,9 @@
 // deltanet_rule_bwd_chunked.cu): their arguments, the chunk geometry, row loads and the per-chunk prep kernel.
 //   chunk_prep  (chunk, value head, sample): A (as KM = KK o M, j < i), P = scale QK o M (j <= i), the UT solves
 //               W = (I+A)^-1 diag(b G) K and U = (I+A)^-1 diag(b) V, written to the workspace; the backward's
-//               also KM and Dl = U - W S0 (S0 from the chunk states), the forward's (chunk_prep_fwd) fits three CTAs
-//               per SM without them. Once per chunk: the per-tile kernels of the Mma implementation redo these per
+//               also KM and Dl = U - W S0 (S0 from the chunk states). The lean form (chunk_prep_lean_kernel,
+//               deltanet_rule_fwd_chunked.cu: no W/U/P shared tiles) is the forward's, and the backward's with the
+//               register passes; two CTAs per SM where the original fits one. Once per chunk: the per-tile kernels of the Mma implementation redo these per
 //               value tile.
 // Workspace (fp32): W [T,Hv,Dk], U, Dl, dDl [T,Hv,Dv], P, KM [batch,nck,Hv,64,64], dS [batch,nck,Hv,Dk,Dv]; the
 // forward uses W, U, P only. With the register passes (deltanet_rule_pass_warp.cu) chunk_prep also writes W and P

@@ -154,6 +154,7 @@ int cached_choice(std::atomic<int>& slot, F decide) {
 }
 std::atomic<int> g_rule_impl{-1};
 std::atomic<int> g_rule_precision{-1};
+std::atomic<int> g_warp_passes{-1};
 }  // namespace
 
 GdnRuleImpl gdn_rule_impl() {
@@ -185,6 +186,11 @@ GdnRulePrecision gdn_rule_precision() {
 const char* gdn_rule_precision_name(GdnRulePrecision p) { return p == GdnRulePrecision::Split ? "split" : "bf16"; }
 void gdn_set_rule_precision(GdnRulePrecision p) { g_rule_precision.store(int(p), std::memory_order_relaxed); }
 bool gdn_split_products() { return gdn_rule_precision() == GdnRulePrecision::Split; }
+// The register passes unless LT_GDN_PASS=tile (run 46: rule 2.27 / 10.88 ms against the tile passes' 4.66 / 12.97).
+bool gdn_warp_passes_allowed() {
+  return cached_choice(g_warp_passes, [] { return env_choice("LT_GDN_PASS", {"tile", "warp"}, 1); }) == 1;
+}
+void gdn_set_warp_passes(int on) { g_warp_passes.store(on < 0 ? -1 : on ? 1 : 0, std::memory_order_relaxed); }
 
 int64_t gdn_rule_num_chunks(const GdnDims& d) { return (d.seq + kGdnChunk - 1) / kGdnChunk; }
 

@@ -318,7 +318,8 @@ void launch_chunk_prep(const GdnDims& d, const ChunkedArgs& a, bool bwd, cudaStr
                       .c_str());
   const auto kern = !lean ? LT_GDN_SPLIT_KERNEL(chunk_prep_kernel)
                     : bwd ? chunk_prep_lean_kernel<false, true>
-                          : (gdn_split_products() ? chunk_prep_lean_kernel<true, false> : chunk_prep_lean_kernel<false, false>);
+                          : (gdn_split_products() ? chunk_prep_lean_kernel<true, false>
+                                                  : chunk_prep_lean_kernel<false, false>);
   LT_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   kern<<<dim3(unsigned(a.nck), unsigned(d.Hv), unsigned(d.batch)), kThreads, size_t(smem), st>>>(a);
   LT_CUDA_LAUNCH();

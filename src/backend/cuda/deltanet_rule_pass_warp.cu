@@ -17,10 +17,6 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <atomic>
-#include <cmath>
-#include <cstdlib>
-#include <string>
 
 #include "backend/cuda/cuda_util.h"
 #include "backend/cuda/deltanet.h"
@@ -264,19 +260,10 @@ void launch_pass(const GdnDims& s, const ChunkedArgs& a, cudaStream_t st, K64 k6
   LT_CUDA_LAUNCH();
 }
 
-std::atomic<int> g_warp_passes{-1};
-
 }  // namespace
 
 bool warp_passes(const GdnDims& d) {
-  const int on = g_warp_passes.load(std::memory_order_relaxed);
-  static const bool env_tile = [] {
-    const char* e = std::getenv("LT_GDN_PASS");
-    LT_CUDA_REQUIRE(!e || std::string(e) == "tile" || std::string(e) == "warp",
-                    ("LT_GDN_PASS must be tile or warp, got '" + std::string(e ? e : "") + "'").c_str());
-    return e && std::string(e) == "tile";
-  }();
-  if (on == 0 || (on < 0 && env_tile) || gdn_split_products()) return false;
+  if (!gdn_warp_passes_allowed() || gdn_split_products()) return false;
   const int Dk = int(d.Dk), Dv = int(d.Dv);
   if ((Dk != 64 && Dk != 128) || Dv % 16 != 0 || Dv > 128) return false;
   const int64_t need = std::max(pass_smem_bytes<float>(Dk, Dv), pass_smem_bytes<bf16>(Dk, Dv));
@@ -291,7 +278,4 @@ void launch_ds_pass_warp(const GdnDims& s, const ChunkedArgs& a, cudaStream_t st
 }
 
 }  // namespace gdn
-
-void gdn_set_warp_passes(int on) { gdn::g_warp_passes.store(on < 0 ? -1 : on ? 1 : 0, std::memory_order_relaxed); }
-
 }  // namespace lt::cuda
