@@ -16,6 +16,7 @@
 
 #include "backend/cuda/cuda_util.h"
 #include "backend/cuda/deltanet.h"
+#include "backend/cuda/deltanet_frag.cuh"
 #include "backend/cuda/deltanet_rule_chunked.cuh"
 
 namespace lt::cuda {
@@ -129,8 +130,61 @@ __device__ __forceinline__ void for_state_blocks(const float* M, int Dk, int Dv,
   __syncthreads();
 }
 
-template <bool kSplit>
+// ---- kB16: the bf16 operand path (Bf16 products with the register passes: Dk 64 or 128, Dv a multiple of 16 up to
+// 128). The states S0 and dS are staged whole as bf16 [Dk, Dv + pad] in the G region (one staging each instead of
+// two 64-row fp32 blocks), W comes as bf16 from the workspace (Wb), and those products read them with ldmatrix;
+// the rounding is the Bf16 precision's (every operand rounded to bf16 once, round to nearest).
+
+// A fragment (16 x 16) of an fp32 tile stored [m][k] (k contiguous, ld even), rounded to bf16.
+__device__ __forceinline__ void lda_f32(uint32_t (&a)[4], const float* t, int ld, int m0, int k0) {
+  const int l = threadIdx.x & 31, g = l >> 2, tq = l & 3;
+  const float* q = t + (m0 + g) * ld + k0 + 2 * tq;
+  const float2 x0 = ld2(q), x1 = ld2(q + 8 * ld), x2 = ld2(q + 8), x3 = ld2(q + 8 * ld + 8);
+  a[0] = dev::pack_bf16(x0.x, x0.y);
+  a[1] = dev::pack_bf16(x1.x, x1.y);
+  a[2] = dev::pack_bf16(x2.x, x2.y);
+  a[3] = dev::pack_bf16(x3.x, x3.y);
+}
+// epi(m, n, sum_k A(m, k) B(k, n)) for m < M, n < N: A from load_a(a, m0, k0), B a bf16 tile stored [n][k]
+// (rows up to the 16-multiple above N allocated); K a multiple of 16. Warps take 16 x 16 tiles round robin.
+template <typename ALoad, typename Epi>
+__device__ __forceinline__ void ldm_gemm(int M, int N, int K, ALoad load_a, const bf16* B, int ldb, Epi epi) {
+  const int warp = threadIdx.x >> 5, nwarp = blockDim.x >> 5;
+  const int tn = (N + 15) / 16, tiles = ((M + 15) / 16) * tn;
+  for (int tile = warp; tile < tiles; tile += nwarp) {
+    const int m0 = (tile / tn) * 16, n0 = (tile % tn) * 16;
+    float acc[2][4] = {};
+    for (int k0 = 0; k0 < K; k0 += 16) {
+      uint32_t a[4], b[4];
+      load_a(a, m0, k0);
+      ldb_nmajor(b, B, ldb, n0, k0);
+      mma_pair(acc, 0, a, b);
+    }
+    for_acc(acc, [&](int r, int c, float& x) {
+      if (m0 + r < M && n0 + c < N) epi(m0 + r, n0 + c, x);
+    });
+  }
+}
+// Sb [Dk, Dv + pad] bf16 <- the fp32 state M [Dk, Dv] (global). Barriers before and after.
+__device__ __forceinline__ void stage_state_bf16(const float* M, int Dk, int Dv, bf16* Sb) {
+  const int lds = Dv + kPad;
+  __syncthreads();
+  const float4* m4 = reinterpret_cast<const float4*>(M);
+  for (int idx = threadIdx.x; idx < Dk * Dv / 4; idx += blockDim.x) {
+    const float4 x = m4[idx];
+    const int d = (idx * 4) / Dv, e = (idx * 4) % Dv;
+    *reinterpret_cast<uint2*>(Sb + d * lds + e) = make_uint2(dev::pack_bf16(x.x, x.y), dev::pack_bf16(x.z, x.w));
+  }
+  __syncthreads();
+}
+// Whether the bf16 states fit the G region: Dk (Dv + pad) bf16 <= 64 (max(Dk, Dv) + pad) fp32.
+inline bool grads_b16_fits(int Dk, int Dv) {
+  return int64_t(Dk) * (Dv + kPad) * 2 <= int64_t(kC) * (std::max(Dk, Dv) + kPad) * 4;
+}
+
+template <bool kSplit, bool kB16>
 __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
+  static_assert(!(kSplit && kB16), "the bf16 operand path is the Bf16 precision's");
   extern __shared__ __align__(16) char smem[];
   const int Dk = p.Dk, Dv = p.Dv, Hv = p.Hv, Hk = p.Hk, kh = blockIdx.y, group = Hv / Hk;
   const int64_t c = blockIdx.x, b = blockIdx.z;
@@ -149,7 +203,9 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
   float* dP = cv.take<float>(kC * kC);  // dP -> dP o M -> dA
   float* X = cv.take<float>(int64_t(kC) * ldk);   // r, r2, dW -> YW
   float* Y = cv.take<float>(int64_t(kC) * ldv_);  // Dl, from (5) on dDl -> YU
-  float* G = cv.take<float>(int64_t(kC) * ldg);   // staging: S0 / dS row blocks, U, W
+  float* G = cv.take<float>(int64_t(kC) * ldg);   // staging: S0 / dS row blocks, U, W (kB16: bf16 S0 / dS, Wb)
+  bf16* Sb = reinterpret_cast<bf16*>(G);
+  const int lds = Dv + kPad;
   float* dgam = cv.take<float>(3 * kC + 32);
   float* dbt = dgam + kC;
   float* xs = dbt + kC;
@@ -178,7 +234,18 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
     // (2) dP = dO Dl^T;  (3) r = dO S0^T (-> X), and <S0, dS> (for dgam_last) from the staged S0 blocks
     gemm<true, kSplit>(kC, L, prod(dO, ldv_, 1, Y, 1, ldv_, Dv), [&](int i, int j, float acc) { dP[i * kC + j] = acc; });
     float sdot = 0.f;
-    for_state_blocks(S0, Dk, Dv, G, ldg, [&](int d0, int nd) {
+    if constexpr (kB16) {
+      stage_state_bf16(S0, Dk, Dv, Sb);
+      ldm_gemm(kC, Dk, Dv, [&](uint32_t (&a)[4], int m0, int k0) { lda_mmajor(a, dO, ldv_, m0, k0); }, Sb, lds,
+               [&](int i, int d, float acc) { X[i * ldk + d] = acc; });
+      const float4* s4 = reinterpret_cast<const float4*>(S0);
+      const float4* d4 = reinterpret_cast<const float4*>(dSe);
+      for (int idx = tid; idx < Dk * Dv / 4; idx += nth) {  // the same per-thread order as the block loop's
+        const float4 a = s4[idx], x = d4[idx];
+        sdot += a.x * x.x + a.y * x.y + a.z * x.z + a.w * x.w;
+      }
+      __syncthreads();
+    } else for_state_blocks(S0, Dk, Dv, G, ldg, [&](int d0, int nd) {
       gemm<true, kSplit>(kC, nd, prod(dO, ldv_, 1, G, 1, ldg, Dv),
                  [&](int i, int d, float acc) { X[i * ldk + d0 + d] = acc; });
       const float4* ds4 = reinterpret_cast<const float4*>(dSe + int64_t(d0) * Dv);
@@ -215,9 +282,17 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
     // (2)(4) dk += scale (dP o M)^T q + Ge r2
     gemm_add_global<kSplit>(L, Dk, prod(dP, kC, 1, ks, ldk, 1, kC), dq, sqk, scale,
                     [&](int i, int d) { return scale * cs.G[i] * X[i * ldk + d]; });
-    for_state_blocks(dSe, Dk, Dv, G, ldg, [&](int d0, int nd) {
-      gemm<true, kSplit>(L, nd, prod(Y, ldv_, 1, G, 1, ldg, Dv), [&](int j, int d, float acc) { X[j * ldk + d0 + d] = acc; });
-    });
+    if constexpr (kB16) {
+      stage_state_bf16(dSe, Dk, Dv, Sb);
+      ldm_gemm(L, Dk, Dv, [&](uint32_t (&a)[4], int m0, int k0) { lda_f32(a, Y, ldv_, m0, k0); }, Sb, lds,
+               [&](int j, int d, float acc) { X[j * ldk + d] = acc; });
+      __syncthreads();
+    } else {
+      for_state_blocks(dSe, Dk, Dv, G, ldg, [&](int d0, int nd) {
+        gemm<true, kSplit>(L, nd, prod(Y, ldv_, 1, G, 1, ldg, Dv),
+                           [&](int j, int d, float acc) { X[j * ldk + d0 + d] = acc; });
+      });
+    }
     gemm_add_global<kSplit>(L, Dk, prod(dP, 1, kC, qs, ldk, 1, kC), dk, sqk, scale,
                     [&](int j, int d) { return cs.Ge[j] * X[j * ldk + d]; });
 
@@ -242,10 +317,17 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
       for (int j = 0; j < kC; ++j) s += xs[j];
       dgam[last] += s;
     }
-    for_state_blocks(S0, Dk, Dv, G, ldg, [&](int d0, int nd) {
-      gemm<true, kSplit>(kC, nd, prod(Y, ldv_, 1, G, 1, ldg, Dv),
-                 [&](int i, int d, float acc) { X[i * ldk + d0 + d] = -acc; });
-    });
+    if constexpr (kB16) {
+      stage_state_bf16(S0, Dk, Dv, Sb);
+      ldm_gemm(kC, Dk, Dv, [&](uint32_t (&a)[4], int m0, int k0) { lda_f32(a, Y, ldv_, m0, k0); }, Sb, lds,
+               [&](int i, int d, float acc) { X[i * ldk + d] = -acc; });
+      __syncthreads();
+    } else {
+      for_state_blocks(S0, Dk, Dv, G, ldg, [&](int d0, int nd) {
+        gemm<true, kSplit>(kC, nd, prod(Y, ldv_, 1, G, 1, ldg, Dv),
+                           [&](int i, int d, float acc) { X[i * ldk + d0 + d] = -acc; });
+      });
+    }
 
     // (6) back substitution Y_i = dX_i - sum_{j>i} A[j,i] Y_j on X (-> YW) and Y (-> YU); U -> G
     async_rows(G, ldg, p.U + vrow0, sv, Dv, kC, L);
@@ -262,15 +344,23 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
     // (7) dA = -(YU U^T + YW W^T), E = dA o b_i M; dv, db, dgam, dk
     gemm<true, kSplit>(kC, L, prod(Y, ldv_, 1, G, 1, ldg, Dv), [&](int i, int j, float acc) { dP[i * kC + j] = acc; });
     __syncthreads();
-    async_rows(G, ldg, p.W + wrow0, sw, Dk, kC, L);
-    async_done();
-    __syncthreads();
-    gemm<true, kSplit>(kC, L, prod(X, ldk, 1, G, 1, ldg, Dk), [&](int i, int j, float acc) {
+    auto da_epi = [&](int i, int j, float acc) {
       const bool in = j < i && same_seg(cs, i, j);
       const float da = in ? -(dP[i * kC + j] + acc) : 0.f;
       dP[i * kC + j] = da;
       P[i * kC + j] = in ? da * cs.bt[i] * decay(cs, i, j) : 0.f;
-    });
+    };
+    if constexpr (kB16) {
+      async_rows(Sb, ldk, p.Wb + wrow0, sw, Dk, kC, L);
+      async_done();
+      __syncthreads();
+      ldm_gemm(kC, L, Dk, [&](uint32_t (&a)[4], int m0, int k0) { lda_f32(a, X, ldk, m0, k0); }, Sb, ldk, da_epi);
+    } else {
+      async_rows(G, ldg, p.W + wrow0, sw, Dk, kC, L);
+      async_done();
+      __syncthreads();
+      gemm<true, kSplit>(kC, L, prod(X, ldk, 1, G, 1, ldg, Dk), da_epi);
+    }
     for (int i = warp; i < L; i += nwarp) {
       const float tt = warp_row_sum(Dk, [&](int d) { return ldv(ks + i * ldk + d) * X[i * ldk + d]; });
       const float vy = warp_row_sum(Dv, [&](int e) { return ldv(dO + i * ldv_ + e) * Y[i * ldv_ + e]; });
@@ -325,11 +415,13 @@ void gdn_rule_bwd_chunked(const GdnDims& d, const void* qn, const void* kn, cons
                           ", Dv = " + std::to_string(Dv);
   LT_CUDA_REQUIRE(nt > 0 && grads_smem <= optin, why.c_str());
   const auto ds_kern = LT_GDN_SPLIT_KERNEL(ds_pass_kernel);
-  const auto grads_kern = LT_GDN_SPLIT_KERNEL(chunk_grads_kernel);
+  const bool warp = warp_passes(d), b16 = warp && grads_b16_fits(Dk, Dv);
+  const auto grads_kern = b16                   ? chunk_grads_kernel<false, true>
+                          : gdn_split_products() ? chunk_grads_kernel<true, false>
+                                                 : chunk_grads_kernel<false, false>;
   LT_CUDA(cudaFuncSetAttribute(ds_kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(ds_smem)));
   LT_CUDA(cudaFuncSetAttribute(grads_kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(grads_smem)));
   const int64_t nck = gdn_rule_num_chunks(d), qk = d.Hk * d.Dk, vd = d.Hv * d.Dv;
-  const bool warp = warp_passes(d);
   for_sample_groups(d, [&](const GdnDims& s, int64_t b0) {
     const int64_t r0 = b0 * d.seq;
     ChunkedArgs a = chunked_args(s, static_cast<const bf16*>(qn) + r0 * qk, static_cast<const bf16*>(kn) + r0 * qk,
