@@ -145,23 +145,54 @@ __device__ __forceinline__ void lda_f32(uint32_t (&a)[4], const float* t, int ld
   a[2] = dev::pack_bf16(x2.x, x2.y);
   a[3] = dev::pack_bf16(x3.x, x3.y);
 }
-// epi(m, n, sum_k A(m, k) B(k, n)) for m < M, n < N: A from load_a(a, m0, k0), B a bf16 tile stored [n][k]
-// (rows up to the 16-multiple above N allocated); K a multiple of 16. Warps take 16 x 16 tiles round robin.
-template <typename ALoad, typename Epi>
-__device__ __forceinline__ void ldm_gemm(int M, int N, int K, ALoad load_a, const bf16* B, int ldb, Epi epi) {
+// A fragment of an fp32 tile stored [k][m] (m contiguous), rounded to bf16 (element pairs along k: two loads).
+__device__ __forceinline__ void lda_f32_kmajor(uint32_t (&a)[4], const float* t, int ld, int m0, int k0) {
+  const int l = threadIdx.x & 31, g = l >> 2, tq = l & 3;
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int m = m0 + g + (r & 1) * 8, k = k0 + 2 * tq + (r >> 1) * 8;
+    a[r] = dev::pack_bf16(t[k * ld + m], t[(k + 1) * ld + m]);
+  }
+}
+// The sum over k of A(m, k) B(k, n) for the 16 x 16 tile at (m0, n0), A and B from the loaders
+// (load(frag, m0 or n0, k0)); K a multiple of 16, the tiles allocated up to the 16-multiples of M and N.
+template <typename ALoad, typename BLoad>
+__device__ __forceinline__ void ldm_tile(int K, ALoad load_a, BLoad load_b, int m0, int n0, float (&acc)[2][4]) {
+  for (int k0 = 0; k0 < K; k0 += 16) {
+    uint32_t a[4], b[4];
+    load_a(a, m0, k0);
+    load_b(b, n0, k0);
+    mma_pair(acc, 0, a, b);
+  }
+}
+// epi(m, n, sum_k A(m, k) B(k, n)) for m < M, n < N; warps take 16 x 16 tiles round robin (mma_gemm's order).
+template <typename ALoad, typename BLoad, typename Epi>
+__device__ __forceinline__ void ldm_gemm(int M, int N, int K, ALoad load_a, BLoad load_b, Epi epi) {
   const int warp = threadIdx.x >> 5, nwarp = blockDim.x >> 5;
   const int tn = (N + 15) / 16, tiles = ((M + 15) / 16) * tn;
   for (int tile = warp; tile < tiles; tile += nwarp) {
     const int m0 = (tile / tn) * 16, n0 = (tile % tn) * 16;
     float acc[2][4] = {};
-    for (int k0 = 0; k0 < K; k0 += 16) {
-      uint32_t a[4], b[4];
-      load_a(a, m0, k0);
-      ldb_nmajor(b, B, ldb, n0, k0);
-      mma_pair(acc, 0, a, b);
-    }
-    for_acc(acc, [&](int r, int c, float& x) {
-      if (m0 + r < M && n0 + c < N) epi(m0 + r, n0 + c, x);
+    ldm_tile(K, load_a, load_b, m0, n0, acc);
+    mma_epilogue(M, N, m0, n0, [&](int m, int n, int s, int i) { epi(m, n, acc[s][i]); });
+  }
+}
+// out[m * ostride + n] += scale (A1 B1 [+ A2 B2]) + extra(m, n) in global memory, as gemm_add_global /
+// gemm2_add_global (the second product's terms after the first's, loads before stores).
+template <typename A1, typename B1, typename A2, typename B2, typename Extra>
+__device__ __forceinline__ void ldm_gemm_add_global(int M, int N, int K, A1 a1, B1 b1, A2 a2, B2 b2, bool two,
+                                                    float* out, int64_t ostride, float scale, Extra extra) {
+  const int warp = threadIdx.x >> 5, nwarp = blockDim.x >> 5;
+  const int tn = (N + 15) / 16, tiles = ((M + 15) / 16) * tn;
+  for (int tile = warp; tile < tiles; tile += nwarp) {
+    const int m0 = (tile / tn) * 16, n0 = (tile % tn) * 16;
+    float acc[2][4] = {};
+    ldm_tile(K, a1, b1, m0, n0, acc);
+    if (two) ldm_tile(K, a2, b2, m0, n0, acc);
+    float old[2][4];
+    mma_epilogue(M, N, m0, n0, [&](int m, int n, int s, int i) { old[s][i] = out[m * ostride + n]; });
+    mma_epilogue(M, N, m0, n0, [&](int m, int n, int s, int i) {
+      out[m * ostride + n] = old[s][i] + scale * acc[s][i] + extra(m, n);
     });
   }
 }
@@ -206,6 +237,22 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
   float* G = cv.take<float>(int64_t(kC) * ldg);   // staging: S0 / dS row blocks, U, W (kB16: bf16 S0 / dS, Wb)
   bf16* Sb = reinterpret_cast<bf16*>(G);
   const int lds = Dv + kPad;
+  // Fragment loaders for the kB16 products: bf16 B stored [n][k] / [k][n], fp32 A stored [m][k] / [k][m].
+  auto nmajor = [](const bf16* t, int ld) {
+    return [=](uint32_t (&b)[4], int n0, int k0) { ldb_nmajor(b, t, ld, n0, k0); };
+  };
+  auto kmajor = [](const bf16* t, int ld) {
+    return [=](uint32_t (&b)[4], int n0, int k0) { ldb_kmajor(b, t, ld, n0, k0); };
+  };
+  auto f32_m = [](const float* t, int ld) {
+    return [=](uint32_t (&a)[4], int m0, int k0) { lda_f32(a, t, ld, m0, k0); };
+  };
+  auto f32_k = [](const float* t, int ld) {
+    return [=](uint32_t (&a)[4], int m0, int k0) { lda_f32_kmajor(a, t, ld, m0, k0); };
+  };
+  auto bf16_m = [](const bf16* t, int ld) {
+    return [=](uint32_t (&a)[4], int m0, int k0) { lda_mmajor(a, t, ld, m0, k0); };
+  };
   float* dgam = cv.take<float>(3 * kC + 32);
   float* dbt = dgam + kC;
   float* xs = dbt + kC;
@@ -232,12 +279,22 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
     const float glast = cs.G[last];
 
     // (2) dP = dO Dl^T;  (3) r = dO S0^T (-> X), and <S0, dS> (for dgam_last) from the staged S0 blocks
-    gemm<true, kSplit>(kC, L, prod(dO, ldv_, 1, Y, 1, ldv_, Dv), [&](int i, int j, float acc) { dP[i * kC + j] = acc; });
+    if constexpr (kB16) {  // Dl as bf16 in the staging region for ldmatrix
+      for (int idx = tid; idx < kC * Dv / 2; idx += nth) {
+        const int i = (idx * 2) / Dv, e = (idx * 2) % Dv;
+        const float2 x = ld2(Y + i * ldv_ + e);
+        *reinterpret_cast<uint32_t*>(Sb + i * lds + e) = dev::pack_bf16(x.x, x.y);
+      }
+      __syncthreads();
+      ldm_gemm(kC, L, Dv, bf16_m(dO, ldv_), nmajor(Sb, lds), [&](int i, int j, float acc) { dP[i * kC + j] = acc; });
+    } else {
+      gemm<true, kSplit>(kC, L, prod(dO, ldv_, 1, Y, 1, ldv_, Dv),
+                         [&](int i, int j, float acc) { dP[i * kC + j] = acc; });
+    }
     float sdot = 0.f;
     if constexpr (kB16) {
       stage_state_bf16(S0, Dk, Dv, Sb);
-      ldm_gemm(kC, Dk, Dv, [&](uint32_t (&a)[4], int m0, int k0) { lda_mmajor(a, dO, ldv_, m0, k0); }, Sb, lds,
-               [&](int i, int d, float acc) { X[i * ldk + d] = acc; });
+      ldm_gemm(kC, Dk, Dv, bf16_m(dO, ldv_), nmajor(Sb, lds), [&](int i, int d, float acc) { X[i * ldk + d] = acc; });
       const float4* s4 = reinterpret_cast<const float4*>(S0);
       const float4* d4 = reinterpret_cast<const float4*>(dSe);
       for (int idx = tid; idx < Dk * Dv / 4; idx += nth) {  // the same per-thread order as the block loop's
@@ -280,11 +337,15 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
 
     // (2)(3) dq = scale ((dP o M) K + G r), one pass over dq; (4) r2 = Dl dS^T (-> X);
     // (2)(4) dk += scale (dP o M)^T q + Ge r2
-    gemm_add_global<kSplit>(L, Dk, prod(dP, kC, 1, ks, ldk, 1, kC), dq, sqk, scale,
-                    [&](int i, int d) { return scale * cs.G[i] * X[i * ldk + d]; });
+    auto dq_extra = [&](int i, int d) { return scale * cs.G[i] * X[i * ldk + d]; };
+    if constexpr (kB16)
+      ldm_gemm_add_global(L, Dk, kC, f32_m(dP, kC), kmajor(ks, ldk), f32_m(dP, kC), kmajor(ks, ldk), false, dq, sqk,
+                          scale, dq_extra);
+    else
+      gemm_add_global<kSplit>(L, Dk, prod(dP, kC, 1, ks, ldk, 1, kC), dq, sqk, scale, dq_extra);
     if constexpr (kB16) {
       stage_state_bf16(dSe, Dk, Dv, Sb);
-      ldm_gemm(L, Dk, Dv, [&](uint32_t (&a)[4], int m0, int k0) { lda_f32(a, Y, ldv_, m0, k0); }, Sb, lds,
+      ldm_gemm(L, Dk, Dv, f32_m(Y, ldv_), nmajor(Sb, lds),
                [&](int j, int d, float acc) { X[j * ldk + d] = acc; });
       __syncthreads();
     } else {
@@ -293,8 +354,12 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
                            [&](int j, int d, float acc) { X[j * ldk + d0 + d] = acc; });
       });
     }
-    gemm_add_global<kSplit>(L, Dk, prod(dP, 1, kC, qs, ldk, 1, kC), dk, sqk, scale,
-                    [&](int j, int d) { return cs.Ge[j] * X[j * ldk + d]; });
+    auto dk_extra = [&](int j, int d) { return cs.Ge[j] * X[j * ldk + d]; };
+    if constexpr (kB16)
+      ldm_gemm_add_global(L, Dk, kC, f32_k(dP, kC), kmajor(qs, ldk), f32_k(dP, kC), kmajor(qs, ldk), false, dk, sqk,
+                          scale, dk_extra);
+    else
+      gemm_add_global<kSplit>(L, Dk, prod(dP, 1, kC, qs, ldk, 1, kC), dk, sqk, scale, dk_extra);
 
     // (4) dgam terms; dDl -> Y and v -> dO for what follows
     for (int j = warp; j < kC; j += nwarp) {
@@ -319,7 +384,7 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
     }
     if constexpr (kB16) {
       stage_state_bf16(S0, Dk, Dv, Sb);
-      ldm_gemm(kC, Dk, Dv, [&](uint32_t (&a)[4], int m0, int k0) { lda_f32(a, Y, ldv_, m0, k0); }, Sb, lds,
+      ldm_gemm(kC, Dk, Dv, f32_m(Y, ldv_), nmajor(Sb, lds),
                [&](int i, int d, float acc) { X[i * ldk + d] = -acc; });
       __syncthreads();
     } else {
@@ -354,7 +419,7 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
       async_rows(Sb, ldk, p.Wb + wrow0, sw, Dk, kC, L);
       async_done();
       __syncthreads();
-      ldm_gemm(kC, L, Dk, [&](uint32_t (&a)[4], int m0, int k0) { lda_f32(a, X, ldk, m0, k0); }, Sb, ldk, da_epi);
+      ldm_gemm(kC, L, Dk, f32_m(X, ldk), nmajor(Sb, ldk), da_epi);
     } else {
       async_rows(G, ldg, p.W + wrow0, sw, Dk, kC, L);
       async_done();
@@ -382,8 +447,13 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
       if (lane == 0) dbt[i] += sdb, dgam[i] += cs.bt[i] * sdb;
     }
     col_sums(L, xs, [&](int j, int i) { return dP[j * kC + i] * cs.bt[j] * KM[j * kC + i]; });  // subtracted in (9)
-    gemm2_add_global<kSplit>(L, Dk, prod(P, kC, 1, ks, ldk, 1, kC), prod(P, 1, kC, ks, ldk, 1, kC), dk, sqk, 1.f,
-                     [&](int i, int d) { return cs.bt[i] * cs.G[i] * X[i * ldk + d]; });
+    auto e_extra = [&](int i, int d) { return cs.bt[i] * cs.G[i] * X[i * ldk + d]; };
+    if constexpr (kB16)
+      ldm_gemm_add_global(L, Dk, kC, f32_m(P, kC), kmajor(ks, ldk), f32_k(P, kC), kmajor(ks, ldk), true, dk, sqk, 1.f,
+                          e_extra);
+    else
+      gemm2_add_global<kSplit>(L, Dk, prod(P, kC, 1, ks, ldk, 1, kC), prod(P, 1, kC, ks, ldk, 1, kC), dk, sqk, 1.f,
+                               e_extra);
     __syncthreads();
 
     // (9) dg = suffix sums of dgam within the chunk; dbeta
