@@ -218,12 +218,19 @@ struct WarpPassScope {
   explicit WarpPassScope(int on) { cuda::gdn_set_warp_passes(on); }
   ~WarpPassScope() { cuda::gdn_set_warp_passes(-1); }
 };
+// Forces chunk_grads' fragment path (0) or restores the default (-1: the bf16 operand path with the register passes).
+struct GradsB16Scope {
+  explicit GradsB16Scope(int on) { cuda::gdn_set_grads_b16(on); }
+  ~GradsB16Scope() { cuda::gdn_set_grads_b16(-1); }
+};
 
 void run_rule(const GdnCase& gc, const RuleInputs& in, const std::vector<int32_t>& seg, cuda::GdnRuleImpl impl,
-              RuleOut& r, cuda::GdnRulePrecision prec = cuda::GdnRulePrecision::Split, int warp_passes = -1) {
+              RuleOut& r, cuda::GdnRulePrecision prec = cuda::GdnRulePrecision::Split, int warp_passes = -1,
+              int grads_b16 = -1) {
   RuleImplScope scope(impl);
   RulePrecisionScope pscope(prec);
   WarpPassScope wscope(warp_passes);
+  GradsB16Scope gscope(grads_b16);
   const auto d = dims_of(gc);
   const int64_t T = d.tokens(), KD = d.Hk * d.Dk, VD = d.Hv * d.Dv, NV = d.Hv;
   DevBuf q = up_bf16(in.q), k = up_bf16(in.k), v = up_bf16(in.v), g = up(in.g), beta = up(in.beta);
@@ -288,19 +295,21 @@ TEST_P(GdnKernel, RuleForwardBackward) {
                               dg_ref.data() + off(NV), db_ref.data() + off(NV));
   }
   // The three implementations (split products), then Chunked with bf16 products (GdnRulePrecision::Bf16), with the
-  // default serial passes (the register passes where the shape allows) and with the tile passes: the same
-  // tolerances except the fp32 chunk states, whose products now round their fp32 operands to bf16 (8 mantissa
-  // bits, as flash-linear-attention's kernels): rel <= 1e-2.
-  RuleOut res[5];
-  for (int ii = 0; ii < 5; ++ii) {
+  // default serial passes (the register passes where the shape allows), with the tile passes, and with the
+  // register passes but chunk_grads' fragment path: the same tolerances except the fp32 chunk states, whose
+  // products now round their fp32 operands to bf16 (8 mantissa bits, as flash-linear-attention's kernels):
+  // rel <= 1e-2.
+  RuleOut res[6];
+  for (int ii = 0; ii < 6; ++ii) {
     RuleOut& r = res[ii];
-    const bool bf16 = ii >= 3, tile = ii == 4;
+    const bool bf16 = ii >= 3, tile = ii == 4, frag = ii == 5;
     const cuda::GdnRuleImpl impl = bf16 ? cuda::GdnRuleImpl::Chunked : kImpls[ii];
     run_rule(gc, in, seg, impl, r, bf16 ? cuda::GdnRulePrecision::Bf16 : cuda::GdnRulePrecision::Split,
-             tile ? 0 : -1);
+             tile ? 0 : -1, frag ? 0 : -1);
     ASSERT_FALSE(::testing::Test::HasFatalFailure()) << impl_name(impl);
     std::ostringstream name;
-    name << gc << " [" << impl_name(impl) << (bf16 ? "/bf16" : "") << (tile ? "/tile" : "") << "]";
+    name << gc << " [" << impl_name(impl) << (bf16 ? "/bf16" : "") << (tile ? "/tile" : "") << (frag ? "/frag" : "")
+         << "]";
     EXPECT_LE(rel_err(r.o, o_ref), 1e-2) << name.str();
     if (!gc.segments) {  // the chunk grids agree without segments: the states are the same tensors
       EXPECT_LE(rel_err(r.states, st_ref), bf16 ? 1e-2 : 1e-3) << name.str();
@@ -323,6 +332,16 @@ TEST_P(GdnKernel, RuleForwardBackward) {
   ms << gc << " [mma vs simt]";
   expect_impls_agree(res[0], res[1], cm.str());
   expect_impls_agree(res[1], res[2], ms.str());
+  // chunk_grads' bf16 operand path rounds as the fragment path does; only the summation order may differ (the
+  // forward and the states are the same kernels: equal).
+  const RuleOut &b16 = res[3], &frag = res[5];
+  EXPECT_EQ(rel_err(b16.o, frag.o), 0.0) << gc << " o [bf16 vs frag grads]";
+  for (auto [x, y, what] : {std::tuple{&b16.dq, &frag.dq, "dq"}, {&b16.dk, &frag.dk, "dk"}, {&b16.dv, &frag.dv, "dv"},
+                            {&b16.dg, &frag.dg, "dg"}, {&b16.db, &frag.db, "dbeta"}})
+    EXPECT_LE(rel_err(*x, *y), 1e-5) << gc << " " << what << " [bf16 vs frag grads]";
+  std::printf("[gdn-grads] %s bf16 vs frag grads: rel dq %.2e dk %.2e dv %.2e dg %.2e dbeta %.2e\n",
+              testing::PrintToString(gc).c_str(), rel_err(b16.dq, frag.dq), rel_err(b16.dk, frag.dk),
+              rel_err(b16.dv, frag.dv), rel_err(b16.dg, frag.dg), rel_err(b16.db, frag.db));
 }
 
 // ------------------------------------------------------------------------------------------ gated norm

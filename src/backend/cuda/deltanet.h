@@ -98,6 +98,11 @@ void gdn_set_rule_precision(GdnRulePrecision p);
 // multiple of 16 up to 128), else the tile passes. Env LT_GDN_PASS=tile forces the tile passes;
 // gdn_set_warp_passes(0 / 1) overrides, -1 restores the default.
 void gdn_set_warp_passes(int on);
+// With the register passes, chunk_grads reads its product operands as bf16 through ldmatrix (S0 / dS staged whole
+// as bf16, W from the workspace's bf16 copy; the same rounding as the fragment path). Env LT_GDN_GRADS=frag
+// forces the fragment path (fp32 tiles, fragments assembled element by element); gdn_set_grads_b16(0 / 1)
+// overrides, -1 restores the default.
+void gdn_set_grads_b16(int on);
 int64_t gdn_rule_num_chunks(const GdnDims& d);  // per sample: ceil(seq / kGdnChunk)
 int64_t gdn_rule_state_bytes(const GdnDims& d);
 // ws: gdn_rule_fwd_workspace_bytes(d) bytes of scratch for the Chunked forward (nullptr: the Mma forward runs).

@@ -401,6 +401,8 @@ struct GdnDims;
 bool gdn_split_products();
 // LT_GDN_PASS / gdn_set_warp_passes allow the register passes (gdn::warp_passes adds the shape's conditions).
 bool gdn_warp_passes_allowed();
+// LT_GDN_GRADS / gdn_set_grads_b16 allow chunk_grads' bf16 operand path (with the register passes only).
+bool gdn_grads_b16_allowed();
 int64_t gdn_rule_fwd_chunked_workspace_bytes(const GdnDims& d);
 void gdn_rule_fwd_chunked(const GdnDims& d, const void* qn, const void* kn, const void* v, const float* g,
                           const float* beta, const int32_t* seg, void* o, float* state_ws, void* ws, cudaStream_t st);

@@ -485,7 +485,7 @@ void gdn_rule_bwd_chunked(const GdnDims& d, const void* qn, const void* kn, cons
                           ", Dv = " + std::to_string(Dv);
   LT_CUDA_REQUIRE(nt > 0 && grads_smem <= optin, why.c_str());
   const auto ds_kern = LT_GDN_SPLIT_KERNEL(ds_pass_kernel);
-  const bool warp = warp_passes(d), b16 = warp && grads_b16_fits(Dk, Dv);
+  const bool warp = warp_passes(d), b16 = warp && gdn_grads_b16_allowed() && grads_b16_fits(Dk, Dv);
   const auto grads_kern = b16                   ? chunk_grads_kernel<false, true>
                           : gdn_split_products() ? chunk_grads_kernel<true, false>
                                                  : chunk_grads_kernel<false, false>;

@@ -155,6 +155,7 @@ int cached_choice(std::atomic<int>& slot, F decide) {
 std::atomic<int> g_rule_impl{-1};
 std::atomic<int> g_rule_precision{-1};
 std::atomic<int> g_warp_passes{-1};
+std::atomic<int> g_grads_b16{-1};
 }  // namespace
 
 GdnRuleImpl gdn_rule_impl() {
@@ -191,6 +192,10 @@ bool gdn_warp_passes_allowed() {
   return cached_choice(g_warp_passes, [] { return env_choice("LT_GDN_PASS", {"tile", "warp"}, 1); }) == 1;
 }
 void gdn_set_warp_passes(int on) { g_warp_passes.store(on < 0 ? -1 : on ? 1 : 0, std::memory_order_relaxed); }
+bool gdn_grads_b16_allowed() {
+  return cached_choice(g_grads_b16, [] { return env_choice("LT_GDN_GRADS", {"frag", "bf16"}, 1); }) == 1;
+}
+void gdn_set_grads_b16(int on) { g_grads_b16.store(on < 0 ? -1 : on ? 1 : 0, std::memory_order_relaxed); }
 
 int64_t gdn_rule_num_chunks(const GdnDims& d) { return (d.seq + kGdnChunk - 1) / kGdnChunk; }
 
