@@ -54,7 +54,7 @@ double unit_opt_time(const UnitLayout& u, const std::set<std::string>& q8, doubl
   return t;
 }
 
-// What every layer of one kind shares: times at the whole batch, costs at the whole batch and at the chunk.
+// What every layer of one kind shares: times for the whole batch run in chunks, costs at the whole batch and at the chunk.
 struct KindCosts {
   LayerTimes times;
   LayerCost full, part;
@@ -66,7 +66,7 @@ std::vector<KindCosts> kind_costs(const ModelConfig& c, int64_t batch, int64_t c
   for (int i = 0; i < kNumLayerKinds; ++i) {
     const auto kind = LayerKind(i);
     if (c.count(kind) == 0) continue;
-    k[size_t(i)] = {layer_times(prof, c, kind, batch, seq), layer_cost(c, kind, batch, seq), layer_cost(c, kind, chunk, seq)};
+    k[size_t(i)] = {layer_times(prof, c, kind, batch, seq, chunk), layer_cost(c, kind, batch, seq), layer_cost(c, kind, chunk, seq)};
   }
   return k;
 }

@@ -1,10 +1,12 @@
 // ResourceProfile JSON, presets and layer-time estimates. Measurements: profile_measure.cpp.
 #include "plan/profile.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <utility>
 
 #include "core/error.h"
 #include "core/units.h"
@@ -247,14 +249,30 @@ double head_time(const ResourceProfile& p, const ModelConfig& c, int64_t batch, 
   return 3.0 * head_flops_fwd(c, batch * seq) / p.gemm_flops;
 }
 
-LayerTimes layer_times(const ResourceProfile& p, const ModelConfig& c, LayerKind k, int64_t batch, int64_t seq) {
+LayerTimes layer_times(const ResourceProfile& p, const ModelConfig& c, LayerKind k, int64_t batch, int64_t seq,
+                       int64_t chunk) {
   LayerTimes r;
+  // The matching timings by sample count: the nearest at or below the chunk's size and the nearest above it.
+  const double n = double(chunk > 0 && chunk < batch ? chunk : batch);
+  const LayerTiming *lo = nullptr, *hi = nullptr;
   for (auto& t : p.layer_timings) {
     if (!timing_matches(t, c, k, seq)) continue;
-    // Same layer kind, shape and sequence: time scales with the batch (tokens) at these sizes.
-    const double s = double(batch) / double(t.batch);
-    r.fwd_s = t.fwd_s * s;
-    r.bwd_s = t.bwd_s * s;
+    if (double(t.batch) <= n && (!lo || t.batch > lo->batch)) lo = &t;
+    if (double(t.batch) > n && (!hi || t.batch < hi->batch)) hi = &t;
+  }
+  if (lo || hi) {
+    // Same layer kind, shape and sequence: time per sample at the chunk's size, times the batch. Outside the
+    // measured sizes the nearest one's per-sample time holds (above it, the GEMMs are saturated already).
+    auto per_sample = [](const LayerTiming* t) { return std::pair{t->fwd_s / double(t->batch), t->bwd_s / double(t->batch)}; };
+    auto [f, b] = per_sample(lo ? lo : hi);
+    if (lo && hi) {
+      const auto [fh, bh] = per_sample(hi);
+      const double w = std::log(n / double(lo->batch)) / std::log(double(hi->batch) / double(lo->batch));
+      f += w * (fh - f);
+      b += w * (bh - b);
+    }
+    r.fwd_s = f * double(batch);
+    r.bwd_s = b * double(batch);
     r.measured = true;
     return r;
   }

@@ -97,7 +97,11 @@ struct LayerTimes {
   double fwd_s = 0, bwd_s = 0;
   bool measured = false;
 };
-LayerTimes layer_times(const ResourceProfile& p, const ModelConfig& c, LayerKind k, int64_t batch, int64_t seq);
+// The layer runs over the batch in chunks of `chunk` samples (0: the whole batch at once); with timings at several
+// sample counts, the per-sample time is interpolated (in log samples) at the chunk's size, so a plan that runs
+// one sample at a time pays the small GEMMs' lower rate.
+LayerTimes layer_times(const ResourceProfile& p, const ModelConfig& c, LayerKind k, int64_t batch, int64_t seq,
+                       int64_t chunk = 0);
 // Final norm + LM head + cross-entropy, forward and backward.
 double head_time(const ResourceProfile& p, const ModelConfig& c, int64_t batch, int64_t seq);
 // Achieved rate of a kind's mixer core (attn_flops, or scan_flops with attn_flops as the fallback).

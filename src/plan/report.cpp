@@ -48,7 +48,7 @@ std::string kind_summary(const PlanRequest& r, const Instance& in) {
     if (r.model.count(kind) == 0) continue;
     int j = 0;
     while (in.kind_of(j) != kind) ++j;
-    const auto t = layer_times(r.profile, r.model, kind, r.batch, r.seq);
+    const auto t = layer_times(r.profile, r.model, kind, r.batch, r.seq, r.chunk);
     s += fmt::format("  {:<9} x{:<3} {:.1f}M params each ({} bf16), fwd {} ms, bwd {} ms per layer ({})\n",
                      layer_kind_short_name(kind), r.model.count(kind), in.P[size_t(j)] / 2e6, format_bytes(in.P[size_t(j)]),
                      ms(in.rho[size_t(j)]), ms(in.beta[size_t(j)] - in.rho[size_t(j)]), t.measured ? "measured" : "estimated");

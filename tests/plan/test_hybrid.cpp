@@ -113,6 +113,34 @@ TEST(PlanHybrid, MeasuredTimingsMatchByKind) {
     else EXPECT_NEAR(in.rho[size_t(j)], expected_fwd(p, c, j, 8, 1024), 1e-15);
 }
 
+TEST(PlanHybrid, ChunkedPlansTakeThePerSampleTimeAtTheChunk) {
+  const auto c = preset_config("qwen3.5-9b");
+  auto p = h200();
+  // Measured at 64 samples (10 / 30 ms per sample: 0.64 / 1.92 s) and at 1 sample (20 / 50 ms: the
+  // small GEMMs' lower rate), as the GPU profiler does when the batch is above what one layer pass holds.
+  p.layer_timings = {deltanet_timing(c, 64, 1024, 0.64, 1.92), deltanet_timing(c, 1, 1024, 0.020, 0.050)};
+  const auto whole = layer_times(p, c, LayerKind::GatedDeltaNet, 1000, 1024);  // chunk 0: the batch's size
+  EXPECT_NEAR(whole.fwd_s, 1000 * 0.010, 1e-12);  // above the largest: its per-sample time
+  EXPECT_NEAR(whole.bwd_s, 1000 * 0.030, 1e-12);
+  const auto one = layer_times(p, c, LayerKind::GatedDeltaNet, 1000, 1024, 1);
+  EXPECT_NEAR(one.fwd_s, 1000 * 0.020, 1e-12);
+  EXPECT_NEAR(one.bwd_s, 1000 * 0.050, 1e-12);
+  const auto eight = layer_times(p, c, LayerKind::GatedDeltaNet, 1000, 1024, 8);  // log-midway between 1 and 64
+  EXPECT_NEAR(eight.fwd_s, 1000 * 0.015, 1e-12);
+  EXPECT_NEAR(eight.bwd_s, 1000 * 0.040, 1e-12);
+  // A chunk of the whole batch is the unchunked case; one timing alone scales by the batch at every chunk.
+  EXPECT_DOUBLE_EQ(layer_times(p, c, LayerKind::GatedDeltaNet, 1000, 1024, 1000).fwd_s, whole.fwd_s);
+  p.layer_timings.pop_back();
+  EXPECT_NEAR(layer_times(p, c, LayerKind::GatedDeltaNet, 1000, 1024, 1).fwd_s, 1000 * 0.010, 1e-12);
+  // The planner's instance at a chunk takes the chunk's rate.
+  p.layer_timings.push_back(deltanet_timing(c, 1, 1024, 0.020, 0.050));
+  InstanceOptions o;
+  o.chunk = 1;
+  const Instance in = make_instance(c, 100, 1024, p, o);
+  for (int j = 0; j < in.L; ++j)
+    if (c.kind(j) == LayerKind::GatedDeltaNet) EXPECT_NEAR(in.rho[size_t(j)], 100 * 0.020, 1e-12);
+}
+
 TEST(PlanHybrid, ScanRateTimesTheDeltaRuleOnly) {
   const auto c = preset_config("qwen3.5-9b");
   auto p = h200();

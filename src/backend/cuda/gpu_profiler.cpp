@@ -142,8 +142,8 @@ void measure_layer_kind(ResourceProfile& p, CudaBackend& be, const ModelConfig& 
   be.synchronize();
   // layer_backward re-runs the forward internals first
   p.layer_timings.push_back(layer_timing_for(c, k, batch, seq, tf, std::max(0.0, tb - tf)));
-  log_info("profile: {} layer fwd {:.3f} ms, bwd {:.3f} ms", layer_kind_short_name(k), tf * 1e3,
-           std::max(0.0, tb - tf) * 1e3);
+  log_info("profile: {} layer fwd {:.3f} ms, bwd {:.3f} ms ({} x {})", layer_kind_short_name(k), tf * 1e3,
+           std::max(0.0, tb - tf) * 1e3, batch, seq);
   for (Allocation* a : {&w, &dw, &x, &y, &dx}) be.free(*a);
 }
 
@@ -176,24 +176,38 @@ void measure_layers(ResourceProfile& p, CudaBackend& be, const ModelConfig& c, i
   if (c.count(LayerKind::Attention) > 0) measure_attention(p, be, c, batch, seq);
 }
 
+// The layers are measured at the batch, or at the largest halving of it that one layer pass on this GPU holds
+// (half the free memory) within kMaxProfileTokens: a plan at a larger batch runs its layers in chunks of samples
+// (plan.chunk), and the planner takes per-sample times from the timings (plan/profile.h layer_times). Without
+// the cap, `per_device_train_batch_size` at the plan's largest batch (Qwen3.5-9B: 1,067 at an 80 GiB cap) asked
+// 369 GiB for the measurement's workspace.
+constexpr int64_t kMaxProfileTokens = int64_t(128) << 10;
+
 void profile_gpu(ResourceProfile& p, const ModelConfig& c, int64_t batch, int64_t seq) {
   cudaFree(nullptr);
   size_t free_b = 0, total_b = 0;
   LT_CUDA(cudaMemGetInfo(&free_b, &total_b));
   CudaBackendOptions o;
+  int64_t mb = batch;  // the samples the layers are measured at
   // Enough for the layer at this shape plus the copy and GEMM buffers; never more than is free.
   {
     CudaBackendOptions probe;
     probe.gpu_mem_cap = std::min<int64_t>(int64_t(free_b), int64_t(2) << 30);
     CudaBackend tmp(c, probe);
-    const int64_t ws = tmp.layer_workspace_bytes(batch * seq, seq);
-    const int64_t need = ws + tmp.layout().max_layer_numel() * 6 + 4 * batch * seq * c.hidden * 2 + (int64_t(3) << 30);
-    o.gpu_mem_cap = std::min<int64_t>(int64_t(free_b) - (int64_t(256) << 20), need + o.margin);
+    auto need = [&](int64_t b) {
+      return tmp.layer_workspace_bytes(b * seq, seq) + tmp.layout().max_layer_numel() * 6 + 4 * b * seq * c.hidden * 2 +
+             (int64_t(3) << 30);
+    };
+    while (mb > 1 && (mb * seq > kMaxProfileTokens || need(mb) > int64_t(free_b) / 2)) mb = (mb + 1) / 2;
+    if (mb < batch)
+      log_info("profile: layers measured at {} and 1 of the {} samples (the plan runs them in chunks)", mb, batch);
+    const int64_t ws = tmp.layer_workspace_bytes(mb * seq, seq);
+    o.gpu_mem_cap = std::min<int64_t>(int64_t(free_b) - (int64_t(256) << 20), need(mb) + o.margin);
     // What the planner must know of this backend: its one workspace buffer (32.1 GiB at the Qwen3.6-27B
     // shape, batch 72, where a plan from the model's per-kind estimate ran 4.4 GiB over the arena) and
     // the memory outside its arena (the context already taken, the margin kept for cuBLAS and modules).
     p.workspace_bytes = ws;
-    p.workspace_tokens = batch * seq;
+    p.workspace_tokens = mb * seq;
     p.hbm_reserve = std::max<int64_t>(p.hbm_reserve, int64_t(total_b - free_b) + o.margin);
   }
   CudaBackend be(c, o);
@@ -201,7 +215,12 @@ void profile_gpu(ResourceProfile& p, const ModelConfig& c, int64_t batch, int64_
   if (p.hbm_bytes <= 0) p.hbm_bytes = int64_t(total_b);
   measure_pcie(p, be);
   measure_gemm(p, be);
-  measure_layers(p, be, c, batch, seq);
+  measure_layers(p, be, c, mb, seq);
+  // Chunked plans at the other end: one sample per layer pass (the smallest chunk), where the GEMMs run below
+  // their large-shape rate.
+  if (mb < batch)
+    for (int k = 0; k < kNumLayerKinds; ++k)
+      if (c.count(LayerKind(k)) > 0) measure_layer_kind(p, be, c, LayerKind(k), 1, seq);
   p.gpu_measured = true;
 }
 
