@@ -106,31 +106,34 @@ void set_layers(Instance& in, const ModelConfig& c, const ModelLayout& lay, cons
     in.rho.push_back(k.times.fwd_s);
     in.beta.push_back(k.times.fwd_s + k.times.bwd_s);
     in.P.push_back(2.0 * params);
-    in.G.push_back(2.0 * params);
+    in.G.push_back(4.0 * params);  // the backends write fp32 gradients; the D2H moves them as such
     in.ws_fwd.push_back(double(k.part.workspace_bytes));
   }
-  // The ring's buffers and the two gradient buffers of a backward slot (one being written, one in
-  // its D2H) are reused by every layer, so they must hold the largest layer.
-  const double Pmax = *std::max_element(in.P.begin(), in.P.end()), Gmax = *std::max_element(in.G.begin(), in.G.end());
+  // The ring's buffers are reused by every layer, so they must hold the largest layer. (The two fp32 gradient
+  // buffers of the backward slots, one being written and one in its D2H, are the state's grad_scratch.)
+  const double Pmax = *std::max_element(in.P.begin(), in.P.end());
   in.ring = double(ring) * Pmax;
   for (int j = 0; j < in.L; ++j) {
     const auto& part = kc[size_t(c.kind(j))].part;
-    in.ws_bwd.push_back(double(part.internal_bytes + part.workspace_bytes) + 2.0 * in.A + 2.0 * Gmax);
+    in.ws_bwd.push_back(double(part.internal_bytes + part.workspace_bytes) + 2.0 * in.A);
   }
 }
 
 // The backend allocates one workspace for the largest of its layer kinds, the head and the embedding
 // (CudaBackend::layer_workspace_bytes), for the whole run: when the profile carries its size (the GPU
 // profiler measures it at batch x seq tokens; linear in the tokens), no slot's working set is below it.
-void backend_workspace_floor(Instance& in, const ResourceProfile& prof, int64_t chunk_tokens) {
+// That one buffer also serves the head's logits chunk, a constant size: at small chunks (one sample a pass, the
+// largest batches) the head's part is the larger, and it is there in every slot.
+void backend_workspace_floor(Instance& in, const ModelConfig& c, const ResourceProfile& prof, int64_t chunk_tokens,
+                             int64_t head_chunk) {
   if (prof.workspace_tokens <= 0) return;
-  const double ws = double(prof.workspace_bytes) * double(chunk_tokens) / double(prof.workspace_tokens);
-  const double gmax = *std::max_element(in.G.begin(), in.G.end());
+  const double ws = std::max(double(prof.workspace_bytes) * double(chunk_tokens) / double(prof.workspace_tokens),
+                             double(head_chunk_workspace_bytes(c, head_chunk)));
   for (int j = 0; j < in.L; ++j) {
     in.ws_fwd[size_t(j)] = std::max(in.ws_fwd[size_t(j)], ws);
-    in.ws_bwd[size_t(j)] = std::max(in.ws_bwd[size_t(j)], ws + 2.0 * in.A + 2.0 * gmax);
+    in.ws_bwd[size_t(j)] = std::max(in.ws_bwd[size_t(j)], ws + 2.0 * in.A);
   }
-  in.ws_head = std::max(in.ws_head, in.P_head + in.G_head + ws + in.A);
+  in.ws_head = std::max(in.ws_head, ws + in.A);
 }
 
 }  // namespace
@@ -162,7 +165,7 @@ Instance make_instance(const ModelConfig& c, int64_t batch, int64_t seq, const R
   set_layers(in, c, lay, kind_costs(c, batch, chunk, seq, prof), o.ring);
   const double head_params = double(c.vocab * c.hidden + c.hidden);  // LM head matrix (tied: the embedding) + final norm
   in.P_head = 2.0 * head_params;
-  in.G_head = 2.0 * head_params;
+  in.G_head = 4.0 * head_params;  // fp32, as the layers'
   in.pro_h2d = in.A;
   in.epi_d2h = in.A;
   in.bh = prof.h2d_bw;
@@ -173,8 +176,10 @@ Instance make_instance(const ModelConfig& c, int64_t batch, int64_t seq, const R
   set_optimizer_times(in, c, lay, prof, o.optimizer_8bit);
   in.hbm_cap = double(prof.hbm_bytes - prof.hbm_reserve);
   const int64_t head_chunk = std::min<int64_t>(o.head_chunk_tokens, batch * seq);
-  in.ws_head = in.P_head + in.G_head + double(head_chunk_workspace_bytes(c, head_chunk)) + in.A;
-  backend_workspace_floor(in, prof, chunk * seq);
+  // The head's weights and gradient buffer are on the device for the whole step (the state's head_weights and
+  // grad_scratch, in hbm_fixed); its slot adds the logits chunk and dy_L.
+  in.ws_head = double(head_chunk_workspace_bytes(c, head_chunk)) + in.A;
+  backend_workspace_floor(in, c, prof, chunk * seq, std::min(head_chunk, chunk * seq));
   in.ws_pro = in.A;
   const StateBytes state = model_state_bytes(c, o.optimizer_8bit, o.placement);
   in.hbm_fixed = state.hbm();

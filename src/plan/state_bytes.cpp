@@ -58,11 +58,17 @@ StateBytes model_state_bytes(const ModelConfig& c, const std::vector<std::string
   }
   // Device: the executor's staging ring (grad_ring_elems) in the held dtype.
   b.staging = s.grads == GradHome::Host ? 2.0 * 2.0 * largest_layer : held_b * double(grad_ring_elems(held_units));
-  // bf16 held: the executor's per-micro-batch fp32 buffers (exec/executor_setup.cpp grad_memory).
-  // (An untied head and the resident embedding share one: shared_head_embedding_grad.)
-  if (s.grads == GradHome::Device && s.grad_dtype == GradDType::Bf16)
+  // The executor's per-micro-batch fp32 gradient buffers (exec/executor_setup.cpp grad_memory): with host
+  // gradients two layers', the head's and (tied: on the device) the embedding's, which the backward writes and
+  // the D2H reads; with bf16 held ones the same, an untied head and the resident embedding sharing one
+  // (shared_head_embedding_grad). Until run 52 the planner counted them in bf16 and only in the backward and
+  // head slots: a Qwen3.5-9B plan at its largest batch came out 6 GiB short of what the executor allocated.
+  if (s.grads == GradHome::Host)
+    b.grad_scratch = 4.0 * (2.0 * largest_layer + head + (c.tied ? emb : 0.0));
+  else if (s.grad_dtype == GradDType::Bf16)
     b.grad_scratch = 4.0 * (2.0 * largest_layer + (c.tied ? head + emb : std::max(head, emb)));
   if (embedding_resident_for(c, s)) b.resident_table = 2.0 * emb;
+  b.head_weights = 2.0 * (head + (c.tied ? emb : 0.0));
   b.moment_staging = double(std::min<int64_t>(3, s.nvme_layers)) * largest_nvme;  // AdamWConfig::nvme_slots
   return b;
 }
@@ -83,6 +89,7 @@ std::vector<StatePart> StateBytes::parts() const {
     v.push_back({fmt::format("gradients ({}, held)", grad_dtype_name(placement.grad_dtype)), StateHome::Gpu, grads_device});
   if (grad_scratch > 0) v.push_back({"gradient scratch (fp32)", StateHome::Gpu, grad_scratch});
   if (resident_table > 0) v.push_back({"embedding table (resident)", StateHome::Gpu, resident_table});
+  if (head_weights > 0) v.push_back({"head weights (bf16)", StateHome::Gpu, head_weights});
   if (grads_host > 0)
     v.push_back({"gradients (fp32)", StateHome::Dram, grads_host});
   std::string mom = eight_bit_tensors > 0 ? fmt::format("moments ({} 8-bit tensors)", eight_bit_tensors) : "moments (fp32)";

@@ -52,14 +52,17 @@ struct StateBytes {
   double master = 0;            // master + streaming copy (DRAM)
   double grads_host = 0;        // fp32 accumulators in pinned DRAM
   double grads_device = 0;      // gradients held in HBM (placement.grad_dtype)
-  double grad_scratch = 0;      // HBM: fp32 buffers the backward writes before adding into bf16 held ones
+  double grad_scratch = 0;      // HBM: fp32 buffers the backward writes (host gradients: before their D2H; bf16
+                                //   held ones: before adding into them)
   double resident_table = 0;    // HBM: an untied embedding's bf16 table (embedding_resident_for)
+  double head_weights = 0;      // HBM: the bf16 head (final norm + LM head; tied: the embedding table), on the
+                                //   device for the whole step (exec/executor_setup.cpp "weights.head")
   double moments = 0;           // DRAM
   double moments_nvme = 0;      // moments of the NVMe layers (files on the NVMe tier)
   double moment_staging = 0;    // DRAM slots the NVMe moments are updated in (3 x the largest such layer's)
   double staging = 0;           // pinned DRAM receiving the gradient D2H
   double dram() const { return master + grads_host + moments + moment_staging + staging; }
-  double hbm() const { return grads_device + grad_scratch + resident_table; }
+  double hbm() const { return grads_device + grad_scratch + resident_table + head_weights; }
   double nvme() const { return moments_nvme; }
   // The non-empty parts with a display name ("master + copy (fp32)", "gradients (fp32, held)", ...).
   std::vector<StatePart> parts() const;

@@ -10,6 +10,7 @@
 #include "exec_test_util.h"
 #include "plan/heuristics.h"
 #include "plan/planner.h"
+#include "plan/profile.h"
 
 namespace lt {
 namespace {
@@ -90,6 +91,39 @@ TEST(ExecPlanAdapter, RejectsPlanForAnotherModel) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("5 layers"), std::string::npos) << e.what();
   }
+}
+
+// The planner's predicted GPU peak covers what the executor allocates for the plan (outside the backend's one
+// workspace, which the slots' working sets hold): real shapes on the CUDA backend's dtypes (bf16 weights and
+// activations, fp32 gradients), up to the largest batch at the cap. Run 52: the Qwen3.5-9B plan at its largest
+// batch (1,067) predicted 76.96 GiB where the executor asked 83.16 GiB (fp32 gradient buffers and the head's
+// weights outside the model), and the run failed at allocation.
+TEST(PlanAdapter, PredictedPeakCoversTheExecutorsDeviceMemory) {
+  const auto prof = resolve_profile(lt::testing::repo_root().string() + "/configs/profiles/measured-h200.json");
+  int planned = 0;
+  for (const char* model : {"qwen3.5-9b", "qwen2.5-7b"})
+    for (int64_t batch : {8, 64, 900}) {
+      SCOPED_TRACE(std::string(model) + " batch " + std::to_string(batch));
+      PlanRequest r;
+      r.model = preset_config(model);
+      r.batch = batch;
+      r.profile = prof;
+      r.profile.hbm_bytes = int64_t(80) << 30;
+      r.profile.dram_bytes = int64_t(104) << 30;
+      r.profile.nvme_bytes = 0;
+      r.optimizer = "adamw8bit";
+      r.compare = false;
+      r.explain = false;
+      const PlanOutcome o = make_plan(r);
+      if (!o.feasible) continue;
+      ++planned;
+      const ExecPlan ex = exec_plan_from(o.plan, r.model);
+      const BackendDTypes cuda{DType::BF16, DType::BF16, DType::F32};
+      const auto m = executor_memory(r.model, ex, cuda, 0, o.placement.grads, 1, o.placement.grad_dtype);
+      EXPECT_LE(double(m.device), double(o.sim.pred.peak_hbm)) << describe_plan(ex);
+      EXPECT_LE(double(o.sim.pred.peak_hbm), o.inst.hbm_cap + 0.5);
+    }
+  EXPECT_EQ(planned, 6);  // every one fits (900 samples: chunked, CPU-tier checkpoints and recompute)
 }
 
 }  // namespace

@@ -167,7 +167,7 @@ inline Instance tiny_hybrid_instance(std::mt19937& rng, int L) {
   in.bd = bw * (0.7 + 0.6 * u(rng));
   in.bb = std::max(in.bh, in.bd) * 1.5;
   in.bnr = in.bnw = bw * (0.3 + u(rng));
-  in.hbm_cap = in.ring + in.max_ws_bwd() + in.A * (2 + (L + 1) * u(rng));
+  in.hbm_cap = in.hbm_fixed + in.ring + in.max_ws_bwd() + in.A * (2 + (L + 1) * u(rng));
   in.dram_cap = in.dram_fixed + in.A * (L * u(rng));
   in.nvme_cap = in.A * L;
   in.staging = 1;

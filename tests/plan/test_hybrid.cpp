@@ -40,10 +40,10 @@ void expect_per_layer_instance(const ModelConfig& c, int64_t batch, int64_t chun
     const auto full = layer_cost_at(c, j, batch, seq), part = layer_cost_at(c, j, chunk, seq);
     EXPECT_EQ(in.kind_of(j), c.kind(j));
     EXPECT_DOUBLE_EQ(in.P[size_t(j)], 2.0 * double(full.params));
-    EXPECT_DOUBLE_EQ(in.G[size_t(j)], 2.0 * double(full.params));
+    EXPECT_DOUBLE_EQ(in.G[size_t(j)], 4.0 * double(full.params));  // fp32 gradients down
     EXPECT_DOUBLE_EQ(in.A, double(full.boundary_bytes));
     EXPECT_DOUBLE_EQ(in.ws_fwd[size_t(j)], double(part.workspace_bytes));
-    EXPECT_DOUBLE_EQ(in.ws_bwd[size_t(j)], double(part.internal_bytes + part.workspace_bytes) + 2 * in.A + 2 * Pmax);
+    EXPECT_DOUBLE_EQ(in.ws_bwd[size_t(j)], double(part.internal_bytes + part.workspace_bytes) + 2 * in.A);
     EXPECT_NEAR(in.rho[size_t(j)], expected_fwd(prof, c, j, batch, seq), 1e-12 * in.rho[size_t(j)]);
     EXPECT_NEAR(in.beta[size_t(j)], 3 * in.rho[size_t(j)], 1e-12 * in.beta[size_t(j)]);
     EXPECT_NEAR(in.opt[size_t(j)], double(full.params) / prof.opt_fp32_params_per_s, 1e-9 * in.opt[size_t(j)]);

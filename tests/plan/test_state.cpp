@@ -45,7 +45,10 @@ TEST(PlanState, BytesPerModeByHand) {
     EXPECT_DOUBLE_EQ(b.moments, 8 * kN);
     EXPECT_DOUBLE_EQ(b.staging, 2 * 2 * kLayer);  // two bf16 slabs of the largest layer
     EXPECT_DOUBLE_EQ(b.dram(), 16 * kN + 4 * kLayer);
-    EXPECT_DOUBLE_EQ(b.hbm(), 0);
+    // HBM: the fp32 gradient buffers (two layers' and the head's) and the bf16 head, for the whole step.
+    EXPECT_DOUBLE_EQ(b.grad_scratch, 4 * (2 * kLayer + kHead));
+    EXPECT_DOUBLE_EQ(b.head_weights, 2 * kHead);
+    EXPECT_DOUBLE_EQ(b.hbm(), 4 * (2 * kLayer + kHead) + 2 * kHead);
   }
   {
     const auto b = model_state_bytes(c, all_matrices(c), {MasterMode::Bf16Sr, GradHome::Device});
@@ -56,7 +59,7 @@ TEST(PlanState, BytesPerModeByHand) {
     EXPECT_DOUBLE_EQ(b.moments, kMomentsAll8);
     EXPECT_EQ(b.eight_bit_tensors, 15);
     EXPECT_DOUBLE_EQ(b.staging, 4 * kN);  // the ring: 8 median units, at most all held ones
-    EXPECT_DOUBLE_EQ(b.hbm(), 4 * kN + 2 * kEmb);
+    EXPECT_DOUBLE_EQ(b.hbm(), 4 * kN + 2 * kEmb + 2 * kHead);
   }
   {
     // Held in bf16: half the held bytes and the ring, plus the fp32 buffers the backward writes first.
@@ -253,15 +256,15 @@ TEST(PlanState, DeviceGradientsInTheInstance) {
   const Instance host = make_instance(c, 1, 64, prof, o);
   o.placement.grads = GradHome::Device;
   const Instance dev = make_instance(c, 1, 64, prof, o);
-  EXPECT_DOUBLE_EQ(host.hbm_fixed, 0);
-  EXPECT_DOUBLE_EQ(dev.hbm_fixed, 4 * kN + 2 * kEmb);  // every gradient, and the untied embedding's table
+  EXPECT_DOUBLE_EQ(host.hbm_fixed, 4 * (2 * kLayer + kHead) + 2 * kHead);  // fp32 gradient buffers, bf16 head
+  EXPECT_DOUBLE_EQ(dev.hbm_fixed, 4 * kN + 2 * kEmb + 2 * kHead);  // every gradient, the untied embedding's table
   EXPECT_DOUBLE_EQ(dev.hbm_room(), host.hbm_cap - dev.hbm_fixed);
   EXPECT_TRUE(host.opt_d2h.empty());
   for (int j = 0; j < dev.L; ++j) {
-    EXPECT_DOUBLE_EQ(host.d_B(j), j < dev.L - 1 ? 2 * kLayer : 2 * kHead);
+    EXPECT_DOUBLE_EQ(host.d_B(j), j < dev.L - 1 ? 4 * kLayer : 4 * kHead);  // fp32 gradients
     EXPECT_DOUBLE_EQ(dev.d_B(j), 0);  // no gradient D2H in the backward
   }
-  EXPECT_DOUBLE_EQ(host.epilogue(), host.pcie(0, 2 * kLayer + host.A));  // + the boundary-0 gradient to the CPU
+  EXPECT_DOUBLE_EQ(host.epilogue(), host.pcie(0, 4 * kLayer + host.A));  // + the boundary-0 gradient to the CPU
   EXPECT_DOUBLE_EQ(dev.epilogue(), dev.pcie(0, 0));        // the resident embedding's backward is on the GPU
   EXPECT_DOUBLE_EQ(dev.pro_h2d, 2 * kEmb);                 // its table goes up once per step
   ASSERT_EQ(dev.opt_d2h.size(), size_t(dev.L + 2));
