@@ -118,6 +118,10 @@ json profile_to_json(const ResourceProfile& p) {
     j["workspace_bytes"] = p.workspace_bytes;
     j["workspace_tokens"] = p.workspace_tokens;
   }
+  if (p.workspace_min_tokens > 0) {
+    j["workspace_min_bytes"] = p.workspace_min_bytes;
+    j["workspace_min_tokens"] = p.workspace_min_tokens;
+  }
   json lt = json::array();
   for (auto& t : p.layer_timings) lt.push_back(timing_to_json(t));
   j["layer_timings"] = lt;
@@ -130,7 +134,7 @@ ResourceProfile profile_from_json(const json& j, const std::string& src) {
       "name", "source", "hbm", "hbm_reserve", "dram", "nvme", "nvme_dir", "h2d_gbps", "d2h_gbps", "both_gbps",
       "nvme_read_gbps", "nvme_write_gbps", "host_mem_gbps", "gemm_tflops", "attn_tflops", "peak_tflops",
       "opt_fp32_mparams_per_s", "opt_8bit_mparams_per_s", "gpu_measured", "layer_timings", "notes", "scan_tflops",
-      "workspace_bytes", "workspace_tokens"};
+      "workspace_bytes", "workspace_tokens", "workspace_min_bytes", "workspace_min_tokens"};
   for (auto& [k, v] : j.items()) LT_CHECK(known.count(k), "{}: unknown field '{}'", src, k);
   auto req = [&](const std::string& k) -> const json& {
     LT_CHECK(j.contains(k), "{}: missing field '{}'", src, k);
@@ -158,6 +162,12 @@ ResourceProfile profile_from_json(const json& j, const std::string& src) {
     p.workspace_bytes = bytes_field(req("workspace_bytes"), src, "workspace_bytes");
     p.workspace_tokens = bytes_field(req("workspace_tokens"), src, "workspace_tokens");
     LT_CHECK(p.workspace_tokens > 0, "{}: workspace_tokens must be positive, got {}", src, p.workspace_tokens);
+  }
+  if (j.contains("workspace_min_tokens") || j.contains("workspace_min_bytes")) {
+    p.workspace_min_bytes = bytes_field(req("workspace_min_bytes"), src, "workspace_min_bytes");
+    p.workspace_min_tokens = bytes_field(req("workspace_min_tokens"), src, "workspace_min_tokens");
+    LT_CHECK(p.workspace_min_tokens > 0, "{}: workspace_min_tokens must be positive, got {}", src,
+             p.workspace_min_tokens);
   }
   if (j.contains("nvme_dir")) {
     LT_CHECK(j["nvme_dir"].is_string(), "{}: 'nvme_dir' must be a string", src);

@@ -77,6 +77,10 @@ struct ResourceProfile {
   // kind, the head and the embedding) for workspace_tokens rows, when a backend reported it (the GPU
   // profiler): the planner's per-kind estimate (model/accounting) must not be below it. 0: not given.
   int64_t workspace_bytes = 0, workspace_tokens = 0;
+  // The same buffer at one sample (workspace_min_tokens rows): its size-independent parts (the head's logits
+  // chunk of the backend's own chunk rows) dominate there, so scaling workspace_bytes down to a small chunk
+  // undercounts it (run 53: 5.75 GiB at 4 samples of Qwen3.5-9B against ~2.4 scaled). 0: not given.
+  int64_t workspace_min_bytes = 0, workspace_min_tokens = 0;
   bool gpu_measured = false;               // GPU fields came from a measurement on this machine
 };
 

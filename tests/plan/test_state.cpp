@@ -300,6 +300,17 @@ TEST(PlanState, BackendWorkspaceIsAFloorUnderTheWorkingSets) {
   auto j = profile_to_json(prof);
   j.erase("workspace_tokens");
   EXPECT_THROW(profile_from_json(j, "p.json"), Error);
+  // The one-sample size (the head's constant logits chunk) floors small chunks from that many rows up.
+  prof.workspace_min_tokens = 64;
+  prof.workspace_min_bytes = int64_t(ws);  // at one sample as much as the linear scaling gives at two
+  o.chunk = 1;
+  EXPECT_DOUBLE_EQ(make_instance(c, 4, 64, prof, o).ws_fwd[0], ws);
+  const auto back2 = profile_from_json(profile_to_json(prof), "p.json");
+  EXPECT_EQ(back2.workspace_min_bytes, prof.workspace_min_bytes);
+  EXPECT_EQ(back2.workspace_min_tokens, prof.workspace_min_tokens);
+  auto j2 = profile_to_json(prof);
+  j2.erase("workspace_min_bytes");
+  EXPECT_THROW(profile_from_json(j2, "p.json"), Error);
 }
 
 // The simulator with held gradients, by hand on a 2-layer instance (test_simulator.cpp's numbers).

@@ -186,11 +186,11 @@ __device__ __forceinline__ void ldm_gemm_add_global(int M, int N, int K, A1 a1, 
   const int tn = (N + 15) / 16, tiles = ((M + 15) / 16) * tn;
   for (int tile = warp; tile < tiles; tile += nwarp) {
     const int m0 = (tile / tn) * 16, n0 = (tile % tn) * 16;
+    float old[2][4];  // loaded first: in flight during the products
+    mma_epilogue(M, N, m0, n0, [&](int m, int n, int s, int i) { old[s][i] = out[m * ostride + n]; });
     float acc[2][4] = {};
     ldm_tile(K, a1, b1, m0, n0, acc);
     if (two) ldm_tile(K, a2, b2, m0, n0, acc);
-    float old[2][4];
-    mma_epilogue(M, N, m0, n0, [&](int m, int n, int s, int i) { old[s][i] = out[m * ostride + n]; });
     mma_epilogue(M, N, m0, n0, [&](int m, int n, int s, int i) {
       out[m * ostride + n] = old[s][i] + scale * acc[s][i] + extra(m, n);
     });
@@ -198,14 +198,13 @@ __device__ __forceinline__ void ldm_gemm_add_global(int M, int N, int K, A1 a1, 
 }
 // Sb [Dk, Dv + pad] bf16 <- the fp32 state M [Dk, Dv] (global). Barriers before and after.
 __device__ __forceinline__ void stage_state_bf16(const float* M, int Dk, int Dv, bf16* Sb) {
-  const int lds = Dv + kPad;
+  const int lds = Dv + kPad, lane = threadIdx.x & 31;
   __syncthreads();
-  const float4* m4 = reinterpret_cast<const float4*>(M);
-  for (int idx = threadIdx.x; idx < Dk * Dv / 4; idx += blockDim.x) {
-    const float4 x = m4[idx];
-    const int d = (idx * 4) / Dv, e = (idx * 4) % Dv;
-    *reinterpret_cast<uint2*>(Sb + d * lds + e) = make_uint2(dev::pack_bf16(x.x, x.y), dev::pack_bf16(x.z, x.w));
-  }
+  for (int d = threadIdx.x >> 5; d < Dk; d += blockDim.x >> 5)  // a row per warp: no division by Dv
+    for (int e = 4 * lane; e < Dv; e += 128) {
+      const float4 x = *reinterpret_cast<const float4*>(M + d * Dv + e);
+      *reinterpret_cast<uint2*>(Sb + d * lds + e) = make_uint2(dev::pack_bf16(x.x, x.y), dev::pack_bf16(x.z, x.w));
+    }
   __syncthreads();
 }
 // Whether the bf16 states fit the G region: Dk (Dv + pad) bf16 <= 64 (max(Dk, Dv) + pad) fp32.
@@ -280,11 +279,11 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
 
     // (2) dP = dO Dl^T;  (3) r = dO S0^T (-> X), and <S0, dS> (for dgam_last) from the staged S0 blocks
     if constexpr (kB16) {  // Dl as bf16 in the staging region for ldmatrix
-      for (int idx = tid; idx < kC * Dv / 2; idx += nth) {
-        const int i = (idx * 2) / Dv, e = (idx * 2) % Dv;
-        const float2 x = ld2(Y + i * ldv_ + e);
-        *reinterpret_cast<uint32_t*>(Sb + i * lds + e) = dev::pack_bf16(x.x, x.y);
-      }
+      for (int i = warp; i < kC; i += nwarp)
+        for (int e = 2 * lane; e < Dv; e += 64) {
+          const float2 x = ld2(Y + i * ldv_ + e);
+          *reinterpret_cast<uint32_t*>(Sb + i * lds + e) = dev::pack_bf16(x.x, x.y);
+        }
       __syncthreads();
       ldm_gemm(kC, L, Dv, bf16_m(dO, ldv_), nmajor(Sb, lds), [&](int i, int j, float acc) { dP[i * kC + j] = acc; });
     } else {
@@ -396,11 +395,9 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
 
     // (6) back substitution Y_i = dX_i - sum_{j>i} A[j,i] Y_j on X (-> YW) and Y (-> YU); U -> G
     async_rows(G, ldg, p.U + vrow0, sv, Dv, kC, L);
-    for (int col = tid; col < Dk + Dv; col += nth) {
-      if (col < Dk)
-        bwd_subst_col(KM, cs.bt, X + col, ldk);
-      else
-        bwd_subst_col(KM, cs.bt, Y + (col - Dk), ldv_);
+    for (int col = tid; col < Dk + Dv; col += nth) {  // one call site: the unrolled solve is ~2,500 instructions
+      const bool in_x = col < Dk;
+      bwd_subst_col(KM, cs.bt, in_x ? X + col : Y + (col - Dk), in_x ? ldk : ldv_);
     }
     for (int i = tid; i < kC * kC; i += nth) dP[i] = P[i] = 0.f;
     async_done();
@@ -435,10 +432,8 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
       }
     }
     float* dvh = p.dv + vrow0;
-    for (int idx = tid; idx < L * Dv; idx += nth) {
-      const int i = idx / Dv, e = idx % Dv;
-      dvh[i * sv + e] = cs.bt[i] * Y[i * ldv_ + e];
-    }
+    for (int i = warp; i < L; i += nwarp)
+      for (int e = lane; e < Dv; e += 32) dvh[i * sv + e] = cs.bt[i] * Y[i * ldv_ + e];
     __syncthreads();
 
     // (8) db, dgam from dA; (7)(8) dk += b G YW + E K + E^T K

@@ -101,11 +101,11 @@ __device__ __forceinline__ void gemm_add_global_impl(int M, int N, const Prod<TA
   const int tn = (N + 15) / 16, tiles = ((M + 15) / 16) * tn;
   for (int tile = warp; tile < tiles; tile += nwarp) {
     const int m0 = (tile / tn) * 16, n0 = (tile % tn) * 16;
+    float old[2][4];  // loaded first: in flight during the products (they stalled the warp after them)
+    mma_epilogue(M, N, m0, n0, [&](int m, int n, int s, int i) { old[s][i] = out[m * ostride + n]; });
     float acc[2][4] = {};
     mma_tile<kSplit>(p1, M, N, m0, n0, acc);
     if (p2) mma_tile<kSplit>(*p2, M, N, m0, n0, acc);
-    float old[2][4];
-    mma_epilogue(M, N, m0, n0, [&](int m, int n, int s, int i) { old[s][i] = out[m * ostride + n]; });
     mma_epilogue(M, N, m0, n0, [&](int m, int n, int s, int i) {
       out[m * ostride + n] = old[s][i] + scale * acc[s][i] + extra(m, n);
     });
