@@ -126,12 +126,8 @@ void set_layers(Instance& in, const ModelConfig& c, const ModelLayout& lay, cons
 // largest batches) the head's part is the larger, and it is there in every slot.
 void backend_workspace_floor(Instance& in, const ModelConfig& c, const ResourceProfile& prof, int64_t chunk_tokens,
                              int64_t head_chunk) {
-  if (prof.workspace_tokens <= 0) return;
-  double ws = std::max(double(prof.workspace_bytes) * double(chunk_tokens) / double(prof.workspace_tokens),
-                       double(head_chunk_workspace_bytes(c, head_chunk)));
-  // The buffer grows with the rows: at least its one-sample size from a chunk of that many rows up.
-  if (prof.workspace_min_tokens > 0 && chunk_tokens >= prof.workspace_min_tokens)
-    ws = std::max(ws, double(prof.workspace_min_bytes));
+  if (prof.workspace_tokens <= 0 && prof.workspace_points.empty()) return;
+  const double ws = std::max(backend_workspace_bytes(prof, chunk_tokens), double(head_chunk_workspace_bytes(c, head_chunk)));
   for (int j = 0; j < in.L; ++j) {
     in.ws_fwd[size_t(j)] = std::max(in.ws_fwd[size_t(j)], ws);
     in.ws_bwd[size_t(j)] = std::max(in.ws_bwd[size_t(j)], ws + 2.0 * in.A);

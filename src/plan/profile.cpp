@@ -1,6 +1,7 @@
 // ResourceProfile JSON, presets and layer-time estimates. Measurements: profile_measure.cpp.
 #include "plan/profile.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -118,9 +119,10 @@ json profile_to_json(const ResourceProfile& p) {
     j["workspace_bytes"] = p.workspace_bytes;
     j["workspace_tokens"] = p.workspace_tokens;
   }
-  if (p.workspace_min_tokens > 0) {
-    j["workspace_min_bytes"] = p.workspace_min_bytes;
-    j["workspace_min_tokens"] = p.workspace_min_tokens;
+  if (!p.workspace_points.empty()) {
+    json a = json::array();
+    for (auto [t, b] : p.workspace_points) a.push_back({t, b});
+    j["workspace_points"] = a;
   }
   json lt = json::array();
   for (auto& t : p.layer_timings) lt.push_back(timing_to_json(t));
@@ -134,7 +136,7 @@ ResourceProfile profile_from_json(const json& j, const std::string& src) {
       "name", "source", "hbm", "hbm_reserve", "dram", "nvme", "nvme_dir", "h2d_gbps", "d2h_gbps", "both_gbps",
       "nvme_read_gbps", "nvme_write_gbps", "host_mem_gbps", "gemm_tflops", "attn_tflops", "peak_tflops",
       "opt_fp32_mparams_per_s", "opt_8bit_mparams_per_s", "gpu_measured", "layer_timings", "notes", "scan_tflops",
-      "workspace_bytes", "workspace_tokens", "workspace_min_bytes", "workspace_min_tokens"};
+      "workspace_bytes", "workspace_tokens", "workspace_points"};
   for (auto& [k, v] : j.items()) LT_CHECK(known.count(k), "{}: unknown field '{}'", src, k);
   auto req = [&](const std::string& k) -> const json& {
     LT_CHECK(j.contains(k), "{}: missing field '{}'", src, k);
@@ -163,11 +165,19 @@ ResourceProfile profile_from_json(const json& j, const std::string& src) {
     p.workspace_tokens = bytes_field(req("workspace_tokens"), src, "workspace_tokens");
     LT_CHECK(p.workspace_tokens > 0, "{}: workspace_tokens must be positive, got {}", src, p.workspace_tokens);
   }
-  if (j.contains("workspace_min_tokens") || j.contains("workspace_min_bytes")) {
-    p.workspace_min_bytes = bytes_field(req("workspace_min_bytes"), src, "workspace_min_bytes");
-    p.workspace_min_tokens = bytes_field(req("workspace_min_tokens"), src, "workspace_min_tokens");
-    LT_CHECK(p.workspace_min_tokens > 0, "{}: workspace_min_tokens must be positive, got {}", src,
-             p.workspace_min_tokens);
+  if (j.contains("workspace_points")) {
+    const json& a = j["workspace_points"];
+    LT_CHECK(a.is_array(), "{}: 'workspace_points' must be an array of [tokens, bytes], got {}", src, a.dump());
+    for (size_t i = 0; i < a.size(); ++i) {
+      const json& e = a[i];
+      LT_CHECK(e.is_array() && e.size() == 2 && e[0].is_number_integer() && e[1].is_number_integer() &&
+                   e[0].get<int64_t>() > 0 && e[1].get<int64_t>() >= 0,
+               "{}: workspace_points[{}] must be [tokens > 0, bytes >= 0], got {}", src, i, e.dump());
+      p.workspace_points.emplace_back(e[0].get<int64_t>(), e[1].get<int64_t>());
+      LT_CHECK(i == 0 || p.workspace_points[i].first > p.workspace_points[i - 1].first,
+               "{}: workspace_points must be in ascending tokens, got {} after {}", src, p.workspace_points[i].first,
+               p.workspace_points[i - 1].first);
+    }
   }
   if (j.contains("nvme_dir")) {
     LT_CHECK(j["nvme_dir"].is_string(), "{}: 'nvme_dir' must be a string", src);
@@ -249,6 +259,21 @@ ResourceProfile resolve_profile(const std::string& s) {
   }
   fail("unknown profile '{}': not a file and no preset configs/profiles/{}.json found (presets: h800-80g, rtx3090-24g, h200; "
        "set LT_PROFILE_DIR to the folder holding them)", s, s);
+}
+
+double backend_workspace_bytes(const ResourceProfile& p, int64_t tokens) {
+  std::vector<std::pair<int64_t, int64_t>> pts = p.workspace_points;
+  if (p.workspace_tokens > 0) pts.emplace_back(p.workspace_tokens, p.workspace_bytes);
+  std::sort(pts.begin(), pts.end());
+  if (pts.empty()) return 0;
+  if (tokens <= pts.front().first) return double(pts.front().second) * double(tokens) / double(pts.front().first);
+  for (size_t i = 1; i < pts.size(); ++i)
+    if (tokens <= pts[i].first) {
+      const auto [t0, b0] = pts[i - 1];
+      const auto [t1, b1] = pts[i];
+      return double(b0) + double(b1 - b0) * double(tokens - t0) / double(t1 - t0);
+    }
+  return double(pts.back().second) * double(tokens) / double(pts.back().first);
 }
 
 double core_flops_rate(const ResourceProfile& p, LayerKind k) {

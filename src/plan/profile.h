@@ -77,10 +77,11 @@ struct ResourceProfile {
   // kind, the head and the embedding) for workspace_tokens rows, when a backend reported it (the GPU
   // profiler): the planner's per-kind estimate (model/accounting) must not be below it. 0: not given.
   int64_t workspace_bytes = 0, workspace_tokens = 0;
-  // The same buffer at one sample (workspace_min_tokens rows): its size-independent parts (the head's logits
-  // chunk of the backend's own chunk rows) dominate there, so scaling workspace_bytes down to a small chunk
-  // undercounts it (run 53: 5.75 GiB at 4 samples of Qwen3.5-9B against ~2.4 scaled). 0: not given.
-  int64_t workspace_min_bytes = 0, workspace_min_tokens = 0;
+  // The same buffer at smaller sizes, (tokens, bytes) ascending (the GPU profiler: 1, 2, 4, ... samples): it is
+  // not linear in the rows (the head's logits chunk grows up to the backend's own chunk rows, then stays), so
+  // scaling workspace_bytes down to a small chunk undercounts it (run 53: 5.75 GiB at 4 samples of Qwen3.5-9B
+  // against ~2.4 scaled from 67). Empty: not given.
+  std::vector<std::pair<int64_t, int64_t>> workspace_points;
   bool gpu_measured = false;               // GPU fields came from a measurement on this machine
 };
 
@@ -106,6 +107,10 @@ struct LayerTimes {
 // one sample at a time pays the small GEMMs' lower rate.
 LayerTimes layer_times(const ResourceProfile& p, const ModelConfig& c, LayerKind k, int64_t batch, int64_t seq,
                        int64_t chunk = 0);
+// The backend's workspace buffer for `tokens` rows from the profile (0 when it carries none): linear between
+// the measured sizes (workspace_points and workspace_bytes; an upper bound, the buffer being convex in the rows),
+// scaled by the rows from the nearest one outside them.
+double backend_workspace_bytes(const ResourceProfile& p, int64_t tokens);
 // Final norm + LM head + cross-entropy, forward and backward.
 double head_time(const ResourceProfile& p, const ModelConfig& c, int64_t batch, int64_t seq);
 // Achieved rate of a kind's mixer core (attn_flops, or scan_flops with attn_flops as the fallback).

@@ -300,17 +300,19 @@ TEST(PlanState, BackendWorkspaceIsAFloorUnderTheWorkingSets) {
   auto j = profile_to_json(prof);
   j.erase("workspace_tokens");
   EXPECT_THROW(profile_from_json(j, "p.json"), Error);
-  // The one-sample size (the head's constant logits chunk) floors small chunks from that many rows up.
-  prof.workspace_min_tokens = 64;
-  prof.workspace_min_bytes = int64_t(ws);  // at one sample as much as the linear scaling gives at two
+  // Smaller measured sizes (the head's logits chunk does not shrink with the rows): linear between the points,
+  // scaled outside them.
+  prof.workspace_points = {{16, int64_t(ws)}, {64, int64_t(ws) + 1000}};  // as much at 16 rows as scaling gives at 256
   o.chunk = 1;
-  EXPECT_DOUBLE_EQ(make_instance(c, 4, 64, prof, o).ws_fwd[0], ws);
+  EXPECT_DOUBLE_EQ(make_instance(c, 4, 64, prof, o).ws_fwd[0], double(int64_t(ws) + 1000));
+  EXPECT_DOUBLE_EQ(backend_workspace_bytes(prof, 8), double(int64_t(ws)) / 2);
+  EXPECT_DOUBLE_EQ(backend_workspace_bytes(prof, 40), double(int64_t(ws)) + 500);
+  EXPECT_DOUBLE_EQ(backend_workspace_bytes(prof, 256), 2.0 * double(prof.workspace_bytes));
   const auto back2 = profile_from_json(profile_to_json(prof), "p.json");
-  EXPECT_EQ(back2.workspace_min_bytes, prof.workspace_min_bytes);
-  EXPECT_EQ(back2.workspace_min_tokens, prof.workspace_min_tokens);
+  EXPECT_EQ(back2.workspace_points, prof.workspace_points);
   auto j2 = profile_to_json(prof);
-  j2.erase("workspace_min_bytes");
-  EXPECT_THROW(profile_from_json(j2, "p.json"), Error);
+  j2["workspace_points"] = nlohmann::json::array({nlohmann::json::array({64, 1}), nlohmann::json::array({16, 2})});
+  EXPECT_THROW(profile_from_json(j2, "p.json"), Error);  // not ascending
 }
 
 // The simulator with held gradients, by hand on a 2-layer instance (test_simulator.cpp's numbers).

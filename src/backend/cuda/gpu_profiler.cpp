@@ -208,8 +208,8 @@ void profile_gpu(ResourceProfile& p, const ModelConfig& c, int64_t batch, int64_
     // the memory outside its arena (the context already taken, the margin kept for cuBLAS and modules).
     p.workspace_bytes = ws;
     p.workspace_tokens = mb * seq;
-    p.workspace_min_bytes = tmp.layer_workspace_bytes(seq, seq);
-    p.workspace_min_tokens = seq;
+    p.workspace_points.clear();
+    for (int64_t n = 1; n < mb; n *= 2) p.workspace_points.emplace_back(n * seq, tmp.layer_workspace_bytes(n * seq, seq));
     p.hbm_reserve = std::max<int64_t>(p.hbm_reserve, int64_t(total_b - free_b) + o.margin);
   }
   CudaBackend be(c, o);
