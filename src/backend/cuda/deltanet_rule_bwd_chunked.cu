@@ -198,12 +198,22 @@ __device__ __forceinline__ void ldm_gemm_add_global(int M, int N, int K, A1 a1, 
 }
 // Sb [Dk, Dv + pad] bf16 <- the fp32 state M [Dk, Dv] (global). Barriers before and after.
 __device__ __forceinline__ void stage_state_bf16(const float* M, int Dk, int Dv, bf16* Sb) {
-  const int lds = Dv + kPad, lane = threadIdx.x & 31;
+  // A row per warp (no division by Dv), kRows rows' loads in flight per lane before their converted stores: one
+  // load at a time stalled on global latency (run 52, ncu: 8 % of the kernel's stall samples at the packs).
+  constexpr int kRows = 4;
+  const int lds = Dv + kPad, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarp = blockDim.x >> 5;
   __syncthreads();
-  for (int d = threadIdx.x >> 5; d < Dk; d += blockDim.x >> 5)  // a row per warp: no division by Dv
-    for (int e = 4 * lane; e < Dv; e += 128) {
-      const float4 x = *reinterpret_cast<const float4*>(M + d * Dv + e);
-      *reinterpret_cast<uint2*>(Sb + d * lds + e) = make_uint2(dev::pack_bf16(x.x, x.y), dev::pack_bf16(x.z, x.w));
+  for (int e = 4 * lane; e < Dv; e += 128)
+    for (int d0 = warp; d0 < Dk; d0 += kRows * nwarp) {
+      float4 x[kRows];
+#pragma unroll
+      for (int u = 0; u < kRows; ++u)
+        if (d0 + u * nwarp < Dk) x[u] = *reinterpret_cast<const float4*>(M + (d0 + u * nwarp) * Dv + e);
+#pragma unroll
+      for (int u = 0; u < kRows; ++u)
+        if (d0 + u * nwarp < Dk)
+          *reinterpret_cast<uint2*>(Sb + (d0 + u * nwarp) * lds + e) =
+              make_uint2(dev::pack_bf16(x[u].x, x[u].y), dev::pack_bf16(x[u].z, x[u].w));
     }
   __syncthreads();
 }
@@ -296,6 +306,7 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
       ldm_gemm(kC, Dk, Dv, bf16_m(dO, ldv_), nmajor(Sb, lds), [&](int i, int d, float acc) { X[i * ldk + d] = acc; });
       const float4* s4 = reinterpret_cast<const float4*>(S0);
       const float4* d4 = reinterpret_cast<const float4*>(dSe);
+#pragma unroll 4
       for (int idx = tid; idx < Dk * Dv / 4; idx += nth) {  // the same per-thread order as the block loop's
         const float4 a = s4[idx], x = d4[idx];
         sdot += a.x * x.x + a.y * x.y + a.z * x.z + a.w * x.w;
