@@ -181,17 +181,27 @@ int main(int argc, char** argv) {
     cuda::GdnRulePrecision prec;
     int warp_passes;  // -1: the default (register passes where the shape allows), 0: the tile passes
     int grads_b16 = -1;  // -1: the default (chunk_grads' bf16 operands with the register passes), 0: fragment path
+    int grads_cta = -1;  // chunk_grads' threads a CTA on the bf16 path (-1: the default)
+    int grads_wide = -1;  // 1: chunk_grads' 16 x 32 warp tiles (-1: the default)
   };
   for (Variant var : {Variant{cuda::GdnRuleImpl::Chunked, cuda::GdnRulePrecision::Split, -1},
                       Variant{cuda::GdnRuleImpl::Chunked, cuda::GdnRulePrecision::Bf16, 0},
                       Variant{cuda::GdnRuleImpl::Chunked, cuda::GdnRulePrecision::Bf16, -1, 0},
                       Variant{cuda::GdnRuleImpl::Chunked, cuda::GdnRulePrecision::Bf16, -1},
+                      Variant{cuda::GdnRuleImpl::Chunked, cuda::GdnRulePrecision::Bf16, -1, -1, 256, 0},
+                      Variant{cuda::GdnRuleImpl::Chunked, cuda::GdnRulePrecision::Bf16, -1, -1, 384, 0},
+                      Variant{cuda::GdnRuleImpl::Chunked, cuda::GdnRulePrecision::Bf16, -1, -1, 512, 0},
+                      Variant{cuda::GdnRuleImpl::Chunked, cuda::GdnRulePrecision::Bf16, -1, -1, 256, 1},
+                      Variant{cuda::GdnRuleImpl::Chunked, cuda::GdnRulePrecision::Bf16, -1, -1, 384, 1},
+                      Variant{cuda::GdnRuleImpl::Chunked, cuda::GdnRulePrecision::Bf16, -1, -1, 512, 1},
                       Variant{cuda::GdnRuleImpl::Mma, cuda::GdnRulePrecision::Split, -1},
                       Variant{cuda::GdnRuleImpl::Simt, cuda::GdnRulePrecision::Split, -1}}) {
     cuda::gdn_set_rule_impl(var.impl);
     cuda::gdn_set_rule_precision(var.prec);
     cuda::gdn_set_warp_passes(var.warp_passes);
     cuda::gdn_set_grads_b16(var.grads_b16);
+    cuda::gdn_set_grads_cta(var.grads_cta);
+    cuda::gdn_set_grads_wide(var.grads_wide);
     const double f = time_median_ms([&] { cuda::gdn_rule_fwd(d, qn, kn, v, g, beta, nullptr, o, states, st, ws); }, st);
     const double bw = time_median_ms(
         [&] { cuda::gdn_rule_bwd(d, qn, kn, v, g, beta, nullptr, states, dO, dq, dk, dv, dg, dbeta, ws, st); }, st);
@@ -199,7 +209,8 @@ int main(int argc, char** argv) {
                              (var.impl == cuda::GdnRuleImpl::Chunked ? std::string("/") +
                                                                            cuda::gdn_rule_precision_name(var.prec)
                                                                      : std::string()) +
-                             (var.warp_passes == 0 ? "/tile" : "") + (var.grads_b16 == 0 ? "/frag" : "");
+                             (var.warp_passes == 0 ? "/tile" : "") + (var.grads_b16 == 0 ? "/frag" : "") +
+                             (var.grads_cta > 0 ? "/cta" + std::to_string(var.grads_cta) : "") + (var.grads_wide == 1 ? "x32" : "");
     std::printf("    %-18s fwd %8.3f ms (%6.1f TFLOP/s)  bwd %8.3f ms (%6.1f TFLOP/s)  fwd+bwd %8.3f ms\n",
                 name.c_str(), f, rule_flop_fwd / (f * 1e9), bw, 2 * rule_flop_fwd / (bw * 1e9), f + bw);
   }
@@ -207,6 +218,8 @@ int main(int argc, char** argv) {
   cuda::gdn_set_rule_impl(def_impl);
   cuda::gdn_set_warp_passes(-1);
   cuda::gdn_set_grads_b16(-1);
+  cuda::gdn_set_grads_cta(-1);
+  cuda::gdn_set_grads_wide(-1);
   std::printf("  workspace: rule states %.1f MiB, bwd workspace %.1f MiB\n",
               double(cuda::gdn_rule_state_bytes(d)) / 1048576.0, double(ws_bytes) / 1048576.0);
   for (void* p : g_bufs) cudaFree(p);

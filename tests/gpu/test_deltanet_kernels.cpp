@@ -15,7 +15,9 @@
 #include <cmath>
 #include <cstring>
 #include <sstream>
+#include <iterator>
 #include <tuple>
+#include <utility>
 
 #include "backend/cpu/ops_gdn.h"
 #include "backend/cuda/deltanet.h"
@@ -223,14 +225,29 @@ struct GradsB16Scope {
   explicit GradsB16Scope(int on) { cuda::gdn_set_grads_b16(on); }
   ~GradsB16Scope() { cuda::gdn_set_grads_b16(-1); }
 };
+// Sets chunk_grads' CTA size (256 / 384 / 512) and warp tiles (1: 16 x 32) on the bf16 operand path, or restores
+// the defaults (-1).
+struct GradsCtaScope {
+  GradsCtaScope(int threads, int wide) {
+    cuda::gdn_set_grads_cta(threads);
+    cuda::gdn_set_grads_wide(wide);
+  }
+  ~GradsCtaScope() {
+    cuda::gdn_set_grads_cta(-1);
+    cuda::gdn_set_grads_wide(-1);
+  }
+};
+// The bf16 grads variants the rule test runs beside the default one: (threads a CTA, 16 x 32 warp tiles).
+constexpr std::pair<int, int> kGradsShapes[] = {{256, 0}, {384, 0}, {512, 0}, {256, 1}, {384, 1}};
 
 void run_rule(const GdnCase& gc, const RuleInputs& in, const std::vector<int32_t>& seg, cuda::GdnRuleImpl impl,
               RuleOut& r, cuda::GdnRulePrecision prec = cuda::GdnRulePrecision::Split, int warp_passes = -1,
-              int grads_b16 = -1) {
+              int grads_b16 = -1, std::pair<int, int> grads_shape = {-1, -1}) {
   RuleImplScope scope(impl);
   RulePrecisionScope pscope(prec);
   WarpPassScope wscope(warp_passes);
   GradsB16Scope gscope(grads_b16);
+  GradsCtaScope cscope(grads_shape.first, grads_shape.second);
   const auto d = dims_of(gc);
   const int64_t T = d.tokens(), KD = d.Hk * d.Dk, VD = d.Hv * d.Dv, NV = d.Hv;
   DevBuf q = up_bf16(in.q), k = up_bf16(in.k), v = up_bf16(in.v), g = up(in.g), beta = up(in.beta);
@@ -296,20 +313,23 @@ TEST_P(GdnKernel, RuleForwardBackward) {
   }
   // The three implementations (split products), then Chunked with bf16 products (GdnRulePrecision::Bf16), with the
   // default serial passes (the register passes where the shape allows), with the tile passes, and with the
-  // register passes but chunk_grads' fragment path: the same tolerances except the fp32 chunk states, whose
-  // products now round their fp32 operands to bf16 (8 mantissa bits, as flash-linear-attention's kernels):
-  // rel <= 1e-2.
-  RuleOut res[6];
-  for (int ii = 0; ii < 6; ++ii) {
+  // register passes but chunk_grads' fragment path, and chunk_grads' bf16 path in the kGradsShapes: the same
+  // tolerances except the fp32 chunk states, whose products now round their fp32 operands to bf16
+  // (8 mantissa bits, as flash-linear-attention's kernels): rel <= 1e-2.
+  constexpr int kVariants = 6 + int(std::size(kGradsShapes));
+  RuleOut res[kVariants];
+  for (int ii = 0; ii < kVariants; ++ii) {
     RuleOut& r = res[ii];
     const bool bf16 = ii >= 3, tile = ii == 4, frag = ii == 5;
+    const std::pair<int, int> shape = ii >= 6 ? kGradsShapes[ii - 6] : std::pair<int, int>{-1, -1};
     const cuda::GdnRuleImpl impl = bf16 ? cuda::GdnRuleImpl::Chunked : kImpls[ii];
     run_rule(gc, in, seg, impl, r, bf16 ? cuda::GdnRulePrecision::Bf16 : cuda::GdnRulePrecision::Split,
-             tile ? 0 : -1, frag ? 0 : -1);
+             tile ? 0 : -1, frag ? 0 : -1, shape);
     ASSERT_FALSE(::testing::Test::HasFatalFailure()) << impl_name(impl);
     std::ostringstream name;
-    name << gc << " [" << impl_name(impl) << (bf16 ? "/bf16" : "") << (tile ? "/tile" : "") << (frag ? "/frag" : "")
-         << "]";
+    name << gc << " [" << impl_name(impl) << (bf16 ? "/bf16" : "") << (tile ? "/tile" : "") << (frag ? "/frag" : "");
+    if (shape.first > 0) name << "/cta" << shape.first << (shape.second ? "x32" : "");
+    name << "]";
     EXPECT_LE(rel_err(r.o, o_ref), 1e-2) << name.str();
     if (!gc.segments) {  // the chunk grids agree without segments: the states are the same tensors
       EXPECT_LE(rel_err(r.states, st_ref), bf16 ? 1e-2 : 1e-3) << name.str();
@@ -342,6 +362,14 @@ TEST_P(GdnKernel, RuleForwardBackward) {
   std::printf("[gdn-grads] %s bf16 vs frag grads: rel dq %.2e dk %.2e dv %.2e dg %.2e dbeta %.2e\n",
               testing::PrintToString(gc).c_str(), rel_err(b16.dq, frag.dq), rel_err(b16.dk, frag.dk),
               rel_err(b16.dv, frag.dv), rel_err(b16.dg, frag.dg), rel_err(b16.db, frag.db));
+  // The CTA sizes change only the order of the <S0, dS> sum (dgam of the chunk's last row), the warp tiles nothing.
+  for (int ii = 6; ii < kVariants; ++ii) {
+    const RuleOut& c = res[ii];
+    for (auto [x, y, what] : {std::tuple{&c.dq, &b16.dq, "dq"}, {&c.dk, &b16.dk, "dk"}, {&c.dv, &b16.dv, "dv"},
+                              {&c.dg, &b16.dg, "dg"}, {&c.db, &b16.db, "dbeta"}})
+      EXPECT_LE(rel_err(*x, *y), 1e-5) << gc << " " << what << " [bf16 grads, cta " << kGradsShapes[ii - 6].first
+                                       << (kGradsShapes[ii - 6].second ? " x32" : "") << "]";
+  }
 }
 
 // ------------------------------------------------------------------------------------------ gated norm

@@ -103,6 +103,13 @@ void gdn_set_warp_passes(int on);
 // forces the fragment path (fp32 tiles, fragments assembled element by element); gdn_set_grads_b16(0 / 1)
 // overrides, -1 restores the default.
 void gdn_set_grads_b16(int on);
+// chunk_grads' CTA size on the bf16 operand path: 256, 384 or 512 threads (255, 168, 128 registers a thread; one
+// CTA per SM either way, its shared memory), 512 by default. Env LT_GDN_GRADS_CTA; gdn_set_grads_cta(threads)
+// overrides, -1 restores the default.
+void gdn_set_grads_cta(int threads);
+// chunk_grads' bf16 products in 16 x 32 warp tiles (1, the default; env LT_GDN_GRADS_TILE=16|32) or 16 x 16 (0);
+// -1: the default.
+void gdn_set_grads_wide(int on);
 int64_t gdn_rule_num_chunks(const GdnDims& d);  // per sample: ceil(seq / kGdnChunk)
 int64_t gdn_rule_state_bytes(const GdnDims& d);
 // ws: gdn_rule_fwd_workspace_bytes(d) bytes of scratch for the Chunked forward (nullptr: the Mma forward runs).

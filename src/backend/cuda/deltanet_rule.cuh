@@ -285,7 +285,9 @@ __device__ __forceinline__ void fwd_subst_col(const float* Mx, const float* rs, 
 #pragma unroll
   for (int i = 0; i < kC; ++i) X[i * ld] = x[i];
 }
-// Backward (transposed): y_i = x_i - sum_{j>i} rs_j Mx[j, i] y_j (right-looking: row j of Mx, float4).
+// Backward (transposed): y_i = x_i - sum_{j>i} rs_j Mx[j, i] y_j (right-looking: row j of Mx, float4); Mx's rows
+// kLdM floats apart (a multiple of 4).
+template <int kLdM = kC>
 __device__ __forceinline__ void bwd_subst_col(const float* Mx, const float* rs, float* X, int ld) {
   float y[kC];
 #pragma unroll
@@ -295,7 +297,7 @@ __device__ __forceinline__ void bwd_subst_col(const float* Mx, const float* rs, 
     const float z = rs[j] * y[j];
 #pragma unroll
     for (int i = 0; i < j; i += 4) {
-      const float4 a = *reinterpret_cast<const float4*>(Mx + j * kC + i);
+      const float4 a = *reinterpret_cast<const float4*>(Mx + j * kLdM + i);
       y[i] -= a.x * z;
       if (i + 1 < j) y[i + 1] -= a.y * z;
       if (i + 2 < j) y[i + 2] -= a.z * z;
@@ -403,6 +405,11 @@ bool gdn_split_products();
 bool gdn_warp_passes_allowed();
 // LT_GDN_GRADS / gdn_set_grads_b16 allow chunk_grads' bf16 operand path (with the register passes only).
 bool gdn_grads_b16_allowed();
+// LT_GDN_GRADS_CTA / gdn_set_grads_cta: chunk_grads' threads per CTA on the bf16 operand path.
+int gdn_grads_cta();
+// LT_GDN_GRADS_TILE=32 / gdn_set_grads_wide: chunk_grads' bf16 products in 16 x 32 warp tiles (one A fragment for
+// two mma chains) instead of 16 x 16.
+bool gdn_grads_wide();
 int64_t gdn_rule_fwd_chunked_workspace_bytes(const GdnDims& d);
 void gdn_rule_fwd_chunked(const GdnDims& d, const void* qn, const void* kn, const void* v, const float* g,
                           const float* beta, const int32_t* seg, void* o, float* state_ws, void* ws, cudaStream_t st);

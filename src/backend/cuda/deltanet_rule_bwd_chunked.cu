@@ -88,10 +88,13 @@ __global__ void __launch_bounds__(kThreads) ds_pass_kernel(ChunkedArgs p) {
 // ------------------------------------------------------------------------------------------- 3. chunk_grads
 // Shared memory: every operand of a product is staged there first (cp.async); the [Dk, Dv] states S0 and dS
 // go through the [64, max(Dk, Dv)] staging tile G in blocks of 64 rows.
+// The [kC, kC] tiles KM, P, dP have rows kLa floats apart: with 64 the fragment loads of a warp hit one group of
+// banks (run 52, ncu: a third of the kernel's shared-memory wavefronts were conflict excess).
+constexpr int kLa = kC + kPad;
 int64_t grads_smem_bytes(int Dk, int Dv) {
   const int ldg = std::max(Dk, Dv) + kPad;
   return carve_bytes(1, sizeof(ChunkScal)) + 2 * carve_bytes(int64_t(kC) * (Dk + kPad), 2) /*qs, ks*/ +
-         carve_bytes(int64_t(kC) * (Dv + kPad), 2) /*dO, then v*/ + 3 * carve_bytes(kC * kC, 4) /*KM, P, dP*/ +
+         carve_bytes(int64_t(kC) * (Dv + kPad), 2) /*dO, then v*/ + 3 * carve_bytes(kC * kLa, 4) /*KM, P, dP*/ +
          carve_bytes(int64_t(kC) * (Dk + kPad), 4) /*X*/ + carve_bytes(int64_t(kC) * (Dv + kPad), 4) /*Y*/ +
          carve_bytes(int64_t(kC) * ldg, 4) /*G*/ + carve_bytes(3 * kC + 32, 4) /*dgam, dbt, xs, red*/;
 }
@@ -154,47 +157,65 @@ __device__ __forceinline__ void lda_f32_kmajor(uint32_t (&a)[4], const float* t,
     a[r] = dev::pack_bf16(t[k * ld + m], t[(k + 1) * ld + m]);
   }
 }
-// The sum over k of A(m, k) B(k, n) for the 16 x 16 tile at (m0, n0), A and B from the loaders
+// The sum over k of A(m, k) B(k, n) for the 16 x 16 tile at (m0, n0) and, when `two`, the one at (m0, n0 + 16)
+// (acc[2..3]: one A fragment serves both, and the warp has two independent mma chains), A and B from the loaders
 // (load(frag, m0 or n0, k0)); K a multiple of 16, the tiles allocated up to the 16-multiples of M and N.
 template <typename ALoad, typename BLoad>
-__device__ __forceinline__ void ldm_tile(int K, ALoad load_a, BLoad load_b, int m0, int n0, float (&acc)[2][4]) {
+__device__ __forceinline__ void ldm_tile(int K, ALoad load_a, BLoad load_b, int m0, int n0, bool two,
+                                         float (&acc)[4][4]) {
   for (int k0 = 0; k0 < K; k0 += 16) {
     uint32_t a[4], b[4];
     load_a(a, m0, k0);
     load_b(b, n0, k0);
     mma_pair(acc, 0, a, b);
+    if (two) {
+      load_b(b, n0 + 16, k0);
+      mma_pair(acc, 1, a, b);
+    }
   }
 }
-// epi(m, n, sum_k A(m, k) B(k, n)) for m < M, n < N; warps take 16 x 16 tiles round robin (mma_gemm's order).
-template <typename ALoad, typename BLoad, typename Epi>
-__device__ __forceinline__ void ldm_gemm(int M, int N, int K, ALoad load_a, BLoad load_b, Epi epi) {
+// The warps' work units: 16 x 16 tiles (kWide false) or 16 x 32 pairs of them (kWide), round robin in row-major
+// order; f(m0, n0, two) for each (two: the pair's second tile exists).
+template <bool kWide, typename F>
+__device__ __forceinline__ void for_warp_tiles(int M, int N, F f) {
   const int warp = threadIdx.x >> 5, nwarp = blockDim.x >> 5;
-  const int tn = (N + 15) / 16, tiles = ((M + 15) / 16) * tn;
-  for (int tile = warp; tile < tiles; tile += nwarp) {
-    const int m0 = (tile / tn) * 16, n0 = (tile % tn) * 16;
-    float acc[2][4] = {};
-    ldm_tile(K, load_a, load_b, m0, n0, acc);
-    mma_epilogue(M, N, m0, n0, [&](int m, int n, int s, int i) { epi(m, n, acc[s][i]); });
+  constexpr int w = kWide ? 32 : 16;
+  const int tn = (N + w - 1) / w, units = ((M + 15) / 16) * tn;
+  for (int u = warp; u < units; u += nwarp) {
+    const int m0 = (u / tn) * 16, n0 = (u % tn) * w;
+    f(m0, n0, kWide && n0 + 16 < N);
   }
+}
+// epi(m, n, sum_k A(m, k) B(k, n)) for m < M, n < N.
+template <bool kWide, typename ALoad, typename BLoad, typename Epi>
+__device__ __forceinline__ void ldm_gemm(int M, int N, int K, ALoad load_a, BLoad load_b, Epi epi) {
+  for_warp_tiles<kWide>(M, N, [&](int m0, int n0, bool two) {
+    float acc[4][4] = {};
+    ldm_tile(K, load_a, load_b, m0, n0, two, acc);
+    mma_epilogue(M, N, m0, n0, [&](int m, int n, int s, int i) { epi(m, n, acc[s][i]); });
+    if (two) mma_epilogue(M, N, m0, n0 + 16, [&](int m, int n, int s, int i) { epi(m, n, acc[2 + s][i]); });
+  });
 }
 // out[m * ostride + n] += scale (A1 B1 [+ A2 B2]) + extra(m, n) in global memory, as gemm_add_global /
 // gemm2_add_global (the second product's terms after the first's, loads before stores).
-template <typename A1, typename B1, typename A2, typename B2, typename Extra>
-__device__ __forceinline__ void ldm_gemm_add_global(int M, int N, int K, A1 a1, B1 b1, A2 a2, B2 b2, bool two,
+template <bool kWide, typename A1, typename B1, typename A2, typename B2, typename Extra>
+__device__ __forceinline__ void ldm_gemm_add_global(int M, int N, int K, A1 a1, B1 b1, A2 a2, B2 b2, bool second,
                                                     float* out, int64_t ostride, float scale, Extra extra) {
-  const int warp = threadIdx.x >> 5, nwarp = blockDim.x >> 5;
-  const int tn = (N + 15) / 16, tiles = ((M + 15) / 16) * tn;
-  for (int tile = warp; tile < tiles; tile += nwarp) {
-    const int m0 = (tile / tn) * 16, n0 = (tile % tn) * 16;
-    float old[2][4];  // loaded first: in flight during the products
+  for_warp_tiles<kWide>(M, N, [&](int m0, int n0, bool two) {
+    float old[4][4];  // loaded first: in flight during the products
     mma_epilogue(M, N, m0, n0, [&](int m, int n, int s, int i) { old[s][i] = out[m * ostride + n]; });
-    float acc[2][4] = {};
-    ldm_tile(K, a1, b1, m0, n0, acc);
-    if (two) ldm_tile(K, a2, b2, m0, n0, acc);
+    if (two) mma_epilogue(M, N, m0, n0 + 16, [&](int m, int n, int s, int i) { old[2 + s][i] = out[m * ostride + n]; });
+    float acc[4][4] = {};
+    ldm_tile(K, a1, b1, m0, n0, two, acc);
+    if (second) ldm_tile(K, a2, b2, m0, n0, two, acc);
     mma_epilogue(M, N, m0, n0, [&](int m, int n, int s, int i) {
       out[m * ostride + n] = old[s][i] + scale * acc[s][i] + extra(m, n);
     });
-  }
+    if (two)
+      mma_epilogue(M, N, m0, n0 + 16, [&](int m, int n, int s, int i) {
+        out[m * ostride + n] = old[2 + s][i] + scale * acc[2 + s][i] + extra(m, n);
+      });
+  });
 }
 // Sb [Dk, Dv + pad] bf16 <- the fp32 state M [Dk, Dv] (global). Barriers before and after.
 __device__ __forceinline__ void stage_state_bf16(const float* M, int Dk, int Dv, bf16* Sb) {
@@ -222,8 +243,8 @@ inline bool grads_b16_fits(int Dk, int Dv) {
   return int64_t(Dk) * (Dv + kPad) * 2 <= int64_t(kC) * (std::max(Dk, Dv) + kPad) * 4;
 }
 
-template <bool kSplit, bool kB16>
-__global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
+template <bool kSplit, bool kB16, int kNT, bool kWide = false>
+__global__ void __launch_bounds__(kNT) chunk_grads_kernel(ChunkedArgs p) {
   static_assert(!(kSplit && kB16), "the bf16 operand path is the Bf16 precision's");
   extern __shared__ __align__(16) char smem[];
   const int Dk = p.Dk, Dv = p.Dv, Hv = p.Hv, Hk = p.Hk, kh = blockIdx.y, group = Hv / Hk;
@@ -238,9 +259,9 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
   bf16* qs = cv.take<bf16>(int64_t(kC) * ldk);
   bf16* ks = cv.take<bf16>(int64_t(kC) * ldk);
   bf16* dO = cv.take<bf16>(int64_t(kC) * ldv_);  // dO, from (5) on v
-  float* KM = cv.take<float>(kC * kC);
-  float* P = cv.take<float>(kC * kC);   // P, later E = dA o b_i M
-  float* dP = cv.take<float>(kC * kC);  // dP -> dP o M -> dA
+  float* KM = cv.take<float>(kC * kLa);
+  float* P = cv.take<float>(kC * kLa);   // P, later E = dA o b_i M
+  float* dP = cv.take<float>(kC * kLa);  // dP -> dP o M -> dA
   float* X = cv.take<float>(int64_t(kC) * ldk);   // r, r2, dW -> YW
   float* Y = cv.take<float>(int64_t(kC) * ldv_);  // Dl, from (5) on dDl -> YU
   float* G = cv.take<float>(int64_t(kC) * ldg);   // staging: S0 / dS row blocks, U, W (kB16: bf16 S0 / dS, Wb)
@@ -279,10 +300,10 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
     const int64_t vrow0 = ch.t0 * sv + int64_t(h) * Dv, wrow0 = ch.t0 * sw + int64_t(h) * Dk;
     async_rows(dO, ldv_, p.dout + vrow0, sv, Dv, kC, L);
     async_rows(Y, ldv_, p.Dl + vrow0, sv, Dv, kC, L);
-    async_copy(KM, p.KM + cidx * kC * kC, kC * kC);
-    async_copy(P, p.P + cidx * kC * kC, kC * kC);
+    async_rows(KM, kLa, p.KM + cidx * kC * kC, kC, kC, kC, kC);
+    async_rows(P, kLa, p.P + cidx * kC * kC, kC, kC, kC, kC);
     async_done();
-    for (int i = tid; i < kC * kC; i += nth) dP[i] = 0.f;  // the product below fills columns < L only
+    for (int i = tid; i < kC * kLa; i += nth) dP[i] = 0.f;  // the product below fills columns < L only
     if (tid < kC) dgam[tid] = dbt[tid] = 0.f;
     load_chunk_scalars(cs, p.g, p.beta, p.seg, ch.t0, L, Hv, h);  // syncs
     const float glast = cs.G[last];
@@ -295,15 +316,15 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
           *reinterpret_cast<uint32_t*>(Sb + i * lds + e) = dev::pack_bf16(x.x, x.y);
         }
       __syncthreads();
-      ldm_gemm(kC, L, Dv, bf16_m(dO, ldv_), nmajor(Sb, lds), [&](int i, int j, float acc) { dP[i * kC + j] = acc; });
+      ldm_gemm<kWide>(kC, L, Dv, bf16_m(dO, ldv_), nmajor(Sb, lds), [&](int i, int j, float acc) { dP[i * kLa + j] = acc; });
     } else {
       gemm<true, kSplit>(kC, L, prod(dO, ldv_, 1, Y, 1, ldv_, Dv),
-                         [&](int i, int j, float acc) { dP[i * kC + j] = acc; });
+                         [&](int i, int j, float acc) { dP[i * kLa + j] = acc; });
     }
     float sdot = 0.f;
     if constexpr (kB16) {
       stage_state_bf16(S0, Dk, Dv, Sb);
-      ldm_gemm(kC, Dk, Dv, bf16_m(dO, ldv_), nmajor(Sb, lds), [&](int i, int d, float acc) { X[i * ldk + d] = acc; });
+      ldm_gemm<kWide>(kC, Dk, Dv, bf16_m(dO, ldv_), nmajor(Sb, lds), [&](int i, int d, float acc) { X[i * ldk + d] = acc; });
       const float4* s4 = reinterpret_cast<const float4*>(S0);
       const float4* d4 = reinterpret_cast<const float4*>(dSe);
 #pragma unroll 4
@@ -327,11 +348,11 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
     sdot = dev::warp_sum(sdot);
     if (lane == 0) red[warp] = sdot;
     for (int i = warp; i < L; i += nwarp) {  // dgam from dP o P (rows +) and from r
-      const float s = warp_row_sum(i, [&](int j) { return dP[i * kC + j] * P[i * kC + j]; });
+      const float s = warp_row_sum(i, [&](int j) { return dP[i * kLa + j] * P[i * kLa + j]; });
       const float qr = warp_row_sum(Dk, [&](int d) { return ldv(qs + i * ldk + d) * X[i * ldk + d]; });
       if (lane == 0) dgam[i] += s + cs.G[i] * scale * qr;
     }
-    col_sums(L, xs, [&](int j, int i) { return dP[j * kC + i] * P[j * kC + i]; });  // (columns -)
+    col_sums(L, xs, [&](int j, int i) { return dP[j * kLa + i] * P[j * kLa + i]; });  // (columns -)
     __syncthreads();
     if (tid < L) {
       float x = -xs[tid];
@@ -342,20 +363,20 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
       }
       dgam[tid] += x;
     }
-    for (int idx = tid; idx < kC * kC; idx += nth) dP[idx] *= decay(cs, idx / kC, idx % kC);
+    for (int idx = tid; idx < kC * kC; idx += nth) dP[(idx / kC) * kLa + idx % kC] *= decay(cs, idx / kC, idx % kC);
     __syncthreads();
 
     // (2)(3) dq = scale ((dP o M) K + G r), one pass over dq; (4) r2 = Dl dS^T (-> X);
     // (2)(4) dk += scale (dP o M)^T q + Ge r2
     auto dq_extra = [&](int i, int d) { return scale * cs.G[i] * X[i * ldk + d]; };
     if constexpr (kB16)
-      ldm_gemm_add_global(L, Dk, kC, f32_m(dP, kC), kmajor(ks, ldk), f32_m(dP, kC), kmajor(ks, ldk), false, dq, sqk,
+      ldm_gemm_add_global<kWide>(L, Dk, kC, f32_m(dP, kLa), kmajor(ks, ldk), f32_m(dP, kLa), kmajor(ks, ldk), false, dq, sqk,
                           scale, dq_extra);
     else
-      gemm_add_global<kSplit>(L, Dk, prod(dP, kC, 1, ks, ldk, 1, kC), dq, sqk, scale, dq_extra);
+      gemm_add_global<kSplit>(L, Dk, prod(dP, kLa, 1, ks, ldk, 1, kC), dq, sqk, scale, dq_extra);
     if constexpr (kB16) {
       stage_state_bf16(dSe, Dk, Dv, Sb);
-      ldm_gemm(L, Dk, Dv, f32_m(Y, ldv_), nmajor(Sb, lds),
+      ldm_gemm<kWide>(L, Dk, Dv, f32_m(Y, ldv_), nmajor(Sb, lds),
                [&](int j, int d, float acc) { X[j * ldk + d] = acc; });
       __syncthreads();
     } else {
@@ -366,10 +387,10 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
     }
     auto dk_extra = [&](int j, int d) { return cs.Ge[j] * X[j * ldk + d]; };
     if constexpr (kB16)
-      ldm_gemm_add_global(L, Dk, kC, f32_k(dP, kC), kmajor(qs, ldk), f32_k(dP, kC), kmajor(qs, ldk), false, dk, sqk,
+      ldm_gemm_add_global<kWide>(L, Dk, kC, f32_k(dP, kLa), kmajor(qs, ldk), f32_k(dP, kLa), kmajor(qs, ldk), false, dk, sqk,
                           scale, dk_extra);
     else
-      gemm_add_global<kSplit>(L, Dk, prod(dP, 1, kC, qs, ldk, 1, kC), dk, sqk, scale, dk_extra);
+      gemm_add_global<kSplit>(L, Dk, prod(dP, 1, kLa, qs, ldk, 1, kC), dk, sqk, scale, dk_extra);
 
     // (4) dgam terms; dDl -> Y and v -> dO for what follows
     for (int j = warp; j < kC; j += nwarp) {
@@ -394,7 +415,7 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
     }
     if constexpr (kB16) {
       stage_state_bf16(S0, Dk, Dv, Sb);
-      ldm_gemm(kC, Dk, Dv, f32_m(Y, ldv_), nmajor(Sb, lds),
+      ldm_gemm<kWide>(kC, Dk, Dv, f32_m(Y, ldv_), nmajor(Sb, lds),
                [&](int i, int d, float acc) { X[i * ldk + d] = -acc; });
       __syncthreads();
     } else {
@@ -408,26 +429,26 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
     async_rows(G, ldg, p.U + vrow0, sv, Dv, kC, L);
     for (int col = tid; col < Dk + Dv; col += nth) {  // one call site: the unrolled solve is ~2,500 instructions
       const bool in_x = col < Dk;
-      bwd_subst_col(KM, cs.bt, in_x ? X + col : Y + (col - Dk), in_x ? ldk : ldv_);
+      bwd_subst_col<kLa>(KM, cs.bt, in_x ? X + col : Y + (col - Dk), in_x ? ldk : ldv_);
     }
-    for (int i = tid; i < kC * kC; i += nth) dP[i] = P[i] = 0.f;
+    for (int i = tid; i < kC * kLa; i += nth) dP[i] = P[i] = 0.f;
     async_done();
     __syncthreads();
 
     // (7) dA = -(YU U^T + YW W^T), E = dA o b_i M; dv, db, dgam, dk
-    gemm<true, kSplit>(kC, L, prod(Y, ldv_, 1, G, 1, ldg, Dv), [&](int i, int j, float acc) { dP[i * kC + j] = acc; });
+    gemm<true, kSplit>(kC, L, prod(Y, ldv_, 1, G, 1, ldg, Dv), [&](int i, int j, float acc) { dP[i * kLa + j] = acc; });
     __syncthreads();
     auto da_epi = [&](int i, int j, float acc) {
       const bool in = j < i && same_seg(cs, i, j);
-      const float da = in ? -(dP[i * kC + j] + acc) : 0.f;
-      dP[i * kC + j] = da;
-      P[i * kC + j] = in ? da * cs.bt[i] * decay(cs, i, j) : 0.f;
+      const float da = in ? -(dP[i * kLa + j] + acc) : 0.f;
+      dP[i * kLa + j] = da;
+      P[i * kLa + j] = in ? da * cs.bt[i] * decay(cs, i, j) : 0.f;
     };
     if constexpr (kB16) {
       async_rows(Sb, ldk, p.Wb + wrow0, sw, Dk, kC, L);
       async_done();
       __syncthreads();
-      ldm_gemm(kC, L, Dk, f32_m(X, ldk), nmajor(Sb, ldk), da_epi);
+      ldm_gemm<kWide>(kC, L, Dk, f32_m(X, ldk), nmajor(Sb, ldk), da_epi);
     } else {
       async_rows(G, ldg, p.W + wrow0, sw, Dk, kC, L);
       async_done();
@@ -449,16 +470,16 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(ChunkedArgs p) {
 
     // (8) db, dgam from dA; (7)(8) dk += b G YW + E K + E^T K
     for (int i = warp; i < L; i += nwarp) {  // the row part of dgam: b_i sum_{j<i} dA[i,j] KM[i,j] = b_i db_i's term
-      const float sdb = warp_row_sum(i, [&](int j) { return dP[i * kC + j] * KM[i * kC + j]; });
+      const float sdb = warp_row_sum(i, [&](int j) { return dP[i * kLa + j] * KM[i * kLa + j]; });
       if (lane == 0) dbt[i] += sdb, dgam[i] += cs.bt[i] * sdb;
     }
-    col_sums(L, xs, [&](int j, int i) { return dP[j * kC + i] * cs.bt[j] * KM[j * kC + i]; });  // subtracted in (9)
+    col_sums(L, xs, [&](int j, int i) { return dP[j * kLa + i] * cs.bt[j] * KM[j * kLa + i]; });  // subtracted in (9)
     auto e_extra = [&](int i, int d) { return cs.bt[i] * cs.G[i] * X[i * ldk + d]; };
     if constexpr (kB16)
-      ldm_gemm_add_global(L, Dk, kC, f32_m(P, kC), kmajor(ks, ldk), f32_k(P, kC), kmajor(ks, ldk), true, dk, sqk, 1.f,
+      ldm_gemm_add_global<kWide>(L, Dk, kC, f32_m(P, kLa), kmajor(ks, ldk), f32_k(P, kLa), kmajor(ks, ldk), true, dk, sqk, 1.f,
                           e_extra);
     else
-      gemm2_add_global<kSplit>(L, Dk, prod(P, kC, 1, ks, ldk, 1, kC), prod(P, 1, kC, ks, ldk, 1, kC), dk, sqk, 1.f,
+      gemm2_add_global<kSplit>(L, Dk, prod(P, kLa, 1, ks, ldk, 1, kC), prod(P, 1, kLa, ks, ldk, 1, kC), dk, sqk, 1.f,
                                e_extra);
     __syncthreads();
 
@@ -492,9 +513,16 @@ void gdn_rule_bwd_chunked(const GdnDims& d, const void* qn, const void* kn, cons
   LT_CUDA_REQUIRE(nt > 0 && grads_smem <= optin, why.c_str());
   const auto ds_kern = LT_GDN_SPLIT_KERNEL(ds_pass_kernel);
   const bool warp = warp_passes(d), b16 = warp && gdn_grads_b16_allowed() && grads_b16_fits(Dk, Dv);
-  const auto grads_kern = b16                   ? chunk_grads_kernel<false, true>
-                          : gdn_split_products() ? chunk_grads_kernel<true, false>
-                                                 : chunk_grads_kernel<false, false>;
+  const int grads_nt = b16 ? gdn_grads_cta() : kThreads;
+  const bool wide = b16 && gdn_grads_wide();
+  const auto grads_kern = !b16  ? (gdn_split_products() ? chunk_grads_kernel<true, false, kThreads>
+                                                        : chunk_grads_kernel<false, false, kThreads>)
+                          : wide ? (grads_nt == 512   ? chunk_grads_kernel<false, true, 512, true>
+                                    : grads_nt == 384 ? chunk_grads_kernel<false, true, 384, true>
+                                                      : chunk_grads_kernel<false, true, kThreads, true>)
+                                 : (grads_nt == 512   ? chunk_grads_kernel<false, true, 512>
+                                    : grads_nt == 384 ? chunk_grads_kernel<false, true, 384>
+                                                      : chunk_grads_kernel<false, true, kThreads>);
   LT_CUDA(cudaFuncSetAttribute(ds_kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(ds_smem)));
   LT_CUDA(cudaFuncSetAttribute(grads_kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(grads_smem)));
   const int64_t nck = gdn_rule_num_chunks(d), qk = d.Hk * d.Dk, vd = d.Hv * d.Dv;
@@ -513,6 +541,7 @@ void gdn_rule_bwd_chunked(const GdnDims& d, const void* qn, const void* kn, cons
     LT_CUDA(cudaMemsetAsync(a.dqn, 0, nqk * sizeof(float), st));
     LT_CUDA(cudaMemsetAsync(a.dkn, 0, nqk * sizeof(float), st));
     if (!warp) a.Wb = a.Pb = nullptr;
+    if (b16) a.W = nullptr;  // chunk_grads' bf16 path reads Wb
     launch_chunk_prep(s, a, /*bwd=*/true, st);
     if (warp) {
       launch_ds_pass_warp(s, a, st);
@@ -520,8 +549,8 @@ void gdn_rule_bwd_chunked(const GdnDims& d, const void* qn, const void* kn, cons
       ds_kern<<<dim3(unsigned(Dv / nt), unsigned(d.Hv), unsigned(s.batch)), kThreads, size_t(ds_smem), st>>>(a);
       LT_CUDA_LAUNCH();
     }
-    grads_kern<<<dim3(unsigned(nck), unsigned(d.Hk), unsigned(s.batch)), kThreads, size_t(grads_smem),
-                         st>>>(a);
+    grads_kern<<<dim3(unsigned(nck), unsigned(d.Hk), unsigned(s.batch)), unsigned(grads_nt), size_t(grads_smem),
+                 st>>>(a);
     LT_CUDA_LAUNCH();
   });
 }

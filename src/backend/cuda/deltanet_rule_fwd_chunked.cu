@@ -73,13 +73,14 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_lean_kernel(ChunkedArgs p
   float* KM = cv.take<float>(kC * kC);
   prep_load(p, ch, cidx, h, kh, cs, qs, ks, vs);
   const float scale = p.scale;
-  float* P = p.P + cidx * kC * kC;
+  // p.W / p.P null: nobody reads the fp32 copies (the register passes read Wb, Pb; chunk_grads' bf16 path Wb).
+  float* P = p.P ? p.P + cidx * kC * kC : nullptr;
   bf16* Pb = p.Pb ? p.Pb + cidx * kC * kC : nullptr;
   gemm2<true, kSplit>(kC, kC, prod(ks, ldk, 1, ks, 1, ldk, Dk), prod(qs, ldk, 1, ks, 1, ldk, Dk),
                       [&](int i, int j, float kk, float qk) {
                         const float m = decay(cs, i, j);
                         KM[i * kC + j] = j < i ? kk * m : 0.f;
-                        P[i * kC + j] = scale * qk * m;
+                        if (P) P[i * kC + j] = scale * qk * m;
                         if (Pb) Pb[i * kC + j] = __float2bfloat16(scale * qk * m);
                       });
   __syncthreads();
@@ -95,14 +96,16 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_lean_kernel(ChunkedArgs p
 #pragma unroll
     for (int i = 0; i < kC; ++i) x[i] = cs.bt[i] * (isw ? cs.G[i] : 1.f) * ldv(src + i * ld);
     fwd_subst(KM, cs.bt, x);
-    float* dst = isw ? p.W + ch.t0 * sw + int64_t(h) * Dk + col : p.U + ch.t0 * sv + int64_t(h) * Dv + (col - Dk);
+    float* dst = !isw ? p.U + ch.t0 * sv + int64_t(h) * Dv + (col - Dk)
+                 : p.W  ? p.W + ch.t0 * sw + int64_t(h) * Dk + col
+                        : nullptr;
     bf16* dstb = isw && p.Wb ? p.Wb + ch.t0 * sw + int64_t(h) * Dk + col : nullptr;
     float* dl = kDl && !isw && ch.zero_start ? p.Dl + ch.t0 * sv + int64_t(h) * Dv + (col - Dk) : nullptr;
     const int64_t ds = isw ? sw : sv;
 #pragma unroll
     for (int i = 0; i < kC; ++i) {
       if (i < ch.L) {
-        dst[i * ds] = x[i];
+        if (dst) dst[i * ds] = x[i];
         if (dstb) dstb[i * ds] = __float2bfloat16(x[i]);
         if (dl) dl[i * ds] = x[i];  // S0 = 0: Dl = U
       }
@@ -351,6 +354,7 @@ void gdn_rule_fwd_chunked(const GdnDims& d, const void* qn, const void* kn, cons
     a.o = static_cast<bf16*>(o) + r0 * d.Hv * d.Dv;
     a.states_out = state_ws + b0 * nck * d.Hv * d.Dk * d.Dv;
     if (!warp) a.Wb = a.Pb = nullptr;
+    if (warp) a.W = a.P = nullptr;  // the register passes read the bf16 copies only
     launch_chunk_prep(s, a, /*bwd=*/false, st);
     if (warp) {
       launch_state_pass_warp(s, a, st);
