@@ -210,7 +210,8 @@ int main(int argc, char** argv) {
                                                                            cuda::gdn_rule_precision_name(var.prec)
                                                                      : std::string()) +
                              (var.warp_passes == 0 ? "/tile" : "") + (var.grads_b16 == 0 ? "/frag" : "") +
-                             (var.grads_cta > 0 ? "/cta" + std::to_string(var.grads_cta) : "") + (var.grads_wide == 1 ? "x32" : "");
+                             (var.grads_cta > 0 ? "/cta" + std::to_string(var.grads_cta) : "") +
+                             (var.grads_wide == 1 ? "x32" : "");
     std::printf("    %-18s fwd %8.3f ms (%6.1f TFLOP/s)  bwd %8.3f ms (%6.1f TFLOP/s)  fwd+bwd %8.3f ms\n",
                 name.c_str(), f, rule_flop_fwd / (f * 1e9), bw, 2 * rule_flop_fwd / (bw * 1e9), f + bw);
   }

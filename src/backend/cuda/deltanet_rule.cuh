@@ -410,6 +410,9 @@ int gdn_grads_cta();
 // LT_GDN_GRADS_TILE=32 / gdn_set_grads_wide: chunk_grads' bf16 products in 16 x 32 warp tiles (one A fragment for
 // two mma chains) instead of 16 x 16.
 bool gdn_grads_wide();
+// LT_GDN_SCHED=all|none|prep|grads (default all): bit 1 the lean prep's ldmatrix products, bit 2 chunk_grads'
+// prefetch of the next head (ChunkedArgs::prep_ldm, grads_prefetch; the same arithmetic either way).
+int gdn_sched_flags();
 int64_t gdn_rule_fwd_chunked_workspace_bytes(const GdnDims& d);
 void gdn_rule_fwd_chunked(const GdnDims& d, const void* qn, const void* kn, const void* v, const float* g,
                           const float* beta, const int32_t* seg, void* o, float* state_ws, void* ws, cudaStream_t st);

@@ -217,25 +217,36 @@ __device__ __forceinline__ void ldm_gemm_add_global(int M, int N, int K, A1 a1, 
       });
   });
 }
-// Sb [Dk, Dv + pad] bf16 <- the fp32 state M [Dk, Dv] (global). Barriers before and after.
-__device__ __forceinline__ void stage_state_bf16(const float* M, int Dk, int Dv, bf16* Sb) {
+// Sb [Dk, Dv + pad] bf16 <- the fp32 state M [Dk, Dv] (global); with Wt, also *dot += <M, Wt> (this thread's
+// part, fp32) from the same loads' rows of M. Barriers before and after.
+template <bool kDot = false>
+__device__ __forceinline__ void stage_state_bf16(const float* M, int Dk, int Dv, bf16* Sb, const float* Wt = nullptr,
+                                                 float* dot = nullptr) {
   // A row per warp (no division by Dv), kRows rows' loads in flight per lane before their converted stores: one
-  // load at a time stalled on global latency (run 52, ncu: 8 % of the kernel's stall samples at the packs).
+  // load at a time stalled on global latency (run 52, ncu: 8 % of the kernel's stall samples at the packs). The
+  // dot product rides on the staging's loads (it was a pass of its own over both states).
   constexpr int kRows = 4;
   const int lds = Dv + kPad, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarp = blockDim.x >> 5;
+  float acc = 0.f;
   __syncthreads();
   for (int e = 4 * lane; e < Dv; e += 128)
     for (int d0 = warp; d0 < Dk; d0 += kRows * nwarp) {
-      float4 x[kRows];
+      float4 x[kRows], y[kRows];
 #pragma unroll
       for (int u = 0; u < kRows; ++u)
-        if (d0 + u * nwarp < Dk) x[u] = *reinterpret_cast<const float4*>(M + (d0 + u * nwarp) * Dv + e);
+        if (d0 + u * nwarp < Dk) {
+          x[u] = *reinterpret_cast<const float4*>(M + (d0 + u * nwarp) * Dv + e);
+          if constexpr (kDot) y[u] = *reinterpret_cast<const float4*>(Wt + (d0 + u * nwarp) * Dv + e);
+        }
 #pragma unroll
       for (int u = 0; u < kRows; ++u)
-        if (d0 + u * nwarp < Dk)
+        if (d0 + u * nwarp < Dk) {
           *reinterpret_cast<uint2*>(Sb + (d0 + u * nwarp) * lds + e) =
               make_uint2(dev::pack_bf16(x[u].x, x[u].y), dev::pack_bf16(x[u].z, x[u].w));
+          if constexpr (kDot) acc += x[u].x * y[u].x + x[u].y * y[u].y + x[u].z * y[u].z + x[u].w * y[u].w;
+        }
     }
+  if constexpr (kDot) *dot += acc;
   __syncthreads();
 }
 // Whether the bf16 states fit the G region: Dk (Dv + pad) bf16 <= 64 (max(Dk, Dv) + pad) fp32.
@@ -298,8 +309,10 @@ __global__ void __launch_bounds__(kNT) chunk_grads_kernel(ChunkedArgs p) {
     const float* S0 = p.states + cidx * int64_t(Dk) * Dv;  // S0(d, e) = S0[d*Dv + e]
     const float* dSe = p.dS + cidx * int64_t(Dk) * Dv;
     const int64_t vrow0 = ch.t0 * sv + int64_t(h) * Dv, wrow0 = ch.t0 * sw + int64_t(h) * Dk;
-    async_rows(dO, ldv_, p.dout + vrow0, sv, Dv, kC, L);
-    async_rows(Y, ldv_, p.Dl + vrow0, sv, Dv, kC, L);
+    if (h == kh * group || !p.grads_prefetch) {  // else issued during the previous head's step (8)
+      async_rows(dO, ldv_, p.dout + vrow0, sv, Dv, kC, L);
+      async_rows(Y, ldv_, p.Dl + vrow0, sv, Dv, kC, L);
+    }
     async_rows(KM, kLa, p.KM + cidx * kC * kC, kC, kC, kC, kC);
     async_rows(P, kLa, p.P + cidx * kC * kC, kC, kC, kC, kC);
     async_done();
@@ -316,22 +329,17 @@ __global__ void __launch_bounds__(kNT) chunk_grads_kernel(ChunkedArgs p) {
           *reinterpret_cast<uint32_t*>(Sb + i * lds + e) = dev::pack_bf16(x.x, x.y);
         }
       __syncthreads();
-      ldm_gemm<kWide>(kC, L, Dv, bf16_m(dO, ldv_), nmajor(Sb, lds), [&](int i, int j, float acc) { dP[i * kLa + j] = acc; });
+      ldm_gemm<kWide>(kC, L, Dv, bf16_m(dO, ldv_), nmajor(Sb, lds),
+                      [&](int i, int j, float acc) { dP[i * kLa + j] = acc; });
     } else {
       gemm<true, kSplit>(kC, L, prod(dO, ldv_, 1, Y, 1, ldv_, Dv),
                          [&](int i, int j, float acc) { dP[i * kLa + j] = acc; });
     }
     float sdot = 0.f;
     if constexpr (kB16) {
-      stage_state_bf16(S0, Dk, Dv, Sb);
-      ldm_gemm<kWide>(kC, Dk, Dv, bf16_m(dO, ldv_), nmajor(Sb, lds), [&](int i, int d, float acc) { X[i * ldk + d] = acc; });
-      const float4* s4 = reinterpret_cast<const float4*>(S0);
-      const float4* d4 = reinterpret_cast<const float4*>(dSe);
-#pragma unroll 4
-      for (int idx = tid; idx < Dk * Dv / 4; idx += nth) {  // the same per-thread order as the block loop's
-        const float4 a = s4[idx], x = d4[idx];
-        sdot += a.x * x.x + a.y * x.y + a.z * x.z + a.w * x.w;
-      }
+      stage_state_bf16<true>(S0, Dk, Dv, Sb, dSe, &sdot);
+      ldm_gemm<kWide>(kC, Dk, Dv, bf16_m(dO, ldv_), nmajor(Sb, lds),
+                      [&](int i, int d, float acc) { X[i * ldk + d] = acc; });
       __syncthreads();
     } else for_state_blocks(S0, Dk, Dv, G, ldg, [&](int d0, int nd) {
       gemm<true, kSplit>(kC, nd, prod(dO, ldv_, 1, G, 1, ldg, Dv),
@@ -370,8 +378,8 @@ __global__ void __launch_bounds__(kNT) chunk_grads_kernel(ChunkedArgs p) {
     // (2)(4) dk += scale (dP o M)^T q + Ge r2
     auto dq_extra = [&](int i, int d) { return scale * cs.G[i] * X[i * ldk + d]; };
     if constexpr (kB16)
-      ldm_gemm_add_global<kWide>(L, Dk, kC, f32_m(dP, kLa), kmajor(ks, ldk), f32_m(dP, kLa), kmajor(ks, ldk), false, dq, sqk,
-                          scale, dq_extra);
+      ldm_gemm_add_global<kWide>(L, Dk, kC, f32_m(dP, kLa), kmajor(ks, ldk), f32_m(dP, kLa), kmajor(ks, ldk), false, dq,
+                                 sqk, scale, dq_extra);
     else
       gemm_add_global<kSplit>(L, Dk, prod(dP, kLa, 1, ks, ldk, 1, kC), dq, sqk, scale, dq_extra);
     if constexpr (kB16) {
@@ -387,8 +395,8 @@ __global__ void __launch_bounds__(kNT) chunk_grads_kernel(ChunkedArgs p) {
     }
     auto dk_extra = [&](int j, int d) { return cs.Ge[j] * X[j * ldk + d]; };
     if constexpr (kB16)
-      ldm_gemm_add_global<kWide>(L, Dk, kC, f32_k(dP, kLa), kmajor(qs, ldk), f32_k(dP, kLa), kmajor(qs, ldk), false, dk, sqk,
-                          scale, dk_extra);
+      ldm_gemm_add_global<kWide>(L, Dk, kC, f32_k(dP, kLa), kmajor(qs, ldk), f32_k(dP, kLa), kmajor(qs, ldk), false, dk,
+                                 sqk, scale, dk_extra);
     else
       gemm_add_global<kSplit>(L, Dk, prod(dP, 1, kLa, qs, ldk, 1, kC), dk, sqk, scale, dk_extra);
 
@@ -467,6 +475,12 @@ __global__ void __launch_bounds__(kNT) chunk_grads_kernel(ChunkedArgs p) {
     for (int i = warp; i < L; i += nwarp)
       for (int e = lane; e < Dv; e += 32) dvh[i * sv + e] = cs.bt[i] * Y[i * ldv_ + e];
     __syncthreads();
+    // the next head's dO and Dl load under (8) and (9), which read neither
+    if (p.grads_prefetch && h + 1 < (kh + 1) * group) {
+      async_rows(dO, ldv_, p.dout + vrow0 + Dv, sv, Dv, kC, L);
+      async_rows(Y, ldv_, p.Dl + vrow0 + Dv, sv, Dv, kC, L);
+      dev::cp_async_commit();
+    }
 
     // (8) db, dgam from dA; (7)(8) dk += b G YW + E K + E^T K
     for (int i = warp; i < L; i += nwarp) {  // the row part of dgam: b_i sum_{j<i} dA[i,j] KM[i,j] = b_i db_i's term
@@ -476,8 +490,8 @@ __global__ void __launch_bounds__(kNT) chunk_grads_kernel(ChunkedArgs p) {
     col_sums(L, xs, [&](int j, int i) { return dP[j * kLa + i] * cs.bt[j] * KM[j * kLa + i]; });  // subtracted in (9)
     auto e_extra = [&](int i, int d) { return cs.bt[i] * cs.G[i] * X[i * ldk + d]; };
     if constexpr (kB16)
-      ldm_gemm_add_global<kWide>(L, Dk, kC, f32_m(P, kLa), kmajor(ks, ldk), f32_k(P, kLa), kmajor(ks, ldk), true, dk, sqk, 1.f,
-                          e_extra);
+      ldm_gemm_add_global<kWide>(L, Dk, kC, f32_m(P, kLa), kmajor(ks, ldk), f32_k(P, kLa), kmajor(ks, ldk), true, dk,
+                                 sqk, 1.f, e_extra);
     else
       gemm2_add_global<kSplit>(L, Dk, prod(P, kLa, 1, ks, ldk, 1, kC), prod(P, 1, kLa, ks, ldk, 1, kC), dk, sqk, 1.f,
                                e_extra);

@@ -36,6 +36,9 @@ struct ChunkedArgs {
   int64_t seq, nck;
   int Hk, Hv, Dk, Dv, nt;
   float scale;
+  // Schedule choices that leave the arithmetic as it is (LT_GDN_SCHED, gdn_sched_flags): the lean prep's KK/QK
+  // products with ldmatrix fragments; chunk_grads loading the next value head's dO and Dl during step (8).
+  bool prep_ldm, grads_prefetch;
 };
 
 constexpr int kPad = 8;  // row padding of the shared tiles (keeps the fragment loads off one bank)

@@ -200,7 +200,8 @@ bool gdn_grads_b16_allowed() {
 }
 void gdn_set_grads_b16(int on) { g_grads_b16.store(on < 0 ? -1 : on ? 1 : 0, std::memory_order_relaxed); }
 int gdn_grads_cta() {
-  return kGradsCtas[cached_choice(g_grads_cta, [] { return env_choice("LT_GDN_GRADS_CTA", {"256", "384", "512"}, 2); })];
+  return kGradsCtas[cached_choice(g_grads_cta,
+                                  [] { return env_choice("LT_GDN_GRADS_CTA", {"256", "384", "512"}, 2); })];
 }
 // Run 57 at the 27B shape, batch 8: the rule's backward 7.34 ms at 256 threads and 16 x 16 tiles, 6.38 ms at 512 and
 // 16 x 32 (more warps to hide the latencies of a kernel that holds one CTA per SM by its shared memory).
@@ -208,6 +209,13 @@ bool gdn_grads_wide() {
   return cached_choice(g_grads_wide, [] { return env_choice("LT_GDN_GRADS_TILE", {"16", "32"}, 1); }) == 1;
 }
 void gdn_set_grads_wide(int on) { g_grads_wide.store(on < 0 ? -1 : on ? 1 : 0, std::memory_order_relaxed); }
+int gdn_sched_flags() {
+  static const int v = [] {
+    const int c = env_choice("LT_GDN_SCHED", {"all", "none", "prep", "grads"}, 0);
+    return c == 0 ? 3 : c == 1 ? 0 : c == 2 ? 1 : 2;
+  }();
+  return v;
+}
 void gdn_set_grads_cta(int threads) {
   int v = -1;
   for (int i = 0; i < 3; ++i)

@@ -53,6 +53,27 @@ __device__ __forceinline__ void prep_load(const ChunkedArgs& p, const Chunk& ch,
   }
 }
 
+// KK^T and QK^T of a chunk (bf16 tiles [64, Dk + pad], Dk a multiple of 16) on the tensor cores with ldmatrix
+// fragments: epi(i, j, (K K^T)[i, j], (Q K^T)[i, j]) for i, j < 64. The same products and k order as gemm2's
+// fragments assembled element by element (bf16 inputs: exact either way).
+template <typename Epi>
+__device__ __forceinline__ void kq_products_ldm(const bf16* ks, const bf16* qs, int ldk, int Dk, Epi epi) {
+  const int warp = threadIdx.x >> 5, nwarp = blockDim.x >> 5;
+  for (int tile = warp; tile < (kC / 16) * (kC / 16); tile += nwarp) {
+    const int m0 = (tile / (kC / 16)) * 16, n0 = (tile % (kC / 16)) * 16;
+    float akk[2][4] = {}, aqk[2][4] = {};
+    for (int k0 = 0; k0 < Dk; k0 += 16) {
+      uint32_t ak[4], aq[4], b[4];
+      lda_mmajor(ak, ks, ldk, m0, k0);
+      lda_mmajor(aq, qs, ldk, m0, k0);
+      ldb_nmajor(b, ks, ldk, n0, k0);
+      mma_pair(akk, 0, ak, b);
+      mma_pair(aqk, 0, aq, b);
+    }
+    mma_epilogue(kC, kC, m0, n0, [&](int i, int j, int s, int q) { epi(i, j, akk[s][q], aqk[s][q]); });
+  }
+}
+
 // The lean prep: the solves' right-hand sides are built in registers and their results, and P, go straight to
 // global memory, so shared memory holds q, k, v and KM alone (~70 KB at Dk = Dv = 128: two CTAs per SM, by
 // registers, where chunk_prep fits one). The forward's (the state pass needs W, U, P and G, Ge only); with kDl
@@ -76,13 +97,16 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_lean_kernel(ChunkedArgs p
   // p.W / p.P null: nobody reads the fp32 copies (the register passes read Wb, Pb; chunk_grads' bf16 path Wb).
   float* P = p.P ? p.P + cidx * kC * kC : nullptr;
   bf16* Pb = p.Pb ? p.Pb + cidx * kC * kC : nullptr;
-  gemm2<true, kSplit>(kC, kC, prod(ks, ldk, 1, ks, 1, ldk, Dk), prod(qs, ldk, 1, ks, 1, ldk, Dk),
-                      [&](int i, int j, float kk, float qk) {
-                        const float m = decay(cs, i, j);
-                        KM[i * kC + j] = j < i ? kk * m : 0.f;
-                        if (P) P[i * kC + j] = scale * qk * m;
-                        if (Pb) Pb[i * kC + j] = __float2bfloat16(scale * qk * m);
-                      });
+  auto kq_epi = [&](int i, int j, float kk, float qk) {
+    const float m = decay(cs, i, j);
+    KM[i * kC + j] = j < i ? kk * m : 0.f;
+    if (P) P[i * kC + j] = scale * qk * m;
+    if (Pb) Pb[i * kC + j] = __float2bfloat16(scale * qk * m);
+  };
+  if (!kSplit && p.prep_ldm && Dk % 16 == 0)
+    kq_products_ldm(ks, qs, ldk, Dk, kq_epi);
+  else
+    gemm2<true, kSplit>(kC, kC, prod(ks, ldk, 1, ks, 1, ldk, Dk), prod(qs, ldk, 1, ks, 1, ldk, Dk), kq_epi);
   __syncthreads();
   if (kDl) copy_f32(p.KM + cidx * kC * kC, KM, kC * kC);
   // W = (I+A)^-1 diag(bG) K, U = (I+A)^-1 diag(b) V: a column per thread (rows >= L: bt = 0, tiles zero-filled).
@@ -117,27 +141,49 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_lean_kernel(ChunkedArgs p
   __syncthreads();
   bf16* S0 = qs;
   const int lds = Dv + kPad;
+  // kB of a thread's loads in flight before their converted stores (one at a time, each waited for its global
+  // latency before the next: the stores to shared memory may alias the loads as far as the compiler knows).
   const float4* s4 = reinterpret_cast<const float4*>(p.states + cidx * int64_t(Dk) * Dv);
-  for (int idx = threadIdx.x; idx < Dk * Dv / 4; idx += blockDim.x) {
-    const float4 x = s4[idx];
-    const int d = (idx * 4) / Dv, e = (idx * 4) % Dv;
-    *reinterpret_cast<uint2*>(S0 + d * lds + e) = make_uint2(dev::pack_bf16(x.x, x.y), dev::pack_bf16(x.z, x.w));
+  constexpr int kB = 8;
+  const int n4 = Dk * Dv / 4;
+  for (int base = threadIdx.x; base < n4; base += kB * blockDim.x) {
+    float4 xs[kB];
+#pragma unroll
+    for (int u = 0; u < kB; ++u)
+      if (base + u * int(blockDim.x) < n4) xs[u] = s4[base + u * blockDim.x];
+#pragma unroll
+    for (int u = 0; u < kB; ++u) {
+      const int idx = base + u * blockDim.x;
+      if (idx >= n4) break;
+      const int d = (idx * 4) / Dv, e = (idx * 4) % Dv;
+      *reinterpret_cast<uint2*>(S0 + d * lds + e) =
+          make_uint2(dev::pack_bf16(xs[u].x, xs[u].y), dev::pack_bf16(xs[u].z, xs[u].w));
+    }
   }
   __syncthreads();
   const int warp = threadIdx.x >> 5, nwarp = blockDim.x >> 5, m0 = 16 * (warp & 3);
   const float* U = p.U + ch.t0 * sv + int64_t(h) * Dv;
   float* Dl = p.Dl + ch.t0 * sv + int64_t(h) * Dv;
   for (int pr = warp >> 2; pr < Dv / 16; pr += nwarp / 4) {  // 16 x 16 output tiles: rows m0, columns 16 pr
-    float acc[2][4] = {};
+    float acc[2][4] = {}, u[2][4];
+    // U (written above by this CTA) loaded before the products and the Dl stores (which may alias it)
+    for_acc(u, [&](int r, int cc, float& x) {
+      const int i = m0 + r;
+      x = i < ch.L ? U[i * sv + 16 * pr + cc] : 0.f;
+    });
     for (int kk = 0; kk < Dk / 16; ++kk) {
       uint32_t a[4], bs[4];
       lda_mmajor(a, Wt, ldk, m0, 16 * kk);
       ldb_kmajor(bs, S0, lds, 16 * pr, 16 * kk);
       mma_pair(acc, 0, a, bs);
     }
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[j][q] = u[j][q] - acc[j][q];
     for_acc(acc, [&](int r, int cc, float& x) {
-      const int i = m0 + r, e = 16 * pr + cc;
-      if (i < ch.L) Dl[i * sv + e] = U[i * sv + e] - x;
+      const int i = m0 + r;
+      if (i < ch.L) Dl[i * sv + 16 * pr + cc] = x;
     });
   }
 }
@@ -282,6 +328,9 @@ ChunkedArgs chunked_args(const GdnDims& d, const void* qn, const void* kn, const
   const ChunkedWs sz(d);
   float* w = static_cast<float*>(ws);
   ChunkedArgs a{};
+  const int sched = gdn_sched_flags();
+  a.prep_ldm = sched & 1;
+  a.grads_prefetch = sched & 2;
   a.q = static_cast<const bf16*>(qn);
   a.k = static_cast<const bf16*>(kn);
   a.v = static_cast<const bf16*>(v);
