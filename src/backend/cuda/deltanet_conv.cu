@@ -431,6 +431,14 @@ __device__ __forceinline__ void st4(bf16* p, const float (&x)[4]) {
   u.y = *reinterpret_cast<const uint32_t*>(&b);
   *reinterpret_cast<uint2*>(p) = u;
 }
+// a[k] <- entries 4 lane + 128 k (those < Dv) of vector vec of p (rows of Dv).
+template <int NV>
+__device__ __forceinline__ void ld_vec4(const bf16* p, int64_t vec, int Dv, float (&a)[NV][4]) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int k = 0; k < NV; ++k)
+    if (4 * lane + 128 * k < Dv) ld4(p + vec * Dv + 4 * lane + 128 * k, a[k]);
+}
 template <int NV>
 __global__ void gnorm_fwd_vec4_kernel(const bf16* o, const bf16* z, const bf16* w, int64_t nvec, int Dv, float eps,
                                       bf16* out, float* rstd) {
@@ -438,17 +446,14 @@ __global__ void gnorm_fwd_vec4_kernel(const bf16* o, const bf16* z, const bf16* 
   const int lane = threadIdx.x % 32;
   if (vec >= nvec) return;
   float x[NV][4], zv[NV][4];
+  ld_vec4(o, vec, Dv, x);
+  ld_vec4(z, vec, Dv, zv);
   float ss = 0.f;
 #pragma unroll
-  for (int k = 0; k < NV; ++k) {
-    const int i = 4 * lane + 128 * k;
-    if (i < Dv) {
-      ld4(o + vec * Dv + i, x[k]);
-      ld4(z + vec * Dv + i, zv[k]);
+  for (int k = 0; k < NV; ++k)
+    if (4 * lane + 128 * k < Dv)
 #pragma unroll
       for (int e = 0; e < 4; ++e) ss += x[k][e] * x[k][e];
-    }
-  }
   ss = warp_sum(ss);
   const float r = rsqrtf(ss / float(Dv) + eps);
   if (lane == 0) rstd[vec] = r;
@@ -476,22 +481,14 @@ __global__ void gnorm_bwd_vec4_kernel(const bf16* o, const bf16* z, const bf16* 
   for (int k = 0; k < NV; ++k)
 #pragma unroll
     for (int e = 0; e < 4; ++e) wv[k][e] = dwacc[k][e] = 0.f;
-#pragma unroll
-  for (int k = 0; k < NV; ++k)
-    if (4 * lane + 128 * k < Dv) ld4(w + 4 * lane + 128 * k, wv[k]);
+  ld_vec4(w, 0, Dv, wv);
   for (int64_t vec = v0; vec < min(nvec, v0 + kNormVecs); ++vec) {
     const float r = rstd[vec];
     float x[NV][4], zv[NV][4], dy[NV][4];
+    ld_vec4(o, vec, Dv, x);
+    ld_vec4(z, vec, Dv, zv);
+    ld_vec4(dout, vec, Dv, dy);
     float dot = 0.f;
-#pragma unroll
-    for (int k = 0; k < NV; ++k) {
-      const int i = 4 * lane + 128 * k;
-      if (i < Dv) {
-        ld4(o + vec * Dv + i, x[k]);
-        ld4(z + vec * Dv + i, zv[k]);
-        ld4(dout + vec * Dv + i, dy[k]);
-      }
-    }
 #pragma unroll
     for (int k = 0; k < NV; ++k)
       if (4 * lane + 128 * k < Dv)
