@@ -136,9 +136,9 @@ int main(int argc, char** argv) {
 
   // Realistic inputs for the rule: run the forward chain once.
   cuda::gdn_conv_silu_fwd(d, x, int64_t(C), wconv, nullptr, y, st);
-  cuda::gdn_prep_fwd(d, y, a, b, A_log, dt, qn, kn, v, g, beta, st);
+  cuda::gdn_prep_fwd(d, y, a, b, d.Hv, A_log, dt, qn, kn, v, g, beta, st);
   cuda::gdn_rule_fwd(d, qn, kn, v, g, beta, nullptr, o, states, st, ws);
-  cuda::gdn_gated_norm_bwd(d, o, z, wn, 1e-6f, rstd, dyn, dO, dz, dwn, ws, st);
+  cuda::gdn_gated_norm_bwd(d, o, z, d.Hv * d.Dv, wn, 1e-6f, rstd, dyn, dO, dz, dwn, ws, st);
   BC(cudaStreamSynchronize(st));
 
   struct Row {
@@ -148,18 +148,18 @@ int main(int argc, char** argv) {
   std::vector<Row> rows;
   auto add = [&](const char* name, const std::function<void()>& f) { rows.push_back({name, time_median_ms(f, st)}); };
   add("conv_silu_fwd", [&] { cuda::gdn_conv_silu_fwd(d, x, int64_t(C), wconv, nullptr, y, st); });
-  add("prep_fwd", [&] { cuda::gdn_prep_fwd(d, y, a, b, A_log, dt, qn, kn, v, g, beta, st); });
+  add("prep_fwd", [&] { cuda::gdn_prep_fwd(d, y, a, b, d.Hv, A_log, dt, qn, kn, v, g, beta, st); });
   const cuda::GdnRuleImpl def_impl = cuda::gdn_rule_impl();
   const std::string fwd_name = std::string("rule_fwd [") + cuda::gdn_rule_impl_name(def_impl) + "]";
   const std::string bwd_name = std::string("rule_bwd [") + cuda::gdn_rule_impl_name(def_impl) + "]";
   add(fwd_name.c_str(),
       [&] { cuda::gdn_rule_fwd(d, qn, kn, v, g, beta, nullptr, o, states, st, ws); });
-  add("gated_norm_fwd", [&] { cuda::gdn_gated_norm_fwd(d, o, z, wn, 1e-6f, yn, rstd, st); });
-  add("gated_norm_bwd", [&] { cuda::gdn_gated_norm_bwd(d, o, z, wn, 1e-6f, rstd, dyn, dO, dz, dwn, ws, st); });
+  add("gated_norm_fwd", [&] { cuda::gdn_gated_norm_fwd(d, o, z, d.Hv * d.Dv, wn, 1e-6f, yn, rstd, st); });
+  add("gated_norm_bwd", [&] { cuda::gdn_gated_norm_bwd(d, o, z, d.Hv * d.Dv, wn, 1e-6f, rstd, dyn, dO, dz, dwn, ws, st); });
   add(bwd_name.c_str(), [&] {
     cuda::gdn_rule_bwd(d, qn, kn, v, g, beta, nullptr, states, dO, dq, dk, dv, dg, dbeta, ws, st);
   });
-  add("prep_bwd", [&] { cuda::gdn_prep_bwd(d, y, a, b, A_log, dt, dq, dk, dv, dg, dbeta, dy, da, db, dA, ddt, ws, st); });
+  add("prep_bwd", [&] { cuda::gdn_prep_bwd(d, y, a, b, d.Hv, A_log, dt, dq, dk, dv, dg, dbeta, dy, da, db, dA, ddt, ws, st); });
   add("conv_silu_bwd", [&] { cuda::gdn_conv_silu_bwd(d, x, int64_t(C), wconv, dy, nullptr, dx, dwc, ws, st); });
   std::printf("Gated DeltaNet kernels: batch %lld seq %lld Hk %lld Hv %lld Dk %lld Dv %lld K %lld\n",
               (long long)d.batch, (long long)d.seq, (long long)d.Hk, (long long)d.Hv, (long long)d.Dk,

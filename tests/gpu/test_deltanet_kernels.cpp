@@ -71,6 +71,26 @@ void expect_grad(const std::vector<float>& got, const std::vector<float>& ref, c
   EXPECT_LE(rel_err(got, ref), 3e-2) << what;
 }
 
+// x [rows, cols] as rows of stride ld >= cols (a slice of the layer's one input-projection output), the other
+// entries `pad`; and back.
+std::vector<float> strided(const std::vector<float>& x, int64_t rows, int64_t cols, int64_t ld, float pad) {
+  std::vector<float> w(sz(rows * ld), pad);
+  for (int64_t r = 0; r < rows; ++r) std::copy_n(&x[sz(r * cols)], cols, &w[sz(r * ld)]);
+  return w;
+}
+std::vector<float> dense(const std::vector<float>& w, int64_t rows, int64_t cols, int64_t ld) {
+  std::vector<float> x(sz(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) std::copy_n(&w[sz(r * ld)], cols, &x[sz(r * cols)]);
+  return x;
+}
+// Entries of w outside the [rows, cols] slice that differ from pad (a strided write must leave them).
+int64_t pad_changed(const std::vector<float>& w, int64_t rows, int64_t cols, int64_t ld, float pad) {
+  int64_t n = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = cols; c < ld; ++c) n += w[sz(r * ld + c)] != pad;
+  return n;
+}
+
 class GdnKernel : public ::testing::TestWithParam<GdnCase> {};
 
 // ------------------------------------------------------------------------------------------ conv
@@ -144,13 +164,19 @@ TEST_P(GdnKernel, PrepForwardBackward) {
   }
   cpu::gdn_gates_bwd(a.data(), bb.data(), A_log.data(), dt.data(), dg.data(), dbeta.data(), T, NV, da_ref.data(),
                      db_ref.data(), dA_ref.data(), ddt_ref.data());
-  // GPU
-  DevBuf dy_ = up_bf16(y), da_ = up_bf16(a), db_ = up_bf16(bb), dAl = up_bf16(A_log), ddt = up_bf16(dt);
+  // GPU: a, b (and da, db) as slices of rows of stride ldab (odd: the layer's one projection output)
+  const int64_t ldab = NV + 5;
+  const float pad = 3.f;
+  DevBuf dy_ = up_bf16(y), da_ = up_bf16(strided(a, T, NV, ldab, pad)), db_ = up_bf16(strided(bb, T, NV, ldab, pad));
+  DevBuf dAl = up_bf16(A_log), ddt = up_bf16(dt);
   DevBuf qn(sz(T * KD) * 2), kn(sz(T * KD) * 2), vv(sz(T * VD) * 2), g(sz(T * NV) * 4), beta(sz(T * NV) * 4);
-  cuda::gdn_prep_fwd(d, dy_.p, da_.p, db_.p, dAl.p, ddt.p, qn.p, kn.p, vv.p, g.as<float>(), beta.as<float>(), nullptr);
+  cuda::gdn_prep_fwd(d, dy_.p, da_.p, db_.p, ldab, dAl.p, ddt.p, qn.p, kn.p, vv.p, g.as<float>(), beta.as<float>(),
+                     nullptr);
   DevBuf gdq = up(dqn), gdk = up(dkn), gdv = up(dv), gdg = up(dg), gdb = up(dbeta), gA = up(dA0), gdt = up(ddt0);
-  DevBuf o_dy(sz(T * C) * 2), o_da(sz(T * NV) * 2), o_db(sz(T * NV) * 2), ws(sz(cuda::gdn_prep_bwd_workspace_bytes(d)));
-  cuda::gdn_prep_bwd(d, dy_.p, da_.p, db_.p, dAl.p, ddt.p, gdq.as<float>(), gdk.as<float>(), gdv.as<float>(),
+  const std::vector<float> pads(sz(T * ldab), pad);
+  DevBuf o_dy(sz(T * C) * 2), o_da = up_bf16(pads), o_db = up_bf16(pads);
+  DevBuf ws(sz(cuda::gdn_prep_bwd_workspace_bytes(d)));
+  cuda::gdn_prep_bwd(d, dy_.p, da_.p, db_.p, ldab, dAl.p, ddt.p, gdq.as<float>(), gdk.as<float>(), gdv.as<float>(),
                      gdg.as<float>(), gdb.as<float>(), o_dy.p, o_da.p, o_db.p, gA.as<float>(), gdt.as<float>(), ws.p,
                      nullptr);
   GT_CUDA(cudaDeviceSynchronize());
@@ -160,8 +186,11 @@ TEST_P(GdnKernel, PrepForwardBackward) {
   EXPECT_LE(rel_err(down<float>(g.p, sz(T * NV)), g_ref), 1e-3) << gc;
   EXPECT_LE(rel_err(down<float>(beta.p, sz(T * NV)), beta_ref), 1e-3) << gc;
   EXPECT_LE(rel_err(down_bf16(o_dy.p, sz(T * C)), dy_ref), 1e-2) << gc;
-  EXPECT_LE(rel_err(down_bf16(o_da.p, sz(T * NV)), da_ref), 1e-2) << gc;
-  EXPECT_LE(rel_err(down_bf16(o_db.p, sz(T * NV)), db_ref), 1e-2) << gc;
+  const auto da_w = down_bf16(o_da.p, sz(T * ldab)), db_w = down_bf16(o_db.p, sz(T * ldab));
+  EXPECT_LE(rel_err(dense(da_w, T, NV, ldab), da_ref), 1e-2) << gc;
+  EXPECT_LE(rel_err(dense(db_w, T, NV, ldab), db_ref), 1e-2) << gc;
+  EXPECT_EQ(pad_changed(da_w, T, NV, ldab, pad), 0) << gc;
+  EXPECT_EQ(pad_changed(db_w, T, NV, ldab, pad), 0) << gc;
   EXPECT_LE(rel_err(down<float>(gA.p, sz(NV)), dA_ref), 1e-3) << gc;
   EXPECT_LE(rel_err(down<float>(gdt.p, sz(NV)), ddt_ref), 1e-3) << gc;
 }
@@ -392,20 +421,30 @@ TEST_P(GdnKernel, GatedNormForwardBackward) {
     for (int64_t j = 0; j < D; ++j) ss += double(o[sz(i * D + j)]) * o[sz(i * D + j)];
     rstd_ref[sz(i)] = float(1.0 / std::sqrt(ss / double(D) + eps));
   }
-  DevBuf go = up_bf16(o), gz = up_bf16(z), gw = up_bf16(w), gdy = up_bf16(dy), gdw = up(dw0);
-  DevBuf y(o.size() * 2), rstd(sz(nvec) * 4), gdx(o.size() * 2), gdz(o.size() * 2);
-  DevBuf ws(sz(cuda::gdn_gated_norm_bwd_workspace_bytes(d)));
-  cuda::gdn_gated_norm_fwd(d, go.p, gz.p, gw.p, eps, y.p, rstd.as<float>(), nullptr);
-  cuda::gdn_gated_norm_bwd(d, go.p, gz.p, gw.p, eps, rstd.as<float>(), gdy.p, gdx.p, gdz.p, gdw.as<float>(), ws.p,
-                           nullptr);
-  GT_CUDA(cudaDeviceSynchronize());
-  EXPECT_LE(rel_err(down_bf16(y.p, o.size()), y_ref), 1e-2) << gc;
-  EXPECT_LE(rel_err(down<float>(rstd.p, sz(nvec)), rstd_ref), 1e-3) << gc;
-  EXPECT_LE(rel_err(down_bf16(gdx.p, o.size()), dx_ref), 1e-2) << gc;
-  EXPECT_LE(rel_err(down_bf16(gdz.p, o.size()), dz_ref), 1e-2) << gc;
-  auto dw_got = down<float>(gdw.p, sz(D));
-  for (int64_t i = 0; i < D; ++i) dw_got[sz(i)] -= dw0[sz(i)], dw_ref[sz(i)] -= dw0[sz(i)];
-  expect_grad(dw_got, dw_ref, "gated norm dw");
+  for (int64_t i = 0; i < D; ++i) dw_ref[sz(i)] -= dw0[sz(i)];
+  // z (and dz) as slices of rows of stride ldz: VD (dense), VD + 8 (the 4-entry path), VD + 2 (the scalar one).
+  const int64_t VD = d.Hv * D;
+  for (const int64_t ldz : {VD, VD + 8, VD + 2}) {
+    const float pad = 3.f;
+    DevBuf go = up_bf16(o), gz = up_bf16(strided(z, T, VD, ldz, pad)), gw = up_bf16(w), gdy = up_bf16(dy);
+    DevBuf gdw = up(dw0), y(o.size() * 2), rstd(sz(nvec) * 4), gdx(o.size() * 2);
+    DevBuf gdz = up_bf16(std::vector<float>(sz(T * ldz), pad));
+    DevBuf ws(sz(cuda::gdn_gated_norm_bwd_workspace_bytes(d)));
+    cuda::gdn_gated_norm_fwd(d, go.p, gz.p, ldz, gw.p, eps, y.p, rstd.as<float>(), nullptr);
+    cuda::gdn_gated_norm_bwd(d, go.p, gz.p, ldz, gw.p, eps, rstd.as<float>(), gdy.p, gdx.p, gdz.p, gdw.as<float>(),
+                             ws.p, nullptr);
+    GT_CUDA(cudaDeviceSynchronize());
+    const std::string at = " ldz " + std::to_string(ldz);
+    EXPECT_LE(rel_err(down_bf16(y.p, o.size()), y_ref), 1e-2) << gc << at;
+    EXPECT_LE(rel_err(down<float>(rstd.p, sz(nvec)), rstd_ref), 1e-3) << gc << at;
+    EXPECT_LE(rel_err(down_bf16(gdx.p, o.size()), dx_ref), 1e-2) << gc << at;
+    const auto dz_w = down_bf16(gdz.p, sz(T * ldz));
+    EXPECT_LE(rel_err(dense(dz_w, T, VD, ldz), dz_ref), 1e-2) << gc << at;
+    EXPECT_EQ(pad_changed(dz_w, T, VD, ldz, pad), 0) << gc << at;
+    auto dw_got = down<float>(gdw.p, sz(D));
+    for (int64_t i = 0; i < D; ++i) dw_got[sz(i)] -= dw0[sz(i)];
+    expect_grad(dw_got, dw_ref, "gated norm dw" + at);
+  }
 }
 
 // ------------------------------------------------------------------------------------------ decode

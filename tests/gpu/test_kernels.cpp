@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <string>
 
 #include "backend/cpu/ops.h"
 #include "backend/cuda/gemm.h"
@@ -185,25 +186,34 @@ TEST(Attention, KeyValueGradientsAreDeterministic) {
 }
 
 // ------------------------------------------------------------------------------------------ norms
+// Both backward paths (rmsnorm_set_fused_bwd): the fused one takes dim >= 1024 in 1..4 passes of 2,048 columns
+// (1,024; 3,584 and 5,120 end in a partial pass; 8,192 in four), rows fewer than, equal to and more than its blocks.
 TEST(RmsNorm, ForwardBackwardMatchCpu) {
   REQUIRE_GPU();
-  for (auto [rows, dim] : {std::pair<int64_t, int64_t>{37, 264}, {1, 4096}, {300, 128}, {5, 8}}) {
-    std::mt19937 rng{uint32_t(rows + dim)};
-    auto x = round_bf16(randn(sz(rows * dim), rng, 2.f)), w = round_bf16(randn(sz(dim), rng, 0.3f, 1.f));
-    auto dy = round_bf16(randn(sz(rows * dim), rng)), dres = round_bf16(randn(sz(rows * dim), rng));
-    auto dw0 = randn(sz(dim), rng);
-    std::vector<float> y_ref(x.size()), dx_ref = dres, dw_ref = dw0;
-    cpu::rmsnorm_fwd(x.data(), w.data(), rows, dim, 1e-6f, y_ref.data());
-    cpu::rmsnorm_bwd(x.data(), w.data(), dy.data(), rows, dim, 1e-6f, dx_ref.data(), dw_ref.data(), true);
-    DevBuf dx_ = up_bf16(x), dw_ = up_bf16(w), ddy = up_bf16(dy), ddres = up_bf16(dres), ddw = up(dw0);
-    DevBuf y(x.size() * 2), gx(x.size() * 2), rstd(sz(rows) * 4), part(sz(cuda::norm_partial_floats(dim)) * 4);
-    cuda::rmsnorm_fwd(dx_.p, dw_.p, rows, dim, 1e-6f, y.p, nullptr, nullptr);
-    cuda::rmsnorm_bwd(dx_.p, dw_.p, ddy.p, ddres.p, rows, dim, 1e-6f, gx.p, ddw.as<float>(), rstd.as<float>(),
-                      part.as<float>(), nullptr);
-    EXPECT_LE(rel_err(down_bf16(y.p, x.size()), y_ref), 8e-3) << rows << "x" << dim;
-    EXPECT_LE(rel_err(down_bf16(gx.p, x.size()), dx_ref), 8e-3) << rows << "x" << dim;
-    EXPECT_LE(rel_err(down<float>(ddw.p, sz(dim)), dw_ref), 1e-4) << rows << "x" << dim;
+  for (const int fused : {1, 0}) {
+    cuda::rmsnorm_set_fused_bwd(fused);
+    for (auto [rows, dim] : {std::pair<int64_t, int64_t>{37, 264}, {1, 4096}, {300, 128}, {5, 8}, {613, 5120},
+                             {1000, 1024}, {67, 8192}, {2051, 3584}}) {
+      std::mt19937 rng{uint32_t(rows + dim)};
+      auto x = round_bf16(randn(sz(rows * dim), rng, 2.f)), w = round_bf16(randn(sz(dim), rng, 0.3f, 1.f));
+      auto dy = round_bf16(randn(sz(rows * dim), rng)), dres = round_bf16(randn(sz(rows * dim), rng));
+      auto dw0 = randn(sz(dim), rng);
+      const bool with_res = rows != 67;  // and once without the residual gradient
+      std::vector<float> y_ref(x.size()), dx_ref = with_res ? dres : std::vector<float>(x.size(), 0.f), dw_ref = dw0;
+      cpu::rmsnorm_fwd(x.data(), w.data(), rows, dim, 1e-6f, y_ref.data());
+      cpu::rmsnorm_bwd(x.data(), w.data(), dy.data(), rows, dim, 1e-6f, dx_ref.data(), dw_ref.data(), true);
+      DevBuf dx_ = up_bf16(x), dw_ = up_bf16(w), ddy = up_bf16(dy), ddres = up_bf16(dres), ddw = up(dw0);
+      DevBuf y(x.size() * 2), gx(x.size() * 2), rstd(sz(rows) * 4), part(sz(cuda::norm_partial_floats(dim)) * 4);
+      cuda::rmsnorm_fwd(dx_.p, dw_.p, rows, dim, 1e-6f, y.p, nullptr, nullptr);
+      cuda::rmsnorm_bwd(dx_.p, dw_.p, ddy.p, with_res ? ddres.p : nullptr, rows, dim, 1e-6f, gx.p, ddw.as<float>(),
+                        rstd.as<float>(), part.as<float>(), nullptr);
+      const std::string at = std::to_string(rows) + "x" + std::to_string(dim) + (fused ? " fused" : " split");
+      EXPECT_LE(rel_err(down_bf16(y.p, x.size()), y_ref), 8e-3) << at;
+      EXPECT_LE(rel_err(down_bf16(gx.p, x.size()), dx_ref), 8e-3) << at;
+      EXPECT_LE(rel_err(down<float>(ddw.p, sz(dim)), dw_ref), 1e-4) << at;
+    }
   }
+  cuda::rmsnorm_set_fused_bwd(-1);
 }
 
 TEST(ColumnSum, MatchesCpuAndIsDeterministic) {

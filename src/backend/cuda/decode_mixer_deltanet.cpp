@@ -54,7 +54,7 @@ class DeltaNetDecodeMixer final : public DecodeMixer {
                       rec_state, o, m.st, p.slot);
     }
     const GdnDims d = p.prefill ? dims(1, T) : dims(T, 1);
-    gdn_gated_norm_fwd(d, o, z, wptr(m.w, lay, "linear_attn.norm.weight"), float(c_.rms_eps), gout,
+    gdn_gated_norm_fwd(d, o, z, VD, wptr(m.w, lay, "linear_attn.norm.weight"), float(c_.rms_eps), gout,
                        at_offset<float>(m.scratch, sc.rstd), m.st);
     decode_linear(m.gemm, m.st, T, gout, wptr(m.w, lay, "linear_attn.out_proj.weight"), nullptr, x1, H, VD, 0, res);
   }
@@ -86,8 +86,8 @@ class DeltaNetDecodeMixer final : public DecodeMixer {
     LT_CHECK(sc.bytes - sc.chunk_states >= gdn_rule_state_bytes(d), "internal: decode scratch too small for {} rows",
              p.rows);
     gdn_conv_silu_fwd(d, qkv, C, wptr(m.w, lay, "linear_attn.conv1d.weight"), p.seg, y, m.st);
-    gdn_prep_fwd(d, y, a, b, wptr(m.w, lay, "linear_attn.A_log"), wptr(m.w, lay, "linear_attn.dt_bias"), qn, kn, v, g,
-                 beta, m.st);
+    gdn_prep_fwd(d, y, a, b, d.Hv, wptr(m.w, lay, "linear_attn.A_log"), wptr(m.w, lay, "linear_attn.dt_bias"), qn,
+                 kn, v, g, beta, m.st);
     gdn_rule_fwd(d, qn, kn, v, g, beta, p.seg, o, states, m.st);
     gdn_prefill_state(d, p.seqs, p.last_rows, p.slot, qkv, C, kn, v, g, beta, states, conv_state, rec_state, m.st);
   }

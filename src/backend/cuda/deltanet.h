@@ -53,13 +53,14 @@ void gdn_conv_silu_bwd(const GdnDims& d, const void* x, int64_t ldx, const void*
 // projections a, b [T, Hv] (bf16): q, k L2-normalised (eps 1e-6) -> qn, kn [T, Hk, Dk] (bf16), v -> [T, Hv, Dv]
 // (bf16, a contiguous COPY of the v channels of y), g = -exp(A_log) softplus(a + dt_bias),
 // beta = sigmoid(b) (fp32 [T, Hv]); A_log, dt_bias bf16 [Hv].
-void gdn_prep_fwd(const GdnDims& d, const void* y, const void* a, const void* b, const void* A_log,
+// a and b have row stride ldab >= Hv (slices of the layer's one input-projection output).
+void gdn_prep_fwd(const GdnDims& d, const void* y, const void* a, const void* b, int64_t ldab, const void* A_log,
                   const void* dt_bias, void* qn, void* kn, void* v, float* g, float* beta, cudaStream_t st);
 // Backward of gdn_prep_fwd: from dqn, dkn (fp32 [T,Hk,Dk]), dv (fp32 [T,Hv,Dv]), dg, dbeta (fp32 [T,Hv]):
-// dy [T, C] bf16 WRITTEN, da, db [T, Hv] bf16 WRITTEN, dA_log, ddt_bias fp32 [Hv] +=; workspace:
-// gdn_prep_bwd_workspace_bytes.
+// dy [T, C] bf16 WRITTEN, da, db [T, Hv] bf16 WRITTEN (row stride ldab, as a and b), dA_log, ddt_bias fp32
+// [Hv] +=; workspace: gdn_prep_bwd_workspace_bytes.
 int64_t gdn_prep_bwd_workspace_bytes(const GdnDims& d);
-void gdn_prep_bwd(const GdnDims& d, const void* y, const void* a, const void* b, const void* A_log,
+void gdn_prep_bwd(const GdnDims& d, const void* y, const void* a, const void* b, int64_t ldab, const void* A_log,
                   const void* dt_bias, const float* dqn, const float* dkn, const float* dv, const float* dg,
                   const float* dbeta, void* dy, void* da, void* db, float* dA_log, float* ddt_bias, void* ws,
                   cudaStream_t st);
@@ -124,13 +125,16 @@ void gdn_rule_bwd(const GdnDims& d, const void* qn, const void* kn, const void* 
                   float* dg, float* dbeta, void* ws, cudaStream_t st);
 
 // Gated RMSNorm (HF Qwen3_5RMSNormGated) per [row, value head] vector of Dv: out = w * norm(o) * silu(z);
-// o [T,Hv,Dv], z [T,Hv*Dv] bf16, w bf16 [Dv] (plain weight); rstd fp32 [T*Hv] saved for the backward.
-void gdn_gated_norm_fwd(const GdnDims& d, const void* o, const void* z, const void* w, float eps, void* out,
-                        float* rstd, cudaStream_t st);
-// do_ bf16 [T,Hv,Dv], dz bf16 WRITTEN, dw fp32 [Dv] +=; workspace gdn_gated_norm_bwd_workspace_bytes.
+// o [T,Hv,Dv], z [T,Hv*Dv] bf16 of row stride ldz >= Hv*Dv, w bf16 [Dv] (plain weight); rstd fp32 [T*Hv] saved
+// for the backward.
+void gdn_gated_norm_fwd(const GdnDims& d, const void* o, const void* z, int64_t ldz, const void* w, float eps,
+                        void* out, float* rstd, cudaStream_t st);
+// do_ bf16 [T,Hv,Dv], dz bf16 WRITTEN (row stride ldz, as z), dw fp32 [Dv] +=; workspace
+// gdn_gated_norm_bwd_workspace_bytes.
 int64_t gdn_gated_norm_bwd_workspace_bytes(const GdnDims& d);
-void gdn_gated_norm_bwd(const GdnDims& d, const void* o, const void* z, const void* w, float eps, const float* rstd,
-                        const void* dout, void* do_, void* dz, float* dw, void* ws, cudaStream_t st);
+void gdn_gated_norm_bwd(const GdnDims& d, const void* o, const void* z, int64_t ldz, const void* w, float eps,
+                        const float* rstd, const void* dout, void* do_, void* dz, float* dw, void* ws,
+                        cudaStream_t st);
 
 // Decoding (one token for each of n sequences; GPU decoding of hybrid models): conv window state
 // [slots, C, K-1] (oldest first, as cpu::gdn_conv_silu_step) and recurrent state [slots, Hv, Dk, Dv] fp32,

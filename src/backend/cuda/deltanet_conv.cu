@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <initializer_list>
 
 #include "backend/cuda/cuda_util.h"
@@ -184,9 +185,10 @@ __global__ void conv_fwd_vec8_kernel(const bf16* x, int64_t ldx, const bf16* w, 
 }
 
 // As conv_bwd_kernel (block = row chunk of a sample, walking rows with windows of x, dpre and chains), with a
-// thread per 8 channels.
-template <int K>
-__global__ void conv_bwd_vec8_kernel(const bf16* x, int64_t ldx, const bf16* w, const bf16* dy, const int32_t* seg,
+// thread per 8 channels. MINB > 0 caps the registers so that MINB blocks of 64 threads fit an SM (196 registers
+// without a cap at K = 4: 10 warps per SM for a loop of dependent rows).
+template <int K, int MINB>
+__global__ void __launch_bounds__(64, MINB > 0 ? MINB : 1) conv_bwd_vec8_kernel(const bf16* x, int64_t ldx, const bf16* w, const bf16* dy, const int32_t* seg,
                                      int64_t seq, int64_t C, int64_t n_rc, bf16* dx, float* partial) {
   const int64_t c0 = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
   if (c0 >= C) return;
@@ -285,8 +287,9 @@ __global__ void partial_finish_wide_kernel(const float* partial, int64_t nsplit,
 
 // ------------------------------------------------------------------------------------------ prep
 // One block per row t. Warps take the 2*Hk q/k vectors; then v copy and gates.
-__global__ void prep_fwd_kernel(const bf16* y, const bf16* a, const bf16* b, const bf16* A_log, const bf16* dt_bias,
-                                int Hk, int Hv, int Dk, int Dv, bf16* qn, bf16* kn, bf16* v, float* g, float* beta) {
+__global__ void prep_fwd_kernel(const bf16* y, const bf16* a, const bf16* b, int64_t ldab, const bf16* A_log,
+                                const bf16* dt_bias, int Hk, int Hv, int Dk, int Dv, bf16* qn, bf16* kn, bf16* v,
+                                float* g, float* beta) {
   const int64_t t = blockIdx.x;
   const int64_t C = int64_t(2) * Hk * Dk + int64_t(Hv) * Dv;
   const bf16* yr = y + t * C;
@@ -303,9 +306,9 @@ __global__ void prep_fwd_kernel(const bf16* y, const bf16* a, const bf16* b, con
   const bf16* vs = yr + int64_t(2) * Hk * Dk;
   for (int i = threadIdx.x; i < Hv * Dv; i += blockDim.x) v[t * Hv * Dv + i] = vs[i];
   for (int h = threadIdx.x; h < Hv; h += blockDim.x) {
-    const float z = ldf(a + t * Hv + h) + ldf(dt_bias + h);
+    const float z = ldf(a + t * ldab + h) + ldf(dt_bias + h);
     g[t * Hv + h] = -expf(ldf(A_log + h)) * softplus(z);
-    beta[t * Hv + h] = sigm(ldf(b + t * Hv + h));
+    beta[t * Hv + h] = sigm(ldf(b + t * ldab + h));
   }
 }
 
@@ -336,22 +339,23 @@ __global__ void prep_bwd_rows_kernel(const bf16* y, const float* dqn, const floa
 }
 
 // Block = rows [blk*kGateRows, ...), thread = head: da, db written; partial [blk][2][Hv] (dA_log, ddt_bias).
-__global__ void prep_bwd_gates_kernel(const bf16* a, const bf16* b, const bf16* A_log, const bf16* dt_bias,
-                                      const float* dg, const float* dbeta, int64_t T, int Hv, bf16* da, bf16* db,
-                                      float* partial) {
+// a, b, da, db: row stride ldab; dg, dbeta dense [T, Hv].
+__global__ void prep_bwd_gates_kernel(const bf16* a, const bf16* b, int64_t ldab, const bf16* A_log,
+                                      const bf16* dt_bias, const float* dg, const float* dbeta, int64_t T, int Hv,
+                                      bf16* da, bf16* db, float* partial) {
   const int64_t t0 = int64_t(blockIdx.x) * kGateRows, t1 = min(T, t0 + kGateRows);
   for (int h = threadIdx.x; h < Hv; h += blockDim.x) {
     const float e = expf(ldf(A_log + h)), bias = ldf(dt_bias + h);
     float sa = 0.f, sb = 0.f;
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t i = t * Hv + h;
-      const float z = ldf(a + i) + bias;
+      const int64_t i = t * Hv + h, j = t * ldab + h;
+      const float z = ldf(a + j) + bias;
       const float dz = dg[i] * (-e * softplus_grad(z));
-      da[i] = __float2bfloat16(dz);
+      da[j] = __float2bfloat16(dz);
       sb += dz;
       sa += dg[i] * (-e * softplus(z));
-      const float s = sigm(ldf(b + i));
-      db[i] = __float2bfloat16(dbeta[i] * (s * (1.f - s)));
+      const float s = sigm(ldf(b + j));
+      db[j] = __float2bfloat16(dbeta[i] * (s * (1.f - s)));
     }
     partial[(int64_t(blockIdx.x) * 2 + 0) * Hv + h] = sa;
     partial[(int64_t(blockIdx.x) * 2 + 1) * Hv + h] = sb;
@@ -369,9 +373,14 @@ __global__ void gates_finish_kernel(const float* partial, int64_t nblk, int Hv, 
 }
 
 // ------------------------------------------------------------------------------------------ gated norm
+// Vector vec = t Hv + h of z (and dz): row t of stride ldz, head h.
+__device__ __forceinline__ int64_t zoff(int64_t vec, int Hv, int Dv, int64_t ldz) {
+  return (vec / Hv) * ldz + (vec % Hv) * Dv;
+}
+
 // One warp per vector of Dv (<= 128: each lane holds <= 4 entries).
-__global__ void gnorm_fwd_kernel(const bf16* o, const bf16* z, const bf16* w, int64_t nvec, int Dv, float eps,
-                                 bf16* out, float* rstd) {
+__global__ void gnorm_fwd_kernel(const bf16* o, const bf16* z, int Hv, int64_t ldz, const bf16* w, int64_t nvec,
+                                 int Dv, float eps, bf16* out, float* rstd) {
   const int64_t vec = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (vec >= nvec) return;
@@ -382,32 +391,33 @@ __global__ void gnorm_fwd_kernel(const bf16* o, const bf16* z, const bf16* w, in
   const float r = rsqrtf(ss / float(Dv) + eps);
   if (lane == 0) rstd[vec] = r;
   for (int i = lane; i < Dv; i += 32) {
-    const float zv = ldf(z + vec * Dv + i);
+    const float zv = ldf(z + zoff(vec, Hv, Dv, ldz) + i);
     out[vec * Dv + i] = __float2bfloat16(ldf(w + i) * (ldf(x + i) * r) * (zv * sigm(zv)));
   }
 }
 
 // n = x r; dn = dy w silu(z); dx = r (dn - n mean(dn n)); dz = dy w n silu'(z); dw partial per warp.
-__global__ void gnorm_bwd_kernel(const bf16* o, const bf16* z, const bf16* w, const float* rstd, const bf16* dout,
-                                 int64_t nvec, int Dv, bf16* dx, bf16* dz, float* partial) {
+__global__ void gnorm_bwd_kernel(const bf16* o, const bf16* z, int Hv, int64_t ldz, const bf16* w, const float* rstd,
+                                 const bf16* dout, int64_t nvec, int Dv, bf16* dx, bf16* dz, float* partial) {
   const int64_t gw = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;  // global warp
   const int lane = threadIdx.x % 32;
   const int64_t v0 = gw * kNormVecs;
   float dwacc[4] = {0.f, 0.f, 0.f, 0.f};
   for (int64_t vec = v0; vec < min(nvec, v0 + kNormVecs); ++vec) {
     const float r = rstd[vec];
+    const int64_t zo = zoff(vec, Hv, Dv, ldz);
     float dot = 0.f;
     for (int i = lane; i < Dv; i += 32) {
-      const float zv = ldf(z + vec * Dv + i), n = ldf(o + vec * Dv + i) * r;
+      const float zv = ldf(z + zo + i), n = ldf(o + vec * Dv + i) * r;
       dot += ldf(dout + vec * Dv + i) * ldf(w + i) * (zv * sigm(zv)) * n;
     }
     dot = warp_sum(dot);
     const float c = dot / float(Dv);
     for (int i = lane, k = 0; i < Dv; i += 32, ++k) {
-      const float zv = ldf(z + vec * Dv + i), s = sigm(zv), n = ldf(o + vec * Dv + i) * r;
+      const float zv = ldf(z + zo + i), s = sigm(zv), n = ldf(o + vec * Dv + i) * r;
       const float dyv = ldf(dout + vec * Dv + i), dyw = dyv * ldf(w + i);
       dx[vec * Dv + i] = __float2bfloat16(r * (dyw * (zv * s) - n * c));
-      dz[vec * Dv + i] = __float2bfloat16(dyw * n * (s * (1.f + zv * (1.f - s))));
+      dz[zo + i] = __float2bfloat16(dyw * n * (s * (1.f + zv * (1.f - s))));
       dwacc[k] += dyv * n * (zv * s);
     }
   }
@@ -440,14 +450,14 @@ __device__ __forceinline__ void ld_vec4(const bf16* p, int64_t vec, int Dv, floa
     if (4 * lane + 128 * k < Dv) ld4(p + vec * Dv + 4 * lane + 128 * k, a[k]);
 }
 template <int NV>
-__global__ void gnorm_fwd_vec4_kernel(const bf16* o, const bf16* z, const bf16* w, int64_t nvec, int Dv, float eps,
-                                      bf16* out, float* rstd) {
+__global__ void gnorm_fwd_vec4_kernel(const bf16* o, const bf16* z, int Hv, int64_t ldz, const bf16* w, int64_t nvec,
+                                      int Dv, float eps, bf16* out, float* rstd) {
   const int64_t vec = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (vec >= nvec) return;
   float x[NV][4], zv[NV][4];
   ld_vec4(o, vec, Dv, x);
-  ld_vec4(z, vec, Dv, zv);
+  ld_vec4(z + zoff(vec, Hv, Dv, ldz), 0, Dv, zv);
   float ss = 0.f;
 #pragma unroll
   for (int k = 0; k < NV; ++k)
@@ -470,8 +480,9 @@ __global__ void gnorm_fwd_vec4_kernel(const bf16* o, const bf16* z, const bf16* 
   }
 }
 template <int NV>
-__global__ void gnorm_bwd_vec4_kernel(const bf16* o, const bf16* z, const bf16* w, const float* rstd,
-                                      const bf16* dout, int64_t nvec, int Dv, bf16* dx, bf16* dz, float* partial) {
+__global__ void gnorm_bwd_vec4_kernel(const bf16* o, const bf16* z, int Hv, int64_t ldz, const bf16* w,
+                                      const float* rstd, const bf16* dout, int64_t nvec, int Dv, bf16* dx, bf16* dz,
+                                      float* partial) {
   const int64_t gw = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;  // global warp
   const int lane = threadIdx.x % 32;
   const int64_t v0 = gw * kNormVecs;
@@ -484,9 +495,10 @@ __global__ void gnorm_bwd_vec4_kernel(const bf16* o, const bf16* z, const bf16* 
   ld_vec4(w, 0, Dv, wv);
   for (int64_t vec = v0; vec < min(nvec, v0 + kNormVecs); ++vec) {
     const float r = rstd[vec];
+    const int64_t zo = zoff(vec, Hv, Dv, ldz);
     float x[NV][4], zv[NV][4], dy[NV][4];
     ld_vec4(o, vec, Dv, x);
-    ld_vec4(z, vec, Dv, zv);
+    ld_vec4(z + zo, 0, Dv, zv);
     ld_vec4(dout, vec, Dv, dy);
     float dot = 0.f;
 #pragma unroll
@@ -509,7 +521,7 @@ __global__ void gnorm_bwd_vec4_kernel(const bf16* o, const bf16* z, const bf16* 
           dwacc[k][e] += dy[k][e] * n * (zz * s);
         }
         st4(dx + vec * Dv + i, gx);
-        st4(dz + vec * Dv + i, gz);
+        st4(dz + zo + i, gz);
       }
     }
   }
@@ -615,6 +627,16 @@ void check_dims(const GdnDims& d, const char* who) {
 
 int64_t conv_row_chunks(const GdnDims& d) { return (d.seq + kConvRows - 1) / kConvRows; }
 
+// Blocks of the K = 4 vectorised conv backward per SM the compiler is held to: 0 (no cap), 8 or 12; env
+// LT_CONV_BWD_OCC (bench_deltanet compares them).
+int conv_bwd_occupancy() {
+  static const int occ = [] {
+    const char* e = std::getenv("LT_CONV_BWD_OCC");
+    return e ? std::atoi(e) : 0;
+  }();
+  return occ;
+}
+
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 // The vectorised conv kernels apply: K in {2, 3, 4}, channels and row stride multiples of 8, 16-byte bases.
 bool conv_vec8(const GdnDims& d, const void* x, int64_t ldx, const void* out) {
@@ -661,9 +683,15 @@ void gdn_conv_silu_bwd(const GdnDims& d, const void* x, int64_t ldx, const void*
   float* partial = static_cast<float*>(ws);
   if (conv_vec8(d, x, ldx, dx) && aligned16(dy)) {
     const dim3 grid(nblocks(C / 8, 64), unsigned(nsplit));
-    if (d.K == 2) conv_bwd_vec8_kernel<2><<<grid, 64, 0, st>>>(B(x), ldx, B(w), B(dy), seg, d.seq, C, n_rc, Bm(dx), partial);
-    if (d.K == 3) conv_bwd_vec8_kernel<3><<<grid, 64, 0, st>>>(B(x), ldx, B(w), B(dy), seg, d.seq, C, n_rc, Bm(dx), partial);
-    if (d.K == 4) conv_bwd_vec8_kernel<4><<<grid, 64, 0, st>>>(B(x), ldx, B(w), B(dy), seg, d.seq, C, n_rc, Bm(dx), partial);
+    const int occ = conv_bwd_occupancy();
+    auto go = [&](auto kern) { kern<<<grid, 64, 0, st>>>(B(x), ldx, B(w), B(dy), seg, d.seq, C, n_rc, Bm(dx), partial); };
+    if (d.K == 2) go(conv_bwd_vec8_kernel<2, 0>);
+    if (d.K == 3) go(conv_bwd_vec8_kernel<3, 0>);
+    if (d.K == 4) {
+      if (occ == 8) go(conv_bwd_vec8_kernel<4, 8>);
+      else if (occ == 12) go(conv_bwd_vec8_kernel<4, 12>);
+      else go(conv_bwd_vec8_kernel<4, 0>);
+    }
   } else {
     conv_bwd_kernel<<<dim3(nblocks(C, 128), unsigned(nsplit)), 128, 0, st>>>(B(x), ldx, B(w), B(dy), seg, d.seq, C,
                                                                               int(d.K), n_rc, Bm(dx), partial);
@@ -672,13 +700,14 @@ void gdn_conv_silu_bwd(const GdnDims& d, const void* x, int64_t ldx, const void*
   partial_finish(partial, nsplit, C * d.K, dw, st);
 }
 
-void gdn_prep_fwd(const GdnDims& d, const void* y, const void* a, const void* b, const void* A_log,
+void gdn_prep_fwd(const GdnDims& d, const void* y, const void* a, const void* b, int64_t ldab, const void* A_log,
                   const void* dt_bias, void* qn, void* kn, void* v, float* g, float* beta, cudaStream_t st) {
   check_dims(d, "gdn_prep_fwd");
   const int64_t T = d.tokens();
+  LT_CUDA_REQUIRE(ldab >= d.Hv, "gdn_prep_fwd: ldab < value heads");
   if (T == 0) return;
   LT_CUDA_REQUIRE(T < (int64_t(1) << 31), "gdn_prep_fwd: too many rows");
-  prep_fwd_kernel<<<unsigned(T), 256, 0, st>>>(B(y), B(a), B(b), B(A_log), B(dt_bias), int(d.Hk), int(d.Hv),
+  prep_fwd_kernel<<<unsigned(T), 256, 0, st>>>(B(y), B(a), B(b), ldab, B(A_log), B(dt_bias), int(d.Hk), int(d.Hv),
                                                int(d.Dk), int(d.Dv), Bm(qn), Bm(kn), Bm(v), g, beta);
   LT_CUDA_LAUNCH();
 }
@@ -688,12 +717,13 @@ int64_t gdn_prep_bwd_workspace_bytes(const GdnDims& d) {
   return nblk * 2 * d.Hv * int64_t(sizeof(float));
 }
 
-void gdn_prep_bwd(const GdnDims& d, const void* y, const void* a, const void* b, const void* A_log,
+void gdn_prep_bwd(const GdnDims& d, const void* y, const void* a, const void* b, int64_t ldab, const void* A_log,
                   const void* dt_bias, const float* dqn, const float* dkn, const float* dv, const float* dg,
                   const float* dbeta, void* dy, void* da, void* db, float* dA_log, float* ddt_bias, void* ws,
                   cudaStream_t st) {
   check_dims(d, "gdn_prep_bwd");
   const int64_t T = d.tokens();
+  LT_CUDA_REQUIRE(ldab >= d.Hv, "gdn_prep_bwd: ldab < value heads");
   if (T == 0) return;
   LT_CUDA_REQUIRE(T < (int64_t(1) << 31), "gdn_prep_bwd: too many rows");
   prep_bwd_rows_kernel<<<unsigned(T), 256, 0, st>>>(B(y), dqn, dkn, dv, int(d.Hk), int(d.Hv), int(d.Dk), int(d.Dv),
@@ -701,25 +731,29 @@ void gdn_prep_bwd(const GdnDims& d, const void* y, const void* a, const void* b,
   LT_CUDA_LAUNCH();
   const int64_t nblk = (T + kGateRows - 1) / kGateRows;
   float* partial = static_cast<float*>(ws);
-  prep_bwd_gates_kernel<<<unsigned(nblk), 64, 0, st>>>(B(a), B(b), B(A_log), B(dt_bias), dg, dbeta, T, int(d.Hv),
-                                                       Bm(da), Bm(db), partial);
+  prep_bwd_gates_kernel<<<unsigned(nblk), 64, 0, st>>>(B(a), B(b), ldab, B(A_log), B(dt_bias), dg, dbeta, T,
+                                                       int(d.Hv), Bm(da), Bm(db), partial);
   LT_CUDA_LAUNCH();
   gates_finish_kernel<<<nblocks(d.Hv, 64), 64, 0, st>>>(partial, nblk, int(d.Hv), dA_log, ddt_bias);
   LT_CUDA_LAUNCH();
 }
 
-void gdn_gated_norm_fwd(const GdnDims& d, const void* o, const void* z, const void* w, float eps, void* out,
-                        float* rstd, cudaStream_t st) {
+void gdn_gated_norm_fwd(const GdnDims& d, const void* o, const void* z, int64_t ldz, const void* w, float eps,
+                        void* out, float* rstd, cudaStream_t st) {
   check_dims(d, "gdn_gated_norm_fwd");
+  LT_CUDA_REQUIRE(ldz >= d.Hv * d.Dv, "gdn_gated_norm_fwd: ldz < value heads x head dim");
   const int64_t nvec = d.tokens() * d.Hv;
   if (nvec == 0) return;
-  const int Dv = int(d.Dv);
-  if (gnorm_vec4(Dv, {o, z, w, out}) && Dv <= 128)
-    gnorm_fwd_vec4_kernel<1><<<nblocks(nvec, 8), 256, 0, st>>>(B(o), B(z), B(w), nvec, Dv, eps, Bm(out), rstd);
-  else if (gnorm_vec4(Dv, {o, z, w, out}))
-    gnorm_fwd_vec4_kernel<2><<<nblocks(nvec, 8), 256, 0, st>>>(B(o), B(z), B(w), nvec, Dv, eps, Bm(out), rstd);
+  const int Dv = int(d.Dv), Hv = int(d.Hv);
+  const bool v4 = gnorm_vec4(Dv, {o, z, w, out}) && ldz % 4 == 0;
+  if (v4 && Dv <= 128)
+    gnorm_fwd_vec4_kernel<1><<<nblocks(nvec, 8), 256, 0, st>>>(B(o), B(z), Hv, ldz, B(w), nvec, Dv, eps, Bm(out),
+                                                                rstd);
+  else if (v4)
+    gnorm_fwd_vec4_kernel<2><<<nblocks(nvec, 8), 256, 0, st>>>(B(o), B(z), Hv, ldz, B(w), nvec, Dv, eps, Bm(out),
+                                                                rstd);
   else
-    gnorm_fwd_kernel<<<nblocks(nvec, 8), 256, 0, st>>>(B(o), B(z), B(w), nvec, Dv, eps, Bm(out), rstd);
+    gnorm_fwd_kernel<<<nblocks(nvec, 8), 256, 0, st>>>(B(o), B(z), Hv, ldz, B(w), nvec, Dv, eps, Bm(out), rstd);
   LT_CUDA_LAUNCH();
 }
 
@@ -728,25 +762,27 @@ int64_t gdn_gated_norm_bwd_workspace_bytes(const GdnDims& d) {
   return nwarp * d.Dv * int64_t(sizeof(float));
 }
 
-void gdn_gated_norm_bwd(const GdnDims& d, const void* o, const void* z, const void* w, float eps, const float* rstd,
-                        const void* dout, void* do_, void* dz, float* dw, void* ws, cudaStream_t st) {
+void gdn_gated_norm_bwd(const GdnDims& d, const void* o, const void* z, int64_t ldz, const void* w, float eps,
+                        const float* rstd, const void* dout, void* do_, void* dz, float* dw, void* ws,
+                        cudaStream_t st) {
   (void)eps;  // rstd from the forward already holds 1/sqrt(mean(o^2) + eps)
   check_dims(d, "gdn_gated_norm_bwd");
+  LT_CUDA_REQUIRE(ldz >= d.Hv * d.Dv, "gdn_gated_norm_bwd: ldz < value heads x head dim");
   const int64_t nvec = d.tokens() * d.Hv;
   if (nvec == 0) return;
   const int64_t nwarp = (nvec + kNormVecs - 1) / kNormVecs;
   float* partial = static_cast<float*>(ws);
-  const int Dv = int(d.Dv);
-  const bool v4 = gnorm_vec4(Dv, {o, z, w, dout, do_, dz});
+  const int Dv = int(d.Dv), Hv = int(d.Hv);
+  const bool v4 = gnorm_vec4(Dv, {o, z, w, dout, do_, dz}) && ldz % 4 == 0;
   if (v4 && Dv <= 128)
-    gnorm_bwd_vec4_kernel<1><<<nblocks(nwarp, 8), 256, 0, st>>>(B(o), B(z), B(w), rstd, B(dout), nvec, Dv, Bm(do_),
-                                                                 Bm(dz), partial);
+    gnorm_bwd_vec4_kernel<1><<<nblocks(nwarp, 8), 256, 0, st>>>(B(o), B(z), Hv, ldz, B(w), rstd, B(dout), nvec, Dv,
+                                                                 Bm(do_), Bm(dz), partial);
   else if (v4)
-    gnorm_bwd_vec4_kernel<2><<<nblocks(nwarp, 8), 256, 0, st>>>(B(o), B(z), B(w), rstd, B(dout), nvec, Dv, Bm(do_),
-                                                                 Bm(dz), partial);
+    gnorm_bwd_vec4_kernel<2><<<nblocks(nwarp, 8), 256, 0, st>>>(B(o), B(z), Hv, ldz, B(w), rstd, B(dout), nvec, Dv,
+                                                                 Bm(do_), Bm(dz), partial);
   else
-    gnorm_bwd_kernel<<<nblocks(nwarp, 8), 256, 0, st>>>(B(o), B(z), B(w), rstd, B(dout), nvec, Dv, Bm(do_), Bm(dz),
-                                                        partial);
+    gnorm_bwd_kernel<<<nblocks(nwarp, 8), 256, 0, st>>>(B(o), B(z), Hv, ldz, B(w), rstd, B(dout), nvec, Dv, Bm(do_),
+                                                        Bm(dz), partial);
   LT_CUDA_LAUNCH();
   partial_finish(partial, nwarp, d.Dv, dw, st);
 }
