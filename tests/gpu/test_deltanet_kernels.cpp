@@ -193,6 +193,16 @@ TEST_P(GdnKernel, PrepForwardBackward) {
   EXPECT_EQ(pad_changed(db_w, T, NV, ldab, pad), 0) << gc;
   EXPECT_LE(rel_err(down<float>(gA.p, sz(NV)), dA_ref), 1e-3) << gc;
   EXPECT_LE(rel_err(down<float>(gdt.p, sz(NV)), ddt_ref), 1e-3) << gc;
+  // The scalar forward (taken when y is not 16-byte aligned): y one entry into its buffer.
+  DevBuf ymis(sz(T * C + 8) * 2);
+  GT_CUDA(cudaMemcpy(static_cast<char*>(ymis.p) + 2, dy_.p, sz(T * C) * 2, cudaMemcpyDeviceToDevice));
+  for (DevBuf* o : {&qn, &kn, &vv}) GT_CUDA(cudaMemset(o->p, 0xFF, o->bytes));  // poison
+  cuda::gdn_prep_fwd(d, static_cast<char*>(ymis.p) + 2, da_.p, db_.p, ldab, dAl.p, ddt.p, qn.p, kn.p, vv.p,
+                     g.as<float>(), beta.as<float>(), nullptr);
+  GT_CUDA(cudaDeviceSynchronize());
+  EXPECT_LE(rel_err(down_bf16(qn.p, q0.size()), qn_ref), 1e-2) << gc << " scalar";
+  EXPECT_LE(rel_err(down_bf16(kn.p, k0.size()), kn_ref), 1e-2) << gc << " scalar";
+  EXPECT_EQ(rel_err(down_bf16(vv.p, v0.size()), v0), 0.0) << gc << " scalar";
 }
 
 // ------------------------------------------------------------------------------------------ rule
