@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <initializer_list>
 
 #include "backend/cuda/cuda_util.h"
@@ -185,10 +184,10 @@ __global__ void conv_fwd_vec8_kernel(const bf16* x, int64_t ldx, const bf16* w, 
 }
 
 // As conv_bwd_kernel (block = row chunk of a sample, walking rows with windows of x, dpre and chains), with a
-// thread per 8 channels. MINB > 0 caps the registers so that MINB blocks of 64 threads fit an SM (196 registers
-// without a cap at K = 4: 10 warps per SM for a loop of dependent rows).
-template <int K, int MINB>
-__global__ void __launch_bounds__(64, MINB > 0 ? MINB : 1) conv_bwd_vec8_kernel(const bf16* x, int64_t ldx, const bf16* w, const bf16* dy, const int32_t* seg,
+// thread per 8 channels. (196 registers at K = 4, 10 warps per SM; capping them for 16 or 24 warps measured
+// slower, run 62: 0.455 -> 0.56 / 1.79 ms.)
+template <int K>
+__global__ void conv_bwd_vec8_kernel(const bf16* x, int64_t ldx, const bf16* w, const bf16* dy, const int32_t* seg,
                                      int64_t seq, int64_t C, int64_t n_rc, bf16* dx, float* partial) {
   const int64_t c0 = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
   if (c0 >= C) return;
@@ -373,9 +372,11 @@ __global__ void gates_finish_kernel(const float* partial, int64_t nblk, int Hv, 
 }
 
 // ------------------------------------------------------------------------------------------ gated norm
-// Vector vec = t Hv + h of z (and dz): row t of stride ldz, head h.
+// Vector vec = t Hv + h of z (and dz): row t of stride ldz, head h. 32-bit division (the host checks
+// nvec < 2^31): the 64-bit one cost the forward ~20 % (run 62).
 __device__ __forceinline__ int64_t zoff(int64_t vec, int Hv, int Dv, int64_t ldz) {
-  return (vec / Hv) * ldz + (vec % Hv) * Dv;
+  const unsigned v = unsigned(vec), t = v / unsigned(Hv);
+  return int64_t(t) * ldz + int64_t(v - t * unsigned(Hv)) * Dv;
 }
 
 // One warp per vector of Dv (<= 128: each lane holds <= 4 entries).
@@ -666,16 +667,6 @@ void check_dims(const GdnDims& d, const char* who) {
 
 int64_t conv_row_chunks(const GdnDims& d) { return (d.seq + kConvRows - 1) / kConvRows; }
 
-// Blocks of the K = 4 vectorised conv backward per SM the compiler is held to: 0 (no cap), 8 or 12; env
-// LT_CONV_BWD_OCC (bench_deltanet compares them).
-int conv_bwd_occupancy() {
-  static const int occ = [] {
-    const char* e = std::getenv("LT_CONV_BWD_OCC");
-    return e ? std::atoi(e) : 0;
-  }();
-  return occ;
-}
-
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 // The vectorised conv kernels apply: K in {2, 3, 4}, channels and row stride multiples of 8, 16-byte bases.
 bool conv_vec8(const GdnDims& d, const void* x, int64_t ldx, const void* out) {
@@ -722,15 +713,9 @@ void gdn_conv_silu_bwd(const GdnDims& d, const void* x, int64_t ldx, const void*
   float* partial = static_cast<float*>(ws);
   if (conv_vec8(d, x, ldx, dx) && aligned16(dy)) {
     const dim3 grid(nblocks(C / 8, 64), unsigned(nsplit));
-    const int occ = conv_bwd_occupancy();
-    auto go = [&](auto kern) { kern<<<grid, 64, 0, st>>>(B(x), ldx, B(w), B(dy), seg, d.seq, C, n_rc, Bm(dx), partial); };
-    if (d.K == 2) go(conv_bwd_vec8_kernel<2, 0>);
-    if (d.K == 3) go(conv_bwd_vec8_kernel<3, 0>);
-    if (d.K == 4) {
-      if (occ == 8) go(conv_bwd_vec8_kernel<4, 8>);
-      else if (occ == 12) go(conv_bwd_vec8_kernel<4, 12>);
-      else go(conv_bwd_vec8_kernel<4, 0>);
-    }
+    if (d.K == 2) conv_bwd_vec8_kernel<2><<<grid, 64, 0, st>>>(B(x), ldx, B(w), B(dy), seg, d.seq, C, n_rc, Bm(dx), partial);
+    if (d.K == 3) conv_bwd_vec8_kernel<3><<<grid, 64, 0, st>>>(B(x), ldx, B(w), B(dy), seg, d.seq, C, n_rc, Bm(dx), partial);
+    if (d.K == 4) conv_bwd_vec8_kernel<4><<<grid, 64, 0, st>>>(B(x), ldx, B(w), B(dy), seg, d.seq, C, n_rc, Bm(dx), partial);
   } else {
     conv_bwd_kernel<<<dim3(nblocks(C, 128), unsigned(nsplit)), 128, 0, st>>>(B(x), ldx, B(w), B(dy), seg, d.seq, C,
                                                                               int(d.K), n_rc, Bm(dx), partial);
@@ -785,6 +770,7 @@ void gdn_gated_norm_fwd(const GdnDims& d, const void* o, const void* z, int64_t 
   LT_CUDA_REQUIRE(ldz >= d.Hv * d.Dv, "gdn_gated_norm_fwd: ldz < value heads x head dim");
   const int64_t nvec = d.tokens() * d.Hv;
   if (nvec == 0) return;
+  LT_CUDA_REQUIRE(nvec < (int64_t(1) << 31), "gdn_gated_norm_fwd: rows x value heads >= 2^31");
   const int Dv = int(d.Dv), Hv = int(d.Hv);
   const bool v4 = gnorm_vec4(Dv, {o, z, w, out}) && ldz % 4 == 0;
   if (v4 && Dv <= 128)
@@ -811,6 +797,7 @@ void gdn_gated_norm_bwd(const GdnDims& d, const void* o, const void* z, int64_t 
   LT_CUDA_REQUIRE(ldz >= d.Hv * d.Dv, "gdn_gated_norm_bwd: ldz < value heads x head dim");
   const int64_t nvec = d.tokens() * d.Hv;
   if (nvec == 0) return;
+  LT_CUDA_REQUIRE(nvec < (int64_t(1) << 31), "gdn_gated_norm_bwd: rows x value heads >= 2^31");
   const int64_t nwarp = (nvec + kNormVecs - 1) / kNormVecs;
   float* partial = static_cast<float*>(ws);
   const int Dv = int(d.Dv), Hv = int(d.Hv);

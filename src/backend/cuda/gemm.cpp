@@ -1,9 +1,6 @@
 #include "backend/cuda/gemm.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <string>
-#include <vector>
 
 #include "backend/cuda/cuda_util.h"
 #include "core/error.h"
@@ -15,24 +12,9 @@ struct Gemm::Plan {
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
   cublasLtMatmulAlgo_t algo{};
   bool has_algo = false;
-  std::vector<cublasLtMatmulAlgo_t> cands;  // the heuristic's candidates, when tuning (first = its choice)
-  bool tuned = false;
 };
 
 namespace {
-constexpr int kTuneCandidates = 8;
-
-// LT_GEMM_TUNE=1: time the heuristic's first kTuneCandidates algorithms at a shape's first call and keep the
-// fastest (bench_gemm_algos measures what that gains).
-bool tune_enabled(int override_) {
-  if (override_ >= 0) return override_ == 1;
-  static const bool on = [] {
-    const char* e = std::getenv("LT_GEMM_TUNE");
-    return e && std::string(e) == "1";
-  }();
-  return on;
-}
-
 int alignment_of(const void* p, int64_t ld_elems, int64_t elem) {
   const uintptr_t v = reinterpret_cast<uintptr_t>(p) | uintptr_t(ld_elems * elem);
   int a = 256;
@@ -96,20 +78,16 @@ Gemm::Plan* Gemm::plan_for(const GemmArgs& g, const Key& key) {
   LT_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &aa, sizeof(aa)));
   LT_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac, sizeof(ac)));
   LT_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac, sizeof(ac)));
-  const bool tune = tune_enabled(tune_override_);
-  std::vector<cublasLtMatmulHeuristicResult_t> res(tune ? kTuneCandidates : 1);
+  cublasLtMatmulHeuristicResult_t res{};
   int n_res = 0;
-  const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(h_, p->op, p->la, p->lb, p->lc, p->lc, pref,
-                                                          int(res.size()), res.data(), &n_res);
+  const cublasStatus_t s =
+      cublasLtMatmulAlgoGetHeuristic(h_, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &n_res);
   cublasLtMatmulPreferenceDestroy(pref);
   if (s != CUBLAS_STATUS_SUCCESS || n_res == 0)
     fail("cuBLASLt: no algorithm for GEMM m={} n={} k={} trans_a={} trans_b={} c_f32={} bias={} (status {})", g.m,
          g.n, g.k, g.trans_a, g.trans_b, g.c_f32, g.bias != nullptr, int(s));
-  p->algo = res[0].algo;
+  p->algo = res.algo;
   p->has_algo = true;
-  for (int i = 0; tune && i < n_res; ++i)
-    if (res[size_t(i)].state == CUBLAS_STATUS_SUCCESS) p->cands.push_back(res[size_t(i)].algo);
-  p->tuned = p->cands.size() < 2;
   plans_[key] = p;
   return p;
 }
@@ -131,53 +109,8 @@ void Gemm::run(const GemmArgs& g, cudaStream_t st) {
   if (g.bias)
     LT_CUBLAS(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias)));
   const void* cin = g.c_in ? g.c_in : g.c;
-  if (!p->tuned) tune(p, g, ldc * g.m * ce, st);
   LT_CUBLAS(cublasLtMatmul(h_, p->op, &g.alpha, g.b, p->la, g.a, p->lb, &g.beta, cin, p->lc, g.c, p->lc, &p->algo,
                            ws_, ws_bytes_, st));
-}
-
-// Times every candidate (one warm-up, then the median of three) on this call's operands and keeps the fastest. A
-// GEMM that accumulates into its output in place writes a scratch copy instead (allocated for the timing, freed
-// after; without the memory, or while the stream is being captured into a graph, the heuristic's choice stays).
-void Gemm::tune(Plan* p, const GemmArgs& g, int64_t c_bytes, cudaStream_t st) {
-  p->tuned = true;
-  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(st, &cap) != cudaSuccess || cap != cudaStreamCaptureStatusNone) return;
-  const bool in_place = g.beta != 0.f && (g.c_in == nullptr || g.c_in == g.c);
-  void* out = g.c;
-  void* scratch = nullptr;
-  if (in_place) {
-    if (cudaMallocAsync(&scratch, size_t(c_bytes), st) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return;
-    }
-    LT_CUDA(cudaMemcpyAsync(scratch, g.c, size_t(c_bytes), cudaMemcpyDeviceToDevice, st));
-    out = scratch;
-  }
-  const void* cin = in_place ? out : (g.c_in ? g.c_in : g.c);
-  cudaEvent_t ev[4];
-  for (auto& e : ev) LT_CUDA(cudaEventCreate(&e));
-  float best = -1.f;
-  for (size_t i = 0; i < p->cands.size(); ++i) {
-    const auto& algo = p->cands[i];
-    auto once = [&] {
-      return cublasLtMatmul(h_, p->op, &g.alpha, g.b, p->la, g.a, p->lb, &g.beta, cin, p->lc, out, p->lc, &algo, ws_,
-                            ws_bytes_, st);
-    };
-    if (once() != CUBLAS_STATUS_SUCCESS) continue;
-    float t[3];
-    for (int r = 0; r < 3; ++r) {
-      LT_CUDA(cudaEventRecord(ev[0], st));
-      once();
-      LT_CUDA(cudaEventRecord(ev[1], st));
-      LT_CUDA(cudaEventSynchronize(ev[1]));
-      LT_CUDA(cudaEventElapsedTime(&t[r], ev[0], ev[1]));
-    }
-    std::sort(t, t + 3);
-    if (best < 0.f || t[1] < best) best = t[1], p->algo = algo;
-  }
-  for (auto& e : ev) cudaEventDestroy(e);
-  if (scratch) LT_CUDA(cudaFreeAsync(scratch, st));
 }
 
 }  // namespace lt::cuda

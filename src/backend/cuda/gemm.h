@@ -38,17 +38,12 @@ class Gemm {
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
   void run(const GemmArgs& g, cudaStream_t st);
-  // Autotuning of the algorithm per shape at its first call (see gemm.cpp): 1 on, 0 off, -1 the environment's
-  // LT_GEMM_TUNE (off unless "1"). Shapes already planned keep their choice.
-  void set_tuning(int on) { tune_override_ = on; }
   static constexpr size_t kWorkspaceBytes = size_t(32) << 20;
 
  private:
   struct Plan;
   using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int>;
   Plan* plan_for(const GemmArgs& g, const Key& key);
-  void tune(Plan* p, const GemmArgs& g, int64_t c_bytes, cudaStream_t st);
-  int tune_override_ = -1;
   cublasLtHandle_t h_ = nullptr;
   void* ws_ = nullptr;
   size_t ws_bytes_ = 0;
