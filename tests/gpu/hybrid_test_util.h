@@ -14,7 +14,9 @@ namespace lt::gputest {
 
 // Hybrid shapes: "hd64" (flash attention at head_dim 64, Dk = Dv = 32), "hd128" (flash at 128, linear
 // heads of 128 with a GQA ratio 3 and conv 3), "hd256" (the 27B head_dim: flash on sm_90, else the
-// generic attention; linear value heads of 64 and key heads of 128).
+// generic attention; linear value heads of 64 and key heads of 128). "hd64_h72": hd64 at hidden 72, where the
+// layout's 64-element alignment pads in_proj_b (4 x 72 entries), so the four input projections are not one
+// matrix and the Gated DeltaNet mixer runs them as four GEMMs on its buffer's column slices.
 inline ModelConfig hybrid_config(const std::string& kind) {
   ModelConfig c;
   c.name = "hybrid-" + kind;
@@ -29,9 +31,10 @@ inline ModelConfig hybrid_config(const std::string& kind) {
   c.attn_output_gate = true;
   c.norm_plus_one = true;
   c.partial_rotary = 0.25;
-  if (kind == "hd64") {
+  if (kind == "hd64" || kind == "hd64_h72") {
     c.heads = 4, c.kv_heads = 2, c.head_dim = 64;
     c.linear = LinearAttnConfig{2, 4, 32, 32, 4};
+    if (kind == "hd64_h72") c.hidden = 72;
   } else if (kind == "hd128") {
     c.heads = 2, c.kv_heads = 1, c.head_dim = 128;
     c.linear = LinearAttnConfig{1, 3, 128, 128, 3};

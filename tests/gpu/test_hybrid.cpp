@@ -68,6 +68,10 @@ TEST_P(HybridLayer, ForwardBackwardMatchCpuReference) {
   const ModelConfig c = hybrid_config(hc.cfg);
   const ModelLayout layout = model_layout(c);
   const UnitLayout& lay = layout.layer(hc.layer);
+  if (hc.cfg == "hd64_h72") {  // the case exists for the padded (non-adjacent) input projections
+    const ParamInfo& b = lay.find("linear_attn.in_proj_b.weight");
+    ASSERT_NE(b.offset + b.numel, lay.find("linear_attn.in_proj_a.weight").offset);
+  }
   const int64_t T = hc.batch * hc.seq, H = c.hidden;
   std::mt19937 rng(uint32_t(23 + hc.layer));
   auto w = unit_weights(lay, rng);
@@ -141,6 +145,7 @@ std::vector<HybridCase> hybrid_cases() {
     v.push_back({"hd256", layer, 2, 70, false});   // the 27B head_dim (generic attention)
     v.push_back({"hd256", layer, 1, 129, true});
   }
+  v.push_back({"hd64_h72", 0, 2, 70, true});  // the input projections as four GEMMs (not adjacent in the layout)
   return v;
 }
 
