@@ -5,10 +5,10 @@
 //
 //   bench_gemm_algos [--tokens 8192] [--hidden 5120] [--ffn 17408] [--candidates 16] [--iters 10]
 //
-// Run 62 (H200): alone, the best of 8 candidates was 4.5 % faster than the first over these GEMMs, and beta 1
-// cost nothing measurable over beta 0; but the layer with each shape tuned at its first call (timed the same
-// way, in place) was slower, 35.17 against 34.54 ms (bench_qwen35_layer, median of 9), so Gemm keeps the
-// heuristic's first choice (docs/results.md).
+// Run 62 (H200): alone, the best of 8 candidates was 4.5 % faster than the first over these GEMMs, and beta 0
+// against beta 1 ranged from -8 % to +3 % by shape (first choice); but the layer with each shape tuned at its
+// first call (timed the same way, in place) was slower, 35.17 against 34.54 ms (bench_qwen35_layer, median of
+// 9), so Gemm keeps the heuristic's first choice (docs/results.md).
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
