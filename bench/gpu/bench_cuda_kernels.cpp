@@ -198,6 +198,15 @@ void bench_layer(const std::string& preset, int64_t B, int64_t S) {
   auto st = static_cast<cudaStream_t>(be.stream(Lane::Compute));
   const double tf = time_median([&] { be.layer_forward(0, w, g, x, y, {}); }, st, 2, 5);
   const double tb = time_median([&] { be.layer_backward(0, w, g, x, dy, dx, dw, {}); }, st, 2, 5);
+  // Kept internals (issue 17): the forward keeps them, the backward does not re-run them.
+  const int64_t kb = be.layer_keep_bytes(0, B, S);
+  void* keep = A(kb);
+  const double tk = time_median(
+      [&] {
+        be.layer_forward_keep(0, w, g, x, y, keep, {});
+        be.layer_backward_kept(0, w, g, x, dy, dx, dw, keep, {});
+      },
+      st, 2, 5);
   be.synchronize();
   // FLOPs: matmuls 2*T*P_matmul (fwd), attention causal; backward = 2x matmuls + 2.5x attention.
   const double mm = 2.0 * T * (double(c.hidden) * (c.q_dim() + 2 * c.kv_dim()) + double(c.q_dim()) * c.hidden +
@@ -206,6 +215,10 @@ void bench_layer(const std::string& preset, int64_t B, int64_t S) {
   const std::string name = preset + "_B" + std::to_string(B) + "_S" + std::to_string(S);
   emit("layer_fwd", name, tf, mm + at);
   emit("layer_fwdbwd", name, tb, 3 * mm + 3.5 * at);  // layer_backward = recompute forward + backward
+  emit("layer_train_rerun", name, tf + tb, 3 * mm + 3.5 * at);  // a training step of the layer: fwd + bwd with re-run
+  emit("layer_train_kept", name, tk, 3 * mm + 3.5 * at);         // ... with kept internals
+  std::printf("           kept internals: %.2f GiB a layer; the layer's training step %.2f ms kept vs %.2f ms re-run "
+              "(%.3fx)\n", double(kb) / (1 << 30), tk * 1e3, (tf + tb) * 1e3, (tf + tb) / tk);
   std::printf("           arena peak %.2f GiB (workspace for %ld tokens: %.2f GiB)\n",
               double(be.arena_peak()) / (1 << 30), long(T), double(be.layer_workspace_bytes(T)) / (1 << 30));
   for (auto& a : al) be.free(a);

@@ -180,6 +180,28 @@ class Backend {
   // Recomputes internals from x; writes dx, ACCUMULATES dw.
   virtual void layer_backward(int64_t layer, const void* w, const DevGeometry& g, const void* x,
                               const void* dy, void* dx, void* dw, OpLabel l) = 0;
+  // ---- kept internals (ExecPlan::kept_layers): a layer's forward leaves what its backward needs in a buffer of
+  // the caller's, and the backward reads it instead of re-running the forward (issue 17: the re-run is ~1/4 of a
+  // dense layer's training FLOPs).
+  // Bytes that buffer needs for one call of layer `layer` on batch x seq rows; 0: this backend keeps nothing and
+  // the two calls below are plain layer_forward / layer_backward.
+  virtual int64_t layer_keep_bytes(int64_t layer, int64_t batch, int64_t seq) const {
+    (void)layer, (void)batch, (void)seq;
+    return 0;
+  }
+  // layer_forward that also fills keep (device, layer_keep_bytes(layer, g.batch, g.seq) bytes, 256-byte aligned).
+  virtual void layer_forward_keep(int64_t layer, const void* w, const DevGeometry& g, const void* x, void* y,
+                                  void* keep, OpLabel l) {
+    (void)keep;
+    layer_forward(layer, w, g, x, y, l);
+  }
+  // layer_backward from keep as layer_forward_keep of the same layer, weights, geometry and x left it (keep is
+  // scratch afterwards). Same results as layer_backward.
+  virtual void layer_backward_kept(int64_t layer, const void* w, const DevGeometry& g, const void* x, const void* dy,
+                                   void* dx, void* dw, void* keep, OpLabel l) {
+    (void)keep;
+    layer_backward(layer, w, g, x, dy, dx, dw, l);
+  }
   // Head (final norm + LM head + CE) on the rows of g, targets already shifted (-100 ignored).
   // acc: device double[2]; acc[0] += loss_sum, acc[1] += n_tokens (non-ignored), added sample by sample.
   // If dx != nullptr: gradients of loss_sum * loss_scale: writes dx, ACCUMULATES d_head_w and d_lm_w

@@ -117,6 +117,8 @@ void validate_plan(const ExecPlan& p, int64_t layers) {
   LT_CHECK(p.chunk_samples >= 0 && p.chunk_samples <= p.batch, "plan: 'chunk_samples' is {}, expected 0..{}",
            p.chunk_samples, p.batch);
   LT_CHECK(p.nvme_staging >= 1, "plan: 'nvme_staging' is {}, expected >= 1", p.nvme_staging);
+  LT_CHECK(p.kept_layers >= 0 && p.kept_layers <= layers, "plan: 'kept_layers' is {}, expected 0..{}", p.kept_layers,
+           layers);
   LT_CHECK(p.traffic.empty() || int64_t(p.traffic.size()) == layers + 1,
            "plan: 'traffic' has {} entries, expected {}", p.traffic.size(), layers + 1);
   const int64_t L = layers;
@@ -142,6 +144,7 @@ std::string describe_plan(const ExecPlan& p) {
   for (size_t i = 0; i + 1 < p.tier.size(); ++i)
     if (p.tier[i] != CkptTier::None) s += fmt::format(" {}:{}", i, ckpt_tier_name(p.tier[i]));
   s += fmt::format(" | ring {} chunk {} batch {} seq {}", p.ring, p.chunk_samples, p.batch, p.seq);
+  if (p.kept_layers > 0) s += fmt::format(" | kept {}", p.kept_layers);
   return s;
 }
 

@@ -55,6 +55,11 @@ struct ExecPlan {
   int32_t nvme_staging = 2;   // pinned staging buffers for each NVMe direction
   bool embedding_resident = true;  // false: embedding lookup/backward on the host, only boundary 0 crosses
   bool head_resident = true;       // false: head weights uploaded in window F_{L-1} instead of at step start
+  // The last kept_layers layers (L - kept_layers .. L-1) keep their forward internals on the device until
+  // their backward, which then does not re-run them (Backend::layer_forward_keep / layer_backward_kept).
+  // Their buffers ("keep.layer<j>") are held for the whole step. Ignored by a backend that keeps nothing
+  // (layer_keep_bytes 0: the CPU backend).
+  int64_t kept_layers = 0;
   // Checkpoint traffic of each cpu/nvme boundary: per transfer, shares {window, fraction} covering
   // consecutive byte ranges in list order (fractions sum to 1). Empty lists = defaults:
   //   d2h        in [i, L]                       default {i, 1}

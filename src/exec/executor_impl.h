@@ -64,6 +64,11 @@ struct Executor::Impl {
   Buffer gslot[2];  // layer gradients of one micro-batch (not allocated when held_direct)
   Buffer d_ids, d_tgt, d_pos, d_seg, d_scal;  // d_scal: loss_sum, n_tokens, sumsq[units]
   std::unique_ptr<ActPool> pool;
+  // Kept internals (ExecPlan::kept_layers): per layer (empty for the others), one region of keep_chunk[j]
+  // bytes per chunk of samples.
+  std::vector<Buffer> keep;
+  std::vector<int64_t> keep_chunk;
+  void* keep_for(int64_t j, int64_t row0) const;  // layer j's region of the chunk starting at token row row0, or null
   // pinned
   Buffer p_ids, p_tgt, p_pos, p_seg, p_scal, p_x0, p_dx0;
   std::vector<Buffer> cpu_ckpt;  // per boundary (cpu tier only)
@@ -80,6 +85,7 @@ struct Executor::Impl {
 
   void allocate();
   void allocate_grads();
+  void allocate_kept();
   void recover_from_failure();
   double report_gradients(int32_t nmb, UpdateHook* hook);
   // Sums of squares of units whose final gradient is formed on the host (several micro-batches, or

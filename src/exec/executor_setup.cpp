@@ -221,6 +221,7 @@ void Executor::Impl::allocate() {
   pool->reserve(count_act_buffers(P));
   pool->mark_reserved();
   be.reserve_workspace(chunk * P.seq, P.seq);
+  allocate_kept();
   // Pinned.
   p_ids = Buffer(be, MemKind::Pinned, ib, "batch.staging");
   p_tgt = Buffer(be, MemKind::Pinned, ib, "batch.staging");
@@ -244,6 +245,25 @@ void Executor::Impl::allocate() {
   }
   sink_worker = std::make_unique<HostWorker>("grad-sink");
   be.set_timing(ex.opts_.timing);
+}
+
+// The kept layers' buffers, for the whole run (the planner counts them as held for the whole step). A backend
+// that keeps nothing (layer_keep_bytes 0) runs those layers as plain ones.
+void Executor::Impl::allocate_kept() {
+  keep.resize(size_t(L));
+  keep_chunk.assign(size_t(L), 0);
+  const int64_t chunks = (P.batch + chunk - 1) / chunk;
+  for (int64_t j = L - P.kept_layers; j < L; ++j) {
+    const int64_t b = be.layer_keep_bytes(j, chunk, P.seq);
+    if (b <= 0) continue;
+    keep_chunk[size_t(j)] = b;
+    keep[size_t(j)] = Buffer(be, MemKind::Device, b * chunks, fmt::format("keep.layer{}", j));
+  }
+}
+
+void* Executor::Impl::keep_for(int64_t j, int64_t row0) const {
+  if (keep_chunk[size_t(j)] == 0) return nullptr;
+  return keep[size_t(j)].as<char>() + row0 / (chunk * P.seq) * keep_chunk[size_t(j)];
 }
 
 // Weight gradient buffers on the device: per micro-batch (host gradients, or several micro-batches /

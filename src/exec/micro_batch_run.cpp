@@ -116,7 +116,9 @@ void MicroBatchRun::forward_layer(int64_t j) {
   const void* w = weights_for_use();
   const int y = I.pool->acquire(Lane::Compute);
   for_chunks([&](int64_t r0, const DevGeometry& g) {
-    be.layer_forward(j, w, g, row(X(xbuf_[size_t(j)]), r0), row(X(y), r0), lab("fwd", int32_t(j)));
+    void* keep = train_ ? I.keep_for(j, r0) : nullptr;
+    if (keep) be.layer_forward_keep(j, w, g, row(X(xbuf_[size_t(j)]), r0), row(X(y), r0), keep, lab("fwd", int32_t(j)));
+    else be.layer_forward(j, w, g, row(X(xbuf_[size_t(j)]), r0), row(X(y), r0), lab("fwd", int32_t(j)));
   });
   end_use();
   const Event ev = use_done_[size_t(use_ - 1)];
@@ -211,8 +213,10 @@ void MicroBatchRun::backward_layer(int64_t j) {
   zero_grad(j + 1, dw, lay.layer(j).numel * int64_t(I.g_sz), I.held_direct);
   const int dx = I.pool->acquire(Lane::Compute);
   for_chunks([&](int64_t r0, const DevGeometry& g) {
-    be.layer_backward(j, wt, g, row(X(xbuf_[size_t(j)]), r0), row(X(dy_), r0), row(X(dx), r0), dw,
-                      lab("bwd", int32_t(j)));
+    const void* x = row(X(xbuf_[size_t(j)]), r0);
+    if (void* keep = I.keep_for(j, r0))
+      be.layer_backward_kept(j, wt, g, x, row(X(dy_), r0), row(X(dx), r0), dw, keep, lab("bwd", int32_t(j)));
+    else be.layer_backward(j, wt, g, x, row(X(dy_), r0), row(X(dx), r0), dw, lab("bwd", int32_t(j)));
   });
   if (j == 0 && I.emb_on_device && !I.c.tied)
     zero_grad(0, I.emb_grad, lay.embedding().numel * int64_t(I.g_sz), I.held_direct);

@@ -33,6 +33,7 @@ ExecPlan exec_plan_from(const Plan& p, const ModelConfig& c) {
   e.nvme_staging = p.nvme_staging;
   e.embedding_resident = p.embedding_resident;
   e.head_resident = p.head_resident;
+  e.kept_layers = p.kept_layers;
   e.traffic.resize(size_t(p.layers + 1));
   for (auto& t : p.traffic) {
     LT_CHECK(t.boundary >= 0 && t.boundary < p.layers, "plan: traffic for boundary {} outside [0, {})", t.boundary,

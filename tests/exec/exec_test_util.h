@@ -145,6 +145,9 @@ inline ExecPlan random_plan(int64_t L, int64_t batch, int64_t seq, std::mt19937_
       tr.nvme_read = shares(tr.nvme_write.front().window, tr.h2d.back().window);
     }
   }
+  // Kept internals (drawn last, so the draws above are those of the plans before it): none, some or all layers.
+  // A backend that keeps nothing (the CPU's) runs them as plain layers.
+  p.kept_layers = int64_t(rng() % uint64_t(L + 1));
   return p;
 }
 

@@ -335,21 +335,36 @@ void CudaBackend::embed_backward(const int32_t* ids, int64_t T, const void* dx, 
 
 void CudaBackend::layer_forward(int64_t layer, const void* w, const DevGeometry& g, const void* x, void* y,
                                 OpLabel l) {
-  Impl& m = *impl_;
-  enqueue(m, Lane::Compute, l, 0, [&](cudaStream_t s) {
-    LT_CHECK(layer >= 0 && layer < cfg_.layers, "layer_forward: layer {} outside [0, {})", layer, cfg_.layers);
-    ensure_ws(m, mem_, m.eng->layer_workspace_bytes(g.batch, g.seq));
-    m.eng->layer_forward(layout_.layer(layer), w, geo(g), x, y, m.ws, s);
-  });
+  layer_forward_keep(layer, w, g, x, y, nullptr, l);
 }
 
 void CudaBackend::layer_backward(int64_t layer, const void* w, const DevGeometry& g, const void* x, const void* dy,
                                  void* dx, void* dw, OpLabel l) {
+  layer_backward_kept(layer, w, g, x, dy, dx, dw, nullptr, l);
+}
+
+int64_t CudaBackend::layer_keep_bytes(int64_t layer, int64_t batch, int64_t seq) const {
+  LT_CHECK(layer >= 0 && layer < cfg_.layers, "layer_keep_bytes: layer {} outside [0, {})", layer, cfg_.layers);
+  return impl_->eng->layer_keep_bytes(layout_.layer(layer), batch, seq);
+}
+
+void CudaBackend::layer_forward_keep(int64_t layer, const void* w, const DevGeometry& g, const void* x, void* y,
+                                     void* keep, OpLabel l) {
+  Impl& m = *impl_;
+  enqueue(m, Lane::Compute, l, 0, [&](cudaStream_t s) {
+    LT_CHECK(layer >= 0 && layer < cfg_.layers, "layer_forward: layer {} outside [0, {})", layer, cfg_.layers);
+    ensure_ws(m, mem_, m.eng->layer_workspace_bytes(g.batch, g.seq));
+    m.eng->layer_forward(layout_.layer(layer), w, geo(g), x, y, m.ws, s, keep);
+  });
+}
+
+void CudaBackend::layer_backward_kept(int64_t layer, const void* w, const DevGeometry& g, const void* x,
+                                      const void* dy, void* dx, void* dw, void* keep, OpLabel l) {
   Impl& m = *impl_;
   enqueue(m, Lane::Compute, l, 0, [&](cudaStream_t s) {
     LT_CHECK(layer >= 0 && layer < cfg_.layers, "layer_backward: layer {} outside [0, {})", layer, cfg_.layers);
     ensure_ws(m, mem_, m.eng->layer_workspace_bytes(g.batch, g.seq));
-    m.eng->layer_backward(layout_.layer(layer), w, geo(g), x, dy, dx, static_cast<float*>(dw), m.ws, s);
+    m.eng->layer_backward(layout_.layer(layer), w, geo(g), x, dy, dx, static_cast<float*>(dw), m.ws, s, keep);
   });
 }
 

@@ -14,6 +14,7 @@
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
 #include "core/dtype.h"
+#include "core/units.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "plan/profile.h"
@@ -139,12 +140,24 @@ void measure_layer_kind(ResourceProfile& p, CudaBackend& be, const ModelConfig& 
   DevGeometry g{batch, seq, nullptr, nullptr};
   const double tf = median_s(st, 3, [&] { be.layer_forward(layer, w.ptr, g, x.ptr, y.ptr, {}); });
   const double tb = median_s(st, 3, [&] { be.layer_backward(layer, w.ptr, g, x.ptr, y.ptr, dx.ptr, dw.ptr, {}); });
+  // Kept internals: the forward that keeps them and the backward that reads them, as a pair (the kept backward
+  // consumes its buffer), less the forward.
+  const int64_t kb = be.layer_keep_bytes(layer, batch, seq);
+  Allocation keep = be.alloc(MemKind::Device, kb, "profile.keep");
+  const double tk = median_s(st, 3, [&] {
+    be.layer_forward_keep(layer, w.ptr, g, x.ptr, y.ptr, keep.ptr, {});
+    be.layer_backward_kept(layer, w.ptr, g, x.ptr, y.ptr, dx.ptr, dw.ptr, keep.ptr, {});
+  });
   be.synchronize();
   // layer_backward re-runs the forward internals first
-  p.layer_timings.push_back(layer_timing_for(c, k, batch, seq, tf, std::max(0.0, tb - tf)));
-  log_info("profile: {} layer fwd {:.3f} ms, bwd {:.3f} ms ({} x {})", layer_kind_short_name(k), tf * 1e3,
-           std::max(0.0, tb - tf) * 1e3, batch, seq);
-  for (Allocation* a : {&w, &dw, &x, &y, &dx}) be.free(*a);
+  LayerTiming t = layer_timing_for(c, k, batch, seq, tf, std::max(0.0, tb - tf));
+  t.bwd_kept_s = std::max(1e-9, tk - tf);
+  t.keep_bytes = kb;
+  p.layer_timings.push_back(t);
+  log_info("profile: {} layer fwd {:.3f} ms, bwd {:.3f} ms, bwd with kept internals {:.3f} ms ({} kept; {} x {})",
+           layer_kind_short_name(k), tf * 1e3, std::max(0.0, tb - tf) * 1e3, t.bwd_kept_s * 1e3,
+           format_bytes(double(kb)), batch, seq);
+  for (Allocation* a : {&w, &dw, &x, &y, &dx, &keep}) be.free(*a);
 }
 
 // Attention alone at this shape (fwd + bwd), FLOPs as the model accounting counts them.
@@ -195,8 +208,10 @@ void profile_gpu(ResourceProfile& p, const ModelConfig& c, int64_t batch, int64_
     probe.gpu_mem_cap = std::min<int64_t>(int64_t(free_b), int64_t(2) << 30);
     CudaBackend tmp(c, probe);
     auto need = [&](int64_t b) {
-      return tmp.layer_workspace_bytes(b * seq, seq) + tmp.layout().max_layer_numel() * 6 + 4 * b * seq * c.hidden * 2 +
-             (int64_t(3) << 30);
+      int64_t keep = 0;  // the kept-internals pair (measure_layer_kind)
+      for (int64_t j = 0; j < c.layers; ++j) keep = std::max(keep, tmp.layer_keep_bytes(j, b, seq));
+      return tmp.layer_workspace_bytes(b * seq, seq) + keep + tmp.layout().max_layer_numel() * 6 +
+             4 * b * seq * c.hidden * 2 + (int64_t(3) << 30);
     };
     while (mb > 1 && (mb * seq > kMaxProfileTokens || need(mb) > int64_t(free_b) / 2)) mb = (mb + 1) / 2;
     if (mb < batch)

@@ -43,25 +43,35 @@ namespace {
 using u16 = uint16_t;
 
 // Buffers of the part every layer kind shares, carved first (the mixer's follow), in the same order for
-// the forward and the backward.
+// the forward and the backward. Kept (mixer.h): x1 and the gate/up output; h, h2 and act are recomputed
+// from x, x1 and gu by the kept backward (elementwise: ~1 % of the re-run they replace).
 struct LayerBufs {
-  u16 *h, *x1, *h2, *dx1, *gu, *act;
+  u16 *x1, *gu;                  // kept
+  u16 *h, *h2, *dx1, *act;       // scratch
   float *rstd, *partial;
 };
 template <typename C>
-LayerBufs carve_layer(C& cv, const ModelConfig& c, int64_t T) {
+LayerBufs carve_layer(C& keep, C& scratch, const ModelConfig& c, int64_t T) {
   const int64_t H = c.hidden, F = c.ffn;
   LayerBufs b{};
-  b.h = cv.template take<u16>(T * H);
-  b.x1 = cv.template take<u16>(T * H);
-  b.h2 = cv.template take<u16>(T * H);
-  b.dx1 = cv.template take<u16>(T * H);
-  b.gu = cv.template take<u16>(T * 2 * F);
-  b.act = cv.template take<u16>(T * F);
-  b.rstd = cv.template take<float>(T * norm_rows_per_token(c));
-  b.partial = cv.template take<float>(norm_partial_floats(std::max({H, c.head_dim, c.linear.v_head_dim})));
+  b.x1 = keep.template take<u16>(T * H);
+  b.gu = keep.template take<u16>(T * 2 * F);
+  b.h = scratch.template take<u16>(T * H);
+  b.h2 = scratch.template take<u16>(T * H);
+  b.dx1 = scratch.template take<u16>(T * H);
+  b.act = scratch.template take<u16>(T * F);
+  b.rstd = scratch.template take<float>(T * norm_rows_per_token(c));
+  b.partial = scratch.template take<float>(norm_partial_floats(std::max({H, c.head_dim, c.linear.v_head_dim})));
   return b;
 }
+
+// The carves of one layer call: both parts in the workspace (plain call), or the kept part in the caller's
+// buffer (kept internals).
+struct Carves {
+  Carve scratch, own_keep;
+  Carve& keep;
+  Carves(void* ws, void* keep_buf) : scratch(ws), own_keep(keep_buf), keep(keep_buf ? own_keep : scratch) {}
+};
 
 // The MLP's gate and up projections in one GEMM when their weights are adjacent (they are in the unit
 // layout when F * H is a multiple of kParamAlign).
@@ -103,11 +113,17 @@ Mixer& LayerEngine::mixer(const UnitLayout& lay) const {
 
 int64_t LayerEngine::layer_workspace_bytes(int64_t batch, int64_t seq) const {
   Carve cv(nullptr);
-  carve_layer(cv, c_, batch * seq);
+  carve_layer(cv, cv, c_, batch * seq);
   int64_t most = 0;
   for (const auto& mx : mixers_)
     if (mx) most = std::max(most, mx->workspace_bytes(batch, seq));
   return cv.used + most;
+}
+
+int64_t LayerEngine::layer_keep_bytes(const UnitLayout& lay, int64_t batch, int64_t seq) const {
+  Carve kc(nullptr), sc(nullptr);
+  carve_layer(kc, sc, c_, batch * seq);
+  return kc.used + mixer(lay).keep_bytes(batch, seq);
 }
 
 int64_t LayerEngine::head_workspace_bytes(int64_t T) const {
@@ -126,16 +142,16 @@ int64_t LayerEngine::head_workspace_bytes(int64_t T) const {
 int64_t LayerEngine::embed_workspace_bytes(int64_t T) const { return embed_bwd_workspace_bytes(T); }
 
 void LayerEngine::layer_forward(const UnitLayout& lay, const void* w, const Geo& g, const void* x, void* y, void* ws,
-                                cudaStream_t st) {
+                                cudaStream_t st, void* keep) {
   const int64_t T = g.tokens(), H = c_.hidden, F = c_.ffn;
   const float eps = float(c_.rms_eps);
   if (T == 0) return;
   Mixer& mx = mixer(lay);
-  Carve cv(ws);
-  LayerBufs b = carve_layer(cv, c_, T);
+  Carves cv(ws, keep);
+  LayerBufs b = carve_layer(cv.keep, cv.scratch, c_, T);
   const Linear L{gemm_, T, st};
   rmsnorm_fwd(x, wptr(w, lay, "input_layernorm.weight"), T, H, eps, b.h, nullptr, st, norm_off_);
-  mx.forward(MixerCall{lay, w, g, cv, {b.rstd, b.partial}, st}, b.h, x, b.x1);  // x1 = x + mixer(h)
+  mx.forward(MixerCall{lay, w, g, cv.keep, cv.scratch, {b.rstd, b.partial}, st}, b.h, x, b.x1);  // x1 = x + mixer(h)
   rmsnorm_fwd(b.x1, wptr(w, lay, "post_attention_layernorm.weight"), T, H, eps, b.h2, nullptr, st, norm_off_);
   mlp_gate_up(L, w, lay, b.h2, b.gu, F, H);
   swiglu_fwd(b.gu, T, F, b.act, st);
@@ -143,27 +159,31 @@ void LayerEngine::layer_forward(const UnitLayout& lay, const void* w, const Geo&
 }
 
 void LayerEngine::layer_backward(const UnitLayout& lay, const void* w, const Geo& g, const void* x, const void* dy,
-                                 void* dx, float* dw, void* ws, cudaStream_t st) {
+                                 void* dx, float* dw, void* ws, cudaStream_t st, void* keep) {
   const int64_t T = g.tokens(), H = c_.hidden, F = c_.ffn;
   const float eps = float(c_.rms_eps);
   if (T == 0) return;
   LT_CHECK(dx != x, "layer_backward: dx must not alias x");
   Mixer& mx = mixer(lay);
-  Carve cv(ws);
-  LayerBufs b = carve_layer(cv, c_, T);
+  Carves cv(ws, keep);
+  LayerBufs b = carve_layer(cv.keep, cv.scratch, c_, T);
   const Linear L{gemm_, T, st};
-  const MixerCall call{lay, w, g, cv, {b.rstd, b.partial}, st};
+  const MixerCall call{lay, w, g, cv.keep, cv.scratch, {b.rstd, b.partial}, st};
   const u16* ln1 = wptr(w, lay, "input_layernorm.weight");
   const u16* ln2 = wptr(w, lay, "post_attention_layernorm.weight");
   const u16* wg = wptr(w, lay, "mlp.gate_proj.weight");
   const u16* wu = wptr(w, lay, "mlp.up_proj.weight");
   const u16* wd = wptr(w, lay, "mlp.down_proj.weight");
 
-  // ---- recompute the forward internals
+  // ---- the forward internals: re-run from x, or (kept) the cheap ones rebuilt from what the forward kept
   rmsnorm_fwd(x, ln1, T, H, eps, b.h, nullptr, st, norm_off_);
-  mx.forward(call, b.h, x, b.x1);  // x1 = x + mixer(h)
+  if (keep) {
+    mx.bind(call);
+  } else {
+    mx.forward(call, b.h, x, b.x1);  // x1 = x + mixer(h)
+  }
   rmsnorm_fwd(b.x1, ln2, T, H, eps, b.h2, nullptr, st, norm_off_);
-  mlp_gate_up(L, w, lay, b.h2, b.gu, F, H);
+  if (!keep) mlp_gate_up(L, w, lay, b.h2, b.gu, F, H);
   swiglu_fwd(b.gu, T, F, b.act, st);
 
   // ---- MLP backward

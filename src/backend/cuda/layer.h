@@ -1,7 +1,8 @@
 // Decoder layer, embedding and head on the GPU, composed from the kernels and cuBLASLt GEMMs.
 // Semantics follow src/backend/cpu/reference.h: activations bf16 [T, hidden], weights one flat bf16
 // buffer in UnitLayout order, weight gradients fp32 in the same layout, ACCUMULATED (+=).
-// layer_backward recomputes the layer's internals from x. Everything is enqueued on one stream.
+// layer_backward recomputes the layer's internals from x, unless its forward kept them (keep buffers).
+// Everything is enqueued on one stream.
 // A layer = the part every kind shares (RMSNorms, scaled by (1 + w) when norm_plus_one; residuals;
 // SwiGLU MLP), here, + the token mixer of its kind (mixer.h), dispatched on c.kind(lay.layer).
 #pragma once
@@ -37,11 +38,17 @@ class LayerEngine {
   int64_t head_chunk_rows() const { return head_chunk_; }
   void set_head_chunk_rows(int64_t r) { head_chunk_ = r; }
 
+  // Bytes a layer of lay's kind keeps from its forward for its backward (kept internals, mixer.h).
+  int64_t layer_keep_bytes(const UnitLayout& lay, int64_t batch, int64_t seq) const;
+
+  // keep (layer_keep_bytes, 256-byte aligned) or null: the forward leaves its kept internals there, and the
+  // backward given the same buffer (same layer, weights, geometry and x) rebuilds the rest from them instead
+  // of re-running the forward's GEMMs and mixer core.
   void layer_forward(const UnitLayout& lay, const void* w, const Geo& g, const void* x, void* y, void* ws,
-                     cudaStream_t st);
+                     cudaStream_t st, void* keep = nullptr);
   // dx may alias dy, not x.
   void layer_backward(const UnitLayout& lay, const void* w, const Geo& g, const void* x, const void* dy, void* dx,
-                      float* dw, void* ws, cudaStream_t st);
+                      float* dw, void* ws, cudaStream_t st, void* keep = nullptr);
   void embed_forward(const void* emb, const int32_t* ids, int64_t T, void* x, int* err, cudaStream_t st);
   void embed_backward(const int32_t* ids, int64_t T, const void* dx, float* demb, void* ws, int64_t ws_bytes,
                       cudaStream_t st);

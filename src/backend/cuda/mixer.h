@@ -4,9 +4,12 @@
 // residuals, the SwiGLU MLP) and calls the mixer of c.kind(lay.layer) through this interface, as the
 // CPU reference does (backend/cpu/mixer_ref.h).
 //
-// Workspace: a mixer carves its buffers from the layer workspace after the shared part, in the same
-// order in forward() and backward(), so that backward() (always called right after forward() on the
-// same workspace: layer_backward recomputes the internals from x) finds the forward's internals.
+// Workspace: a mixer carves its buffers in two parts, each after the shared part's: `keep`, what its
+// forward writes and its backward reads, and `scratch`, the rest. A plain layer call carves both from
+// the one layer workspace (the same Carve), and backward() follows forward() on it (layer_backward
+// re-runs the internals from x). With kept internals (LayerEngine::layer_forward_keep) `keep` is the
+// caller's buffer for that layer: the forward fills it, other layers run, and bind() re-carves the same
+// buffers (no compute) before backward(); `scratch` is then the shared workspace, clobbered in between.
 // The layer workspace is the shared part plus the largest mixer workspace of the kinds present.
 #pragma once
 #include <cuda_runtime.h>
@@ -70,7 +73,8 @@ struct MixerCall {
   const UnitLayout& lay;
   const void* w;  // the layer's flat bf16 weights
   const Geo& g;
-  Carve& ws;      // positioned after the shared part's buffers
+  Carve& keep;     // positioned after the shared part's kept buffers
+  Carve& scratch;  // after the shared part's scratch buffers (the same Carve as keep in a plain call)
   NormScratch ns;
   cudaStream_t st;
 };
@@ -78,8 +82,11 @@ struct MixerCall {
 class Mixer {
  public:
   virtual ~Mixer() = default;
-  // Bytes the mixer carves for batch x seq rows (forward and backward together).
+  // Bytes the mixer carves for batch x seq rows (forward and backward together), and the part of them kept.
   virtual int64_t workspace_bytes(int64_t batch, int64_t seq) const = 0;
+  virtual int64_t keep_bytes(int64_t batch, int64_t seq) const = 0;
+  // Carves this call's buffers as forward() does, computing nothing: before backward() on kept internals.
+  virtual void bind(const MixerCall& m) = 0;
   // x1 [T, hidden] = res + mixer(h), h the layer's normalised input (the residual add is fused into the
   // output projection).
   virtual void forward(const MixerCall& m, const void* h, const void* res, void* x1) = 0;

@@ -25,28 +25,29 @@ struct AttnBufs {
   float *lse, *delta, *dq_acc, *dkv_acc;
 };
 
+// Kept (the forward's outputs the backward reads) first, then scratch (the backward's own).
 template <typename C>
-AttnBufs carve_attn(C& cv, const ModelConfig& c, int64_t T) {
+AttnBufs carve_attn(C& keep, C& scratch, const ModelConfig& c, int64_t T) {
   const int64_t QD = c.q_dim(), KD = c.kv_dim();
   AttnBufs b{};
-  b.q = cv.template take<u16>(T * QD);
-  b.o = cv.template take<u16>(T * QD);
-  b.dout = cv.template take<u16>(T * QD);
-  b.k = cv.template take<u16>(T * KD);
-  b.v = cv.template take<u16>(T * KD);
-  b.dk = cv.template take<u16>(T * KD);
-  b.dv = cv.template take<u16>(T * KD);
-  b.q_raw = c.qk_norm ? cv.template take<u16>(T * QD) : nullptr;
-  b.k_raw = c.qk_norm ? cv.template take<u16>(T * KD) : nullptr;
-  b.lse = cv.template take<float>(T * c.heads);
-  b.delta = cv.template take<float>(T * c.heads);
-  b.dq_acc = cv.template take<float>(T * QD);
-  b.dkv_acc = attention_supported(c.head_dim) ? nullptr : cv.template take<float>(2 * T * KD);
+  b.q = keep.template take<u16>(T * QD);
+  b.o = keep.template take<u16>(T * QD);
+  b.k = keep.template take<u16>(T * KD);
+  b.v = keep.template take<u16>(T * KD);
+  b.q_raw = c.qk_norm ? keep.template take<u16>(T * QD) : nullptr;
+  b.k_raw = c.qk_norm ? keep.template take<u16>(T * KD) : nullptr;
+  b.lse = keep.template take<float>(T * c.heads);
   if (c.attn_output_gate) {
-    b.qfull = cv.template take<u16>(T * 2 * QD);
-    b.gate = cv.template take<u16>(T * QD);
-    b.ag = cv.template take<u16>(T * QD);
+    b.qfull = keep.template take<u16>(T * 2 * QD);
+    b.gate = keep.template take<u16>(T * QD);
+    b.ag = keep.template take<u16>(T * QD);
   }
+  b.dout = scratch.template take<u16>(T * QD);
+  b.dk = scratch.template take<u16>(T * KD);
+  b.dv = scratch.template take<u16>(T * KD);
+  b.delta = scratch.template take<float>(T * c.heads);
+  b.dq_acc = scratch.template take<float>(T * QD);
+  b.dkv_acc = attention_supported(c.head_dim) ? nullptr : scratch.template take<float>(2 * T * KD);
   return b;
 }
 
@@ -63,13 +64,19 @@ class AttentionMixer final : public Mixer {
 
   int64_t workspace_bytes(int64_t batch, int64_t seq) const override {
     Carve cv(nullptr);
-    carve_attn(cv, c_, batch * seq);
+    carve_attn(cv, cv, c_, batch * seq);
     return cv.used;
   }
+  int64_t keep_bytes(int64_t batch, int64_t seq) const override {
+    Carve kc(nullptr), sc(nullptr);
+    carve_attn(kc, sc, c_, batch * seq);
+    return kc.used;
+  }
+  void bind(const MixerCall& m) override { b_ = carve_attn(m.keep, m.scratch, c_, m.g.tokens()); }
 
   void forward(const MixerCall& m, const void* h, const void* res, void* x1) override {
     const int64_t T = m.g.tokens();
-    b_ = carve_attn(m.ws, c_, T);
+    bind(m);
     project_qkv(m, h);
     attention_fwd(dims(m.g), b_.q, b_.k, b_.v, m.g.segments, b_.o, b_.lse, m.st);
     const u16* oin = b_.o;

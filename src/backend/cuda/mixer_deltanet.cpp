@@ -60,40 +60,41 @@ ProjCols proj_cols(const GdnDims& d) {
   return p;
 }
 
+// Kept (the forward's outputs the backward reads, the chunk-start states among them) first, then scratch (the
+// backward's own buffers and the kernels' workspace, which the backward's passes refill per group of samples).
 template <typename C>
-GdnBufs carve_gdn(C& cv, const GdnDims& d) {
+GdnBufs carve_gdn(C& keep, C& scratch, const GdnDims& d) {
   const int64_t T = d.tokens(), CH = d.conv_ch(), KD = d.Hk * d.Dk, VD = d.Hv * d.Dv, NV = d.Hv;
   const ProjCols pc = proj_cols(d);
   GdnBufs b{};
-  b.proj = cv.template take<u16>(T * pc.ld);
+  b.proj = keep.template take<u16>(T * pc.ld);
   b.qkv = b.proj + pc.qkv, b.z = b.proj + pc.z, b.b = b.proj + pc.b, b.a = b.proj + pc.a;
-  b.y = cv.template take<u16>(T * CH);
-  b.qn = cv.template take<u16>(T * KD);
-  b.kn = cv.template take<u16>(T * KD);
-  b.v = cv.template take<u16>(T * VD);
-  b.o = cv.template take<u16>(T * VD);
-  b.gout = cv.template take<u16>(T * VD);
-  b.g = cv.template take<float>(T * NV);
-  b.beta = cv.template take<float>(T * NV);
-  b.rstd = cv.template take<float>(T * NV);
-  b.states = cv.template take<float>((gdn_rule_state_bytes(d) + 3) / 4);
-  b.do_ = cv.template take<u16>(T * VD);
-  b.dproj = cv.template take<u16>(T * pc.ld);
+  b.y = keep.template take<u16>(T * CH);
+  b.qn = keep.template take<u16>(T * KD);
+  b.kn = keep.template take<u16>(T * KD);
+  b.v = keep.template take<u16>(T * VD);
+  b.o = keep.template take<u16>(T * VD);
+  b.gout = keep.template take<u16>(T * VD);
+  b.g = keep.template take<float>(T * NV);
+  b.beta = keep.template take<float>(T * NV);
+  b.rstd = keep.template take<float>(T * NV);
+  b.states = keep.template take<float>((gdn_rule_state_bytes(d) + 3) / 4);
+  b.do_ = scratch.template take<u16>(T * VD);
+  b.dproj = scratch.template take<u16>(T * pc.ld);
   b.dqkv = b.dproj + pc.qkv, b.dz = b.dproj + pc.z, b.db = b.dproj + pc.b, b.da = b.dproj + pc.a;
-  b.dy = cv.template take<u16>(T * CH);
-  b.dqn = cv.template take<float>(T * KD);
-  b.dkn = cv.template take<float>(T * KD);
-  b.dv = cv.template take<float>(T * VD);
-  b.dg = cv.template take<float>(T * NV);
-  b.dbeta = cv.template take<float>(T * NV);
+  b.dy = scratch.template take<u16>(T * CH);
+  b.dqn = scratch.template take<float>(T * KD);
+  b.dkn = scratch.template take<float>(T * KD);
+  b.dv = scratch.template take<float>(T * VD);
+  b.dg = scratch.template take<float>(T * NV);
+  b.dbeta = scratch.template take<float>(T * NV);
   const int64_t kws = std::max({gdn_conv_bwd_workspace_bytes(d), gdn_prep_bwd_workspace_bytes(d),
                                 gdn_rule_bwd_workspace_bytes(d), gdn_rule_fwd_workspace_bytes(d),
                                 gdn_gated_norm_bwd_workspace_bytes(d), int64_t(1)});
-  b.kws = cv.template take<char>(kws);
+  b.kws = scratch.template take<char>(kws);
   return b;
 }
 
-// The input projections in their column order (ProjCols).
 constexpr const char* kInProj[4] = {"linear_attn.in_proj_qkv.weight", "linear_attn.in_proj_z.weight",
                                     "linear_attn.in_proj_b.weight", "linear_attn.in_proj_a.weight"};
 int64_t col(const ProjCols& p, int i) { return i == 0 ? p.qkv : i == 1 ? p.z : i == 2 ? p.b : p.a; }
@@ -122,14 +123,22 @@ class DeltaNetMixer final : public Mixer {
 
   int64_t workspace_bytes(int64_t batch, int64_t seq) const override {
     Carve cv(nullptr);
-    carve_gdn(cv, gdn_dims(c_, batch, seq));  // the chunk-start states: batch * ceil(seq / 64) of them
+    carve_gdn(cv, cv, gdn_dims(c_, batch, seq));  // the chunk-start states: batch * ceil(seq / 64) of them
     return cv.used;
+  }
+  int64_t keep_bytes(int64_t batch, int64_t seq) const override {
+    Carve kc(nullptr), sc(nullptr);
+    carve_gdn(kc, sc, gdn_dims(c_, batch, seq));
+    return kc.used;
+  }
+  void bind(const MixerCall& m) override {
+    d_ = gdn_dims(c_, m.g.batch, m.g.seq);
+    b_ = carve_gdn(m.keep, m.scratch, d_);
   }
 
   void forward(const MixerCall& m, const void* h, const void* res, void* x1) override {
     const int64_t T = m.g.tokens(), H = c_.hidden, VD = c_.linear.value_dim();
-    d_ = gdn_dims(c_, m.g.batch, m.g.seq);
-    b_ = carve_gdn(m.ws, d_);
+    bind(m);
     const ProjCols pc = proj_cols(d_);
     const Linear L{gemm_, T, m.st};
     const UnitLayout& lay = m.lay;
