@@ -121,9 +121,13 @@ std::vector<int64_t> host_grad_units(const ModelConfig& c, const ExecPlan& p);
 struct ExecMemory {
   int64_t device = 0, pinned = 0, nvme = 0;
 };
+// kept_bytes: the kept layers' buffers (kept_internals_bytes), device.
 ExecMemory executor_memory(const ModelConfig& c, const ExecPlan& p, BackendDTypes dt, int64_t workspace_bytes,
                            GradHome grads = GradHome::Host, int32_t micro_batches = 1,
-                           GradDType held_dtype = GradDType::F32);
+                           GradDType held_dtype = GradDType::F32, int64_t kept_bytes = 0);
+// Device bytes of the plan's kept layers on this backend (ExecPlan::kept_layers; one region per chunk of samples):
+// layer j's entry, 0 for a layer that keeps nothing. The executor allocates exactly these ("keep.layer<j>").
+std::vector<int64_t> kept_internals_bytes(const Backend& be, const ExecPlan& p);
 
 class Executor {
  public:

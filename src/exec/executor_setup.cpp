@@ -115,8 +115,16 @@ ExecMemory grad_memory(const ModelConfig& c, const ExecPlan& p, const ModelLayou
 
 }  // namespace
 
+std::vector<int64_t> kept_internals_bytes(const Backend& be, const ExecPlan& p) {
+  const int64_t L = be.config().layers, chunk = p.chunk_samples > 0 ? p.chunk_samples : p.batch;
+  std::vector<int64_t> b(size_t(L), 0);
+  for (int64_t j = std::max<int64_t>(0, L - p.kept_layers); j < L; ++j)
+    b[size_t(j)] = be.layer_keep_bytes(j, chunk, p.seq) * ((p.batch + chunk - 1) / chunk);
+  return b;
+}
+
 ExecMemory executor_memory(const ModelConfig& c, const ExecPlan& p, BackendDTypes dt, int64_t workspace_bytes,
-                           GradHome grads, int32_t micro_batches, GradDType held_dtype) {
+                           GradHome grads, int32_t micro_batches, GradDType held_dtype, int64_t kept_bytes) {
   const auto lay = model_layout(c);
   const int64_t L = c.layers, T = p.batch * p.seq;
   const int64_t w = int64_t(dtype_size(dt.weight)), a = int64_t(dtype_size(dt.act));
@@ -124,7 +132,7 @@ ExecMemory executor_memory(const ModelConfig& c, const ExecPlan& p, BackendDType
   const ExecMemory gm = grad_memory(c, p, lay, dt.grad, grads, micro_batches, held_dtype);
   ExecMemory m;
   m.device = p.ring * ln * w + lay.head().numel * w + 4 * T * 4 + (2 + L + 2) * 8 + count_act_buffers(p) * A +
-             workspace_bytes + gm.device;
+             workspace_bytes + gm.device + kept_bytes;
   if (embedding_on_device(c, p)) m.device += lay.embedding().numel * w;
   m.pinned = 4 * T * 4 + (2 + L + 2) * 8 + gm.pinned;
   if (!embedding_on_device(c, p)) m.pinned += 2 * A;  // host lookup: boundary 0 and its gradient
@@ -252,12 +260,11 @@ void Executor::Impl::allocate() {
 void Executor::Impl::allocate_kept() {
   keep.resize(size_t(L));
   keep_chunk.assign(size_t(L), 0);
-  const int64_t chunks = (P.batch + chunk - 1) / chunk;
-  for (int64_t j = L - P.kept_layers; j < L; ++j) {
-    const int64_t b = be.layer_keep_bytes(j, chunk, P.seq);
-    if (b <= 0) continue;
-    keep_chunk[size_t(j)] = b;
-    keep[size_t(j)] = Buffer(be, MemKind::Device, b * chunks, fmt::format("keep.layer{}", j));
+  const std::vector<int64_t> bytes = kept_internals_bytes(be, P);
+  for (int64_t j = 0; j < L; ++j) {
+    if (bytes[size_t(j)] <= 0) continue;
+    keep_chunk[size_t(j)] = be.layer_keep_bytes(j, chunk, P.seq);
+    keep[size_t(j)] = Buffer(be, MemKind::Device, bytes[size_t(j)], fmt::format("keep.layer{}", j));
   }
 }
 

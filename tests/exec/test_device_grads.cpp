@@ -252,8 +252,10 @@ TEST(ExecDeviceGrads, PredictedBytesEqualAllocatedBytes) {
         o.micro_batches = nmb;
         Executor ex(c, be, p, st, o);
         const int64_t chunk = p.chunk_samples > 0 ? p.chunk_samples : p.batch;
+        int64_t kept = 0;
+        for (int64_t b : kept_internals_bytes(be, p)) kept += b;
         auto m = executor_memory(c, p, be.dtypes(), be.layer_workspace_bytes(chunk * p.seq), GradHome::Device, nmb,
-                                 held);
+                                 held, kept);
         EXPECT_EQ(be.memory().current(MemKind::Device) - dev0, m.device) << describe_plan(p);
         EXPECT_EQ(be.memory().current(MemKind::Pinned) - pin0, m.pinned) << describe_plan(p);
         const std::string table = ex.memory_table();

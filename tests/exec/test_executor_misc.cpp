@@ -69,7 +69,12 @@ TEST(ExecMemory, PredictedBytesEqualAllocatedBytes) {
       o.nvme_dir = dir;
       Executor ex(c, be, p, st, o);
       const int64_t chunk = p.chunk_samples > 0 ? p.chunk_samples : p.batch;
-      auto m = executor_memory(c, p, be.dtypes(), be.layer_workspace_bytes(chunk * p.seq));
+      const auto kept = kept_internals_bytes(be, p);
+      int64_t kept_sum = 0;
+      for (int64_t b : kept) kept_sum += b;
+      EXPECT_EQ(kept_sum > 0, p.kept_layers > 0) << describe_plan(p);
+      auto m = executor_memory(c, p, be.dtypes(), be.layer_workspace_bytes(chunk * p.seq), GradHome::Host, 1,
+                               GradDType::F32, kept_sum);
       EXPECT_EQ(be.memory().current(MemKind::Device) - dev0, m.device) << describe_plan(p);
       EXPECT_EQ(be.memory().current(MemKind::Pinned) - pin0, m.pinned) << describe_plan(p);
     }
@@ -273,11 +278,43 @@ std::string plan_error(const ExecPlan& p, int64_t L) {
   return "";
 }
 
+// The CPU backend's kept buffer records its forward: a kept backward of another layer, or a second one without a
+// new forward, is an error (what makes the executor's kept path checkable on the CPU).
+TEST(ExecKept, CpuBackendRejectsAWrongOrStaleKeptBuffer) {
+  auto c = test::tiny_config(Arch::Qwen2, 3, false);
+  CpuBackend be(c, test::cpu_opts());
+  HostState st(be);
+  test::random_weights(be.layout(), st, 3);
+  const int64_t T = 8, H = c.hidden;
+  std::vector<float> x(size_t(T * H), 0.5f), y(x.size()), dy(x.size(), 0.1f), dx(x.size());
+  std::vector<float> dw(size_t(be.layout().layer(1).numel));
+  std::vector<char> keep(size_t(be.layer_keep_bytes(1, 1, T)));
+  const DevGeometry g{1, T, nullptr, nullptr};
+  be.layer_forward_keep(1, st.stream(2), g, x.data(), y.data(), keep.data(), {});
+  be.layer_backward_kept(1, st.stream(2), g, x.data(), dy.data(), dx.data(), dw.data(), keep.data(), {});
+  EXPECT_NO_THROW(be.synchronize());
+  be.layer_backward_kept(1, st.stream(2), g, x.data(), dy.data(), dx.data(), dw.data(), keep.data(), {});
+  try {
+    be.synchronize();
+    ADD_FAILURE() << "a consumed kept buffer was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("layer_backward_kept of layer 1"), std::string::npos) << e.what();
+  }
+  be.clear_error();
+  be.layer_forward_keep(1, st.stream(2), g, x.data(), y.data(), keep.data(), {});
+  be.layer_backward_kept(2, st.stream(3), g, x.data(), dy.data(), dx.data(), dw.data(), keep.data(), {});
+  EXPECT_THROW(be.synchronize(), Error);
+  be.clear_error();
+}
+
 TEST(ExecPlanValidation, RejectsInvalidPlansWithClearMessages) {
   const int64_t L = 4;
   ExecPlan ok = ExecPlan::keep_all(L, 2, 8);
   EXPECT_EQ(plan_error(ok, L), "");
   ExecPlan p = ok;
+  p.kept_layers = L + 1;
+  EXPECT_NE(plan_error(p, L).find("'kept_layers' is 5, expected 0..4"), std::string::npos) << plan_error(p, L);
+  p = ok;
   p.tier.pop_back();
   EXPECT_NE(plan_error(p, L).find("'tier' has 4 boundaries, expected layers+1 = 5"), std::string::npos);
   p = ok;

@@ -343,6 +343,55 @@ void CpuBackend::layer_backward(int64_t layer, const void* w, const DevGeometry&
   impl_->push(Lane::Compute, std::move(t));
 }
 
+namespace {
+// What the CPU backend's kept buffer holds (layer_keep_bytes).
+struct KeptRecord {
+  static constexpr uint64_t kMagic = 0x6b6570742d637075ull;  // "kept-cpu"
+  uint64_t magic;
+  int64_t layer, batch, seq;
+  float x_head[4];  // the input's first values (its buffer may differ: a reloaded or recomputed boundary)
+  void fill(int64_t l, const DevGeometry& g, const void* x) {
+    magic = kMagic, layer = l, batch = g.batch, seq = g.seq;
+    std::memcpy(x_head, x, sizeof(x_head));
+  }
+  bool same(int64_t l, const DevGeometry& g, const void* x) const {
+    return magic == kMagic && layer == l && batch == g.batch && seq == g.seq &&
+           std::memcmp(x_head, x, sizeof(x_head)) == 0;
+  }
+};
+}  // namespace
+
+int64_t CpuBackend::layer_keep_bytes(int64_t layer, int64_t batch, int64_t seq) const {
+  LT_CHECK(layer >= 0 && layer < cfg_.layers, "cpu backend: layer {} out of range [0, {})", layer, cfg_.layers);
+  (void)batch, (void)seq;
+  return int64_t(sizeof(KeptRecord) + 255) / 256 * 256;
+}
+
+void CpuBackend::layer_forward_keep(int64_t layer, const void* w, const DevGeometry& g, const void* x, void* y,
+                                    void* keep, OpLabel l) {
+  layer_forward(layer, w, g, x, y, l);
+  Task t;
+  t.fn = [layer, g, x, keep] { static_cast<KeptRecord*>(keep)->fill(layer, g, x); };
+  t.label = l;
+  impl_->push(Lane::Compute, std::move(t));
+}
+
+void CpuBackend::layer_backward_kept(int64_t layer, const void* w, const DevGeometry& g, const void* x,
+                                     const void* dy, void* dx, void* dw, void* keep, OpLabel l) {
+  Task t;
+  t.fn = [layer, g, x, keep] {
+    auto* r = static_cast<KeptRecord*>(keep);
+    LT_CHECK(r->same(layer, g, x),
+             "cpu backend: layer_backward_kept of layer {} ({} x {}) on a buffer its layer_forward_keep did not fill "
+             "(it holds layer {}, {} x {}{})",
+             layer, g.batch, g.seq, r->layer, r->batch, r->seq, r->magic == KeptRecord::kMagic ? "" : ", or none");
+    r->magic = 0;  // consumed
+  };
+  t.label = l;
+  impl_->push(Lane::Compute, std::move(t));
+  layer_backward(layer, w, g, x, dy, dx, dw, l);
+}
+
 void CpuBackend::head_loss(const void* head_w, const void* lm_w, const int32_t* targets, const DevGeometry& g,
                            const void* x, float loss_scale, void* dx, void* d_head_w, void* d_lm_w, double* acc,
                            OpLabel l) {

@@ -54,6 +54,15 @@ class CpuBackend final : public Backend {
                      OpLabel l) override;
   void layer_backward(int64_t layer, const void* w, const DevGeometry& g, const void* x, const void* dy,
                       void* dx, void* dw, OpLabel l) override;
+  // Kept internals: the reference keeps nothing it could reuse (it re-runs the forward in every backward), so
+  // its kept buffer holds only a record of the forward (layer, geometry, x, w) that the kept backward checks and
+  // consumes: a plan's kept layers run through the executor's kept path here too, and a wrong or stale buffer
+  // is an error.
+  int64_t layer_keep_bytes(int64_t layer, int64_t batch, int64_t seq) const override;
+  void layer_forward_keep(int64_t layer, const void* w, const DevGeometry& g, const void* x, void* y, void* keep,
+                          OpLabel l) override;
+  void layer_backward_kept(int64_t layer, const void* w, const DevGeometry& g, const void* x, const void* dy,
+                           void* dx, void* dw, void* keep, OpLabel l) override;
   void head_loss(const void* head_w, const void* lm_w, const int32_t* targets, const DevGeometry& g,
                  const void* x, float loss_scale, void* dx, void* d_head_w, void* d_lm_w, double* acc,
                  OpLabel l) override;
