@@ -46,6 +46,9 @@ json timing_to_json(const LayerTiming& t) {
   json e = {{"kind", layer_kind_hf_name(t.kind)}, {"hidden", t.hidden}, {"ffn", t.ffn}, {"batch", t.batch},
             {"seq", t.seq}, {"fwd_s", t.fwd_s}, {"bwd_s", t.bwd_s}};
   for (auto& [k, f] : kind_shape_fields(t.kind)) e[k] = t.*f;
+  // Kept internals (Plan::kept_layers): only when measured, so profiles without them read as before.
+  if (t.bwd_kept_s > 0) e["bwd_kept_s"] = t.bwd_kept_s;
+  if (t.keep_bytes > 0) e["keep_bytes"] = t.keep_bytes;
   return e;
 }
 
@@ -54,7 +57,7 @@ json timing_to_json(const LayerTiming& t) {
 LayerTiming timing_from_json(const json& e, const std::string& where) {
   static const std::set<std::string> known = {"kind", "hidden", "ffn", "heads", "kv_heads", "head_dim", "linear_k_heads",
                                               "linear_v_heads", "linear_k_head_dim", "linear_v_head_dim", "batch", "seq",
-                                              "fwd_s", "bwd_s"};
+                                              "fwd_s", "bwd_s", "bwd_kept_s", "keep_bytes"};
   LT_CHECK(e.is_object(), "{}: expected an object", where);
   for (auto& [k, v] : e.items()) LT_CHECK(known.count(k), "{}: unknown field '{}'", where, k);
   LayerTiming t;
@@ -79,6 +82,17 @@ LayerTiming timing_from_json(const json& e, const std::string& where) {
   gi("seq", &LayerTiming::seq, true);
   t.fwd_s = gd("fwd_s");
   t.bwd_s = gd("bwd_s");
+  // Optional (0: not measured); negative is an error.
+  if (e.contains("bwd_kept_s")) {
+    LT_CHECK(e["bwd_kept_s"].is_number() && e["bwd_kept_s"].get<double>() >= 0,
+             "{}: 'bwd_kept_s' must be a number >= 0, got {}", where, e["bwd_kept_s"].dump());
+    t.bwd_kept_s = e["bwd_kept_s"].get<double>();
+  }
+  if (e.contains("keep_bytes")) {
+    LT_CHECK(e["keep_bytes"].is_number_integer() && e["keep_bytes"].get<int64_t>() >= 0,
+             "{}: 'keep_bytes' must be an integer >= 0, got {}", where, e["keep_bytes"].dump());
+    t.keep_bytes = e["keep_bytes"].get<int64_t>();
+  }
   return t;
 }
 
@@ -298,16 +312,30 @@ LayerTimes layer_times(const ResourceProfile& p, const ModelConfig& c, LayerKind
   if (lo || hi) {
     // Same layer kind, shape and sequence: time per sample at the chunk's size, times the batch. Outside the
     // measured sizes the nearest one's per-sample time holds (above it, the GEMMs are saturated already).
-    auto per_sample = [](const LayerTiming* t) { return std::pair{t->fwd_s / double(t->batch), t->bwd_s / double(t->batch)}; };
-    auto [f, b] = per_sample(lo ? lo : hi);
+    // Kept internals (bwd_kept_s, keep_bytes) the same way, at the same timings; 0 when one of them lacks it.
+    struct PerSample {
+      double f, b, bk, kb;
+    };
+    auto per_sample = [](const LayerTiming* t) {
+      const double n = double(t->batch);
+      return PerSample{t->fwd_s / n, t->bwd_s / n, t->bwd_kept_s / n, double(t->keep_bytes) / n};
+    };
+    PerSample x = per_sample(lo ? lo : hi);
+    bool kept_ok = x.bk > 0, keep_ok = x.kb > 0;
     if (lo && hi) {
-      const auto [fh, bh] = per_sample(hi);
+      const PerSample h = per_sample(hi);
       const double w = std::log(n / double(lo->batch)) / std::log(double(hi->batch) / double(lo->batch));
-      f += w * (fh - f);
-      b += w * (bh - b);
+      x.f += w * (h.f - x.f);
+      x.b += w * (h.b - x.b);
+      x.bk += w * (h.bk - x.bk);
+      x.kb += w * (h.kb - x.kb);
+      kept_ok = kept_ok && h.bk > 0;
+      keep_ok = keep_ok && h.kb > 0;
     }
-    r.fwd_s = f * double(batch);
-    r.bwd_s = b * double(batch);
+    r.fwd_s = x.f * double(batch);
+    r.bwd_s = x.b * double(batch);
+    r.bwd_kept_s = kept_ok ? x.bk * double(batch) : 0.0;
+    r.keep_bytes = keep_ok ? x.kb * double(batch) : 0.0;
     r.measured = true;
     return r;
   }

@@ -23,6 +23,10 @@ struct LayerTiming {
   int64_t batch = 0, seq = 0;
   double fwd_s = 0;  // one layer forward
   double bwd_s = 0;  // one layer backward, excluding the re-run of its forward internals
+  // The backward when the forward kept its internals (Plan::kept_layers: no re-run), and the bytes one layer
+  // keeps at this shape. 0: not measured (the planner keeps no layer of this kind).
+  double bwd_kept_s = 0;
+  int64_t keep_bytes = 0;
 };
 
 // A timing of a layer of kind k of model c (the shape fields that kind is matched on) at batch x seq.
@@ -100,6 +104,10 @@ std::vector<std::string> profile_preset_names();
 // core at attn_flops (attention) or scan_flops (Gated DeltaNet; attn_flops when absent).
 struct LayerTimes {
   double fwd_s = 0, bwd_s = 0;
+  // Kept internals (Plan::kept_layers), from the same timings as fwd_s/bwd_s: the backward without the re-run, and
+  // the bytes one layer keeps for the batch. 0: not measured by a matching timing (estimates never keep).
+  double bwd_kept_s = 0;
+  double keep_bytes = 0;
   bool measured = false;
 };
 // The layer runs over the batch in chunks of `chunk` samples (0: the whole batch at once); with timings at several
