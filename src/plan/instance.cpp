@@ -54,10 +54,12 @@ double unit_opt_time(const UnitLayout& u, const std::set<std::string>& q8, doubl
   return t;
 }
 
-// What every layer of one kind shares: times for the whole batch run in chunks, costs at the whole batch and at the chunk.
+// What every layer of one kind shares: times for the whole batch run in chunks, costs at the whole batch and at the
+// chunk, and the bytes one layer keeps (kept internals) for the whole batch: the executor keeps every chunk's.
 struct KindCosts {
   LayerTimes times;
   LayerCost full, part;
+  double keep_bytes = 0;
 };
 
 std::vector<KindCosts> kind_costs(const ModelConfig& c, int64_t batch, int64_t chunk, int64_t seq,
@@ -66,7 +68,10 @@ std::vector<KindCosts> kind_costs(const ModelConfig& c, int64_t batch, int64_t c
   for (int i = 0; i < kNumLayerKinds; ++i) {
     const auto kind = LayerKind(i);
     if (c.count(kind) == 0) continue;
-    k[size_t(i)] = {layer_times(prof, c, kind, batch, seq, chunk), layer_cost(c, kind, batch, seq), layer_cost(c, kind, chunk, seq)};
+    // The executor keeps every chunk's internals, in ceil(batch / chunk) chunk-sized parts.
+    const int64_t kept_rows = (batch + chunk - 1) / chunk * chunk;
+    k[size_t(i)] = {layer_times(prof, c, kind, batch, seq, chunk), layer_cost(c, kind, batch, seq), layer_cost(c, kind, chunk, seq),
+                    layer_times(prof, c, kind, kept_rows, seq).keep_bytes};
   }
   return k;
 }
@@ -105,6 +110,10 @@ void set_layers(Instance& in, const ModelConfig& c, const ModelLayout& lay, cons
     in.kind.push_back(c.kind(j));
     in.rho.push_back(k.times.fwd_s);
     in.beta.push_back(k.times.fwd_s + k.times.bwd_s);
+    // Keeping needs both figures measured; otherwise the layer cannot keep (0 in both).
+    const bool keepable = k.times.bwd_kept_s > 0 && k.keep_bytes > 0;
+    in.beta_kept.push_back(keepable ? k.times.bwd_kept_s : 0.0);
+    in.keep_bytes.push_back(keepable ? k.keep_bytes : 0.0);
     in.P.push_back(2.0 * params);
     in.G.push_back(4.0 * params);  // the backends write fp32 gradients; the D2H moves them as such
     in.ws_fwd.push_back(double(k.part.workspace_bytes));
@@ -146,6 +155,39 @@ void nvme_moment_times(Instance& in, const ModelConfig& c, const InstanceOptions
     const double b = layer_moment_bytes(c, j, o.optimizer_8bit);
     in.opt[size_t(j)] = std::max(in.opt[size_t(j)], b / in.bnr + b / in.bnw);
   }
+}
+
+int keepable_tail(const Instance& in) {
+  int n = 0;
+  for (int j = in.L - 1; j >= 0; --j, ++n) {
+    const size_t u = size_t(j);
+    if (u >= in.beta_kept.size() || u >= in.keep_bytes.size() || in.beta_kept[u] <= 0 || in.keep_bytes[u] <= 0) break;
+  }
+  return n;
+}
+
+Instance with_kept(const Instance& in, int k) {
+  LT_CHECK(in.kept == 0, "plan: with_kept on an instance that already keeps {} layers", in.kept);
+  LT_CHECK(k >= 0 && k <= in.L, "plan: kept layers must be in [0, {}], got {}", in.L, k);
+  const int tail = keepable_tail(in);
+  if (k > tail) {
+    const int j = in.L - 1 - tail;  // the first layer from the end that cannot keep
+    fail("plan: cannot keep the internals of the last {} layers: layer {} has no measured kept backward or keep bytes "
+         "(bwd_kept_s / keep_bytes in the profile's layer_timings; {} trailing layers can keep)", k, j, tail);
+  }
+  Instance out = in;
+  for (int j = in.L - k; j < in.L; ++j) {
+    out.beta[size_t(j)] = in.beta_kept[size_t(j)];
+    out.hbm_fixed += in.keep_bytes[size_t(j)];
+  }
+  out.kept = k;
+  return out;
+}
+
+double kept_hbm(const Instance& in) {
+  double b = 0;
+  for (int j = in.L - in.kept; j < in.L; ++j) b += in.keep_bytes[size_t(j)];
+  return b;
 }
 
 Instance make_instance(const ModelConfig& c, int64_t batch, int64_t seq, const ResourceProfile& prof,

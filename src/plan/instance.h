@@ -32,6 +32,12 @@ struct Instance {
   std::vector<LayerKind> kind;  // per layer (empty: all Attention); display only, the costs below carry it
   std::vector<double> rho;   // forward time of layer j
   std::vector<double> beta;  // backward slot base time of layer j: its backward + re-run of its internals
+  // Kept internals (docs/planner.md "Kept internals"): layer j's backward slot base time when its forward kept its
+  // internals in HBM (no re-run; 0: this layer cannot keep), and the HBM one kept layer holds for the step
+  // (its whole micro-batch, every chunk: ceil(batch / chunk) chunks, as the executor allocates them).
+  std::vector<double> beta_kept;
+  std::vector<double> keep_bytes;
+  int kept = 0;  // the last `kept` layers keep their internals: their beta is beta_kept, hbm_fixed holds keep_bytes
   double head_s = 0;         // head slot compute
   // Bytes.
   double A = 0;              // one boundary
@@ -109,5 +115,15 @@ struct InstanceOptions {
 
 Instance make_instance(const ModelConfig& c, int64_t batch, int64_t seq, const ResourceProfile& prof,
                        const InstanceOptions& o);
+
+// Number of trailing layers that can keep their internals (beta_kept > 0 and keep_bytes > 0), counted from
+// layer L-1 down to the first that cannot.
+int keepable_tail(const Instance& in);
+// A copy of `in` (which must keep no layer yet) where layers L-k .. L-1 keep their internals: beta[j] =
+// beta_kept[j], hbm_fixed += keep_bytes[j], kept = k. Throws lt::Error naming the layer when k exceeds
+// keepable_tail(in), and when k < 0.
+Instance with_kept(const Instance& in, int k);
+// HBM the kept layers hold (the sum of keep_bytes over the last in.kept layers; part of hbm_fixed).
+double kept_hbm(const Instance& in);
 
 }  // namespace lt
