@@ -126,6 +126,8 @@ void validate_plan(const Plan& p) {
   LT_CHECK(p.chunk >= 1 && p.chunk <= p.batch, "plan: chunk must be in [1, batch={}], got {}", p.batch, p.chunk);
   LT_CHECK(p.ring >= 2, "plan: ring must be >= 2 weight buffers, got {}", p.ring);
   LT_CHECK(p.nvme_staging >= 1, "plan: nvme_staging must be >= 1, got {}", p.nvme_staging);
+  LT_CHECK(p.kept_layers >= 0 && p.kept_layers <= p.layers, "plan: kept_layers must be in [0, layers={}], got {}",
+           p.layers, p.kept_layers);
   const int32_t L = int32_t(p.layers);
   LT_CHECK(int64_t(p.tier.size()) == p.layers + 1, "plan: tier has {} entries, expected layers+1 = {}", p.tier.size(),
            p.layers + 1);
@@ -300,6 +302,7 @@ json plan_to_json(const Plan& p) {
   j["traffic"] = tr;
   j["embedding_resident"] = p.embedding_resident;
   j["head_resident"] = p.head_resident;
+  j["kept_layers"] = p.kept_layers;
   j["optimizer_8bit"] = p.optimizer_8bit;
   j["master_weights"] = master_mode_name(p.placement.master);
   j["gradients"] = grad_home_name(p.placement.grads);
@@ -451,6 +454,9 @@ Plan plan_from_json(const json& j, const std::string& source) {
   p.traffic = traffic_from(o.req("traffic"), source);
   p.embedding_resident = o.get<bool>("embedding_resident");
   p.head_resident = o.get<bool>("head_resident");
+  const int64_t kept = o.get_or<int64_t>("kept_layers", 0);  // absent in older plans: nothing kept
+  LT_CHECK(kept >= 0 && kept <= p.layers, "{}: plan: kept_layers must be in [0, layers={}], got {}", source, p.layers, kept);
+  p.kept_layers = int32_t(kept);
   p.optimizer_8bit = names_from(o.req("optimizer_8bit"), source);
   p.placement = placement_from(o, source);
   p.planner = o.get_or<std::string>("planner", "");

@@ -116,6 +116,9 @@ struct Plan {
   std::vector<CheckpointTraffic> traffic;  // one entry per cpu/nvme boundary, ascending boundary
   bool embedding_resident = false;  // false: embedding lookup/backward on the CPU, only boundary 0 crosses PCIe
   bool head_resident = false;       // false: final norm + LM head streamed in window F_{L-1}
+  // The last kept_layers layers keep their forward internals in HBM for their backward (no re-run there;
+  // docs/planner.md "Kept internals"). JSON "kept_layers", optional (0 when absent).
+  int32_t kept_layers = 0;
   std::vector<std::string> optimizer_8bit;
   StatePlacement placement;  // JSON "master_weights", "gradients"
   // Budgets the plan was made for and who made it (informative).
