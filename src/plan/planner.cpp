@@ -47,7 +47,7 @@ std::vector<std::string> choose_8bit(const ModelConfig& c, const std::string& mo
 
 namespace {
 
-Plan plan_meta(const PlanRequest& r, int64_t chunk, const StateChoice& st) {
+Plan plan_meta(const PlanRequest& r, int64_t chunk, const StateChoice& st, int kept = 0) {
   Plan p;
   p.model = r.model.name;
   p.layers = r.model.layers;
@@ -61,6 +61,7 @@ Plan plan_meta(const PlanRequest& r, int64_t chunk, const StateChoice& st) {
   p.optimizer_8bit = st.q8;
   p.placement = st.placement;
   p.embedding_resident = embedding_resident_for(r.model, st.placement);
+  p.kept_layers = kept;
   p.hbm_cap = r.profile.hbm_bytes;
   p.dram_cap = r.profile.dram_bytes;
   p.nvme_cap = r.profile.nvme_bytes;
@@ -149,6 +150,50 @@ void widen_8bit(const PlanRequest& r, Prepared& best) {
     score_prep(pr);
     if (pr.step < best.step * (1 - 1e-6)) best = std::move(pr);
   }
+}
+
+// Kept internals: the last k layers keep their forward internals in HBM, so their backward does not re-run the forward
+// (beta_kept instead of beta), at keep_bytes of HBM each for the whole step (with_kept). That HBM is taken from the
+// checkpoints' room, so a larger k can push boundaries off the GPU (or the plan out of the cap): the trade is only
+// known after planning. Hence a search over k: the DP on each kept instance (cheap, ~0.05 s each; never the MILP),
+// scored like widen_8bit (the DP's plan, tied traffic, the simulator), keeping the fastest k when it beats k = 0
+// by more than 1e-6 relative (ties: fewer kept layers). The chosen instance and DP replace best's, so the
+// heuristics, the MILP and the simulator all plan for it.
+void choose_kept(const PlanRequest& r, Prepared& best) {
+  if (!r.keep_internals || !best.dp.feasible || best.inst.kept != 0) return;
+  const int tail = keepable_tail(best.inst);
+  if (tail <= 0) return;
+  auto step_of = [&](const Instance& in, const DpResult& dp) {
+    if (!dp.feasible) return 1e300;
+    Plan p = plan_meta(r, best.chunk, best.st, in.kept);
+    p.tier = dp.tier;
+    assign_tied_traffic(in, p);
+    const SimResult sim = simulate(in, p);
+    return sim.fits ? sim.pred.step_s : 1e300;
+  };
+  const double base = step_of(best.inst, best.dp);
+  double best_step = base;
+  int best_k = 0;
+  std::optional<Instance> best_inst;
+  DpResult best_dp;
+  for (int k = 1; k <= tail; ++k) {
+    Instance in = with_kept(best.inst, k);
+    if (in.hbm_fixed >= in.hbm_cap) break;  // more kept layers only take more
+    DpResult dp = solve_dp(in);
+    const double step = step_of(in, dp);
+    if (step < best_step * (1 - 1e-6)) {
+      best_step = step;
+      best_k = k;
+      best_inst = std::move(in);
+      best_dp = std::move(dp);
+    }
+  }
+  if (best_k == 0) return;
+  log_debug("plan: keeping the internals of the last {} layers: DP plan {:.2f} ms -> {:.2f} ms", best_k, base * 1e3,
+            best_step * 1e3);
+  best.inst = std::move(*best_inst);
+  best.dp = std::move(best_dp);
+  best.step = best_step;
 }
 
 // Nothing fits: name the tightest resource.
@@ -269,8 +314,9 @@ PlanOutcome make_plan(const PlanRequest& r) {
   out.flops_per_step = model_flops_per_step(r.model, r.batch * r.seq * r.micro_batches);
   Prepared prep = choose_state(r);
   widen_8bit(r, prep);
+  choose_kept(r, prep);
   record_state(r, prep, out);
-  score_candidates(r, plan_meta(r, prep.chunk, prep.st), out);
+  score_candidates(r, plan_meta(r, prep.chunk, prep.st, prep.inst.kept), out);
   const Candidate* best = choose_candidate(r, out);
   if (!best) {
     out.why = why_not(out, prep.st, prep.chunk);
@@ -292,6 +338,7 @@ PlanOutcome make_plan(const PlanRequest& r) {
 int64_t max_feasible_batch(PlanRequest r, const std::string& planner, int64_t hi) {
   r.compare = false;
   r.explain = false;
+  r.keep_internals = false;  // feasibility is about k = 0 (keeping only adds HBM)
   r.planner = planner == "milp" ? "dp" : planner;
   auto ok = [&](int64_t b) {
     r.batch = b;

@@ -37,6 +37,9 @@ struct PlanRequest {
   bool allow_bf16_master = false;    // `--master-weights auto`
   bool allow_nvme_moments = false;   // `--optimizer-nvme auto`: the last rung puts layers' moments on NVMe
   bool explain = true;               // when nothing fits, re-plan to name the smallest change that fits
+  // Kept internals (docs/planner.md "Kept internals"): let the last k layers keep their forward internals in HBM
+  // (no re-run in their backward) when the profile measured it and it makes the step faster; k in Plan::kept_layers.
+  bool keep_internals = true;
   // Data parallelism (docs/planner.md, "Data parallelism"): the plan is one rank's. `profile` is then
   // the rank's share of the host (dist::rank_profile); world > 1 shards the moments over the ranks,
   // keeps full fp32 master arrays and host gradients (what the data-parallel trainer runs: no device
@@ -82,6 +85,7 @@ PlanOutcome make_plan(const PlanRequest& r);
 
 // Largest batch in [1, hi] for which `planner` (a heuristic name, or "dp"/"milp" meaning the DP's
 // space) finds a feasible plan; 0 if none. Feasibility is monotone in the batch (memory grows with it).
+// Without kept internals (keep_internals = false): keeping only adds HBM, so it never changes feasibility.
 int64_t max_feasible_batch(PlanRequest r, const std::string& planner, int64_t hi = 4096);
 
 }  // namespace lt

@@ -25,6 +25,12 @@ std::string tier_list(const Plan& p, Tier t) {
   return fmt::format("{} [{}]", n, s);
 }
 
+// Layer j's backward compute in its slot besides any re-run: beta - rho, or beta itself when it keeps its internals.
+double bwd_only(const Instance& in, int j) {
+  const bool kept = j >= in.L - in.kept;
+  return kept ? in.beta[size_t(j)] : in.beta[size_t(j)] - in.rho[size_t(j)];
+}
+
 std::string xml_escape(const std::string& s) {
   std::string o;
   for (char ch : s) {
@@ -51,7 +57,7 @@ std::string kind_summary(const PlanRequest& r, const Instance& in) {
     const auto t = layer_times(r.profile, r.model, kind, r.batch, r.seq, r.chunk);
     s += fmt::format("  {:<9} x{:<3} {:.1f}M params each ({} bf16), fwd {} ms, bwd {} ms per layer ({})\n",
                      layer_kind_short_name(kind), r.model.count(kind), in.P[size_t(j)] / 2e6, format_bytes(in.P[size_t(j)]),
-                     ms(in.rho[size_t(j)]), ms(in.beta[size_t(j)] - in.rho[size_t(j)]), t.measured ? "measured" : "estimated");
+                     ms(in.rho[size_t(j)]), ms(bwd_only(in, j)), t.measured ? "measured" : "estimated");
   }
   return s;
 }
@@ -64,7 +70,7 @@ std::string layer_table(const Instance& in, const Plan& p) {
     for (int j = b.start; j < b.end; ++j)
       s += fmt::format("  {:>5}  {:<9} {:<5} {:<9} {:>9} {:>9} {:>11}\n", j, layer_kind_short_name(in.kind_of(j)),
                        tier_name(p.tier[size_t(j)]), fmt::format("({},{})", b.start, b.end), ms(in.rho[size_t(j)]),
-                       ms(in.beta[size_t(j)] - in.rho[size_t(j)]), format_bytes(in.P[size_t(j)]));
+                       ms(bwd_only(in, j)), format_bytes(in.P[size_t(j)]));
   return s;
 }
 
@@ -108,6 +114,7 @@ std::string plan_report(const PlanRequest& r, const PlanOutcome& o) {
   for (auto& b : p.blocks)
     if (b.end - b.start > 1) bl += fmt::format(" ({},{})", b.start, b.end);
   s += fmt::format("  recompute blocks:{}\n", bl.empty() ? " none" : bl);
+  if (p.kept_layers > 0) s += fmt::format("  kept internals: last {} layers ({})\n", p.kept_layers, format_bytes(kept_hbm(in)));
   s += fmt::format("  predicted step {} ms, {:.1f} TFLOPS (6*N*tokens/step, N={:.2f}B), {:.0f} tokens/s\n", ms(q.step_s),
                    q.tflops, double(parameter_count(r.model)) / 1e9, double(r.batch * r.seq * r.micro_batches) / q.step_s);
   s += fmt::format("  breakdown: compute {} + recompute {} + exposed h2d {} + d2h {} + nvme {} + optimizer {} ms\n",

@@ -44,7 +44,8 @@ std::string header(const StateBytes& s, int64_t params) {
                      grad_home_name(s.placement.grads), n);
 }
 
-// The plan's own memory beside the model state's: the GPU peak's working part, the checkpoints.
+// The plan's own memory beside the model state's: kept internals (in hbm_fixed besides the model state's HBM), the
+// GPU peak's working part, the checkpoints.
 std::vector<StatePart> activation_parts(const PlanOutcome& o) {
   const auto& in = o.inst;
   int ncpu = 0, nnvme = 0;
@@ -52,10 +53,13 @@ std::vector<StatePart> activation_parts(const PlanOutcome& o) {
     ncpu += t == Tier::Cpu;
     nnvme += t == Tier::Nvme;
   }
-  return {{"weight ring + activations (gpu peak)", StateHome::Gpu, double(o.sim.pred.peak_hbm) - in.hbm_fixed},
-          {fmt::format("activation checkpoints ({} cpu)", ncpu), StateHome::Dram, in.A * ncpu},
-          {"nvme staging (pinned)", StateHome::Dram, nnvme > 0 ? 2.0 * in.staging * in.A : 0.0},
-          {fmt::format("activation checkpoints ({} nvme)", nnvme), StateHome::Nvme, in.A * nnvme}};
+  std::vector<StatePart> v;
+  if (in.kept > 0) v.push_back({fmt::format("kept internals (last {} layers)", in.kept), StateHome::Gpu, kept_hbm(in)});
+  v.push_back({"weight ring + activations (gpu peak)", StateHome::Gpu, double(o.sim.pred.peak_hbm) - in.hbm_fixed});
+  v.push_back({fmt::format("activation checkpoints ({} cpu)", ncpu), StateHome::Dram, in.A * ncpu});
+  v.push_back({"nvme staging (pinned)", StateHome::Dram, nnvme > 0 ? 2.0 * in.staging * in.A : 0.0});
+  v.push_back({fmt::format("activation checkpoints ({} nvme)", nnvme), StateHome::Nvme, in.A * nnvme});
+  return v;
 }
 
 }  // namespace
