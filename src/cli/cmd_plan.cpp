@@ -24,7 +24,7 @@ struct PlanOpts {
   int ring = 2, micro = 1;
   int world = 1, ranks_per_host = -1;  // -1: world
   double time_limit = 30, gap = 0.005, link_gbps = 0;
-  bool no_compare = false, verbose = false;
+  bool no_compare = false, verbose = false, no_keep_internals = false;
 };
 
 // --world-size / --ranks-per-host / --link-gbps as a topology; a clear error naming the option.
@@ -82,6 +82,8 @@ void add_options(CLI::App* sub, PlanOpts& o) {
                   "link time")
       ->capture_default_str();
   sub->add_flag("--no-compare", o.no_compare, "do not score the heuristics side by side");
+  sub->add_flag("--no-keep-internals", o.no_keep_internals,
+                "never keep the last layers' forward internals in GPU memory for their backward (Plan::kept_layers 0)");
   sub->add_flag("--verbose", o.verbose, "CBC log");
 }
 
@@ -110,6 +112,7 @@ PlanRequest request_from(const PlanOpts& o, const dist::Topology& topo) {
   r.micro_batches = o.micro;
   r.chunk = o.chunk;
   r.compare = !o.no_compare;
+  r.keep_internals = !o.no_keep_internals;
   r.milp.time_limit_s = o.time_limit;
   r.milp.rel_gap = o.gap;
   r.milp.verbose = o.verbose;

@@ -77,6 +77,7 @@ const std::vector<Field>& fields() {
       {"gradients", &C::gradients},
       {"gradient_dtype", &C::gradient_dtype},
       {"optimizer_nvme", &C::optimizer_nvme},
+      {"keep_internals", &C::keep_internals},
       {"backend", &C::backend},
       {"threads", &C::threads},
       {"peak_tflops", &C::peak_tflops},

@@ -67,6 +67,7 @@ struct TrainConfig {
   std::string gradients = "auto";            // where the step's gradient waits for the norm: host | device | auto
   std::string gradient_dtype = "auto";       // of gradients held on the device: fp32 | bf16 | auto (bf16 if fp32 does not fit)
   std::string optimizer_nvme = "none";       // optimizer moments on NVMe (nvme_dir): none | auto (the planner's) | all (every layer's)
+  bool keep_internals = true;                // let the planner keep the last layers' forward internals in HBM (Plan::kept_layers)
   std::string backend = "auto";              // auto | cpu | cuda
   int64_t threads = 0;                       // CPU threads; 0 = all cores
   double peak_tflops = 0;                    // MFU denominator; 0 = by device (989 on H100/H200 class)

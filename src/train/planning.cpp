@@ -144,6 +144,8 @@ TrainingPlan make_training_plan(const TrainConfig& cfg, const ModelConfig& model
   if (cfg.gradients != "auto") r.grads = parse_grad_home(cfg.gradients);
   if (cfg.gradient_dtype != "auto") r.grad_dtype = parse_grad_dtype(cfg.gradient_dtype);
   r.allow_nvme_moments = cfg.optimizer_nvme == "auto";  // config.cpp: needs nvme_dir
+  // Kept internals (Plan::kept_layers): the CPU backend keeps nothing (layer_keep_bytes 0), so only on the GPU.
+  r.keep_internals = cfg.keep_internals && on_gpu;
   r.compare = false;
   const double t0 = now_seconds();
   PlanOutcome o = make_plan(r);
@@ -166,19 +168,24 @@ TrainingPlan make_training_plan(const TrainConfig& cfg, const ModelConfig& model
   tp.planned_dram = r.profile.dram_bytes;
   double block_recompute = 0;
   for (const auto& b : o.plan.blocks) block_recompute += double(b.end - b.start - 1);
-  tp.extra_layer_forwards = double(model.layers) + block_recompute;
+  // Each layer's backward re-runs its forward, except the kept layers' (Plan::kept_layers).
+  tp.extra_layer_forwards = double(model.layers - o.plan.kept_layers) + block_recompute;
 
   int n_gpu = 0, n_cpu = 0, n_nvme = 0, n_none = 0;
   for (Tier t : o.plan.tier) (t == Tier::Gpu ? n_gpu : t == Tier::Cpu ? n_cpu : t == Tier::Nvme ? n_nvme : n_none)++;
   tp.summary = fmt::format(
       "plan: {} planner chose '{}' in {:.2f} s (profile '{}', device {})\n"
-      "  boundaries: {} gpu, {} cpu, {} nvme, {} recomputed | {} recompute blocks | chunk {} of {} samples | ring {}\n"
+      "  boundaries: {} gpu, {} cpu, {} nvme, {} recomputed | {} recompute blocks | chunk {} of {} samples | ring {}{}\n"
       "  tiers: {}\n"
       "  optimizer: {} ({} tensors / {} params with 8-bit moments); master weights {}, gradients on the {}{}\n"
       "  predicted: {:.3f} s/step, {:.3f} TFLOPS, exposed transfer {:.1f} ms, exposed optimizer {:.1f} ms\n"
       "  memory: device peak {} of {}, host {} of {}, nvme {} of {}\n",
       r.planner, tp.planner, plan_s, r.profile.name, device_name, n_gpu, n_cpu, n_nvme, n_none,
-      o.plan.blocks.size(), o.plan.chunk, o.plan.batch, o.plan.ring, describe_tiers(o.plan), cfg.optimizer,
+      o.plan.blocks.size(), o.plan.chunk, o.plan.batch, o.plan.ring,
+      o.plan.kept_layers > 0
+          ? fmt::format(" | kept {} (the last layers' internals, {})", o.plan.kept_layers, format_bytes(kept_hbm(o.inst)))
+          : std::string(),
+      describe_tiers(o.plan), cfg.optimizer,
       o.eight_bit_tensors, o.eight_bit_params, master_mode_name(o.placement.master), grad_home_name(o.placement.grads),
       o.placement.grads == GradHome::Device ? fmt::format(" ({})", grad_dtype_name(o.placement.grad_dtype)) : std::string(),
       tp.predicted_step_s, tp.predicted_tflops,
