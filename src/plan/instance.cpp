@@ -19,11 +19,25 @@ double Instance::slot_time(double C, double h, double d, double r, double w) con
 std::vector<double> Instance::opt_done() const {
   std::vector<double> o(opt.size());
   double t = 0, d2h = 0;
-  for (size_t u = 0; u < opt.size(); ++u) {
+  for (size_t u : opt_order()) {
     if (u < opt_d2h.size()) t = std::max(t, d2h += opt_d2h[u]);
     o[u] = (t += opt[u]);
   }
   return o;
+}
+
+std::vector<size_t> Instance::opt_order() const {
+  // The executor's: the optimizer runs its units in unit order (embedding, layers, head) once the norm is known,
+  // and the held gradients stream in that order (exec held_grad_order).
+  std::vector<size_t> order;
+  if (opt.size() == size_t(L + 2)) order.push_back(size_t(L + 1));
+  for (size_t u = 0; u < opt.size() && u <= size_t(L); ++u) order.push_back(u);
+  return order;
+}
+
+double Instance::opt_last() const {
+  const auto o = opt_done();
+  return o.empty() ? 0.0 : *std::max_element(o.begin(), o.end());
 }
 
 double Instance::R(int s, int e) const {
@@ -81,14 +95,11 @@ void set_optimizer_times(Instance& in, const ModelConfig& c, const ModelLayout& 
   std::set<std::string> q8(eight_bit.begin(), eight_bit.end());
   const double r32 = prof.opt_fp32_params_per_s, r8 = prof.opt_8bit_params_per_s;
   for (int j = 0; j < in.L; ++j) in.opt.push_back(unit_opt_time(lay.layer(j), q8, r32, r8));
-  if (c.tied) {
-    // The head's matrix is the embedding: one update of it (plus the final norm) before the head slot.
-    in.opt.push_back(unit_opt_time(lay.head(), q8, r32, r8) + unit_opt_time(lay.embedding(), q8, r32, r8));
-    in.opt.push_back(0);
-  } else {
-    in.opt.push_back(unit_opt_time(lay.head(), q8, r32, r8));
-    in.opt.push_back(unit_opt_time(lay.embedding(), q8, r32, r8));
-  }
+  // The embedding last here but first in update order (opt_order): the next forward's lookup needs it, tied or not
+  // (a tied head's unit holds only the final norm).
+  (void)c;
+  in.opt.push_back(unit_opt_time(lay.head(), q8, r32, r8));
+  in.opt.push_back(unit_opt_time(lay.embedding(), q8, r32, r8));
 }
 
 // Gradients held on the device: no gradient D2H in the backward slots nor in the epilogue (the

@@ -53,10 +53,10 @@ struct Instance {
   StepCollectives coll;
   // Bandwidths, bytes/s.
   double bh = 1, bd = 1, bb = 1, bnr = 1, bnw = 1;
-  // CPU optimizer time per unit in update order: layers 0..L-1, then head, then embedding (size L+2).
+  // CPU optimizer time per unit: layers 0..L-1, then head, then embedding (size L+2); updated in opt_order().
   std::vector<double> opt;
-  // Gradients held on the device (gradients: device): D2H time of each unit's gradient in the same
-  // order (empty: none). One stream from the step's start; a unit's update waits for its gradient.
+  // Gradients held on the device (gradients: device): D2H time of each unit's gradient, indexed as opt
+  // (empty: none). One stream from the step's start in opt_order(); a unit's update waits for its gradient.
   std::vector<double> opt_d2h;
   // GPU memory, bytes. Usable = hbm cap - reserve; hbm_fixed is held for the whole step (the model's
   // gradients with gradients: device), so the plan's slots have hbm_room().
@@ -80,8 +80,11 @@ struct Instance {
   LayerKind kind_of(int j) const { return kind.empty() ? LayerKind::Attention : kind[size_t(j)]; }
   double pcie(double h, double d) const;
   double slot_time(double C, double h, double d, double r, double w) const;
-  // Optimizer finish times: O(u) = max(O(u-1), D(u)) + opt[u], D(u) = sum of opt_d2h[0..u].
+  // Optimizer finish times, indexed as opt, in the update order opt_order() (u' before u):
+  // O(u) = max(O(u'), D(u)) + opt[u], D(u) = the held gradients' D2H up to u in that order.
   std::vector<double> opt_done() const;
+  std::vector<size_t> opt_order() const;  // embedding (L+1), layers 0..L-1, head (L): the executor's
+  double opt_last() const;                // when the last update ends
   double R(int s, int e) const;         // block recompute time: rho[s..e-2]
   double R_bytes(int s, int e) const;   // weights the block's recompute loads: P[s..e-2]
   // Mandatory traffic of the slot cost model (docs/planner.md): H2D in F_j (the next layer's weights,

@@ -271,7 +271,7 @@ struct Model {
       if (w == 0) wait = std::max(wait, O[0] + in.step_prologue() + in.prologue());
       st[size_t(w)] = lp.var(wait, kInf, 0, false, fmt::format("st_{}", w));
     }
-    end = lp.var(O[size_t(L + 1)], kInf, 1.0, false, "end");
+    end = lp.var(in.opt_last(), kInf, 1.0, false, "end");
     lp.label = "start chain";
     for (int w = 1; w < S; ++w)
       lp.row({{st[size_t(w)], 1}, {st[size_t(w - 1)], -1}, {T[size_t(w - 1)], -1}}, 0, kInf);

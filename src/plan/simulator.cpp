@@ -124,7 +124,8 @@ void simulate_time(const Instance& in, bool record_ops, SimResult& R) {
   };
   if (record_ops) {
     double d = 0;
-    for (int u = 0; u < L + 2; ++u) {
+    for (size_t uu : in.opt_order()) {
+      const int u = int(uu);
       std::string lab = u < L ? fmt::format("opt {}", u) : (u == L ? "opt head" : "opt emb");
       op(SimLane::Optimizer, O[size_t(u)] - in.opt[size_t(u)], O[size_t(u)], lab);
       if (size_t(u) < in.opt_d2h.size()) op(SimLane::D2H, d, d + in.opt_d2h[size_t(u)], "held grad " + lab.substr(4));
@@ -207,9 +208,9 @@ void simulate_time(const Instance& in, bool record_ops, SimResult& R) {
     t += sepi;
   }
   t_no_opt += spro + sepi;
-  if (O[size_t(L + 1)] > t) {
-    pr.exposed_optimizer_s += O[size_t(L + 1)] - t;
-    t = O[size_t(L + 1)];
+  if (in.opt_last() > t) {  // an update still running at the step's end (the next step waits for it)
+    pr.exposed_optimizer_s += in.opt_last() - t;
+    t = in.opt_last();
   }
   pr.step_s = t;
   R.step_no_opt_s = t_no_opt;

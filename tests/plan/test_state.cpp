@@ -324,7 +324,8 @@ TEST(PlanState, SimulatorWithHeldGradientsByHand) {
   in.opt_d2h = {3, 0.5, 0.5, 0};  // layer 0's gradient takes 3 s to come down: its update waits
   in.hbm_fixed = 100;
   const auto O = in.opt_done();
-  EXPECT_EQ(O, (std::vector<double>{4, 5, 6, 7}));  // max(previous update, gradient down) + update
+  // In update order (embedding, layers, head): max(previous update, gradient down) + update.
+  EXPECT_EQ(O, (std::vector<double>{4, 5, 6, 1}));
   auto r = simulate(in, test::plan_for(in, {Tier::Gpu, Tier::Gpu, Tier::Gpu}));
   // prologue at O0 = 4: 3; F0 (waits O1 = 5): 2; F1 (waits O2 = 6): 4; H: 2; B1: max(3, 20/10) = 3;
   // B0: 3; epilogue: boundary-0 gradient 10/10 = 1.
@@ -369,6 +370,39 @@ TEST(PlanState, NvmeMomentRungWhenAllowed) {
   EXPECT_EQ(plan_from_json(plan_to_json(o.plan)).placement.nvme_layers, o.placement.nvme_layers);
   r.profile.nvme_bytes = 1024;  // the disk cannot hold them
   EXPECT_FALSE(make_plan(r).feasible);
+}
+
+}  // namespace
+}  // namespace lt
+
+namespace lt {
+namespace {
+
+// The optimizer's update order is the executor's: the embedding first (the next forward's lookup needs it, tied or
+// not), then the layers, then the head. A long embedding update delays the step's start, not its end.
+TEST(PlanState, EmbeddingUpdateComesFirst) {
+  Instance in = test::two_layer_instance();
+  in.opt = {1, 1, 1, 5};  // layers 0, 1, head, embedding
+  EXPECT_EQ(in.opt_order(), (std::vector<size_t>{3, 0, 1, 2}));
+  EXPECT_EQ(in.opt_done(), (std::vector<double>{6, 7, 8, 5}));
+  EXPECT_DOUBLE_EQ(in.opt_last(), 8);
+  const auto r = simulate(in, test::plan_for(in, {Tier::Gpu, Tier::Gpu, Tier::Gpu}));
+  in.opt = {0, 0, 0, 0};
+  const auto free_opt = simulate(in, test::plan_for(in, {Tier::Gpu, Tier::Gpu, Tier::Gpu}));
+  EXPECT_GE(r.pred.exposed_optimizer_s, 6.0);  // the prologue waits for the embedding and layer 0
+  EXPECT_GE(r.pred.step_s, free_opt.pred.step_s + 6.0 - 1e-9);
+}
+
+// A tied model's embedding update is its own unit (first), the head's holds only the final norm.
+TEST(PlanState, TiedEmbeddingUpdateIsTheEmbeddingsUnit) {
+  PlanRequest r = test::tiny_state_request(1e9);
+  ModelConfig c = r.model;
+  c.tied = true;
+  const ResourceProfile& p = r.profile;
+  const Instance in = make_instance(c, 1, 64, p, InstanceOptions{});
+  const double r32 = p.opt_fp32_params_per_s;
+  EXPECT_NEAR(in.opt[size_t(in.L + 1)], double(c.vocab * c.hidden) / r32, 1e-12);
+  EXPECT_NEAR(in.opt[size_t(in.L)], double(c.hidden) / r32, 1e-12);
 }
 
 }  // namespace
