@@ -1,5 +1,7 @@
 // Executor setup: plan-derived sizes, the allocation of every buffer (so that a plan that does not fit
 // is refused before running), teardown, and host-side helpers.
+#include <omp.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -328,25 +330,35 @@ void Executor::Impl::host_embedding_backward(const int32_t* ids, bool assign, bo
   // cpu::embed_backward (0 + dx_t1 + dx_t2 ... in token order, then added to g), bit for bit.
   const int64_t H = c.hidden, V = c.vocab, n = st.numel(0);
   float* g = st.grad(0);
-  // Rows hit by tokens, accumulated in token order into a compact buffer (resize zero-fills).
+  // Rows hit by tokens, each accumulated in token order into a compact buffer. The rows are split over threads
+  // (each scans every token and adds only its own rows' ones, so each row's order is the token order): the serial
+  // loop took ~250 ms for Qwen2.5-7B at 64 x 1024 tokens, after the backward and before the embedding's update
+  // (issue 17, run 65's trace).
   std::vector<int32_t> slot(size_t(V), -1);
   std::vector<int32_t> rows;
-  std::vector<float> acc;
   for (int64_t t = 0; t < T; ++t) {
     const int32_t r = ids[t];
     LT_CHECK(r >= 0 && r < V, "embedding backward: token id {} at position {} is outside [0, {})", r, t, V);
     if (slot[size_t(r)] < 0) {
       slot[size_t(r)] = int32_t(rows.size());
       rows.push_back(r);
-      acc.resize(acc.size() + size_t(H));
     }
-    float* e = acc.data() + size_t(slot[size_t(r)]) * size_t(H);
-    if (act_sz == 2) {
-      const bf16_t* d = p_dx0.as<bf16_t>() + t * H;
-      for (int64_t k = 0; k < H; ++k) e[k] += bf16_to_f32(d[k]);
-    } else {
-      const float* d = p_dx0.as<float>() + t * H;
-      for (int64_t k = 0; k < H; ++k) e[k] += d[k];
+  }
+  std::vector<float> acc(rows.size() * size_t(H), 0.0f);
+#pragma omp parallel
+  {
+    const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t sl = slot[size_t(ids[t])];
+      if (sl % nt != me) continue;
+      float* e = acc.data() + size_t(sl) * size_t(H);
+      if (act_sz == 2) {
+        const bf16_t* d = p_dx0.as<bf16_t>() + t * H;
+        for (int64_t k = 0; k < H; ++k) e[k] += bf16_to_f32(d[k]);
+      } else {
+        const float* d = p_dx0.as<float>() + t * H;
+        for (int64_t k = 0; k < H; ++k) e[k] += d[k];
+      }
     }
   }
   // Every row: g = (assign ? 0 : g) + e; rows no token hit have e = 0, so they are zeroed (first
