@@ -141,6 +141,9 @@ json profile_to_json(const ResourceProfile& p) {
   json lt = json::array();
   for (auto& t : p.layer_timings) lt.push_back(timing_to_json(t));
   j["layer_timings"] = lt;
+  if (p.head.tokens > 0)
+    j["head_timing"] = {{"hidden", p.head.hidden}, {"vocab", p.head.vocab}, {"tokens", p.head.tokens},
+                        {"seconds", p.head.seconds}};
   return j;
 }
 
@@ -150,7 +153,7 @@ ResourceProfile profile_from_json(const json& j, const std::string& src) {
       "name", "source", "hbm", "hbm_reserve", "dram", "nvme", "nvme_dir", "h2d_gbps", "d2h_gbps", "both_gbps",
       "nvme_read_gbps", "nvme_write_gbps", "host_mem_gbps", "gemm_tflops", "attn_tflops", "peak_tflops",
       "opt_fp32_mparams_per_s", "opt_8bit_mparams_per_s", "gpu_measured", "layer_timings", "notes", "scan_tflops",
-      "workspace_bytes", "workspace_tokens", "workspace_points"};
+      "workspace_bytes", "workspace_tokens", "workspace_points", "head_timing"};
   for (auto& [k, v] : j.items()) LT_CHECK(known.count(k), "{}: unknown field '{}'", src, k);
   auto req = [&](const std::string& k) -> const json& {
     LT_CHECK(j.contains(k), "{}: missing field '{}'", src, k);
@@ -216,6 +219,19 @@ ResourceProfile profile_from_json(const json& j, const std::string& src) {
     p.gpu_measured = j["gpu_measured"].get<bool>();
   }
   if (j.contains("scan_tflops")) p.scan_flops = num("scan_tflops", kTF);
+  if (j.contains("head_timing")) {
+    const json& h = j["head_timing"];
+    const std::string where = src + ": head_timing";
+    LT_CHECK(h.is_object(), "{}: expected an object with hidden, vocab, tokens and seconds, got {}", where, h.dump());
+    for (auto& [k, v] : h.items())
+      LT_CHECK(k == "hidden" || k == "vocab" || k == "tokens" || k == "seconds", "{}: unknown field '{}'", where, k);
+    for (const char* k : {"hidden", "vocab", "tokens"})
+      LT_CHECK(h.contains(k) && h[k].is_number_integer() && h[k].get<int64_t>() > 0,
+               "{}: '{}' must be a positive integer, got {}", where, k, h.contains(k) ? h[k].dump() : "nothing");
+    LT_CHECK(h.contains("seconds") && h["seconds"].is_number() && h["seconds"].get<double>() > 0,
+             "{}: 'seconds' must be a positive number, got {}", where, h.contains("seconds") ? h["seconds"].dump() : "nothing");
+    p.head = {h["hidden"].get<int64_t>(), h["vocab"].get<int64_t>(), h["tokens"].get<int64_t>(), h["seconds"].get<double>()};
+  }
   if (j.contains("layer_timings")) {
     const json& a = j["layer_timings"];
     LT_CHECK(a.is_array(), "{}: 'layer_timings' must be an array", src);
@@ -295,6 +311,8 @@ double core_flops_rate(const ResourceProfile& p, LayerKind k) {
 }
 
 double head_time(const ResourceProfile& p, const ModelConfig& c, int64_t batch, int64_t seq) {
+  if (p.head.tokens > 0 && p.head.hidden == c.hidden && p.head.vocab == c.vocab)
+    return p.head.seconds * double(batch * seq) / double(p.head.tokens);
   return 3.0 * head_flops_fwd(c, batch * seq) / p.gemm_flops;
 }
 

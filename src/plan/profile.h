@@ -77,6 +77,14 @@ struct ResourceProfile {
   double opt_fp32_params_per_s = 0;
   double opt_8bit_params_per_s = 0;
   std::vector<LayerTiming> layer_timings;  // optional measured per-layer times
+  // The head (final norm, LM head and loss, forward and backward) measured at `tokens` rows of a model with this
+  // hidden size and vocabulary (the GPU profiler; its time is linear in the rows: chunks of a fixed size). Its
+  // GEMMs' FLOPs at gemm_flops undercount it by ~25 % (the logits' and the fp32 LM-head gradient's traffic per
+  // chunk, run 65). tokens 0: not measured.
+  struct HeadTiming {
+    int64_t hidden = 0, vocab = 0, tokens = 0;
+    double seconds = 0;
+  } head;
   // The backend's own layer workspace (saved internals + kernel scratch, one buffer sized for the largest
   // kind, the head and the embedding) for workspace_tokens rows, when a backend reported it (the GPU
   // profiler): the planner's per-kind estimate (model/accounting) must not be below it. 0: not given.
@@ -119,7 +127,8 @@ LayerTimes layer_times(const ResourceProfile& p, const ModelConfig& c, LayerKind
 // the measured sizes (workspace_points and workspace_bytes; an upper bound, the buffer being convex in the rows),
 // scaled by the rows from the nearest one outside them.
 double backend_workspace_bytes(const ResourceProfile& p, int64_t tokens);
-// Final norm + LM head + cross-entropy, forward and backward.
+// Final norm + LM head + cross-entropy, forward and backward: the measured head timing scaled by the rows when it is
+// of this model's hidden size and vocabulary, else its GEMMs at gemm_flops.
 double head_time(const ResourceProfile& p, const ModelConfig& c, int64_t batch, int64_t seq);
 // Achieved rate of a kind's mixer core (attn_flops, or scan_flops with attn_flops as the fallback).
 double core_flops_rate(const ResourceProfile& p, LayerKind k);

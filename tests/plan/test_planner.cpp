@@ -56,6 +56,33 @@ TEST(Planner, ProfileErrors) {
   }
 }
 
+// A measured head timing: round trip, strict fields, and head_time scales it by the rows for the model it was
+// measured for (another model's hidden size or vocabulary: the GEMM estimate).
+TEST(Planner, HeadTimingMeasured) {
+  ResourceProfile p = test_profile();
+  ModelConfig c = preset_config("qwen2.5-0.5b");
+  const double estimate = head_time(p, c, 4, 1024);
+  p.head = {c.hidden, c.vocab, 8192, 0.050};
+  auto j = profile_to_json(p);
+  EXPECT_EQ(profile_to_json(profile_from_json(j, "rt")).dump(), j.dump());
+  EXPECT_DOUBLE_EQ(head_time(profile_from_json(j, "rt"), c, 4, 1024), 0.025);
+  c.vocab += 1;
+  EXPECT_DOUBLE_EQ(head_time(p, c, 4, 1024), head_time(test_profile(), c, 4, 1024));
+  c.vocab -= 1;
+  EXPECT_NE(estimate, 0.025);
+  j["head_timing"]["seconds"] = 0;
+  try {
+    profile_from_json(j, "x.json");
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("x.json: head_timing: 'seconds' must be a positive number"), std::string::npos)
+        << e.what();
+  }
+  j = profile_to_json(p);
+  j["head_timing"]["rows"] = 1;
+  EXPECT_THROW(profile_from_json(j, "x"), Error);
+}
+
 // Every heuristic gives a valid plan; the final plan is never worse than any candidate.
 TEST(Planner, HeuristicsValidAndMilpNeverWorse) {
   auto r = request("qwen2.5-0.5b", 8, 24);

@@ -182,11 +182,41 @@ void measure_attention(ResourceProfile& p, CudaBackend& be, const ModelConfig& c
   for (Allocation* a : {&q, &k, &v, &o, &dO, &dq, &dk, &dv, &lse, &acc, &dl, &dkv}) be.free(*a);
 }
 
+// The head (final norm, LM head, cross-entropy; forward and backward) at batch x seq rows: the planner's head time
+// (its GEMMs at the GEMM rate undercount the per-chunk logits and fp32 LM-head gradient traffic by ~25 %).
+void measure_head(ResourceProfile& p, CudaBackend& be, const ModelConfig& c, int64_t batch, int64_t seq) {
+  const int64_t T = batch * seq, H = c.hidden, V = c.vocab;
+  const UnitLayout& hl = be.layout().head();
+  auto st = static_cast<cudaStream_t>(be.stream(Lane::Compute));
+  auto A = [&](int64_t bytes) { return be.alloc(MemKind::Device, bytes, "profile.head"); };
+  Allocation hw = A(hl.numel * 2), lm = A(V * H * 2), x = A(T * H * 2), dx = A(T * H * 2), dhw = A(hl.numel * 4);
+  Allocation dlm = A(V * H * 4), tg = A(T * 4), acc = A(16);
+  fill_random_bf16(hw.ptr, hl.numel, 0.02f, st);
+  fill_random_bf16(lm.ptr, V * H, 0.02f, st);
+  fill_random_bf16(x.ptr, T * H, 1.f, st);
+  std::vector<int32_t> t(size_t(T));
+  for (int64_t i = 0; i < T; ++i) t[size_t(i)] = int32_t((i * 7919) % V);
+  LT_CUDA(cudaMemcpy(tg.ptr, t.data(), size_t(T) * 4, cudaMemcpyHostToDevice));
+  be.fill_zero(Lane::Compute, dhw.ptr, hl.numel * 4, {});
+  be.fill_zero(Lane::Compute, dlm.ptr, V * H * 4, {});
+  be.fill_zero(Lane::Compute, acc.ptr, 16, {});
+  const DevGeometry g{batch, seq, nullptr, nullptr};
+  const double th = median_s(st, 3, [&] {
+    be.head_loss(hw.ptr, lm.ptr, static_cast<const int32_t*>(tg.ptr), g, x.ptr, 1.f / float(T), dx.ptr, dhw.ptr,
+                 dlm.ptr, static_cast<double*>(acc.ptr), {});
+  });
+  be.synchronize();
+  p.head = {H, V, T, th};
+  log_info("profile: head (norm, LM head, loss; fwd + bwd) {:.3f} ms ({} x {})", th * 1e3, batch, seq);
+  for (Allocation* a : {&hw, &lm, &x, &dx, &dhw, &dlm, &tg, &acc}) be.free(*a);
+}
+
 // One layer of each kind present (hybrid models: both), and the attention rate.
 void measure_layers(ResourceProfile& p, CudaBackend& be, const ModelConfig& c, int64_t batch, int64_t seq) {
   for (int k = 0; k < kNumLayerKinds; ++k)
     if (c.count(LayerKind(k)) > 0) measure_layer_kind(p, be, c, LayerKind(k), batch, seq);
   if (c.count(LayerKind::Attention) > 0) measure_attention(p, be, c, batch, seq);
+  measure_head(p, be, c, batch, seq);
 }
 
 // The layers are measured at the batch, or at the largest halving of it that one layer pass on this GPU holds
@@ -210,7 +240,8 @@ void profile_gpu(ResourceProfile& p, const ModelConfig& c, int64_t batch, int64_
     auto need = [&](int64_t b) {
       int64_t keep = 0;  // the kept-internals pair (measure_layer_kind)
       for (int64_t j = 0; j < c.layers; ++j) keep = std::max(keep, tmp.layer_keep_bytes(j, b, seq));
-      return tmp.layer_workspace_bytes(b * seq, seq) + keep + tmp.layout().max_layer_numel() * 6 +
+      const int64_t head = c.vocab * c.hidden * 6 + tmp.layout().head().numel * 6;  // measure_head's weights, gradients
+      return tmp.layer_workspace_bytes(b * seq, seq) + std::max(keep + tmp.layout().max_layer_numel() * 6, head) +
              4 * b * seq * c.hidden * 2 + (int64_t(3) << 30);
     };
     while (mb > 1 && (mb * seq > kMaxProfileTokens || need(mb) > int64_t(free_b) / 2)) mb = (mb + 1) / 2;
