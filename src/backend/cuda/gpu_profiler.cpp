@@ -194,7 +194,7 @@ void measure_head(ResourceProfile& p, CudaBackend& be, const ModelConfig& c, int
   fill_random_bf16(hw.ptr, hl.numel, 0.02f, st);
   fill_random_bf16(lm.ptr, V * H, 0.02f, st);
   fill_random_bf16(x.ptr, T * H, 1.f, st);
-  std::vector<int32_t> t(size_t(T));
+  std::vector<int32_t> t(static_cast<size_t>(T));
   for (int64_t i = 0; i < T; ++i) t[size_t(i)] = int32_t((i * 7919) % V);
   LT_CUDA(cudaMemcpy(tg.ptr, t.data(), size_t(T) * 4, cudaMemcpyHostToDevice));
   be.fill_zero(Lane::Compute, dhw.ptr, hl.numel * 4, {});
