@@ -39,6 +39,7 @@ class ShardedUpdateHook final : public UpdateHook {
   void begin_step(int64_t local_tokens, int64_t global_tokens);
   void grad_ready(int64_t unit, double sumsq) override;
   void wait(int64_t unit) override;
+  bool rewrites_host_gradients() const override { return true; }  // scaled and reduce-scattered in place
   // Finishes every pending update and all-gather of the streaming copies.
   void sync();
   // sync(), then all-gathers the master ranges other ranks updated (bf16 streaming only): afterwards

@@ -110,7 +110,8 @@ StepResult Executor::train_step(const std::vector<MicroBatch>& mbs) {
       be_.synchronize();
       run.finish();
       I.sink_worker->drain();
-      if (!I.emb_on_device) I.host_embedding_backward(mbs[size_t(m)].ids, m == 0, m + 1 == nmb);
+      if (!I.emb_on_device)
+        I.host_embedding_backward(mbs[size_t(m)].ids, m == 0, m + 1 == nmb, !hook_ || !hook_->rewrites_host_gradients());
       const double t_end = now_seconds();
       I.collect_backend_spans(m);
       res.forward_s = run.t_forward_end - t_mb;

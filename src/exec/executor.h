@@ -53,6 +53,10 @@ class UpdateHook {
   virtual void grad_norm_part(int64_t unit, double sumsq);
   virtual void grad_staged(int64_t unit, const void* grad, DType dtype);
   virtual void wait(int64_t unit) = 0;  // blocks until unit's update (if any was submitted) finished
+  // Whether it writes the host gradients it is given (data parallelism: scaled and reduce-scattered in place).
+  // When it does not, the executor keeps track of which rows of a host-computed embedding gradient are nonzero
+  // and zeroes only those the next step (instead of the whole table).
+  virtual bool rewrites_host_gradients() const { return false; }
 };
 
 struct ExecOptions {

@@ -91,7 +91,11 @@ struct Executor::Impl {
   // Sums of squares of units whose final gradient is formed on the host (several micro-batches, or
   // the host embedding), computed in the pass that forms it.
   std::vector<double> host_sumsq;
-  void host_embedding_backward(const int32_t* ids, bool assign, bool last);
+  // track_rows: the hook leaves the host gradients alone, so the rows the last assignment wrote (emb_rows) are
+  // the only nonzero ones, and the next assignment zeroes just those.
+  void host_embedding_backward(const int32_t* ids, bool assign, bool last, bool track_rows);
+  std::vector<int32_t> emb_rows;  // ascending; valid when emb_rows_valid
+  bool emb_rows_valid = false;
   void add_span(int track, OpLabel l, int64_t bytes, double t0, double t1, int32_t mb);
   void collect_backend_spans(int32_t mb);
   // Measured per-window figures of micro-batch mb from the collected spans.

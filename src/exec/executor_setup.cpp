@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 
 #include "backend/cpu/reference.h"
 #include "core/error.h"
@@ -323,7 +324,7 @@ void Executor::Impl::collect_backend_spans(int32_t mb) {
 // The embedding's gradient of one micro-batch when the lookup runs on the host (untied weights, not
 // resident: embedding_on_device), formed in the same order as on the device (the lookup's
 // scatter-add in token order), then assigned to (first micro-batch) or added into the host gradient.
-void Executor::Impl::host_embedding_backward(const int32_t* ids, bool assign, bool last) {
+void Executor::Impl::host_embedding_backward(const int32_t* ids, bool assign, bool last, bool track_rows) {
   // g = (assign ? 0 : g) + e, e = scatter of dx by token. Only the rows that tokens hit get scatter
   // terms; every other row is a plain (parallel) add. A 152k x 4k vocabulary makes this ~600M floats
   // per step, so no full-size temporary and no serial pass. The arithmetic per element is that of
@@ -365,23 +366,40 @@ void Executor::Impl::host_embedding_backward(const int32_t* ids, bool assign, bo
   // micro-batch) or left as they are (g + 0 == g: these gradients are never -0). The sum of squares,
   // needed only after the last micro-batch, per fixed block of rows added in block order, so the norm
   // does not depend on the thread count.
+  // With the nonzero rows known (the previous step assigned them, nobody else wrote g), an assignment visits only
+  // those and the rows hit now: every other row is zero already and adds exactly 0 to the sums, so the result is
+  // the same bit for bit, without the pass over the whole table (~2.2 GB written for Qwen2.5-7B: ~50 ms).
+  const bool sparse = assign && track_rows && emb_rows_valid;
+  emb_rows_valid = false;
+  std::vector<int32_t> visit;  // ascending
+  if (sparse) {
+    std::vector<int32_t> hit(rows);
+    std::sort(hit.begin(), hit.end());
+    std::set_union(hit.begin(), hit.end(), emb_rows.begin(), emb_rows.end(), std::back_inserter(visit));
+  }
   const int64_t rows_per_block = std::max<int64_t>(1, (int64_t(1) << 20) / std::max<int64_t>(H, 1));
   const int64_t nblocks = (V + rows_per_block - 1) / rows_per_block;
   std::vector<double> part(size_t(nblocks), 0.0);
+  auto do_row = [&](int64_t r, double& ss) {
+    float* gr = g + r * H;
+    if (slot[size_t(r)] >= 0) {
+      const float* e = acc.data() + size_t(slot[size_t(r)]) * size_t(H);
+      for (int64_t k = 0; k < H; ++k) gr[k] = assign ? e[k] : gr[k] + e[k];
+    } else if (assign) {
+      std::fill(gr, gr + H, 0.0f);
+    }
+    if (last)
+      for (int64_t k = 0; k < H; ++k) ss += double(gr[k]) * double(gr[k]);
+  };
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t b = 0; b < nblocks; ++b) {
     double ss = 0;
-    const int64_t r1 = std::min(V, (b + 1) * rows_per_block);
-    for (int64_t r = b * rows_per_block; r < r1; ++r) {
-      float* gr = g + r * H;
-      if (slot[size_t(r)] >= 0) {
-        const float* e = acc.data() + size_t(slot[size_t(r)]) * size_t(H);
-        for (int64_t k = 0; k < H; ++k) gr[k] = assign ? e[k] : gr[k] + e[k];
-      } else if (assign) {
-        std::fill(gr, gr + H, 0.0f);
-      }
-      if (last)
-        for (int64_t k = 0; k < H; ++k) ss += double(gr[k]) * double(gr[k]);
+    const int64_t r0 = b * rows_per_block, r1 = std::min(V, (b + 1) * rows_per_block);
+    if (sparse) {
+      for (auto it = std::lower_bound(visit.begin(), visit.end(), int32_t(r0)); it != visit.end() && *it < r1; ++it)
+        do_row(*it, ss);
+    } else {
+      for (int64_t r = r0; r < r1; ++r) do_row(r, ss);
     }
     part[size_t(b)] = ss;
   }
@@ -390,6 +408,12 @@ void Executor::Impl::host_embedding_backward(const int32_t* ids, bool assign, bo
   double ss = 0;
   for (double x : part) ss += x;
   if (last) host_sumsq[0] = ss;
+  // After a step's only micro-batch the nonzero rows are the ones hit (several micro-batches: not tracked).
+  if (assign && last && track_rows) {
+    emb_rows = std::move(rows);
+    std::sort(emb_rows.begin(), emb_rows.end());
+    emb_rows_valid = true;
+  }
 }
 
 }  // namespace lt
