@@ -11,7 +11,7 @@ void gather_rows(char* dst, const char* src, const int32_t* ids, int64_t n, int6
   auto run = [=](int64_t a, int64_t b) {
     for (int64_t t = a; t < b; ++t) std::memcpy(dst + t * rowb, src + int64_t(ids[t]) * rowb, size_t(rowb));
   };
-  const int64_t cap = max_threads > 0 ? max_threads : std::min<int64_t>(8, std::max(1u, std::thread::hardware_concurrency()));
+  const int64_t cap = max_threads > 0 ? max_threads : std::min<int64_t>(16, std::max(1u, std::thread::hardware_concurrency()));
   const int64_t threads = std::min<int64_t>(cap, n * rowb / (int64_t(4) << 20));
   if (threads <= 1) return run(0, n);
   std::vector<std::thread> ts;

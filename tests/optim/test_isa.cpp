@@ -11,6 +11,7 @@
 #include "helpers.h"
 #include "optim/adamw_kernels.h"
 #include "optim/aligned_buffer.h"
+#include "optim/throughput.h"
 
 using namespace lt::optim;
 using namespace lt::optim::test;
@@ -271,5 +272,15 @@ TEST(Isa, Bf16CopyOfSpecialValues) {
         ASSERT_EQ(out.data()[i], lt::f32_to_bf16(p[size_t(i)]))
             << isa_name(isa) << (q8 ? " q8" : " f32") << " element " << i << " bits " << std::hex
             << bits[size_t(i) % bits.size()];
+    }
+}
+
+// The profile's optimizer rate (the trainer's split-master fused kernels where the ISA has them, else the
+// fp32-master ones): a finite positive rate for both moment formats, threads and sizes that do not divide.
+TEST(OptimThroughput, MeasuredRatesArePositive) {
+  for (bool q8 : {false, true})
+    for (int threads : {1, 3}) {
+      const double r = lt::optim::measure_adamw_rate(q8, threads, (1 << 16) + 77);
+      EXPECT_TRUE(std::isfinite(r) && r > 0) << (q8 ? "8-bit" : "fp32") << " " << threads << " threads: " << r;
     }
 }
