@@ -136,6 +136,14 @@ Batch DataLoader::next() {
   return rb.finish();
 }
 
+std::vector<Batch> DataLoader::peek(int64_t k) {
+  const DataPosition at = pos_;
+  std::vector<Batch> out;
+  for (int64_t i = 0; i < k; ++i) out.push_back(next());
+  pos_ = at;  // order() follows pos_.epoch, so it is recomputed if the look-ahead crossed an epoch
+  return out;
+}
+
 std::vector<Batch> make_batches(const std::vector<Sample>& samples, int64_t batch, int64_t seq, bool packing,
                                 int32_t pad_id) {
   std::vector<Batch> out;

@@ -74,6 +74,8 @@ class DataLoader {
  public:
   DataLoader(const std::vector<Sample>* samples, LoaderOptions opt);
   Batch next();
+  // The next k batches next() would return, without advancing (the trainer's look-ahead at the next step's tokens).
+  std::vector<Batch> peek(int64_t k);
   DataPosition position() const { return pos_; }
   void restore(const DataPosition& p);
   // Epochs done, fractional (epoch + index / n).

@@ -69,6 +69,8 @@ double Executor::Impl::report_gradients(int32_t nmb, UpdateHook* hook) {
 }
 
 
+bool Executor::wants_next_step_ids() const { return hook_ && !impl_->emb_on_device; }
+
 StepResult Executor::train_step(const std::vector<MicroBatch>& mbs) {
   Impl& I = *impl_;
   LT_CHECK(!mbs.empty(), "train_step: no micro-batches");
@@ -102,6 +104,8 @@ StepResult Executor::train_step(const std::vector<MicroBatch>& mbs) {
   std::vector<char> waited(size_t(L + 2), 0);
   double update_wait = 0;
   I.host_sumsq.assign(size_t(L + 2), 0.0);
+  I.hint_next_rows(hook_, next_ids_);
+  next_ids_.clear();
   try {
     for (int32_t m = 0; m < nmb; ++m) {
       const double t_mb = now_seconds();
@@ -143,6 +147,7 @@ StepResult Executor::train_step(const std::vector<MicroBatch>& mbs) {
     be_.synchronize();
   } catch (const std::exception& e) {
     I.recover_from_failure();
+    I.first_rows_pending.clear();  // the hinted update may not run: the next lookup waits for the whole table
     fail("train step failed: {}", e.what());
   }
   const double* sc = I.p_scal.as<double>();

@@ -94,6 +94,10 @@ struct Executor::Impl {
   // track_rows: the hook leaves the host gradients alone, so the rows the last assignment wrote (emb_rows) are
   // the only nonzero ones, and the next assignment zeroes just those.
   void host_embedding_backward(const int32_t* ids, bool assign, bool last, bool track_rows);
+  // Embedding rows the optimizer runs first (Executor::set_next_step_ids): those hinted for the update this step
+  // ends with (pending), and those of the update this step's lookup reads (active); per row 1/0, or empty.
+  std::vector<char> first_rows_pending, first_rows_active;
+  void hint_next_rows(UpdateHook* hook, const std::vector<int32_t>& next_ids);
   std::vector<int32_t> emb_rows;  // ascending; valid when emb_rows_valid
   bool emb_rows_valid = false;
   void add_span(int track, OpLabel l, int64_t bytes, double t0, double t1, int32_t mb);

@@ -321,6 +321,26 @@ void Executor::Impl::collect_backend_spans(int32_t mb) {
   for (auto& s : be.take_spans()) add_span(int(s.lane), s.label, s.bytes, s.t0, s.t1, mb);
 }
 
+// The update this step ends with runs the next step's embedding rows first (host lookup only: a lookup on the
+// device reads the whole uploaded table).
+void Executor::Impl::hint_next_rows(UpdateHook* hook, const std::vector<int32_t>& next_ids) {
+  first_rows_active.swap(first_rows_pending);
+  first_rows_pending.clear();
+  if (emb_on_device || !hook || next_ids.empty()) return;
+  const int64_t H = c.hidden, V = c.vocab;
+  std::vector<char> hit(size_t(V), 0);
+  for (int32_t r : next_ids)
+    if (r >= 0 && r < V) hit[size_t(r)] = 1;
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  for (int64_t r = 0; r < V; ++r) {
+    if (!hit[size_t(r)]) continue;
+    if (!ranges.empty() && ranges.back().second == r * H) ranges.back().second += H;
+    else ranges.emplace_back(r * H, (r + 1) * H);
+  }
+  hook->prioritize(0, std::move(ranges));
+  first_rows_pending = std::move(hit);
+}
+
 // The embedding's gradient of one micro-batch when the lookup runs on the host (untied weights, not
 // resident: embedding_on_device), formed in the same order as on the device (the lookup's
 // scatter-add in token order), then assigned to (first micro-batch) or added into the host gradient.

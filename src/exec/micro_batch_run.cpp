@@ -94,7 +94,7 @@ void MicroBatchRun::embed_inputs() {
     be.wait(Lane::Compute, emb_ready_);
     be.embed_forward(I.emb_w.data(), I.d_ids.as<int32_t>(), I.T, X(xbuf_[0]), lab("embed.fwd", 0));
   } else {
-    wait_update(0);
+    wait_update(0, lookup_rows_first());  // only the rows it gathers, when they were updated first
     const char* E = static_cast<const char*>(I.st.stream(0));
     const int64_t rowb = I.c.hidden * int64_t(I.act_sz);
     gather_rows(I.p_x0.as<char>(), E, mb_.ids, I.T, rowb);
@@ -255,16 +255,27 @@ DevGeometry MicroBatchRun::geom(int64_t s0, int64_t ns) const {
   return g;
 }
 
-void MicroBatchRun::wait_update(int64_t unit) {
+void MicroBatchRun::wait_update(int64_t unit, bool first_only) {
   if (!hook_ || waited_[size_t(unit)]) return;
   const double t0 = now_seconds();
   if (I.dgrads) I.dgrads->before_wait(unit);  // a device-held gradient reached the hook
-  hook_->wait(unit);
+  if (first_only) hook_->wait_first(unit);
+  else hook_->wait(unit);
   if (I.dgrads) I.dgrads->after_wait(unit);   // its staging slot takes the next gradient
   const double t1 = now_seconds();
-  waited_[size_t(unit)] = 1;
+  if (!first_only) waited_[size_t(unit)] = 1;  // a later reader of the whole unit still waits for all of it
   update_wait_ += t1 - t0;
   I.add_span(kTrackHost, OpLabel{kOptimizerWaitLabel, cur_w_, int32_t(unit)}, 0, t0, t1, mbi_);
+}
+
+bool MicroBatchRun::lookup_rows_first() const {
+  const auto& rows = I.first_rows_active;
+  if (rows.empty()) return false;
+  for (int64_t t = 0; t < I.T; ++t) {
+    const int32_t r = mb_.ids[t];
+    if (r < 0 || size_t(r) >= rows.size() || !rows[size_t(r)]) return false;
+  }
+  return true;
 }
 
 void MicroBatchRun::issue_loads(int64_t upto) {

@@ -92,7 +92,8 @@ class MicroBatchRun {
   void backward_layer(int64_t j);
   void finish_embedding(int32_t w);
 
-  void wait_update(int64_t unit);
+  void wait_update(int64_t unit, bool first_only = false);
+  bool lookup_rows_first() const;  // this micro-batch's tokens are all among the embedding rows updated first
 
   // ---- weights
   // Issues the loads of uses <= upto whose slot is free of enqueued compute. Called with the current

@@ -99,6 +99,15 @@ void AdamWHook::wait(int64_t unit) {
   }
 }
 
+void AdamWHook::prioritize(int64_t unit, std::vector<std::pair<int64_t, int64_t>> ranges) {
+  opt_->set_first_ranges(int(unit), std::move(ranges));
+}
+
+void AdamWHook::wait_first(int64_t unit) {
+  if (rebuild_[size_t(unit)] || st_.stream_rebuilt()) return wait(unit);
+  opt_->wait_first(int(unit));
+}
+
 void AdamWHook::wait_all() {
   for (int64_t u = 0; u < st_.units(); ++u) wait(u);
 }

@@ -52,6 +52,9 @@ class AdamWHook final : public UpdateHook {
   void grad_staged(int64_t unit, const void* grad, DType dtype) override;
   void wait(int64_t unit) override;
   void wait_all();
+  void prioritize(int64_t unit, std::vector<std::pair<int64_t, int64_t>> ranges) override;
+  // The hinted ranges only when the streaming copy is the master's own storage (no rebuild after the update).
+  void wait_first(int64_t unit) override;
   optim::CpuAdamW& optimizer() { return *opt_; }
 
  private:

@@ -55,6 +55,7 @@ struct CpuAdamW::WorkItem {
   int64_t begin, count;  // element range within the tensor (begin is a block multiple)
   AdamWScalars s;
   int64_t s_step;        // the AdamW step t this update makes (stochastic rounding's counter)
+  bool first = false;    // one of the unit's first ranges (set_first_ranges)
 };
 
 CpuAdamW::CpuAdamW(std::vector<UnitSpec> units, AdamWConfig cfg)
@@ -232,16 +233,47 @@ void CpuAdamW::enqueue_unit_locked(int unit) {
 void CpuAdamW::push_items_locked(int unit) {
   UnitState& us = state_[size_t(unit)];
   const UnitSpec& spec = units_[size_t(unit)];
+  std::vector<std::pair<int64_t, int64_t>> first;
+  first.swap(us.first);  // for this update only
+  us.first_used = false;
   for (size_t t = 0; t < spec.tensors.size(); ++t) {
     const TensorSpec& ts = spec.tensors[t];
     const GroupHyper& gh = cfg_.groups[size_t(ts.group)];
     double lr = double(lr_) * double(gh.lr_scale);
     AdamWScalars s = make_adamw_scalars(lr, gh.weight_decay, cfg_.beta1, cfg_.beta2, cfg_.eps, step_, info_.clip_coef);
-    for (int64_t b = 0; b < ts.numel; b += cfg_.chunk_elems) {
-      WorkItem w{unit, int(t), b, std::min(cfg_.chunk_elems, ts.numel - b), s, step_};
-      ++us.pending;
-      pool_->push(unit, [this, w] { run_item(w); });
+    // The first ranges inside this tensor, block-aligned and merged, then the rest of it after every other unit.
+    std::vector<std::pair<int64_t, int64_t>> mine;
+    for (auto [a, b] : first) {
+      a = std::max<int64_t>(a - ts.offset, 0), b = std::min<int64_t>(b - ts.offset, ts.numel);
+      if (a >= b) continue;
+      a = a / kQ8Block * kQ8Block, b = std::min(ts.numel, (b + kQ8Block - 1) / kQ8Block * kQ8Block);
+      if (!mine.empty() && a <= mine.back().second) mine.back().second = std::max(mine.back().second, b);
+      else mine.emplace_back(a, b);
     }
+    if (mine.empty()) {
+      push_range_locked(unit, int(t), s, 0, ts.numel, unit, false);
+      continue;
+    }
+    int64_t at = 0;
+    const int64_t last = int64_t(units_.size());
+    us.first_used = true;
+    for (auto [a, b] : mine) push_range_locked(unit, int(t), s, a, b, unit, true);
+    for (auto [a, b] : mine) {
+      push_range_locked(unit, int(t), s, at, a, last, false);
+      at = b;
+    }
+    push_range_locked(unit, int(t), s, at, ts.numel, last, false);
+  }
+}
+
+void CpuAdamW::push_range_locked(int unit, int tensor, const AdamWScalars& s, int64_t begin, int64_t end,
+                                 int64_t priority, bool first) {
+  UnitState& us = state_[size_t(unit)];
+  for (int64_t b = begin; b < end; b += cfg_.chunk_elems) {
+    WorkItem w{unit, tensor, b, std::min(cfg_.chunk_elems, end - b), s, step_, first};
+    ++us.pending;
+    us.first_pending += first;
+    pool_->push(priority, [this, w] { run_item(w); });
   }
 }
 
@@ -269,6 +301,7 @@ void CpuAdamW::run_item(const WorkItem& w) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (err && !us.error) us.error = err;
+    if (w.first && --us.first_pending == 0) done_cv_.notify_all();
     if (--us.pending == 0) {
       if (us.io) nvme_items_done_locked(w.unit);  // write the moments back; done when it lands
       done_cv_.notify_all();
@@ -363,6 +396,37 @@ void CpuAdamW::wait(int unit) {
     us.error = nullptr;
     std::rethrow_exception(e);
   }
+}
+
+void CpuAdamW::set_first_ranges(int unit, std::vector<std::pair<int64_t, int64_t>> ranges) {
+  LT_CHECK(unit >= 0 && size_t(unit) < units_.size(), "optimizer: unit {} out of range (have {})", unit,
+           units_.size());
+  std::sort(ranges.begin(), ranges.end());
+  std::lock_guard<std::mutex> lk(mu_);
+  if (units_[size_t(unit)].moments_on_nvme) return;  // its update is one staged image: no order inside it
+  state_[size_t(unit)].first = std::move(ranges);
+}
+
+void CpuAdamW::wait_first(int unit) {
+  LT_CHECK(unit >= 0 && size_t(unit) < units_.size(), "optimizer: unit {} out of range (have {})", unit,
+           units_.size());
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    UnitState& us = state_[size_t(unit)];
+    // Its items are pushed (the first ranges among them) once the norm is known. Ranges still unused then (a
+    // skipped step, an update never submitted) or none set: the whole update, as wait().
+    auto held = [&] { return us.submitted && !norm_known_; };
+    auto done = [&] {
+      return !held() && (us.error || (us.first.empty() && us.first_used ? us.first_pending == 0 : !busy(us)));
+    };
+    if (!done()) {
+      double t0 = now_seconds();
+      done_cv_.wait(lk, done);
+      stats_.exposed_wait_s += now_seconds() - t0;
+    }
+    if (!us.error) return;
+  }
+  wait(unit);  // rethrows the worker's error once the unit's items are done
 }
 
 void CpuAdamW::wait_all() {

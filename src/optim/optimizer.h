@@ -158,6 +158,14 @@ class CpuAdamW {
   // the file, the bytes and the cause, and what it left: see docs/optimizer.md).
   void wait(int unit);
   void wait_all();
+  // Element ranges of unit u (its flat buffer) that its next update runs before the rest of it, the rest after
+  // every other unit's (issue 17: the next step's embedding lookup needs only its batch's rows, and the forward
+  // the layers' weights next). Rounded out to kQ8Block elements; for the next update only (before its submit or
+  // before the norm is known); not for units with NVMe moments. The arithmetic is the same, element by element.
+  void set_first_ranges(int unit, std::vector<std::pair<int64_t, int64_t>> ranges);
+  // Blocks until the ranges set for unit u's latest submitted update are done (the whole update when none were
+  // set); exposed time and errors as wait().
+  void wait_first(int unit);
   // Convenience for a synchronous CPU caller: begin_step, CPU partial sums, submit all, wait_all.
   StepInfo step(float lr, const std::vector<UnitBuffers>& bufs);
 
@@ -207,6 +215,9 @@ class CpuAdamW {
     bool submitted = false;
     UnitBuffers bufs;
     int64_t pending = 0;                    // work items not finished
+    int64_t first_pending = 0;              // of them, the first ranges' (set_first_ranges)
+    bool first_used = false;                // the latest update ran first ranges
+    std::vector<std::pair<int64_t, int64_t>> first;  // for the next push of the unit's items
     std::exception_ptr error;
   };
   struct WorkItem;
@@ -215,6 +226,8 @@ class CpuAdamW {
   void run_item(const WorkItem& w);
   void run_tiles(const WorkItem& w, const UnitBuffers& b, int64_t off);
   void push_items_locked(int unit);
+  void push_range_locked(int unit, int tensor, const AdamWScalars& s, int64_t begin, int64_t end, int64_t priority,
+                         bool first);
   MomentArrays arrays(int unit, int tensor);
   void update_range(const TensorSpec& ts, const MomentArrays& st, const WorkItem& w, int64_t at, float* p,
                     const float* g, bf16_t* out, int64_t n);

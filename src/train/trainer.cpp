@@ -283,6 +283,11 @@ class TrainSession {
       r = dp_->step(*executor_, mbs, float(lr), &local);
     } else {
       hook_->begin_step(float(lr));
+      if (executor_->wants_next_step_ids()) {  // its embedding update runs the next step's rows first
+        std::vector<int32_t> next;
+        for (const auto& b : loader_.peek(ga)) next.insert(next.end(), b.input_ids.begin(), b.input_ids.end());
+        executor_->set_next_step_ids(std::move(next));
+      }
       r = executor_->train_step(mbs);
     }
     LT_CHECK(optimizer().norm_known(), "internal: step {} ended without every unit's gradient reported",

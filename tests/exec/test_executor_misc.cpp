@@ -391,3 +391,65 @@ TEST(ExecHostEmbedding, TrackedRowsEqualTheFullPass) {
 
 }  // namespace
 }  // namespace lt
+
+namespace lt {
+namespace {
+
+// Forwards to an AdamWHook and counts the lookups that waited only for the hinted rows.
+struct CountingHook final : UpdateHook {
+  AdamWHook& h;
+  int first_waits = 0;
+  explicit CountingHook(AdamWHook& x) : h(x) {}
+  void grad_ready(int64_t u, double s) override { h.grad_ready(u, s); }
+  void wait(int64_t u) override { h.wait(u); }
+  void prioritize(int64_t u, std::vector<std::pair<int64_t, int64_t>> r) override { h.prioritize(u, std::move(r)); }
+  void wait_first(int64_t u) override {
+    ++first_waits;
+    h.wait_first(u);
+  }
+};
+
+// The next step's embedding rows first (set_next_step_ids, host lookup): the same losses and masters as without the
+// hint, bit for bit, and the later steps' lookups wait only for those rows.
+TEST(ExecOptimizer, NextStepRowsFirstChangeNothing) {
+  auto c = test::tiny_config(Arch::Qwen2, 3, false);
+  c.vocab = 200;  // rows the batches do not hit
+  std::vector<test::Batch> batches;
+  for (uint64_t s = 0; s < 4; ++s) batches.push_back(test::random_batch(c, 2, 8, 60 + s));
+  std::vector<std::vector<float>> masters[2];
+  std::vector<double> losses[2];
+  int first_waits = 0;
+  for (int hint = 0; hint < 2; ++hint) {
+    CpuBackend be(c, test::cpu_opts());
+    HostState st(be);
+    test::random_weights(be.layout(), st, 4);
+    std::vector<optim::UnitSpec> specs;
+    for (auto& u : be.layout().units) specs.push_back(optim::unit_spec_from_layout(u, optim::OptimizerKind::AdamW));
+    optim::AdamWConfig oc;
+    oc.threads = 2;
+    oc.chunk_elems = 256;  // many work items: the hinted rows really go first
+    optim::CpuAdamW opt(specs, oc);
+    AdamWHook inner(opt, st);
+    CountingHook hook(inner);
+    ExecPlan p = ExecPlan::keep_all(c.layers, 2, 8);
+    p.embedding_resident = false;
+    Executor ex(c, be, p, st);
+    ex.set_update_hook(&hook);
+    EXPECT_TRUE(ex.wants_next_step_ids());
+    for (size_t s = 0; s < batches.size(); ++s) {
+      opt.begin_step(1e-2f);
+      if (hint && s + 1 < batches.size()) ex.set_next_step_ids(batches[s + 1].ids);
+      const auto& b = batches[s];
+      losses[hint].push_back(ex.train_step({MicroBatch{b.ids.data(), b.targets.data(), nullptr, nullptr}}).loss);
+    }
+    for (int64_t u = 0; u < st.units(); ++u) opt.wait(int(u));
+    for (int64_t u = 0; u < st.units(); ++u) masters[hint].emplace_back(st.master(u), st.master(u) + st.numel(u));
+    if (hint) first_waits = hook.first_waits;
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+  for (size_t u = 0; u < masters[0].size(); ++u) EXPECT_EQ(masters[0][u], masters[1][u]) << "unit " << u;
+  EXPECT_EQ(first_waits, 3);  // steps 2-4 looked up rows hinted by the step before
+}
+
+}  // namespace
+}  // namespace lt
