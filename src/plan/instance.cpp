@@ -30,8 +30,10 @@ std::vector<size_t> Instance::opt_order() const {
   // The executor's: the optimizer runs its units in unit order (embedding, layers, head) once the norm is known,
   // and the held gradients stream in that order (exec held_grad_order).
   std::vector<size_t> order;
-  if (opt.size() == size_t(L + 2)) order.push_back(size_t(L + 1));
+  const bool emb = opt.size() == size_t(L + 2);
+  if (emb && embedding_first) order.push_back(size_t(L + 1));
   for (size_t u = 0; u < opt.size() && u <= size_t(L); ++u) order.push_back(u);
+  if (emb && !embedding_first) order.push_back(size_t(L + 1));
   return order;
 }
 
@@ -237,6 +239,9 @@ Instance make_instance(const ModelConfig& c, int64_t batch, int64_t seq, const R
   in.hbm_fixed = state.hbm();
   if (o.placement.grads == GradHome::Device)
     hold_gradients(in, c, lay, o.placement.grad_dtype == GradDType::Bf16 ? 2.0 : 4.0);
+  // An untied table looked up on the host, one process: the next batch's rows of its update go first (the rest
+  // last), so the next forward does not wait for the whole table.
+  in.embedding_first = c.tied || embedding_resident_for(c, o.placement) || o.collectives.h2d() + o.collectives.d2h() > 0;
   if (embedding_resident_for(c, o.placement)) {
     // The table lives in HBM and is uploaded once per step after its update, instead of boundary 0.
     // Its lookup and backward run on the GPU: no boundary 0 up, no boundary-0 gradient down.

@@ -84,6 +84,10 @@ struct Instance {
   // O(u) = max(O(u'), D(u)) + opt[u], D(u) = the held gradients' D2H up to u in that order.
   std::vector<double> opt_done() const;
   std::vector<size_t> opt_order() const;  // embedding (L+1), layers 0..L-1, head (L): the executor's
+  // The next forward waits for the embedding's whole update (a table on the device, tied or resident; data
+  // parallelism); false: only for the next batch's rows, which the optimizer runs first (an untied table looked
+  // up on the host, Executor::set_next_step_ids), the rest after every other unit: order layers, head, embedding.
+  bool embedding_first = true;
   double opt_last() const;                // when the last update ends
   double R(int s, int e) const;         // block recompute time: rho[s..e-2]
   double R_bytes(int s, int e) const;   // weights the block's recompute loads: P[s..e-2]

@@ -393,6 +393,25 @@ TEST(PlanState, EmbeddingUpdateComesFirst) {
   EXPECT_GE(r.pred.step_s, free_opt.pred.step_s + 6.0 - 1e-9);
 }
 
+// An untied table looked up on the host: the next batch's rows go first and the rest of the table last, so the
+// model orders the embedding last (nothing waits for the whole of it); tied or resident tables stay first.
+TEST(PlanState, HostLookupEmbeddingUpdatesLast) {
+  Instance in = test::two_layer_instance();
+  in.opt = {1, 1, 1, 5};
+  in.embedding_first = false;
+  EXPECT_EQ(in.opt_order(), (std::vector<size_t>{0, 1, 2, 3}));
+  EXPECT_EQ(in.opt_done(), (std::vector<double>{1, 2, 3, 8}));
+  PlanRequest r = test::tiny_state_request(1e9);
+  ModelConfig c = r.model;
+  c.tied = false;
+  InstanceOptions io;
+  EXPECT_FALSE(make_instance(c, 1, 64, r.profile, io).embedding_first);  // host gradients: the lookup on the host
+  io.placement.grads = GradHome::Device;
+  EXPECT_TRUE(make_instance(c, 1, 64, r.profile, io).embedding_first);  // resident table
+  c.tied = true;
+  EXPECT_TRUE(make_instance(c, 1, 64, r.profile, InstanceOptions{}).embedding_first);
+}
+
 // A tied model's embedding update is its own unit (first), the head's holds only the final norm.
 TEST(PlanState, TiedEmbeddingUpdateIsTheEmbeddingsUnit) {
   PlanRequest r = test::tiny_state_request(1e9);
