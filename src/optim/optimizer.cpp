@@ -190,6 +190,7 @@ void CpuAdamW::finish_norm_locked() {
   done_cv_.notify_all();  // waiters on held-back units re-check (a skipped step releases them at once)
   if (!std::isfinite(norm)) {
     info_.skipped = true;
+    for (auto& us : state_) us.first_used = false;  // nothing pushed: wait_first waits for whatever still runs
     info_.clip_coef = 1.0f;
     info_.step = step_;
     ++stats_.skipped_steps;
@@ -413,12 +414,11 @@ void CpuAdamW::wait_first(int unit) {
   {
     std::unique_lock<std::mutex> lk(mu_);
     UnitState& us = state_[size_t(unit)];
-    // Its items are pushed (the first ranges among them) once the norm is known. Ranges still unused then (a
-    // skipped step, an update never submitted) or none set: the whole update, as wait().
+    // Its items are pushed (the first ranges among them) once the norm is known; the latest pushed update ran
+    // first ranges or not (first_used; ranges set since are for the next update: the executor hints the next step's
+    // rows before this step's lookup waits here). None, or a skipped step: the whole update, as wait().
     auto held = [&] { return us.submitted && !norm_known_; };
-    auto done = [&] {
-      return !held() && (us.error || (us.first.empty() && us.first_used ? us.first_pending == 0 : !busy(us)));
-    };
+    auto done = [&] { return !held() && (us.error || (us.first_used ? us.first_pending == 0 : !busy(us))); };
     if (!done()) {
       double t0 = now_seconds();
       done_cv_.wait(lk, done);

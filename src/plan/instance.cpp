@@ -239,9 +239,10 @@ Instance make_instance(const ModelConfig& c, int64_t batch, int64_t seq, const R
   in.hbm_fixed = state.hbm();
   if (o.placement.grads == GradHome::Device)
     hold_gradients(in, c, lay, o.placement.grad_dtype == GradDType::Bf16 ? 2.0 : 4.0);
-  // An untied table looked up on the host, one process: the next batch's rows of its update go first (the rest
-  // last), so the next forward does not wait for the whole table.
-  in.embedding_first = c.tied || embedding_resident_for(c, o.placement) || o.collectives.h2d() + o.collectives.d2h() > 0;
+  // An untied table looked up on the host, one process, with the trainer's rows-first order (embedding_rows_first):
+  // the next batch's rows of its update go first (the rest last), so the next forward does not wait for the table.
+  in.embedding_first = !o.embedding_rows_first || c.tied || embedding_resident_for(c, o.placement) ||
+                       o.collectives.h2d() + o.collectives.d2h() > 0;
   if (embedding_resident_for(c, o.placement)) {
     // The table lives in HBM and is uploaded once per step after its update, instead of boundary 0.
     // Its lookup and backward run on the GPU: no boundary 0 up, no boundary-0 gradient down.

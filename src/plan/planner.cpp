@@ -104,6 +104,7 @@ Prepared prepare(const PlanRequest& r, StateChoice st) {
   io.optimizer_8bit = st.q8;
   io.placement = st.placement;
   io.collectives = r.collectives;
+  io.embedding_rows_first = r.embedding_rows_first;
   Prepared pr;
   pr.st = std::move(st);
   pr.chunk = r.chunk > 0 ? std::min(r.chunk, r.batch) : r.batch;

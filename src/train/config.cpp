@@ -78,6 +78,7 @@ const std::vector<Field>& fields() {
       {"gradient_dtype", &C::gradient_dtype},
       {"optimizer_nvme", &C::optimizer_nvme},
       {"keep_internals", &C::keep_internals},
+      {"embedding_rows_first", &C::embedding_rows_first},
       {"backend", &C::backend},
       {"threads", &C::threads},
       {"peak_tflops", &C::peak_tflops},

@@ -146,6 +146,7 @@ TrainingPlan make_training_plan(const TrainConfig& cfg, const ModelConfig& model
   r.allow_nvme_moments = cfg.optimizer_nvme == "auto";  // config.cpp: needs nvme_dir
   // Kept internals (Plan::kept_layers): the CPU backend keeps nothing (layer_keep_bytes 0), so only on the GPU.
   r.keep_internals = cfg.keep_internals && on_gpu;
+  r.embedding_rows_first = cfg.embedding_rows_first;
   r.compare = false;
   const double t0 = now_seconds();
   PlanOutcome o = make_plan(r);

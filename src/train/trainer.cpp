@@ -283,7 +283,7 @@ class TrainSession {
       r = dp_->step(*executor_, mbs, float(lr), &local);
     } else {
       hook_->begin_step(float(lr));
-      if (executor_->wants_next_step_ids()) {  // its embedding update runs the next step's rows first
+      if (cfg_.embedding_rows_first && executor_->wants_next_step_ids()) {  // the next step's rows updated first
         std::vector<int32_t> next;
         for (const auto& b : loader_.peek(ga)) next.insert(next.end(), b.input_ids.begin(), b.input_ids.end());
         executor_->set_next_step_ids(std::move(next));

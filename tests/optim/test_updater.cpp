@@ -184,3 +184,38 @@ TEST(Updater, FirstRangesSameResultAndWaitFirst) {
 }
 
 }  // namespace
+
+namespace {
+
+// wait_first() while the next update's ranges are already hinted (the executor hints the next step's rows before
+// this step's lookup waits): it waits for the latest update's first ranges only, not for the whole unit, whose rest
+// runs after every other unit (one worker, ~8M elements behind it: the rest is still running when it returns).
+TEST(Updater, WaitFirstIgnoresTheNextUpdatesHint) {
+  using namespace lt;
+  using namespace lt::optim;
+  const int64_t n0 = 1 << 16, n1 = 1 << 23;
+  std::vector<UnitSpec> units(2);
+  units[0].numel = n0;
+  units[0].tensors = {{"emb", 0, n0, 0, StateFormat::F32}};
+  units[1].numel = n1;
+  units[1].tensors = {{"w", 0, n1, 0, StateFormat::F32}};
+  AdamWConfig cfg;
+  cfg.threads = 1;
+  cfg.chunk_elems = 1 << 12;
+  CpuAdamW opt(units, cfg);
+  std::vector<float> p0(static_cast<size_t>(n0), 0.5f), g0(p0), p1(static_cast<size_t>(n1), 0.5f), g1(p1);
+  opt.begin_step(1e-2f);
+  opt.set_first_ranges(0, {{0, 256}});
+  opt.submit(0, {p0.data(), g0.data(), nullptr});
+  opt.submit(1, {p1.data(), g1.data(), nullptr});
+  opt.add_grad_sumsq(0, 1.0);
+  opt.add_grad_sumsq(1, 1.0);
+  opt.set_first_ranges(0, {{512, 768}});  // the next update's hint
+  opt.wait_first(0);
+  EXPECT_LT(opt.stats().params_updated, n0 + n1) << "wait_first waited for the whole unit";
+  EXPECT_NE(p0[0], 0.5f);  // its first range is updated
+  opt.wait_all();
+  EXPECT_EQ(opt.stats().params_updated, n0 + n1);
+}
+
+}  // namespace

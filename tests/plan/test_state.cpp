@@ -405,6 +405,8 @@ TEST(PlanState, HostLookupEmbeddingUpdatesLast) {
   ModelConfig c = r.model;
   c.tied = false;
   InstanceOptions io;
+  EXPECT_TRUE(make_instance(c, 1, 64, r.profile, io).embedding_first);  // the trainer's rows-first order is off
+  io.embedding_rows_first = true;
   EXPECT_FALSE(make_instance(c, 1, 64, r.profile, io).embedding_first);  // host gradients: the lookup on the host
   io.placement.grads = GradHome::Device;
   EXPECT_TRUE(make_instance(c, 1, 64, r.profile, io).embedding_first);  // resident table
