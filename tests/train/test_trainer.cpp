@@ -64,6 +64,14 @@ TrainHooks quiet_hooks() {
   return h;
 }
 
+// The masters two runs saved at a step, bit for bit.
+void expect_same_masters(const fs::path& a_dir, const fs::path& b_dir, int step) {
+  ModelWeights a = load_model(checkpoint_path(a_dir, step) / "trainer_state" / "master");
+  ModelWeights b = load_model(checkpoint_path(b_dir, step) / "trainer_state" / "master");
+  ASSERT_EQ(a.units.size(), b.units.size());
+  for (size_t u = 0; u < a.units.size(); ++u) EXPECT_EQ(a.units[u], b.units[u]) << "step " << step << " unit " << u;
+}
+
 // A run with overrides ov stopped after `stop` steps (as a signal would), then resumed from its latest
 // checkpoint to the end: the resumed run's result.
 TrainResult stop_and_resume(const fs::path& dir, const std::vector<std::string>& ov, int stop) {
@@ -94,11 +102,7 @@ TEST(Trainer, ExactResumeIsBitIdentical) {
   ASSERT_EQ(resumed.losses.size(), 5u);
   for (size_t i = 0; i < 5; ++i) EXPECT_EQ(resumed.losses[i], full.losses[i]) << "step " << i + 1;
 
-  // Same final weights, bit for bit.
-  ModelWeights a = load_model(checkpoint_path(full_dir.p, 5) / "trainer_state" / "master");
-  ModelWeights b = load_model(checkpoint_path(split_dir.p, 5) / "trainer_state" / "master");
-  ASSERT_EQ(a.units.size(), b.units.size());
-  for (size_t u = 0; u < a.units.size(); ++u) EXPECT_EQ(a.units[u], b.units[u]) << "unit " << u;
+  expect_same_masters(full_dir.p, split_dir.p, 5);  // same final weights, bit for bit
 }
 
 // gradients: device (held in device memory, streamed to the optimizer during the next forward) trains
@@ -112,12 +116,7 @@ TEST(Trainer, GradientsOnTheDeviceTrainLikeHostGradients) {
   TrainResult dev = run_training(tiny_config(dev_dir.p, ov_dev), quiet_hooks());
   ASSERT_EQ(dev.losses.size(), 5u);
   EXPECT_EQ(dev.losses, host.losses);
-  for (int step : {2, 5}) {
-    ModelWeights a = load_model(checkpoint_path(host_dir.p, step) / "trainer_state" / "master");
-    ModelWeights b = load_model(checkpoint_path(dev_dir.p, step) / "trainer_state" / "master");
-    ASSERT_EQ(a.units.size(), b.units.size());
-    for (size_t u = 0; u < a.units.size(); ++u) EXPECT_EQ(a.units[u], b.units[u]) << "step " << step << " unit " << u;
-  }
+  for (int step : {2, 5}) expect_same_masters(host_dir.p, dev_dir.p, step);
   auto eval_losses = [](const fs::path& dir) {
     std::ifstream m(dir / "metrics.jsonl");
     std::vector<double> v;
@@ -298,10 +297,7 @@ TEST(Trainer, EmbeddingRowsFirstTrainsExactlyAsWithout) {
   TrainResult first = run_training(tiny_config(first_dir.p, ov_first), quiet_hooks());
   ASSERT_EQ(plain.losses.size(), 4u);
   EXPECT_EQ(first.losses, plain.losses);
-  ModelWeights a = load_model(checkpoint_path(plain_dir.p, 4) / "trainer_state" / "master");
-  ModelWeights b = load_model(checkpoint_path(first_dir.p, 4) / "trainer_state" / "master");
-  ASSERT_EQ(a.units.size(), b.units.size());
-  for (size_t u = 0; u < a.units.size(); ++u) EXPECT_EQ(a.units[u], b.units[u]) << "unit " << u;
+  expect_same_masters(plain_dir.p, first_dir.p, 4);
 }
 
 }  // namespace
