@@ -90,6 +90,10 @@ std::string format_console_line(const StepMetrics& m) {
     s += fmt::format(" | exposed optim {:.1f} ms", 1e3 * m.exposed_optimizer_s);
     if (m.exposed_optimizer_pred_s >= 0) s += fmt::format(" (pred {:.1f})", 1e3 * m.exposed_optimizer_pred_s);
   }
+  if (m.optimizer_params_per_s > 0) {
+    s += fmt::format(" | optim rate {:.0f} Mparams/s", 1e-6 * m.optimizer_params_per_s);
+    if (m.optimizer_params_per_s_profile > 0) s += fmt::format(" (profile {:.0f})", 1e-6 * m.optimizer_params_per_s_profile);
+  }
   if (m.breakdown.valid) s += "\n" + format_breakdown(m.breakdown);
   return s;
 }
@@ -119,6 +123,8 @@ std::string to_json_line(const StepMetrics& m) {
   if (m.exposed_optimizer_s >= 0) j["exposed_optimizer_s"] = m.exposed_optimizer_s;
   if (m.exposed_optimizer_pred_s >= 0) j["exposed_optimizer_pred_s"] = m.exposed_optimizer_pred_s;
   if (m.optimizer_wait_s >= 0) j["optimizer_wait_s"] = m.optimizer_wait_s;
+  if (m.optimizer_params_per_s > 0) j["optimizer_params_per_s"] = m.optimizer_params_per_s;
+  if (m.optimizer_params_per_s_profile > 0) j["optimizer_params_per_s_profile"] = m.optimizer_params_per_s_profile;
   if (m.breakdown.valid) j["breakdown"] = breakdown_json(m.breakdown);
   for (size_t r = 0; r < m.ranks.size(); ++r) {
     const RankFigures& f = m.ranks[r];

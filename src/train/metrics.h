@@ -45,6 +45,9 @@ struct StepMetrics {
   double exposed_transfer_s = -1, exposed_transfer_pred_s = -1;
   double exposed_optimizer_s = -1, exposed_optimizer_pred_s = -1;
   double optimizer_wait_s = -1;  // host time blocked on optimizer updates (may overlap queued GPU work)
+  // The CPU optimizer's achieved rate over this step's interval (parameters updated / worker time per thread), beside
+  // the rate the profile measured at start, which the planner's exposed-optimizer prediction uses. -1: none updated.
+  double optimizer_params_per_s = -1, optimizer_params_per_s_profile = -1;
   StepBreakdown breakdown;        // where the step's time went (step_breakdown.h)
   std::vector<RankFigures> ranks;  // data parallel: every rank's figures, by rank (empty: one process)
 };

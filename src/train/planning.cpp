@@ -163,6 +163,11 @@ TrainingPlan make_training_plan(const TrainConfig& cfg, const ModelConfig& model
   tp.predicted_tflops = o.sim.pred.tflops;
   tp.predicted_exposed_transfer_s = o.sim.pred.exposed_h2d_s + o.sim.pred.exposed_d2h_s + o.sim.pred.exposed_nvme_s;
   tp.predicted_exposed_optimizer_s = o.sim.pred.exposed_optimizer_s;
+  {
+    double t = 0;
+    for (double x : o.inst.opt) t += x;
+    if (t > 0) tp.predicted_optimizer_params_per_s = double(model_layout(model).parameter_count()) / t;
+  }
   // The device budget the executor enforces: the profile's (the CPU backend's is twice the planner's view).
   tp.device_budget = cfg.gpu_mem.empty() ? -1 : parse_bytes(cfg.gpu_mem);
   tp.host_budget = cfg.host_mem.empty() ? -1 : parse_bytes(cfg.host_mem);

@@ -27,6 +27,8 @@ struct TrainingPlan {
   std::string planner;                 // who made it
   double predicted_step_s = 0, predicted_tflops = 0;
   double predicted_exposed_transfer_s = -1, predicted_exposed_optimizer_s = -1;
+  // The CPU optimizer rate the planner used for this model's units (all parameters / the summed update times), or -1.
+  double predicted_optimizer_params_per_s = -1;
   int64_t device_budget = -1, host_budget = -1;  // bytes, -1 = unlimited
   // Layer forwards per micro-batch beyond the L of the forward pass (HFU): block recompute plus each
   // layer backward's recompute of its own internals.

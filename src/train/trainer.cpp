@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <thread>
 #include <csignal>
 #include <cmath>
 #include <nlohmann/json.hpp>
@@ -277,6 +278,7 @@ class TrainSession {
       mbs.push_back(micro_batch_of(batches_[size_t(i)], targets_[size_t(i)], cfg_.packing));
     }
     const double lr = shape_.sched.lr(ts_.global_step);
+    const optim::UpdaterStats opt0 = optimizer().stats();
     StepResult r, local;
     const double comm0 = dp_ ? dp_->comm_seconds() : 0;
     if (dp_) {
@@ -299,6 +301,7 @@ class TrainSession {
     if (info.skipped) logger_.message(fmt::format("step {}: non-finite gradient norm, update skipped", ts_.global_step));
     StepMetrics m =
         step_metrics(ts_, shape_, StepFigures{&r, info.grad_norm, lr, dt, nonpad}, flops_, peak_, bc_.gpu, tp_);
+    optimizer_rate(opt0, m);
     if (dp_)
       m.ranks = dp_->gather(RankFigures{local.step_s, local.rows, local.n_tokens, host_peak_rss_bytes(),
                                         dp_->comm_seconds() - comm0});
@@ -313,6 +316,17 @@ class TrainSession {
     }
     if (stop) report_stop();
     return !stop;
+  }
+
+  // The CPU optimizer's achieved rate over this step's interval (its updates run beside the next step's forward).
+  void optimizer_rate(const optim::UpdaterStats& before, StepMetrics& m) {
+    const optim::UpdaterStats now = optimizer().stats();
+    const int threads = optimizer().config().threads > 0 ? optimizer().config().threads
+                                                         : int(std::max(1u, std::thread::hardware_concurrency()));
+    const double busy = (now.busy_s - before.busy_s) / double(threads);
+    if (busy > 0 && now.params_updated > before.params_updated)
+      m.optimizer_params_per_s = double(now.params_updated - before.params_updated) / busy;
+    m.optimizer_params_per_s_profile = tp_.predicted_optimizer_params_per_s;
   }
 
   void advance_state(const StepResult& r, double lr) {

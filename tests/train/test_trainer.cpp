@@ -301,3 +301,28 @@ TEST(Trainer, EmbeddingRowsFirstTrainsExactlyAsWithout) {
 }
 
 }  // namespace
+
+namespace {
+
+// The CPU optimizer's achieved rate is reported from the second step (the first step's update runs beside the second
+// step), beside the profile's rate the planner used, in the log line and metrics.jsonl.
+TEST(Trainer, ReportsTheOptimizersAchievedRate) {
+  TmpDir t;
+  std::vector<double> rate, profile;
+  TrainHooks h = quiet_hooks();
+  h.on_step = [&](const StepMetrics& m) {
+    rate.push_back(m.optimizer_params_per_s);
+    profile.push_back(m.optimizer_params_per_s_profile);
+  };
+  run_training(tiny_config(t.p, {"max_steps=3", "gradient_accumulation_steps=1"}), h);
+  ASSERT_EQ(rate.size(), 3u);
+  for (size_t i = 1; i < 3; ++i) {
+    EXPECT_GT(rate[i], 0) << "step " << i + 1;
+    EXPECT_GT(profile[i], 0) << "step " << i + 1;
+  }
+  std::ifstream f(t.p / "metrics.jsonl");
+  std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_NE(all.find("\"optimizer_params_per_s\""), std::string::npos);
+}
+
+}  // namespace
