@@ -264,9 +264,10 @@ void Executor::Impl::allocate_kept() {
   keep.resize(size_t(L));
   keep_chunk.assign(size_t(L), 0);
   const std::vector<int64_t> bytes = kept_internals_bytes(be, P);
+  const int64_t chunks = (P.batch + chunk - 1) / chunk;
   for (int64_t j = 0; j < L; ++j) {
     if (bytes[size_t(j)] <= 0) continue;
-    keep_chunk[size_t(j)] = be.layer_keep_bytes(j, chunk, P.seq);
+    keep_chunk[size_t(j)] = bytes[size_t(j)] / chunks;
     keep[size_t(j)] = Buffer(be, MemKind::Device, bytes[size_t(j)], fmt::format("keep.layer{}", j));
   }
 }

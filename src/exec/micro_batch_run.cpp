@@ -269,8 +269,10 @@ void MicroBatchRun::wait_update(int64_t unit, bool first_only) {
 }
 
 bool MicroBatchRun::lookup_rows_first() const {
+  // Training only: the hinted rows are this step's batch's (an evaluation between steps reads other rows, and the
+  // latest update's first ranges are already the next step's).
   const auto& rows = I.first_rows_active;
-  if (rows.empty()) return false;
+  if (!train_ || rows.empty()) return false;
   for (int64_t t = 0; t < I.T; ++t) {
     const int32_t r = mb_.ids[t];
     if (r < 0 || size_t(r) >= rows.size() || !rows[size_t(r)]) return false;

@@ -26,9 +26,9 @@ double measure_adamw_rate(bool q8, int threads, int64_t n) {
   const Isa isa = resolve_isa(Isa::Auto);
   const auto sc = make_adamw_scalars(1e-5, 0.01, 0.9, 0.999, 1e-8, 1, 1.0f);
   // The trainer's exact fp32 masters are stored split (bf16 streaming copy + 16-bit remainder: 4 B a parameter
-  // instead of fp32 + copy's 6) and updated by the fused kernels where the ISA has them: time that path, which
-  // reads and writes a third fewer master bytes (the fp32 path read 6.5 against ~8.5 Gparams/s seen in training,
-  // run 66), else the fp32-master one.
+  // instead of fp32 + copy's 6) and updated by the fused kernels where the ISA has them: time that path, else the
+  // fp32-master one. (Both read below the ~8.5 Gparams/s training reaches on the H200 host: 6.5 with the fp32 path
+  // in run 66, 5.2 with this one in run 67, a slower hour; docs/notes.md 0z.)
   const bool fused = q8 ? q8_avx512_kernel_available() && isa == Isa::Avx512 : isa == Isa::Avx512;
   AlignedBuffer<float> p, g, m, v, ms, vs;
   AlignedBuffer<uint8_t> mq, vq;

@@ -92,14 +92,13 @@ std::vector<KindCosts> kind_costs(const ModelConfig& c, int64_t batch, int64_t c
   return k;
 }
 
-void set_optimizer_times(Instance& in, const ModelConfig& c, const ModelLayout& lay, const ResourceProfile& prof,
+void set_optimizer_times(Instance& in, const ModelLayout& lay, const ResourceProfile& prof,
                          const std::vector<std::string>& eight_bit) {
   std::set<std::string> q8(eight_bit.begin(), eight_bit.end());
   const double r32 = prof.opt_fp32_params_per_s, r8 = prof.opt_8bit_params_per_s;
   for (int j = 0; j < in.L; ++j) in.opt.push_back(unit_opt_time(lay.layer(j), q8, r32, r8));
   // The embedding last here but first in update order (opt_order): the next forward's lookup needs it, tied or not
   // (a tied head's unit holds only the final norm).
-  (void)c;
   in.opt.push_back(unit_opt_time(lay.head(), q8, r32, r8));
   in.opt.push_back(unit_opt_time(lay.embedding(), q8, r32, r8));
 }
@@ -227,7 +226,7 @@ Instance make_instance(const ModelConfig& c, int64_t batch, int64_t seq, const R
   in.bb = prof.both_bw;
   in.bnr = prof.nvme_read_bw;
   in.bnw = prof.nvme_write_bw;
-  set_optimizer_times(in, c, lay, prof, o.optimizer_8bit);
+  set_optimizer_times(in, lay, prof, o.optimizer_8bit);
   in.hbm_cap = double(prof.hbm_bytes - prof.hbm_reserve);
   const int64_t head_chunk = std::min<int64_t>(o.head_chunk_tokens, batch * seq);
   // The head's weights and gradient buffer are on the device for the whole step (the state's head_weights and

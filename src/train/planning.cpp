@@ -144,7 +144,7 @@ TrainingPlan make_training_plan(const TrainConfig& cfg, const ModelConfig& model
   if (cfg.gradients != "auto") r.grads = parse_grad_home(cfg.gradients);
   if (cfg.gradient_dtype != "auto") r.grad_dtype = parse_grad_dtype(cfg.gradient_dtype);
   r.allow_nvme_moments = cfg.optimizer_nvme == "auto";  // config.cpp: needs nvme_dir
-  // Kept internals (Plan::kept_layers): the CPU backend keeps nothing (layer_keep_bytes 0), so only on the GPU.
+  // Kept internals (Plan::kept_layers): only on the GPU (the CPU backend's kept backward still re-runs the forward).
   r.keep_internals = cfg.keep_internals && on_gpu;
   r.embedding_rows_first = cfg.embedding_rows_first;
   r.compare = false;

@@ -417,7 +417,7 @@ TEST(ExecOptimizer, NextStepRowsFirstChangeNothing) {
   std::vector<test::Batch> batches;
   for (uint64_t s = 0; s < 4; ++s) batches.push_back(test::random_batch(c, 2, 8, 60 + s));
   std::vector<std::vector<float>> masters[2];
-  std::vector<double> losses[2];
+  std::vector<double> losses[2], evals[2];
   int first_waits = 0;
   for (int hint = 0; hint < 2; ++hint) {
     CpuBackend be(c, test::cpu_opts());
@@ -440,13 +440,17 @@ TEST(ExecOptimizer, NextStepRowsFirstChangeNothing) {
       opt.begin_step(1e-2f);
       if (hint && s + 1 < batches.size()) ex.set_next_step_ids(batches[s + 1].ids);
       const auto& b = batches[s];
-      losses[hint].push_back(ex.train_step({MicroBatch{b.ids.data(), b.targets.data(), nullptr, nullptr}}).loss);
+      const MicroBatch mb{b.ids.data(), b.targets.data(), nullptr, nullptr};
+      losses[hint].push_back(ex.train_step({mb}).loss);
+      // An evaluation between steps reads the whole updated table (its rows are not the hinted ones).
+      evals[hint].push_back(ex.eval_loss(mb));
     }
     for (int64_t u = 0; u < st.units(); ++u) opt.wait(int(u));
     for (int64_t u = 0; u < st.units(); ++u) masters[hint].emplace_back(st.master(u), st.master(u) + st.numel(u));
     if (hint) first_waits = hook.first_waits;
   }
   EXPECT_EQ(losses[0], losses[1]);
+  EXPECT_EQ(evals[0], evals[1]);
   for (size_t u = 0; u < masters[0].size(); ++u) EXPECT_EQ(masters[0][u], masters[1][u]) << "unit " << u;
   EXPECT_EQ(first_waits, 3);  // steps 2-4 looked up rows hinted by the step before
 }
