@@ -19,6 +19,9 @@ if [[ "${LT_SKIP_APT:-0}" != 1 ]]; then
   fi
 fi
 
+# cuDNN frontend headers (PyPI) for the CUDA backend's attention; a no-op when present.
+scripts/fetch-cudnn-frontend
+
 BUILD=${LT_BUILD_DIR:-build}
 JOBS=${LT_JOBS:-$(nproc)}
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release ${LT_CMAKE_ARGS:-}

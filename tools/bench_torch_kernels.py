@@ -135,6 +135,7 @@ def main():
         bench_attention(16, 1024, 32, 8, 128)
         bench_attention(16, 1024, 28, 4, 128)
         bench_attention(16, 1024, 14, 2, 64)
+        bench_attention(8, 1024, 24, 4, 256)
     if not a.no_layer:
         bench_layer(a.layer_batch, a.layer_seq)
 

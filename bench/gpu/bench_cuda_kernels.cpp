@@ -15,6 +15,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/attention_cudnn.h"
 #include "backend/cuda/attention_variants.h"
 #include "backend/cuda/kernels.h"
 #include "core/dtype.h"
@@ -128,17 +129,84 @@ void bench_attention(cudaStream_t st, int64_t B, int64_t S, int64_t H, int64_t K
   BC(cudaMalloc(&dv, size_t(T * KV * D) * 2));
   BC(cudaMalloc(&lse, size_t(T * H) * 4));
   BC(cudaMalloc(&delta, size_t(T * H) * 4));
-  BC(cudaMalloc(&acc, size_t(T * H * D) * 4));
-  cuda::AttnDims d{B, S, H, KV, D, float(1.0 / std::sqrt(double(D)))};
+  const cuda::AttnDims d{B, S, H, KV, D, float(1.0 / std::sqrt(double(D)))};
+  // Our kernels' fp32 dQ, or cuDNN's backward workspace (both of its backward algorithms), whichever is larger.
+  size_t ws = size_t(T * H * D) * 4;
+  for (int det : {1, 0}) {
+    cuda::cudnn_attention_set_deterministic(det);
+    if (cuda::cudnn_attention_usable(d)) ws = std::max(ws, cuda::cudnn_attention_bwd_workspace(d));
+  }
+  cuda::cudnn_attention_set_deterministic(-1);
+  BC(cudaMalloc(&acc, ws));
   const double fwd_flops = 4.0 * B * S * S * H * D / 2;  // causal
   const std::string shape = "B" + std::to_string(B) + "_S" + std::to_string(S) + "_H" + std::to_string(H) + "_KV" +
                             std::to_string(KV) + "_D" + std::to_string(D);
-  const double tf = time_median([&] { cuda::attention_fwd(d, q, k, v, nullptr, o, lse, st); }, st);
-  const double tb = time_median(
-      [&] { cuda::attention_bwd(d, q, k, v, nullptr, o, lse, dO, dq, dk, dv, acc, delta, nullptr, st); }, st);
-  emit("attn_fwd", shape, tf, fwd_flops);
-  emit("attn_bwd", shape, tb, 2.5 * fwd_flops);
-  emit("attn_fwdbwd", shape, tf + tb, 3.5 * fwd_flops);
+  // The layers' path (cuDNN where usable: attention_cudnn.h; its workspace in `acc`) as
+  // "attn_*", then our kernels as "attn_own_*", and cuDNN's atomic (non-deterministic) backward as "attn_atomic_*".
+  const bool cudnn = cuda::cudnn_attention_usable(d);
+  std::printf("attention %s: %s\n", shape.c_str(), cudnn ? cuda::cudnn_attention_describe().c_str() : "own kernels");
+  // Packed rows as the math data packs them: documents of 64..512 rows (fixed pseudo-random lengths), the last
+  // one cut at the row's end; FLOPs of the causal attention within each document.
+  std::vector<int32_t> seg_h(static_cast<size_t>(T));
+  cuda::PackedRows pr;
+  double packed_flops = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    uint32_t x = uint32_t(b) * 2654435761u + 1;
+    for (int64_t r = 0, id = 0; r < S; ++id) {
+      x = x * 1664525u + 1013904223u;
+      const int64_t len = std::min<int64_t>(S - r, 64 + int64_t(x >> 8) % 449);
+      for (int64_t i = 0; i < len; ++i) seg_h[size_t(b * S + r + i)] = int32_t(id);
+      ++pr.runs;
+      pr.longest = std::max(pr.longest, len);
+      packed_flops += 4.0 * double(len) * double(len) * double(H * D) / 2;
+      r += len;
+    }
+  }
+  int32_t *seg_d = nullptr, *index = nullptr;
+  BC(cudaMalloc(&seg_d, size_t(T) * 4));
+  BC(cudaMemcpy(seg_d, seg_h.data(), size_t(T) * 4, cudaMemcpyHostToDevice));
+  BC(cudaMalloc(&index, size_t(cuda::packed_index_ints(d)) * 4));
+  pr.segments = seg_d;
+  pr.index = index;
+  auto time_path = [&](const std::string& prefix, bool on_cudnn, bool pack) {
+    const cuda::PackedRows* p = pack ? &pr : nullptr;
+    const int32_t* sg = pack ? seg_d : nullptr;
+    const double fl = pack ? packed_flops : fwd_flops;
+    const double tf = time_median(
+        [&] {
+          if (on_cudnn) cuda::cudnn_attention_fwd(d, p, q, k, v, o, lse, st);
+          else cuda::attention_fwd(d, q, k, v, sg, o, lse, st);
+        },
+        st);
+    const double tb = time_median(
+        [&] {
+          if (on_cudnn) cuda::cudnn_attention_bwd(d, p, q, k, v, o, lse, dO, dq, dk, dv, acc, ws, st);
+          else cuda::attention_bwd(d, q, k, v, sg, o, lse, dO, dq, dk, dv, acc, delta, nullptr, st);
+        },
+        st);
+    emit(prefix + "_fwd", shape, tf, fl);
+    emit(prefix + "_bwd", shape, tb, 2.5 * fl);
+    emit(prefix + "_fwdbwd", shape, tf + tb, 3.5 * fl);
+  };
+  time_path("attn", cudnn, false);
+  if (cudnn) {
+    time_path("attn_own", false, false);
+    cuda::cudnn_attention_set_deterministic(0);
+    if (cuda::cudnn_attention_usable(d)) time_path("attn_atomic", true, false);
+    cuda::cudnn_attention_set_deterministic(-1);
+  }
+  // Packed rows (the training runs' case): cuDNN's ragged graphs against our kernels with segments.
+  std::printf("packed rows: %lld documents, longest %lld\n", (long long)pr.runs, (long long)pr.longest);
+  const bool packed_cudnn = cuda::cudnn_attention_usable(d, &pr);
+  if (packed_cudnn) {
+    ws = std::max(ws, cuda::cudnn_attention_bwd_workspace(d, &pr));
+    BC(cudaFree(acc));
+    BC(cudaMalloc(&acc, ws));
+    time_path("attn_packed", true, true);
+  }
+  time_path("attn_own_packed", false, true);
+  cudaFree(seg_d);
+  cudaFree(index);
   // Every kernel variant of the same shape (attention_variants.h), to pick the defaults.
   for (int fv = 0; fv < cuda::attention_fwd_variant_count(); ++fv) {
     cuda::attention_set_variants(fv, -1);
@@ -251,6 +319,7 @@ int main(int argc, char** argv) {
     bench_attention(st, 16, 1024, 32, 8, 128);
     bench_attention(st, 16, 1024, 28, 4, 128);
     bench_attention(st, 16, 1024, 14, 2, 64);
+    bench_attention(st, 8, 1024, 24, 4, 256);  // Qwen3.6-27B's full-attention layers
   }
   if (layer) bench_layer(layer_preset, layer_batch, layer_seq);
   return 0;

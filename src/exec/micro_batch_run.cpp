@@ -251,7 +251,17 @@ DevGeometry MicroBatchRun::geom(int64_t s0, int64_t ns) const {
   g.batch = ns;
   g.seq = P.seq;
   if (mb_.positions) g.positions = I.d_pos.as<int32_t>() + s0 * P.seq;
-  if (mb_.segments) g.segments = I.d_seg.as<int32_t>() + s0 * P.seq;
+  if (mb_.segments) {
+    g.segments = I.d_seg.as<int32_t>() + s0 * P.seq;
+    const int32_t* seg = mb_.segments + s0 * P.seq;
+    for (int64_t r = 0, start = 0; r < ns * P.seq; ++r) {  // runs of equal ids, restarting at every sample
+      const bool last = r + 1 == ns * P.seq || (r + 1) % P.seq == 0 || seg[r + 1] != seg[r];
+      if (!last) continue;
+      ++g.runs;
+      g.longest_run = std::max(g.longest_run, r + 1 - start);
+      start = r + 1;
+    }
+  }
   return g;
 }
 

@@ -31,7 +31,7 @@ struct PendingSpan {
   int64_t bytes;
   cudaEvent_t e0, e1;
 };
-cuda::Geo geo(const DevGeometry& g) { return {g.batch, g.seq, g.positions, g.segments}; }
+cuda::Geo geo(const DevGeometry& g) { return {g.batch, g.seq, g.positions, g.segments, g.runs, g.longest_run}; }
 // Any binary that uses the CUDA backend gets the GPU profiler hook of `lazytrain profile`.
 struct AutoInstallProfiler {
   AutoInstallProfiler() { cuda::install_gpu_profiler(); }

@@ -9,6 +9,7 @@
 #include <functional>
 #include <vector>
 
+#include "backend/cuda/attention_cudnn.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_util.h"
 #include "backend/cuda/gemm.h"
@@ -163,21 +164,32 @@ void measure_layer_kind(ResourceProfile& p, CudaBackend& be, const ModelConfig& 
 // Attention alone at this shape (fwd + bwd), FLOPs as the model accounting counts them.
 void measure_attention(ResourceProfile& p, CudaBackend& be, const ModelConfig& c, int64_t batch, int64_t seq) {
   const int64_t T = batch * seq, Q = c.q_dim(), KV = c.kv_dim();
+  const AttnDims d0{batch, seq, c.heads, c.kv_heads, c.head_dim, float(1.0 / std::sqrt(double(c.head_dim)))};
   auto st = static_cast<cudaStream_t>(be.stream(Lane::Compute));
   auto A = [&](int64_t bytes) { return be.alloc(MemKind::Device, bytes, "profile.attn"); };
   Allocation q = A(T * Q * 2), k = A(T * KV * 2), v = A(T * KV * 2), o = A(T * Q * 2), dO = A(T * Q * 2);
   Allocation dq = A(T * Q * 2), dk = A(T * KV * 2), dv = A(T * KV * 2), lse = A(T * c.heads * 4);
-  Allocation acc = A(T * Q * 4), dl = A(T * c.heads * 4), dkv = A(2 * T * KV * 4 + 256);
+  const bool cudnn = cudnn_attention_usable(d0);  // the path the layers take (mixer_attention.cpp)
+  Allocation acc = A(std::max(T * Q * 4, cudnn ? int64_t(cudnn_attention_bwd_workspace(d0)) : 0)), dl = A(T * c.heads * 4), dkv = A(2 * T * KV * 4 + 256);
   fill_random_bf16(q.ptr, T * Q, 2.f, st);
   fill_random_bf16(k.ptr, T * KV, 2.f, st);
   fill_random_bf16(v.ptr, T * KV, 2.f, st);
   fill_random_bf16(dO.ptr, T * Q, 2.f, st);
-  AttnDims d{batch, seq, c.heads, c.kv_heads, c.head_dim, float(1.0 / std::sqrt(double(c.head_dim)))};
+  const AttnDims& d = d0;
   const double ta = median_s(st, 3, [&] {
-    attention_fwd(d, q.ptr, k.ptr, v.ptr, nullptr, o.ptr, static_cast<float*>(lse.ptr), st);
-    attention_bwd(d, q.ptr, k.ptr, v.ptr, nullptr, o.ptr, static_cast<float*>(lse.ptr), dO.ptr, dq.ptr, dk.ptr, dv.ptr,
+    auto* stats = static_cast<float*>(lse.ptr);
+    if (cudnn) {
+      cudnn_attention_fwd(d, nullptr, q.ptr, k.ptr, v.ptr, o.ptr, stats, st);
+      cudnn_attention_bwd(d, nullptr, q.ptr, k.ptr, v.ptr, o.ptr, stats, dO.ptr, dq.ptr, dk.ptr, dv.ptr, acc.ptr,
+                          size_t(acc.bytes), st);
+      return;
+    }
+    attention_fwd(d, q.ptr, k.ptr, v.ptr, nullptr, o.ptr, stats, st);
+    attention_bwd(d, q.ptr, k.ptr, v.ptr, nullptr, o.ptr, stats, dO.ptr, dq.ptr, dk.ptr, dv.ptr,
                   static_cast<float*>(acc.ptr), static_cast<float*>(dl.ptr), static_cast<float*>(dkv.ptr), st);
   });
+  log_info("profile: attention {} fwd+bwd {:.3f} ms ({} x {})", cudnn ? cudnn_attention_describe() : "own kernels",
+           ta * 1e3, batch, seq);
   p.attn_flops = 3.5 * (4.0 * batch * seq * seq * Q / 2) / ta;
   for (Allocation* a : {&q, &k, &v, &o, &dO, &dq, &dk, &dv, &lse, &acc, &dl, &dkv}) be.free(*a);
 }

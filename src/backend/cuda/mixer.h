@@ -27,6 +27,7 @@ struct Geo {  // device pointers, as lt::DevGeometry
   int64_t batch = 0, seq = 0;
   const int32_t* positions = nullptr;
   const int32_t* segments = nullptr;
+  int64_t runs = 0, longest_run = 0;  // as lt::DevGeometry
   int64_t tokens() const { return batch * seq; }
 };
 

@@ -5,13 +5,18 @@
 //                     output is multiplied by sigmoid(gate) before o_proj;
 //   norm_plus_one:    QK-norm scales by (1 + w);
 //   partial_rotary:   RoPE rotates the first rotary_dim() entries of each head.
-// Attention at head_dim 256 (Qwen3.5/3.6) runs on the flash kernels on sm_90 (attention.cu), on the
-// generic kernels elsewhere (attention_supported()).
+// The attention core runs on cuDNN's fused flash attention where it takes the shape (attention_cudnn.h:
+// Hopper kernels on sm_90), otherwise, and always for packed segments, on our flash kernels (attention.cu;
+// head_dim 256 on sm_90 only, the generic kernels elsewhere: attention_supported()).
+#include <algorithm>
 #include <cmath>
 
+#include "backend/cuda/attention_cudnn.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/mixer.h"
 #include "core/error.h"
+#include "core/log.h"
+#include "core/units.h"
 
 namespace lt::cuda {
 
@@ -22,12 +27,17 @@ using u16 = uint16_t;
 struct AttnBufs {
   u16 *q, *o, *dout, *k, *v, *dk, *dv, *q_raw, *k_raw;
   u16 *qfull, *gate, *ag;  // gated only: q_proj output [T, 2Q], gate [T, Q], gated output [T, Q]
+  u16* dq16;      // cuDNN path only: its bf16 dQ [T, Q]
+  int32_t* pidx;  // cuDNN path only: packed rows' index tensors (packed_index_ints)
   float *lse, *delta, *dq_acc, *dkv_acc;
+  float* ws;  // dq_acc and delta (our kernels) or cuDNN's backward workspace: ws_bytes
+  size_t ws_bytes;
 };
 
 // Kept (the forward's outputs the backward reads) first, then scratch (the backward's own).
+// ws_floats: AttentionMixer::ws_floats (our kernels' dQ accumulator and deltas, or cuDNN's backward workspace).
 template <typename C>
-AttnBufs carve_attn(C& keep, C& scratch, const ModelConfig& c, int64_t T) {
+AttnBufs carve_attn(C& keep, C& scratch, const ModelConfig& c, int64_t T, int64_t ws_floats, bool cudnn) {
   const int64_t QD = c.q_dim(), KD = c.kv_dim();
   AttnBufs b{};
   b.q = keep.template take<u16>(T * QD);
@@ -45,8 +55,12 @@ AttnBufs carve_attn(C& keep, C& scratch, const ModelConfig& c, int64_t T) {
   b.dout = scratch.template take<u16>(T * QD);
   b.dk = scratch.template take<u16>(T * KD);
   b.dv = scratch.template take<u16>(T * KD);
-  b.delta = scratch.template take<float>(T * c.heads);
-  b.dq_acc = scratch.template take<float>(T * QD);
+  b.ws = scratch.template take<float>(ws_floats);
+  b.ws_bytes = size_t(ws_floats) * sizeof(float);
+  b.dq_acc = b.ws;
+  b.delta = b.ws ? b.ws + T * QD : nullptr;
+  b.dq16 = cudnn ? scratch.template take<u16>(T * QD) : nullptr;
+  b.pidx = cudnn ? scratch.template take<int32_t>(5 * (T + 2)) : nullptr;  // packed_index_ints
   b.dkv_acc = attention_supported(c.head_dim) ? nullptr : scratch.template take<float>(2 * T * KD);
   return b;
 }
@@ -64,21 +78,26 @@ class AttentionMixer final : public Mixer {
 
   int64_t workspace_bytes(int64_t batch, int64_t seq) const override {
     Carve cv(nullptr);
-    carve_attn(cv, cv, c_, batch * seq);
+    carve_attn(cv, cv, c_, batch * seq, ws_floats(batch, seq), cudnn_);
     return cv.used;
   }
   int64_t keep_bytes(int64_t batch, int64_t seq) const override {
     Carve kc(nullptr), sc(nullptr);
-    carve_attn(kc, sc, c_, batch * seq);
+    carve_attn(kc, sc, c_, batch * seq, ws_floats(batch, seq), cudnn_);
     return kc.used;
   }
-  void bind(const MixerCall& m) override { b_ = carve_attn(m.keep, m.scratch, c_, m.g.tokens()); }
+  void bind(const MixerCall& m) override {
+    b_ = carve_attn(m.keep, m.scratch, c_, m.g.tokens(), ws_floats(m.g.batch, m.g.seq), cudnn_);
+  }
 
   void forward(const MixerCall& m, const void* h, const void* res, void* x1) override {
     const int64_t T = m.g.tokens();
     bind(m);
     project_qkv(m, h);
-    attention_fwd(dims(m.g), b_.q, b_.k, b_.v, m.g.segments, b_.o, b_.lse, m.st);
+    if (on_cudnn(m.g))
+      cudnn_attention_fwd(dims(m.g), packed(m.g), b_.q, b_.k, b_.v, b_.o, b_.lse, m.st);
+    else
+      attention_fwd(dims(m.g), b_.q, b_.k, b_.v, m.g.segments, b_.o, b_.lse, m.st);
     const u16* oin = b_.o;
     if (c_.attn_output_gate) {  // HF: attn_output * sigmoid(gate)
       sigmoid_gate_fwd(b_.o, b_.gate, T * c_.q_dim(), b_.ag, m.st);
@@ -99,10 +118,17 @@ class AttentionMixer final : public Mixer {
     u16* dgate = b_.ag;  // the gated output is consumed: its buffer takes d gate
     if (gated) sigmoid_gate_bwd(b_.o, b_.gate, b_.dout, T * QD, b_.dout, dgate, m.st);
     const AttnDims ad = dims(m.g);
-    attention_bwd_f32dq(ad, b_.q, b_.k, b_.v, m.g.segments, b_.o, b_.lse, b_.dout, b_.dk, b_.dv, b_.dq_acc, b_.delta,
-                        b_.dkv_acc, m.st);
-    u16* dq = b_.o;  // o is free now: dq (after inverse RoPE) goes there
-    rope_apply(dq, b_.dq_acc, T, nh, hd, m.g.positions, m.g.seq, inv_freq_, true, m.st, rot_);
+    u16* dq = b_.o;  // our kernels: o is free after them, dq (after inverse RoPE of the fp32 dQ) goes there
+    if (bwd_on_cudnn(m.g)) {
+      dq = b_.dq16;
+      cudnn_attention_bwd(ad, packed(m.g), b_.q, b_.k, b_.v, b_.o, b_.lse, b_.dout, dq, b_.dk, b_.dv, b_.ws,
+                          b_.ws_bytes, m.st);
+      rope_apply(dq, nullptr, T, nh, hd, m.g.positions, m.g.seq, inv_freq_, true, m.st, rot_);
+    } else {
+      attention_bwd_f32dq(ad, b_.q, b_.k, b_.v, m.g.segments, b_.o, b_.lse, b_.dout, b_.dk, b_.dv, b_.dq_acc, b_.delta,
+                          b_.dkv_acc, m.st);
+      rope_apply(dq, b_.dq_acc, T, nh, hd, m.g.positions, m.g.seq, inv_freq_, true, m.st, rot_);
+    }
     rope_apply(b_.dk, nullptr, T, nkv, hd, m.g.positions, m.g.seq, inv_freq_, true, m.st, rot_);
     u16* dk = b_.dk;
     if (c_.qk_norm) {
@@ -133,10 +159,50 @@ class AttentionMixer final : public Mixer {
  private:
   Linear lin(const MixerCall& m) const { return Linear{gemm_, m.g.tokens(), m.st}; }
 
-  AttnDims dims(const Geo& g) const {
+  // cuDNN takes the shapes it builds graphs for: unpacked rows, or packed ones whose runs the host counted. The
+  // answer is cached per shape, so a forward and its backward (which must read the same softmax-statistics
+  // layout) always agree.
+  bool on_cudnn(const Geo& g) const {
+    if (!cudnn_ || (g.segments && g.runs <= 0)) return false;
+    const PackedRows* p = packed(g);
+    return cudnn_attention_usable(dims(g), p);
+  }
+  // The packed rows of this call (nullptr: unpacked), with the index scratch of the bound buffers.
+  const PackedRows* packed(const Geo& g) const {
+    if (!g.segments) return nullptr;
+    pr_ = PackedRows{g.segments, g.runs, g.longest_run, b_.pidx};
+    return &pr_;
+  }
+  // One scratch block for our kernels' fp32 dQ accumulator and softmax deltas, or for cuDNN's backward workspace:
+  // unpacked rows at this shape (built on the first query; the GPU profiler asks at the plan's shapes), packed
+  // ones up to 4x the fp32 dQ (cuDNN sizes theirs by run slots x longest run; a batch wanting more takes our
+  // backward, which reads the same statistics).
+  int64_t ws_floats(int64_t batch, int64_t seq) const {
+    const int64_t T = batch * seq, own = T * c_.q_dim() + 2 * T * c_.heads + 256;
+    if (!cudnn_ || T == 0) return own;
+    const int64_t dense = int64_t(cudnn_attention_bwd_workspace(dims(batch, seq)) + 3) / 4;
+    return std::max({own, dense, 4 * T * c_.q_dim()});
+  }
+  // The backward on cuDNN: after a cuDNN forward, unless packed rows want more workspace than the block holds.
+  bool bwd_on_cudnn(const Geo& g) const {
+    if (!on_cudnn(g)) return false;
+    if (!g.segments) return true;
+    const size_t need = cudnn_attention_bwd_workspace(dims(g), packed(g));
+    if (need <= b_.ws_bytes) return true;
+    if (!warned_ws_) {
+      log_warn("attention: packed rows ({} runs, longest {}) want {} of cuDNN backward workspace, {} carved; this "
+               "shape's backward runs on our kernels",
+               g.runs, g.longest_run, format_bytes(double(need)), format_bytes(double(b_.ws_bytes)));
+      warned_ws_ = true;
+    }
+    return false;
+  }
+
+  AttnDims dims(const Geo& g) const { return dims(g.batch, g.seq); }
+  AttnDims dims(int64_t batch, int64_t seq) const {
     AttnDims d;
-    d.batch = g.batch;
-    d.seq = g.seq;
+    d.batch = batch;
+    d.seq = seq;
     d.heads = c_.heads;
     d.kv_heads = c_.kv_heads;
     d.head_dim = c_.head_dim;
@@ -172,11 +238,14 @@ class AttentionMixer final : public Mixer {
   }
 
   const ModelConfig c_;
+  const bool cudnn_ = cudnn_attention_enabled();  // carve cuDNN's bf16 dQ (the path itself: on_cudnn)
   Gemm& gemm_;
   const float* inv_freq_;
   int64_t rot_;
   float noff_;
   AttnBufs b_{};  // this call's buffers (set by forward, used by the backward that follows)
+  mutable PackedRows pr_{};
+  mutable bool warned_ws_ = false;
 };
 
 }  // namespace
