@@ -118,7 +118,7 @@ struct InstanceOptions {
   int64_t head_chunk_tokens = 1024;
   int micro_batches = 1;
   StepCollectives collectives;  // data parallelism: bytes per rank per step
-  bool embedding_rows_first = false;  // PlanRequest::embedding_rows_first
+  bool embedding_rows_first = true;  // PlanRequest::embedding_rows_first
 };
 
 Instance make_instance(const ModelConfig& c, int64_t batch, int64_t seq, const ResourceProfile& prof,

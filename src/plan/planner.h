@@ -42,7 +42,7 @@ struct PlanRequest {
   bool keep_internals = true;
   // The trainer runs an untied host-looked-up table's next-step rows first (config embedding_rows_first): the
   // next forward does not wait for the whole table's update (Instance::embedding_first).
-  bool embedding_rows_first = false;
+  bool embedding_rows_first = true;
   // Data parallelism (docs/planner.md, "Data parallelism"): the plan is one rank's. `profile` is then
   // the rank's share of the host (dist::rank_profile); world > 1 shards the moments over the ranks,
   // keeps full fp32 master arrays and host gradients (what the data-parallel trainer runs: no device

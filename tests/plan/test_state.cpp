@@ -405,8 +405,9 @@ TEST(PlanState, HostLookupEmbeddingUpdatesLast) {
   ModelConfig c = r.model;
   c.tied = false;
   InstanceOptions io;
+  io.embedding_rows_first = false;
   EXPECT_TRUE(make_instance(c, 1, 64, r.profile, io).embedding_first);  // the trainer's rows-first order is off
-  io.embedding_rows_first = true;
+  io.embedding_rows_first = true;  // the default
   EXPECT_FALSE(make_instance(c, 1, 64, r.profile, io).embedding_first);  // host gradients: the lookup on the host
   io.placement.grads = GradHome::Device;
   EXPECT_TRUE(make_instance(c, 1, 64, r.profile, io).embedding_first);  // resident table

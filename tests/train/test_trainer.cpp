@@ -291,7 +291,9 @@ TEST(Trainer, EmbeddingRowsFirstTrainsExactlyAsWithout) {
   TmpDir plain_dir("_plain"), first_dir("_rows_first");
   const std::vector<std::string> ov = {"model_overrides={tie_word_embeddings: false}", "max_steps=4",
                                        "gradient_accumulation_steps=1"};
-  TrainResult plain = run_training(tiny_config(plain_dir.p, ov), quiet_hooks());
+  auto ov_plain = ov;
+  ov_plain.push_back("embedding_rows_first=false");
+  TrainResult plain = run_training(tiny_config(plain_dir.p, ov_plain), quiet_hooks());
   auto ov_first = ov;
   ov_first.push_back("embedding_rows_first=true");
   TrainResult first = run_training(tiny_config(first_dir.p, ov_first), quiet_hooks());
