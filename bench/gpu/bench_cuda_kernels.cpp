@@ -165,7 +165,7 @@ void bench_attention(cudaStream_t st, int64_t B, int64_t S, int64_t H, int64_t K
   int32_t *seg_d = nullptr, *index = nullptr;
   BC(cudaMalloc(&seg_d, size_t(T) * 4));
   BC(cudaMemcpy(seg_d, seg_h.data(), size_t(T) * 4, cudaMemcpyHostToDevice));
-  BC(cudaMalloc(&index, size_t(cuda::packed_index_ints(d)) * 4));
+  BC(cudaMalloc(&index, size_t(cuda::packed_index_ints(d.tokens())) * 4));
   pr.segments = seg_d;
   pr.index = index;
   auto time_path = [&](const std::string& prefix, bool on_cudnn, bool pack) {

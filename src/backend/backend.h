@@ -122,8 +122,8 @@ struct DevGeometry {
   const int32_t* positions = nullptr;
   const int32_t* segments = nullptr;
   // With segments: the runs of equal ids within the samples (one a sequence the rows pack) and the longest run,
-  // counted on the host (MicroBatchRun::geom); 0 = not counted (the CUDA backend then attends with its own
-  // kernels rather than cuDNN's packed graphs, which are built for these counts).
+  // counted on the host (MicroBatchRun::count_segment_runs); 0 = not counted (the CUDA backend then attends with
+  // its own kernels rather than cuDNN's packed graphs, which are built for these counts).
   int64_t runs = 0, longest_run = 0;
   int64_t tokens() const { return batch * seq; }
 };

@@ -253,16 +253,28 @@ DevGeometry MicroBatchRun::geom(int64_t s0, int64_t ns) const {
   if (mb_.positions) g.positions = I.d_pos.as<int32_t>() + s0 * P.seq;
   if (mb_.segments) {
     g.segments = I.d_seg.as<int32_t>() + s0 * P.seq;
-    const int32_t* seg = mb_.segments + s0 * P.seq;
-    for (int64_t r = 0, start = 0; r < ns * P.seq; ++r) {  // runs of equal ids, restarting at every sample
-      const bool last = r + 1 == ns * P.seq || (r + 1) % P.seq == 0 || seg[r + 1] != seg[r];
-      if (!last) continue;
-      ++g.runs;
-      g.longest_run = std::max(g.longest_run, r + 1 - start);
-      start = r + 1;
+    for (int64_t b = s0; b < s0 + ns; ++b) {
+      g.runs += seg_runs_[size_t(b)];
+      g.longest_run = std::max(g.longest_run, seg_longest_[size_t(b)]);
     }
   }
   return g;
+}
+
+void MicroBatchRun::count_segment_runs() {
+  if (!mb_.segments) return;
+  const int64_t B = P.batch, S = P.seq;
+  seg_runs_.assign(size_t(B), 0);
+  seg_longest_.assign(size_t(B), 0);
+  for (int64_t b = 0; b < B; ++b) {
+    const int32_t* seg = mb_.segments + b * S;
+    for (int64_t r = 0, start = 0; r < S; ++r) {
+      if (r + 1 < S && seg[r + 1] == seg[r]) continue;  // r ends a run
+      ++seg_runs_[size_t(b)];
+      seg_longest_[size_t(b)] = std::max(seg_longest_[size_t(b)], r + 1 - start);
+      start = r + 1;
+    }
+  }
 }
 
 void MicroBatchRun::wait_update(int64_t unit, bool first_only) {

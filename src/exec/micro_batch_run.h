@@ -34,7 +34,9 @@ class MicroBatchRun {
   MicroBatchRun(Executor::Impl& im, const MicroBatch& mb, int32_t mb_index, int32_t n_mb, float loss_scale, bool train,
                 UpdateHook* hook, std::vector<char>& waited, double& update_wait)
       : I(im), be(im.be), P(im.P), mb_(mb), mbi_(mb_index), nmb_(n_mb), scale_(loss_scale), train_(train),
-        hook_(hook), waited_(waited), update_wait_(update_wait) {}
+        hook_(hook), waited_(waited), update_wait_(update_wait) {
+    count_segment_runs();
+  }
 
   void run();
   // After synchronize(): every host-side job of this micro-batch finished; rethrows their errors.
@@ -72,6 +74,9 @@ class MicroBatchRun {
   void* X(int id) const { return I.pool->ptr(id); }
   char* row(void* base, int64_t r) const { return static_cast<char*>(base) + r * I.c.hidden * int64_t(I.act_sz); }
   DevGeometry geom(int64_t s0, int64_t ns) const;
+  // Per sample: the runs of equal segment ids and the longest (DevGeometry::runs/longest_run), counted once.
+  void count_segment_runs();
+  std::vector<int64_t> seg_runs_, seg_longest_;
   OpLabel lab(const char* what, int32_t index) const { return OpLabel{what, cur_w_, index}; }
   // f(first row, geometry) for each chunk of the micro-batch (ExecPlan::chunk_samples samples).
   template <typename F>

@@ -41,7 +41,7 @@ cuda::PackedRows packed_rows(const AttnCase& ac, const AttnRef& r) {
 CudnnRun run_cudnn(const AttnCase& ac, const AttnRef& r) {
   const int64_t T = ac.tokens(), H = ac.heads;
   const cuda::AttnDims d{ac.batch, ac.seq, H, ac.kv_heads, ac.hd, r.scale};
-  DevBuf seg = up(r.seg), index(sz(cuda::packed_index_ints(d)) * 4);
+  DevBuf seg = up(r.seg), index(sz(cuda::packed_index_ints(d.tokens())) * 4);
   cuda::PackedRows pr = packed_rows(ac, r);
   pr.segments = seg.as<int32_t>();
   pr.index = index.as<int32_t>();

@@ -105,15 +105,19 @@ TEST(Trainer, ExactResumeIsBitIdentical) {
   expect_same_masters(full_dir.p, split_dir.p, 5);  // same final weights, bit for bit
 }
 
+// The overrides ov with one more.
+static std::vector<std::string> plus(std::vector<std::string> ov, std::string extra) {
+  ov.push_back(std::move(extra));
+  return ov;
+}
+
 // gradients: device (held in device memory, streamed to the optimizer during the next forward) trains
 // exactly as host gradients, with checkpoints and validation in between (each flushes the stream).
 TEST(Trainer, GradientsOnTheDeviceTrainLikeHostGradients) {
   TmpDir host_dir("_host"), dev_dir("_dev");
   const std::vector<std::string> ov = {"save_steps=2", "eval_steps=2", "val_size=8"};
   TrainResult host = run_training(tiny_config(host_dir.p, ov), quiet_hooks());
-  auto ov_dev = ov;
-  ov_dev.push_back("gradients=device");
-  TrainResult dev = run_training(tiny_config(dev_dir.p, ov_dev), quiet_hooks());
+  TrainResult dev = run_training(tiny_config(dev_dir.p, plus(ov, "gradients=device")), quiet_hooks());
   ASSERT_EQ(dev.losses.size(), 5u);
   EXPECT_EQ(dev.losses, host.losses);
   for (int step : {2, 5}) expect_same_masters(host_dir.p, dev_dir.p, step);
@@ -291,12 +295,8 @@ TEST(Trainer, EmbeddingRowsFirstTrainsExactlyAsWithout) {
   TmpDir plain_dir("_plain"), first_dir("_rows_first");
   const std::vector<std::string> ov = {"model_overrides={tie_word_embeddings: false}", "max_steps=4",
                                        "gradient_accumulation_steps=1"};
-  auto ov_plain = ov;
-  ov_plain.push_back("embedding_rows_first=false");
-  TrainResult plain = run_training(tiny_config(plain_dir.p, ov_plain), quiet_hooks());
-  auto ov_first = ov;
-  ov_first.push_back("embedding_rows_first=true");
-  TrainResult first = run_training(tiny_config(first_dir.p, ov_first), quiet_hooks());
+  TrainResult plain = run_training(tiny_config(plain_dir.p, plus(ov, "embedding_rows_first=false")), quiet_hooks());
+  TrainResult first = run_training(tiny_config(first_dir.p, plus(ov, "embedding_rows_first=true")), quiet_hooks());
   ASSERT_EQ(plain.losses.size(), 4u);
   EXPECT_EQ(first.losses, plain.losses);
   expect_same_masters(plain_dir.p, first_dir.p, 4);

@@ -38,7 +38,7 @@ bool env_deterministic() {
 
 void cudnn_attention_set_deterministic(int on) { g_force_det = on; }
 
-int64_t packed_index_ints(const AttnDims& d) { return 5 * (d.tokens() + 2); }
+int64_t packed_index_ints(int64_t tokens) { return 5 * (tokens + 2); }  // PackedIndex's five arrays
 
 PackedIndex packed_index_layout(const AttnDims& d, int32_t* index) {
   const int64_t n = d.tokens() + 2;

@@ -1,7 +1,8 @@
 // Causal GQA attention on cuDNN's fused flash-attention (SDPA) engines, through the cuDNN frontend's graph
 // API. On sm_90 these are Hopper kernels (wgmma + TMA, warp-specialised producer/consumer pipelines, the
-// FlashAttention-3 design); our own kernels (attention.cu) remain the reference and the fallback: for packed
-// segments, for shapes cuDNN declines, and when the build has no cuDNN frontend (scripts/fetch-cudnn-frontend).
+// FlashAttention-3 design); our own kernels (attention.cu) remain the reference and the fallback: for shapes cuDNN
+// declines (one-row sequences), packed rows whose runs were not counted, a packed batch wanting more backward
+// workspace than its caller carved, LT_ATTN=own, and builds without the cuDNN frontend (scripts/fetch-cudnn-frontend).
 //
 // Same tensors as attention_fwd/attention_bwd (kernels.h): q/o/dq [T, heads*hd], k/v/dk/dv [T, kv_heads*hd],
 // bf16, T = batch*seq, sample-major rows.
@@ -29,13 +30,13 @@
 namespace lt::cuda {
 
 // Packed rows: the device segment ids and the host-counted runs; `index` is device scratch of
-// packed_index_ints(d) int32 (the kernels rebuild it from the segments on every call).
+// packed_index_ints(T) int32 (the kernels rebuild it from the segments on every call).
 struct PackedRows {
   const int32_t* segments = nullptr;
   int64_t runs = 0, longest = 0;
   int32_t* index = nullptr;
 };
-int64_t packed_index_ints(const AttnDims& d);
+int64_t packed_index_ints(int64_t tokens);
 
 // True when this build has the cuDNN path and the environment does not turn it off.
 bool cudnn_attention_enabled();

@@ -164,18 +164,19 @@ void measure_layer_kind(ResourceProfile& p, CudaBackend& be, const ModelConfig& 
 // Attention alone at this shape (fwd + bwd), FLOPs as the model accounting counts them.
 void measure_attention(ResourceProfile& p, CudaBackend& be, const ModelConfig& c, int64_t batch, int64_t seq) {
   const int64_t T = batch * seq, Q = c.q_dim(), KV = c.kv_dim();
-  const AttnDims d0{batch, seq, c.heads, c.kv_heads, c.head_dim, float(1.0 / std::sqrt(double(c.head_dim)))};
+  const AttnDims d{batch, seq, c.heads, c.kv_heads, c.head_dim, float(1.0 / std::sqrt(double(c.head_dim)))};
   auto st = static_cast<cudaStream_t>(be.stream(Lane::Compute));
   auto A = [&](int64_t bytes) { return be.alloc(MemKind::Device, bytes, "profile.attn"); };
   Allocation q = A(T * Q * 2), k = A(T * KV * 2), v = A(T * KV * 2), o = A(T * Q * 2), dO = A(T * Q * 2);
   Allocation dq = A(T * Q * 2), dk = A(T * KV * 2), dv = A(T * KV * 2), lse = A(T * c.heads * 4);
-  const bool cudnn = cudnn_attention_usable(d0);  // the path the layers take (mixer_attention.cpp)
-  Allocation acc = A(std::max(T * Q * 4, cudnn ? int64_t(cudnn_attention_bwd_workspace(d0)) : 0)), dl = A(T * c.heads * 4), dkv = A(2 * T * KV * 4 + 256);
+  const bool cudnn = cudnn_attention_usable(d);  // the path the layers take (mixer_attention.cpp)
+  // Our kernels' fp32 dQ accumulator, or cuDNN's backward workspace.
+  Allocation acc = A(std::max(T * Q * 4, cudnn ? int64_t(cudnn_attention_bwd_workspace(d)) : 0));
+  Allocation dl = A(T * c.heads * 4), dkv = A(2 * T * KV * 4 + 256);
   fill_random_bf16(q.ptr, T * Q, 2.f, st);
   fill_random_bf16(k.ptr, T * KV, 2.f, st);
   fill_random_bf16(v.ptr, T * KV, 2.f, st);
   fill_random_bf16(dO.ptr, T * Q, 2.f, st);
-  const AttnDims& d = d0;
   const double ta = median_s(st, 3, [&] {
     auto* stats = static_cast<float*>(lse.ptr);
     if (cudnn) {

@@ -5,9 +5,9 @@
 //                     output is multiplied by sigmoid(gate) before o_proj;
 //   norm_plus_one:    QK-norm scales by (1 + w);
 //   partial_rotary:   RoPE rotates the first rotary_dim() entries of each head.
-// The attention core runs on cuDNN's fused flash attention where it takes the shape (attention_cudnn.h:
-// Hopper kernels on sm_90), otherwise, and always for packed segments, on our flash kernels (attention.cu;
-// head_dim 256 on sm_90 only, the generic kernels elsewhere: attention_supported()).
+// The attention core runs on cuDNN's fused flash attention where it takes the shape (attention_cudnn.h: Hopper
+// kernels on sm_90; unpacked rows and packed ones whose runs the host counted), otherwise on our flash kernels
+// (attention.cu; head_dim 256 on sm_90 only, the generic kernels elsewhere: attention_supported()).
 #include <algorithm>
 #include <cmath>
 
@@ -60,7 +60,7 @@ AttnBufs carve_attn(C& keep, C& scratch, const ModelConfig& c, int64_t T, int64_
   b.dq_acc = b.ws;
   b.delta = b.ws ? b.ws + T * QD : nullptr;
   b.dq16 = cudnn ? scratch.template take<u16>(T * QD) : nullptr;
-  b.pidx = cudnn ? scratch.template take<int32_t>(5 * (T + 2)) : nullptr;  // packed_index_ints
+  b.pidx = cudnn ? scratch.template take<int32_t>(packed_index_ints(T)) : nullptr;
   b.dkv_acc = attention_supported(c.head_dim) ? nullptr : scratch.template take<float>(2 * T * KD);
   return b;
 }
@@ -94,8 +94,9 @@ class AttentionMixer final : public Mixer {
     const int64_t T = m.g.tokens();
     bind(m);
     project_qkv(m, h);
+    const PackedRows pr = packed(m.g);
     if (on_cudnn(m.g))
-      cudnn_attention_fwd(dims(m.g), packed(m.g), b_.q, b_.k, b_.v, b_.o, b_.lse, m.st);
+      cudnn_attention_fwd(dims(m.g), m.g.segments ? &pr : nullptr, b_.q, b_.k, b_.v, b_.o, b_.lse, m.st);
     else
       attention_fwd(dims(m.g), b_.q, b_.k, b_.v, m.g.segments, b_.o, b_.lse, m.st);
     const u16* oin = b_.o;
@@ -119,9 +120,10 @@ class AttentionMixer final : public Mixer {
     if (gated) sigmoid_gate_bwd(b_.o, b_.gate, b_.dout, T * QD, b_.dout, dgate, m.st);
     const AttnDims ad = dims(m.g);
     u16* dq = b_.o;  // our kernels: o is free after them, dq (after inverse RoPE of the fp32 dQ) goes there
+    const PackedRows pr = packed(m.g);
     if (bwd_on_cudnn(m.g)) {
       dq = b_.dq16;
-      cudnn_attention_bwd(ad, packed(m.g), b_.q, b_.k, b_.v, b_.o, b_.lse, b_.dout, dq, b_.dk, b_.dv, b_.ws,
+      cudnn_attention_bwd(ad, m.g.segments ? &pr : nullptr, b_.q, b_.k, b_.v, b_.o, b_.lse, b_.dout, dq, b_.dk, b_.dv, b_.ws,
                           b_.ws_bytes, m.st);
       rope_apply(dq, nullptr, T, nh, hd, m.g.positions, m.g.seq, inv_freq_, true, m.st, rot_);
     } else {
@@ -164,15 +166,11 @@ class AttentionMixer final : public Mixer {
   // layout) always agree.
   bool on_cudnn(const Geo& g) const {
     if (!cudnn_ || (g.segments && g.runs <= 0)) return false;
-    const PackedRows* p = packed(g);
-    return cudnn_attention_usable(dims(g), p);
+    const PackedRows pr = packed(g);
+    return cudnn_attention_usable(dims(g), g.segments ? &pr : nullptr);
   }
-  // The packed rows of this call (nullptr: unpacked), with the index scratch of the bound buffers.
-  const PackedRows* packed(const Geo& g) const {
-    if (!g.segments) return nullptr;
-    pr_ = PackedRows{g.segments, g.runs, g.longest_run, b_.pidx};
-    return &pr_;
-  }
+  // The packed rows of this call (used when g.segments is set), with the index scratch of the bound buffers.
+  PackedRows packed(const Geo& g) const { return PackedRows{g.segments, g.runs, g.longest_run, b_.pidx}; }
   // One scratch block for our kernels' fp32 dQ accumulator and softmax deltas, or for cuDNN's backward workspace:
   // unpacked rows at this shape (built on the first query; the GPU profiler asks at the plan's shapes), packed
   // ones up to 4x the fp32 dQ (cuDNN sizes theirs by run slots x longest run; a batch wanting more takes our
@@ -187,7 +185,8 @@ class AttentionMixer final : public Mixer {
   bool bwd_on_cudnn(const Geo& g) const {
     if (!on_cudnn(g)) return false;
     if (!g.segments) return true;
-    const size_t need = cudnn_attention_bwd_workspace(dims(g), packed(g));
+    const PackedRows pr = packed(g);
+    const size_t need = cudnn_attention_bwd_workspace(dims(g), &pr);
     if (need <= b_.ws_bytes) return true;
     if (!warned_ws_) {
       log_warn("attention: packed rows ({} runs, longest {}) want {} of cuDNN backward workspace, {} carved; this "
@@ -244,7 +243,6 @@ class AttentionMixer final : public Mixer {
   int64_t rot_;
   float noff_;
   AttnBufs b_{};  // this call's buffers (set by forward, used by the backward that follows)
-  mutable PackedRows pr_{};
   mutable bool warned_ws_ = false;
 };
 
