@@ -94,15 +94,15 @@ DataLoader::DataLoader(const std::vector<Sample>* samples, LoaderOptions opt) : 
 }
 
 const std::vector<int64_t>& DataLoader::order() {
-  if (order_epoch_ != pos_.epoch) {
+  if (order_epoch_ != build_.epoch) {
     const auto n = static_cast<int64_t>(samples_->size());
     if (opt_.shuffle) {
-      order_ = permutation(n, splitmix64(opt_.seed * 0x9E3779B97F4A7C15ull + uint64_t(pos_.epoch)));
+      order_ = permutation(n, splitmix64(opt_.seed * 0x9E3779B97F4A7C15ull + uint64_t(build_.epoch)));
     } else {
       order_.resize(static_cast<size_t>(n));
       for (int64_t i = 0; i < n; ++i) order_[i] = i;
     }
-    order_epoch_ = pos_.epoch;
+    order_epoch_ = build_.epoch;
   }
   return order_;
 }
@@ -111,24 +111,25 @@ void DataLoader::restore(const DataPosition& p) {
   LT_CHECK(p.index >= 0 && p.index <= static_cast<int64_t>(samples_->size()) && p.epoch >= 0,
            "data position: index {} out of range 0..{} (was the checkpoint made with a different data set?)", p.index,
            samples_->size());
-  pos_ = p;
+  pos_ = build_ = p;
+  ahead_.clear();
 }
 
 double DataLoader::epoch_progress() const {
   return double(pos_.epoch) + double(pos_.index) / double(samples_->size());
 }
 
-Batch DataLoader::next() {
+Batch DataLoader::build() {
   RowBuilder rb(opt_.batch, opt_.seq, opt_.packing, opt_.pad_id);
   const auto n = static_cast<int64_t>(samples_->size());
   while (!rb.full()) {
-    if (pos_.index >= n) {
-      ++pos_.epoch;
-      pos_.index = 0;
+    if (build_.index >= n) {
+      ++build_.epoch;
+      build_.index = 0;
     }
-    const Sample& s = (*samples_)[order()[pos_.index]];
+    const Sample& s = (*samples_)[order()[build_.index]];
     if (rb.try_add(s)) {
-      ++pos_.index;
+      ++build_.index;
     } else {
       rb.close_row();
     }
@@ -136,11 +137,25 @@ Batch DataLoader::next() {
   return rb.finish();
 }
 
+Batch DataLoader::next() {
+  if (ahead_.empty()) {
+    Batch b = build();
+    pos_ = build_;
+    return b;
+  }
+  Ahead a = std::move(ahead_.front());
+  ahead_.pop_front();
+  pos_ = a.after;
+  return std::move(a.batch);
+}
+
 std::vector<Batch> DataLoader::peek(int64_t k) {
-  const DataPosition at = pos_;
+  while (int64_t(ahead_.size()) < k) {
+    Batch b = build();
+    ahead_.push_back({std::move(b), build_});
+  }
   std::vector<Batch> out;
-  for (int64_t i = 0; i < k; ++i) out.push_back(next());
-  pos_ = at;  // order() follows pos_.epoch, so it is recomputed if the look-ahead crossed an epoch
+  for (int64_t i = 0; i < k; ++i) out.push_back(ahead_[size_t(i)].batch);
   return out;
 }
 

@@ -4,6 +4,7 @@
 // Field conventions match backend/cpu/reference.h's SeqGeometry.
 #pragma once
 #include <cstdint>
+#include <deque>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -74,7 +75,8 @@ class DataLoader {
  public:
   DataLoader(const std::vector<Sample>* samples, LoaderOptions opt);
   Batch next();
-  // The next k batches next() would return, without advancing (the trainer's look-ahead at the next step's tokens).
+  // The next k batches next() would return, without advancing (the trainer's look-ahead at the next step's tokens);
+  // they are kept, so next() returns them without building them again.
   std::vector<Batch> peek(int64_t k);
   DataPosition position() const { return pos_; }
   void restore(const DataPosition& p);
@@ -86,10 +88,17 @@ class DataLoader {
   int64_t batches_per_epoch() const { return (rows_per_epoch_ + opt_.batch - 1) / opt_.batch; }
 
  private:
-  const std::vector<int64_t>& order();
+  const std::vector<int64_t>& order();  // of build_'s epoch
+  Batch build();                          // the batch at build_, which it advances
   const std::vector<Sample>* samples_;
   LoaderOptions opt_;
-  DataPosition pos_;
+  DataPosition pos_;    // after the last batch next() returned (what checkpoints record)
+  DataPosition build_;  // after the last batch built (peeked batches are ahead of pos_)
+  struct Ahead {
+    Batch batch;
+    DataPosition after;
+  };
+  std::deque<Ahead> ahead_;  // peeked, not yet returned
   std::vector<int64_t> order_;
   int64_t order_epoch_ = -1;
   int64_t rows_per_epoch_ = 0;

@@ -152,6 +152,33 @@ TEST(Batch, ResumeGivesIdenticalBatches) {
   EXPECT_THROW(e.restore({0, 24}), lt::Error);
 }
 
+// peek(k) shows the next k batches without advancing (positions included), across epochs; next() then returns
+// exactly those, and a restore drops what was peeked.
+TEST(Batch, PeekShowsTheNextBatchesWithoutAdvancing) {
+  const auto samples = make_samples(23);
+  LoaderOptions o;
+  o.batch = 2;
+  o.seq = 16;
+  o.seed = 7;
+  DataLoader plain(&samples, o), peeking(&samples, o);
+  for (int step = 0; step < 20; ++step) {  // crosses epochs, while batches are peeked ahead
+    const std::vector<Batch> ahead = peeking.peek(step % 3 + 1);
+    const DataPosition before = peeking.position();
+    EXPECT_EQ(before.epoch, plain.position().epoch);
+    EXPECT_EQ(before.index, plain.position().index);
+    const Batch want = plain.next(), got = peeking.next();
+    EXPECT_EQ(ahead[0].input_ids, got.input_ids) << step;
+    EXPECT_EQ(got.input_ids, want.input_ids) << step;
+    EXPECT_EQ(got.segments, want.segments) << step;
+    EXPECT_EQ(peeking.position().index, plain.position().index) << step;
+    EXPECT_EQ(peeking.position().epoch, plain.position().epoch) << step;
+  }
+  const DataPosition at = plain.position();
+  peeking.peek(2);
+  peeking.restore(at);
+  EXPECT_EQ(peeking.next().input_ids, plain.next().input_ids);
+}
+
 TEST(Batch, EvalBatchesCoverAllInOrder) {
   const auto samples = make_samples(11);
   for (bool pack : {false, true}) {
