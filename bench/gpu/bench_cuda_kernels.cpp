@@ -115,6 +115,31 @@ void bench_gemms(cudaStream_t st) {
   cudaFree(ws);
 }
 
+// Packed rows as the math data packs them: documents of 64..512 rows (fixed pseudo-random lengths), the last one
+// cut at the row's end; the forward FLOPs of the causal attention within each document (hd_total = heads x hd).
+struct PackedDocs {
+  std::vector<int32_t> segments;
+  int64_t runs = 0, longest = 0;
+  double fwd_flops = 0;
+};
+PackedDocs math_like_packed_rows(int64_t B, int64_t S, int64_t hd_total) {
+  PackedDocs p;
+  p.segments.resize(static_cast<size_t>(B * S));
+  for (int64_t b = 0; b < B; ++b) {
+    uint32_t x = uint32_t(b) * 2654435761u + 1;
+    for (int64_t r = 0, id = 0; r < S; ++id) {
+      x = x * 1664525u + 1013904223u;
+      const int64_t len = std::min<int64_t>(S - r, 64 + int64_t(x >> 8) % 449);
+      std::fill_n(p.segments.begin() + b * S + r, len, int32_t(id));
+      ++p.runs;
+      p.longest = std::max(p.longest, len);
+      p.fwd_flops += 4.0 * double(len) * double(len) * double(hd_total) / 2;
+      r += len;
+    }
+  }
+  return p;
+}
+
 void bench_attention(cudaStream_t st, int64_t B, int64_t S, int64_t H, int64_t KV, int64_t D) {
   const int64_t T = B * S;
   void* q = dev_random_bf16(size_t(T * H * D), 3);
@@ -145,26 +170,14 @@ void bench_attention(cudaStream_t st, int64_t B, int64_t S, int64_t H, int64_t K
   // "attn_*", then our kernels as "attn_own_*", and cuDNN's atomic (non-deterministic) backward as "attn_atomic_*".
   const bool cudnn = cuda::cudnn_attention_usable(d);
   std::printf("attention %s: %s\n", shape.c_str(), cudnn ? cuda::cudnn_attention_describe().c_str() : "own kernels");
-  // Packed rows as the math data packs them: documents of 64..512 rows (fixed pseudo-random lengths), the last
-  // one cut at the row's end; FLOPs of the causal attention within each document.
-  std::vector<int32_t> seg_h(static_cast<size_t>(T));
+  const PackedDocs docs = math_like_packed_rows(B, S, H * D);
   cuda::PackedRows pr;
-  double packed_flops = 0;
-  for (int64_t b = 0; b < B; ++b) {
-    uint32_t x = uint32_t(b) * 2654435761u + 1;
-    for (int64_t r = 0, id = 0; r < S; ++id) {
-      x = x * 1664525u + 1013904223u;
-      const int64_t len = std::min<int64_t>(S - r, 64 + int64_t(x >> 8) % 449);
-      for (int64_t i = 0; i < len; ++i) seg_h[size_t(b * S + r + i)] = int32_t(id);
-      ++pr.runs;
-      pr.longest = std::max(pr.longest, len);
-      packed_flops += 4.0 * double(len) * double(len) * double(H * D) / 2;
-      r += len;
-    }
-  }
+  pr.runs = docs.runs;
+  pr.longest = docs.longest;
+  const double packed_flops = docs.fwd_flops;
   int32_t *seg_d = nullptr, *index = nullptr;
   BC(cudaMalloc(&seg_d, size_t(T) * 4));
-  BC(cudaMemcpy(seg_d, seg_h.data(), size_t(T) * 4, cudaMemcpyHostToDevice));
+  BC(cudaMemcpy(seg_d, docs.segments.data(), size_t(T) * 4, cudaMemcpyHostToDevice));
   BC(cudaMalloc(&index, size_t(cuda::packed_index_ints(d.tokens())) * 4));
   pr.segments = seg_d;
   pr.index = index;
