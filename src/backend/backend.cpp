@@ -100,4 +100,9 @@ std::string MemoryTracker::table() const {
 
 Backend::Backend(const ModelConfig& c) : cfg_(c), layout_(model_layout(c)) {}
 
+void Backend::adamw_step(const AdamWStepScalars&, float*, bf16_t*, uint16_t*, const float*, float*, float*, int64_t,
+                         OpLabel) {
+  fail("backend {}: no optimizer update on the device (use embedding_update: host)", name());
+}
+
 }  // namespace lt

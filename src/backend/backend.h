@@ -43,6 +43,13 @@
 
 namespace lt {
 
+// One AdamW step's constants for a tensor whose update runs on the device (exec/device_update.h): the fp32-moment
+// fields of optim::AdamWScalars (optim/adamw_kernels.h), so that the backends need not depend on the optimizer.
+struct AdamWStepScalars {
+  float decay = 1, w1 = 0.1f, beta2 = 0.999f, w2 = 0.001f, eps = 1e-8f, bc2_sqrt = 1, neg_step_size = 0,
+        grad_scale = 1;
+};
+
 enum class MemKind : uint8_t { Device = 0, Pinned = 1 };
 const char* mem_kind_name(MemKind k);  // "device", "pinned"
 
@@ -224,6 +231,13 @@ class Backend {
   // double) += sum of squares of the updated acc (as stored), accumulated in fp64.
   // Sums micro-batch gradients into an accumulator held on the device (docs/executor.md).
   virtual void grad_add(void* acc, DType acc_dtype, const void* grad, int64_t n, double* sumsq, OpLabel l) = 0;
+  // AdamW with fp32 moments over n elements in device memory (a unit updated on the device, exec/device_update.h):
+  // the CPU optimizer's fp32 path, the same IEEE operations in the same order (optim/adamw_kernels.h), so the results
+  // are bit-identical. The master is fp32 in p (hi, lo null; an fp32-streaming backend's weights), or split (p
+  // null): hi the bf16 high halves, which are the weights the layers read, and lo the 16-bit remainders
+  // (core/split_master.h). g fp32, read; m, v fp32, updated in place. Backends without it throw.
+  virtual void adamw_step(const AdamWStepScalars& s, float* p, bf16_t* hi, uint16_t* lo, const float* g, float* m,
+                          float* v, int64_t n, OpLabel l);
 
  protected:
   ModelConfig cfg_;

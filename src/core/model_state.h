@@ -17,6 +17,9 @@
 //            (gradient_dtype: bf16, 2 B/param in HBM and in the ring): each layer's fp32 gradient is
 //            rounded to nearest-even as it is added into the held buffer, and the clipping norm is
 //            taken over the rounded values, i.e. over exactly what the optimizer reads.
+// Embedding update on the device (embedding_update)
+//   a tied table is on the GPU for the whole step; with host gradients, fp32 masters and fp32 moments its AdamW step
+//   can run there too (StatePlacement::embedding_update_device): off the CPU optimizer's critical path.
 // 8-bit embedding moments
 //   adamw8bit keeps the input embedding's moments in fp32 (as bitsandbytes' stable embedding does);
 //   when nothing else fits the planner may quantise them too (StatePlacement::embedding_8bit).
@@ -83,6 +86,9 @@ struct StatePlacement {
   // beside the bf16 streaming copy (6 B/param instead of the split 4 B) when fp32_master_array.
   int moment_shards = 1;
   bool fp32_master_array = false;
+  // The embedding's update runs on the GPU (exec/device_update.h): its table is on the device anyway (tied to the LM
+  // head), and its master remainders and fp32 moments join it in HBM (10 B/param); no host gradient for it.
+  bool embedding_update_device = false;
 };
 
 }  // namespace lt

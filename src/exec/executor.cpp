@@ -29,6 +29,7 @@ int64_t Executor::nvme_files_live() const { return impl_->store ? impl_->store->
 
 void Executor::flush_updates() {
   if (impl_->dgrads) impl_->dgrads->flush();
+  if (impl_->dev_update && hook_) impl_->dev_update->store(*hook_);
 }
 
 // After a failed step or eval: drain every lane and worker, drop this step's NVMe files, put gradients
@@ -55,16 +56,17 @@ double Executor::Impl::report_gradients(int32_t nmb, UpdateHook* hook) {
   const double* sc = p_scal.as<double>();
   double total = 0;
   for (int64_t u = 0; u < L + 2; ++u) {
-    const bool host = (u == 0 && !emb_on_device) || (!dgrads && nmb > 1);
+    const bool host = (u == 0 && !emb_on_device) || (!dgrads && nmb > 1 && !updated_on_device(u));
     st.sumsq(u) = host ? host_sumsq[size_t(u)] : sc[2 + u];
     total += st.sumsq(u);
   }
   if (!hook) return std::sqrt(total);
   for (int64_t u = 0; u < L + 2; ++u) {
-    if (dgrads && dgrads->held(u)) hook->grad_norm_part(u, st.sumsq(u));
+    if ((dgrads && dgrads->held(u)) || updated_on_device(u)) hook->grad_norm_part(u, st.sumsq(u));
     else hook->grad_ready(u, st.sumsq(u));
   }
   if (dgrads) dgrads->start(hook);
+  if (dev_update) dev_update->update(*hook);  // the norm is known
   return std::sqrt(total);
 }
 

@@ -63,6 +63,18 @@ class UpdateHook {
     (void)unit, (void)ranges;
   }
   virtual void wait_first(int64_t unit) { wait(unit); }
+
+  // A unit whose update runs on the device (exec/device_update.h; the executor reports it with grad_norm_part, never
+  // grad_ready). Its tensors (element offset and count in the unit) with the host arrays of their fp32 moments, which
+  // the device copy is loaded from and written back to; and, once the step's norm is known, each tensor's constants
+  // (false: the step was skipped, no update). The default: no unit can be updated on the device.
+  struct DeviceTensor {
+    int64_t offset = 0, numel = 0;
+    float* m = nullptr;
+    float* v = nullptr;
+  };
+  virtual std::vector<DeviceTensor> device_tensors(int64_t unit);
+  virtual bool device_step(int64_t unit, std::vector<AdamWStepScalars>& per_tensor);
 };
 
 struct ExecOptions {
@@ -171,7 +183,9 @@ class Executor {
   // Gradients held on the device: issues the copy of every gradient not yet streamed (waiting for
   // staging slots' updates as needed) and returns once each was handed to the hook, so that the hook's
   // wait(u) / AdamWHook::wait_all covers the whole step. Call it before waiting for all updates (a
-  // checkpoint save, the end of training); no-op with host gradients.
+  // checkpoint save, the end of training). With the embedding updated on the device
+  // (HostStateOptions::embedding_update_device) its pending update runs and its master and moments are written back
+  // to the host state and the hook's arrays. Otherwise a no-op with host gradients.
   void flush_updates();
 
   // Chrome/Perfetto trace (one track per lane, plus NVMe and host tracks) of the last train_step.

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "exec/act_pool.h"
+#include "exec/device_update.h"
 #include "exec/executor.h"
 #include "exec/grad_stream.h"
 #include "exec/host_worker.h"
@@ -55,6 +56,10 @@ struct Executor::Impl {
   // == 1), else each micro-batch's gradient is added into fp32 held accumulators.
   std::unique_ptr<GradStream> dgrads;
   bool held_direct = false;
+  // The embedding's update on the device (HostStateOptions::embedding_update_device), else null: its gradient stays
+  // in emb_grad (summed there over the micro-batches), and the table is updated in place instead of uploaded.
+  std::unique_ptr<DeviceUpdate> dev_update;
+  bool updated_on_device(int64_t unit) const { return dev_update && dev_update->unit() == unit; }
   void* emb_grad = nullptr;   // where the backward writes the embedding's / head's gradient: emb_g /
   void* head_grad = nullptr;  // head_g, or their held buffers when held_direct
 

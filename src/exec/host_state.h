@@ -35,6 +35,9 @@ struct HostStateOptions {
   std::vector<int64_t> host_grad_units;
   bool split_on_fp32_stream = false;  // fp32 streaming (CPU backend): store the master split anyway
   bool fp32_master_array = false;     // bf16 streaming: F32Copy instead of Split (data parallel)
+  // The embedding's update runs on the device (StatePlacement::embedding_update_device, exec/device_update.h): its
+  // master here is a copy written back at Executor::flush_updates, and it has no host gradient.
+  bool embedding_update_device = false;
 };
 
 class HostState {

@@ -72,6 +72,11 @@ void MicroBatchRun::stage_inputs() {
 // Embedding and head weights: uploaded once per step (head in F_{L-1} when not resident; a tied,
 // non-resident embedding at the start of the forward, embed_inputs).
 void MicroBatchRun::upload_emb() {
+  if (I.dev_update && hook_) {  // updated in place on the device (device_update.h): nothing to upload
+    I.dev_update->prepare(*hook_);
+    emb_ready_ = be.record(Lane::Compute);
+    return;
+  }
   wait_update(0);
   be.copy(Lane::H2D, I.emb_w.data(), I.st.stream(0), I.emb_w.bytes(), lab("w.h2d", 0));
   emb_ready_ = be.record(Lane::H2D);
@@ -344,6 +349,15 @@ void MicroBatchRun::zero_grad(int64_t unit, void* dst, int64_t bytes, bool held)
 
 void MicroBatchRun::grad_done(int64_t unit, void* dgrad, int64_t numel) {
   double* sumsq = I.d_scal.as<double>() + 2 + unit;
+  if (I.updated_on_device(unit)) {  // stays on the device: summed over several micro-batches as the host would
+    if (nmb_ == 1) return be.grad_sumsq(dgrad, numel, sumsq, lab("grad.sumsq", int32_t(unit)));
+    float* acc = I.dev_update->accumulator();
+    LT_CHECK(acc, "train_step: {} micro-batches, but the embedding's device update is sized for one (set "
+             "ExecOptions::micro_batches)", nmb_);
+    if (mbi_ == 0) zero_grad(unit, acc, numel * 4, false);
+    be.grad_add(acc, DType::F32, dgrad, numel, mbi_ + 1 == nmb_ ? sumsq : nullptr, lab("grad.add", int32_t(unit)));
+    return;
+  }
   if (!I.dgrads) return offload_grad(unit, dgrad, numel);
   if (I.held_direct) return be.grad_sumsq(dgrad, numel, sumsq, lab("grad.sumsq", int32_t(unit)));
   void* acc = I.dgrads->buffer(unit);

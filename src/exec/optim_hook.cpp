@@ -13,6 +13,13 @@ void UpdateHook::grad_staged(int64_t unit, const void*, DType) {
   fail("internal: this update hook does not take gradients held on the device (unit {})", unit);
 }
 
+std::vector<UpdateHook::DeviceTensor> UpdateHook::device_tensors(int64_t unit) {
+  fail("internal: this update hook cannot update unit {} on the device", unit);
+}
+bool UpdateHook::device_step(int64_t unit, std::vector<AdamWStepScalars>&) {
+  fail("internal: this update hook cannot update unit {} on the device", unit);
+}
+
 optim::AdamWConfig adamw_config(const OptimizerSetup& s, optim::MasterFormat master) {
   optim::AdamWConfig c;
   c.beta1 = s.beta1;
@@ -106,6 +113,28 @@ void AdamWHook::prioritize(int64_t unit, std::vector<std::pair<int64_t, int64_t>
 void AdamWHook::wait_first(int64_t unit) {
   if (rebuild_[size_t(unit)] || st_.stream_rebuilt()) return wait(unit);
   opt_->wait_first(int(unit));
+}
+
+std::vector<UpdateHook::DeviceTensor> AdamWHook::device_tensors(int64_t unit) {
+  std::vector<DeviceTensor> v;
+  const auto& spec = opt_->units().at(size_t(unit));
+  for (size_t t = 0; t < spec.tensors.size(); ++t) {
+    auto [m, vv] = opt_->f32_moments(int(unit), int(t));
+    v.push_back({spec.tensors[t].offset, spec.tensors[t].numel, m, vv});
+  }
+  return v;
+}
+
+bool AdamWHook::device_step(int64_t unit, std::vector<AdamWStepScalars>& per_tensor) {
+  per_tensor.clear();
+  LT_CHECK(opt_->norm_known(), "internal: device_step({}) before the step's norm is known", unit);
+  if (opt_->last_step().skipped) return false;
+  const auto& spec = opt_->units().at(size_t(unit));
+  for (size_t t = 0; t < spec.tensors.size(); ++t) {
+    const optim::AdamWScalars s = opt_->step_scalars(int(unit), int(t));
+    per_tensor.push_back({s.decay, s.w1, s.beta2, s.w2, s.eps, s.bc2_sqrt, s.neg_step_size, s.grad_scale});
+  }
+  return true;
 }
 
 void AdamWHook::wait_all() {

@@ -55,6 +55,8 @@ class AdamWHook final : public UpdateHook {
   void prioritize(int64_t unit, std::vector<std::pair<int64_t, int64_t>> ranges) override;
   // The hinted ranges only when the streaming copy is the master's own storage (no rebuild after the update).
   void wait_first(int64_t unit) override;
+  std::vector<DeviceTensor> device_tensors(int64_t unit) override;
+  bool device_step(int64_t unit, std::vector<AdamWStepScalars>& per_tensor) override;
   optim::CpuAdamW& optimizer() { return *opt_; }
 
  private:

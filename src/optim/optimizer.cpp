@@ -208,6 +208,30 @@ void CpuAdamW::finish_norm_locked() {
     if (state_[u].submitted) enqueue_unit_locked(int(u));
 }
 
+AdamWScalars CpuAdamW::step_scalars(int unit, int tensor) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  LT_CHECK(unit >= 0 && size_t(unit) < units_.size() && tensor >= 0 &&
+               size_t(tensor) < units_[size_t(unit)].tensors.size(),
+           "optimizer: step_scalars({}, {}) out of range", unit, tensor);
+  LT_CHECK(norm_known_ && begun_ && !info_.skipped,
+           "optimizer: step_scalars({}) before the step's norm is known, or for a skipped step", unit);
+  const GroupHyper& gh = cfg_.groups[size_t(units_[size_t(unit)].tensors[size_t(tensor)].group)];
+  return make_adamw_scalars(double(lr_) * double(gh.lr_scale), gh.weight_decay, cfg_.beta1, cfg_.beta2, cfg_.eps,
+                            step_, info_.clip_coef);
+}
+
+std::pair<float*, float*> CpuAdamW::f32_moments(int unit, int tensor) {
+  LT_CHECK(unit >= 0 && size_t(unit) < units_.size() && tensor >= 0 &&
+               size_t(tensor) < units_[size_t(unit)].tensors.size(),
+           "optimizer: f32_moments({}, {}) out of range", unit, tensor);
+  const UnitSpec& u = units_[size_t(unit)];
+  LT_CHECK(u.tensors[size_t(tensor)].format == StateFormat::F32 && !u.moments_on_nvme,
+           "optimizer: '{}' has {} moments{}; only fp32 moments in DRAM have host arrays", u.tensors[size_t(tensor)].name,
+           state_format_name(u.tensors[size_t(tensor)].format), u.moments_on_nvme ? " on NVMe" : "");
+  TensorState& t = state_[size_t(unit)].tensors[size_t(tensor)];
+  return {t.m.data(), t.v.data()};
+}
+
 void CpuAdamW::submit(int unit, const UnitBuffers& bufs) {
   std::unique_lock<std::mutex> lk(mu_);
   LT_CHECK(unit >= 0 && size_t(unit) < units_.size(), "optimizer: unit {} out of range (have {})", unit,

@@ -180,6 +180,13 @@ class CpuAdamW {
   int64_t state_bytes() const;  // total optimizer-state bytes (m, v, block scales), wherever they live
   MomentHomes moment_homes() const;
 
+  // A unit whose update runs elsewhere (exec/device_update.h: on the GPU) is reported (add_grad_sumsq) but never
+  // submitted; its fp32 moments here are the host copy that save() writes and load() fills. The step's constants
+  // for tensor t of unit u (valid once norm_known() and the step was not skipped), and the fp32 moment arrays
+  // (throws for an 8-bit tensor or moments on NVMe).
+  AdamWScalars step_scalars(int unit, int tensor) const;
+  std::pair<float*, float*> f32_moments(int unit, int tensor);
+
   // Read access to a tensor's state (tests, checkpoint tools). m/v are dequantised for 8-bit tensors.
   void read_state(int unit, int tensor, std::vector<float>& m, std::vector<float>& v) const;
 

@@ -227,6 +227,13 @@ Instance make_instance(const ModelConfig& c, int64_t batch, int64_t seq, const R
   in.bnr = prof.nvme_read_bw;
   in.bnw = prof.nvme_write_bw;
   set_optimizer_times(in, lay, prof, o.optimizer_8bit);
+  if (o.placement.embedding_update_device) {
+    // The tied table's update runs on the GPU (exec/device_update.h, ~28 B per element at HBM speed: ~2 ms for
+    // Qwen2.5-3B's, left out): no CPU optimizer time, no table upload, no gradient D2H; the head's norm remains.
+    in.opt[size_t(in.L + 1)] = 0;
+    in.P_head = 2.0 * double(c.hidden);
+    in.G_head = 4.0 * double(c.hidden);
+  }
   in.hbm_cap = double(prof.hbm_bytes - prof.hbm_reserve);
   const int64_t head_chunk = std::min<int64_t>(o.head_chunk_tokens, batch * seq);
   // The head's weights and gradient buffer are on the device for the whole step (the state's head_weights and
@@ -236,6 +243,8 @@ Instance make_instance(const ModelConfig& c, int64_t batch, int64_t seq, const R
   in.ws_pro = in.A;
   const StateBytes state = model_state_bytes(c, o.optimizer_8bit, o.placement);
   in.hbm_fixed = state.hbm();
+  // The embedding updated on the GPU with several micro-batches: their gradients summed in an fp32 accumulator.
+  if (o.placement.embedding_update_device && o.micro_batches > 1) in.hbm_fixed += 4.0 * double(c.vocab * c.hidden);
   if (o.placement.grads == GradHome::Device)
     hold_gradients(in, c, lay, o.placement.grad_dtype == GradDType::Bf16 ? 2.0 : 4.0);
   // An untied table looked up on the host, one process, with the trainer's rows-first order (embedding_rows_first):

@@ -11,9 +11,24 @@ namespace lt {
 
 namespace {
 
+// Adds the rung with the embedding's update as the request wants it: on the GPU where it can (unset), only where it
+// can (true: an ineligible rung is left out; placement_ladder fails when no rung is left), or never.
+void push_rung(const PlanRequest& r, StateChoice s, std::vector<StateChoice>& v, std::string& blocked) {
+  if (r.embedding_update_device != false) {
+    const std::string why = device_update_blocker(r, s);
+    if (why.empty()) s.placement.embedding_update_device = true;
+    else if (r.embedding_update_device) {
+      if (blocked.empty()) blocked = why;
+      return;
+    }
+  }
+  v.push_back(std::move(s));
+}
+
 // The last rung: the moments of the fewest last layers on the NVMe tier that make the state fit the
 // DRAM (and the files the disk), if any count does.
-void push_nvme_rung(const PlanRequest& r, StatePlacement p, const std::string& moments, std::vector<StateChoice>& v) {
+void push_nvme_rung(const PlanRequest& r, StatePlacement p, const std::string& moments, std::vector<StateChoice>& v,
+                    std::string& blocked) {
   const double dram = double(r.profile.dram_bytes), nvme = double(r.profile.nvme_bytes);
   for (int64_t k = 1; k <= r.model.layers; ++k) {
     p.nvme_layers = k;
@@ -21,7 +36,7 @@ void push_nvme_rung(const PlanRequest& r, StatePlacement p, const std::string& m
     const StateBytes b = model_state_bytes(r.model, s.q8, p);
     if (b.nvme() > nvme) return;
     if (b.dram() <= dram) {
-      v.push_back(std::move(s));
+      push_rung(r, std::move(s), v, blocked);
       return;
     }
   }
@@ -46,6 +61,17 @@ void check_data_parallel(const PlanRequest& r, const StatePlacement& p) {
 
 }  // namespace
 
+std::string device_update_blocker(const PlanRequest& r, const StateChoice& s) {
+  const StatePlacement& p = s.placement;
+  if (!r.model.tied) return "the embedding is not tied to the LM head (its table is not on the GPU for the whole step)";
+  if (r.world != 1) return fmt::format("world size {} (the data-parallel trainer updates on the host)", r.world);
+  if (p.grads != GradHome::Host) return "gradients held on the device";
+  if (p.master != MasterMode::Fp32 || p.fp32_master_array) return "the master weights are not split fp32";
+  for (const auto& n : s.q8)
+    if (n.find("embed_tokens") != std::string::npos) return fmt::format("'{}' has 8-bit moments", n);
+  return {};
+}
+
 std::vector<StateChoice> placement_ladder(const PlanRequest& r) {
   const double dram = double(r.profile.dram_bytes);
   LT_CHECK(!(r.grads == GradHome::Host && r.grad_dtype == GradDType::Bf16),
@@ -62,7 +88,8 @@ std::vector<StateChoice> placement_ladder(const PlanRequest& r) {
   // Before the 8-bit rung a hybrid optimizer keeps fp32 moments.
   std::string moments = r.optimizer == "hybrid" ? "adamw" : r.optimizer;
   std::vector<StateChoice> v;
-  auto push = [&] { v.push_back({p, choose_8bit(r.model, moments, dram, p)}); };
+  std::string blocked;  // why a required embedding update on the GPU was left out
+  auto push = [&] { push_rung(r, {p, choose_8bit(r.model, moments, dram, p)}, v, blocked); };
   push();
   if (single && !r.grads) {
     p.grads = GradHome::Device;
@@ -84,7 +111,8 @@ std::vector<StateChoice> placement_ladder(const PlanRequest& r) {
     p.master = MasterMode::Bf16Sr;
     push();
   }
-  if (r.allow_nvme_moments && r.profile.nvme_bytes > 0) push_nvme_rung(r, p, moments, v);
+  if (r.allow_nvme_moments && r.profile.nvme_bytes > 0) push_nvme_rung(r, p, moments, v, blocked);
+  LT_CHECK(!v.empty(), "plan: embedding_update device: {} (use embedding_update host or auto)", blocked);
   return v;
 }
 

@@ -9,6 +9,7 @@
 //   5. + the input embedding's moments 8-bit too                  if optimizer adamw8bit or hybrid
 //   6. + bf16-sr master (2 B/param instead of 4)                 if master unset and allow_bf16_master
 //   7. + the last layers' moments on NVMe                                       if allow_nvme_moments
+// On every rung the embedding's update runs on the GPU where device_update_blocker allows (or as forced).
 // Forced modes (PlanRequest::master / grads / grad_dtype) are kept on every rung; adamw and adamw8bit
 // fix the moments of the matrices on every rung.
 // With PlanRequest::world > 1 (data parallelism) only rungs 1, 3 and 5 are offered, with fp32 master
@@ -29,7 +30,12 @@ struct StateChoice {
   std::vector<std::string> q8;  // tensors with 8-bit moments
 };
 
-// The rungs for a request, in order (at least one).
+// Why the embedding's update cannot run on the GPU under placement p (empty: it can): a tied table (on the device
+// for the whole step), one process, gradients host, exact fp32 masters (split), and fp32 moments for it.
+std::string device_update_blocker(const PlanRequest& r, const StateChoice& s);
+
+// The rungs for a request, in order (at least one). Each rung updates the embedding on the GPU where it can, unless
+// PlanRequest::embedding_update_device says otherwise.
 std::vector<StateChoice> placement_ladder(const PlanRequest& r);
 
 // The model state of a choice fits the profile's DRAM, and its HBM part leaves room on the GPU.

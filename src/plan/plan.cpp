@@ -311,6 +311,7 @@ json plan_to_json(const Plan& p) {
   if (p.placement.nvme_layers > 0) j["nvme_moment_layers"] = p.placement.nvme_layers;
   if (p.placement.moment_shards > 1) j["moment_shards"] = p.placement.moment_shards;
   if (p.placement.fp32_master_array) j["fp32_master_array"] = true;
+  if (p.placement.embedding_update_device) j["embedding_update"] = "device";
   j["planner"] = p.planner;
   j["hbm_cap"] = p.hbm_cap;
   j["dram_cap"] = p.dram_cap;
@@ -393,6 +394,9 @@ StatePlacement placement_from(Obj& o, const std::string& source) {
     s.moment_shards = int(o.get_or<int64_t>("moment_shards", 1));
     LT_CHECK(s.moment_shards >= 1, "field 'moment_shards' must be >= 1, got {}", s.moment_shards);
     s.fp32_master_array = o.get_or<bool>("fp32_master_array", false);
+    const std::string eu = o.get_or<std::string>("embedding_update", "host");
+    LT_CHECK(eu == "host" || eu == "device", "field 'embedding_update': expected host or device, got '{}'", eu);
+    s.embedding_update_device = eu == "device";
   } catch (const Error& e) {
     fail("{}: {}", source, e.what());
   }

@@ -43,6 +43,9 @@ struct PlanRequest {
   // The trainer runs an untied host-looked-up table's next-step rows first (config embedding_rows_first): the
   // next forward does not wait for the whole table's update (Instance::embedding_first).
   bool embedding_rows_first = true;
+  // The embedding's update on the GPU (StatePlacement::embedding_update_device): unset = wherever eligible
+  // (placement.h device_update_eligible), true = required (an error naming why not, when it cannot), false = never.
+  std::optional<bool> embedding_update_device;
   // Data parallelism (docs/planner.md, "Data parallelism"): the plan is one rank's. `profile` is then
   // the rank's share of the host (dist::rank_profile); world > 1 shards the moments over the ranks,
   // keeps full fp32 master arrays and host gradients (what the data-parallel trainer runs: no device

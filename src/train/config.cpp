@@ -79,6 +79,7 @@ const std::vector<Field>& fields() {
       {"optimizer_nvme", &C::optimizer_nvme},
       {"keep_internals", &C::keep_internals},
       {"embedding_rows_first", &C::embedding_rows_first},
+      {"embedding_update", &C::embedding_update},
       {"backend", &C::backend},
       {"threads", &C::threads},
       {"peak_tflops", &C::peak_tflops},
@@ -322,6 +323,7 @@ void validate_config(const TrainConfig& c) {
   one_of("master_weights", c.master_weights, {"fp32", "bf16-sr", "auto"});
   one_of("gradients", c.gradients, {"host", "device", "auto"});
   one_of("gradient_dtype", c.gradient_dtype, {"fp32", "bf16", "auto"});
+  one_of("embedding_update", c.embedding_update, {"host", "device", "auto"});
   LT_CHECK(!(c.gradient_dtype == "bf16" && c.gradients == "host"),
            "config: gradient_dtype: bf16 applies to gradients held on the device, but gradients: host keeps fp32 "
            "accumulators on the host (set gradients: device or auto)");

@@ -69,6 +69,7 @@ struct TrainConfig {
   std::string optimizer_nvme = "none";       // optimizer moments on NVMe (nvme_dir): none | auto (the planner's) | all (every layer's)
   bool keep_internals = true;                // let the planner keep the last layers' forward internals in HBM (Plan::kept_layers)
   bool embedding_rows_first = true;          // untied table looked up on the host: the next step's rows of its update first
+  std::string embedding_update = "auto";     // the tied embedding's AdamW step: host | device (on the GPU) | auto (device where it can, on a GPU)
   std::string backend = "auto";              // auto | cpu | cuda
   int64_t threads = 0;                       // CPU threads; 0 = all cores
   double peak_tflops = 0;                    // MFU denominator; 0 = by device (989 on H100/H200 class)

@@ -147,6 +147,10 @@ TrainingPlan make_training_plan(const TrainConfig& cfg, const ModelConfig& model
   // Kept internals (Plan::kept_layers): only on the GPU (the CPU backend's kept backward still re-runs the forward).
   r.keep_internals = cfg.keep_internals && on_gpu;
   r.embedding_rows_first = cfg.embedding_rows_first;
+  // The tied embedding's update on the GPU (exec/device_update.h): auto only on a GPU (the CPU backend's "device" is
+  // one compute thread, slower than the multi-threaded CPU optimizer).
+  if (cfg.embedding_update != "auto") r.embedding_update_device = cfg.embedding_update == "device";
+  else if (!on_gpu) r.embedding_update_device = false;
   r.compare = false;
   const double t0 = now_seconds();
   PlanOutcome o = make_plan(r);
@@ -193,7 +197,8 @@ TrainingPlan make_training_plan(const TrainConfig& cfg, const ModelConfig& model
           : std::string(),
       describe_tiers(o.plan), cfg.optimizer,
       o.eight_bit_tensors, o.eight_bit_params, master_mode_name(o.placement.master), grad_home_name(o.placement.grads),
-      o.placement.grads == GradHome::Device ? fmt::format(" ({})", grad_dtype_name(o.placement.grad_dtype)) : std::string(),
+      (o.placement.grads == GradHome::Device ? fmt::format(" ({})", grad_dtype_name(o.placement.grad_dtype)) : std::string()) +
+          (o.placement.embedding_update_device ? ", the embedding's update on the GPU" : ""),
       tp.predicted_step_s, tp.predicted_tflops,
       1e3 * tp.predicted_exposed_transfer_s, 1e3 * tp.predicted_exposed_optimizer_s,
       format_bytes(double(o.sim.pred.peak_hbm)), format_bytes(double(r.profile.hbm_bytes - r.profile.hbm_reserve)),

@@ -129,6 +129,7 @@ HostStateOptions host_state_options(const TrainingPlan& tp) {
   o.master = tp.placement.master;
   o.grads = tp.placement.grads;
   o.grad_dtype = tp.placement.grad_dtype;
+  o.embedding_update_device = tp.placement.embedding_update_device;
   // Units whose gradient the host computes (the embedding when its table is not on the device).
   if (o.grads == GradHome::Device) o.host_grad_units = host_grad_units(tp.model, tp.exec);
   return o;

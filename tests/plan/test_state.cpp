@@ -429,3 +429,66 @@ TEST(PlanState, TiedEmbeddingUpdateIsTheEmbeddingsUnit) {
 
 }  // namespace
 }  // namespace lt
+
+namespace lt {
+namespace {
+
+// The tied embedding's update on the GPU (StatePlacement::embedding_update_device): chosen wherever it can run
+// (tied, host gradients, fp32 masters, fp32 moments for it, one process), never when asked not to, an error naming
+// the reason when required where it cannot; its bytes move from DRAM (the host gradient) to HBM (remainders and
+// moments), and the instance drops its CPU update, its upload and its gradient D2H.
+TEST(PlanState, EmbeddingUpdateOnTheGpu) {
+  PlanRequest r = test::tiny_state_request(1e9);
+  r.model.tied = true;
+  auto o = make_plan(r);
+  ASSERT_TRUE(o.feasible) << o.why;
+  EXPECT_TRUE(o.placement.embedding_update_device);
+  EXPECT_EQ(plan_to_json(o.plan)["embedding_update"], "device");
+  EXPECT_TRUE(plan_from_json(plan_to_json(o.plan)).placement.embedding_update_device);
+  const StateBytes on = model_state_bytes(r.model, {}, o.placement);
+  StatePlacement off_p = o.placement;
+  off_p.embedding_update_device = false;
+  const StateBytes off = model_state_bytes(r.model, {}, off_p);
+  EXPECT_DOUBLE_EQ(on.device_update, 10 * kEmb);  // remainders 2 B + fp32 moments 8 B
+  EXPECT_DOUBLE_EQ(on.hbm() - off.hbm(), 10 * kEmb);
+  EXPECT_DOUBLE_EQ(off.dram() - on.dram(), 4 * kEmb);  // no host gradient for it
+  EXPECT_DOUBLE_EQ(o.inst.opt[size_t(o.inst.L + 1)], 0.0);
+  EXPECT_DOUBLE_EQ(o.inst.P_head, 2.0 * double(r.model.hidden));
+  EXPECT_DOUBLE_EQ(o.inst.G_head, 4.0 * double(r.model.hidden));
+  bool listed = false;
+  for (const auto& part : on.parts()) listed |= part.name.find("embedding update") != std::string::npos;
+  EXPECT_TRUE(listed);
+  // Several micro-batches: the fp32 accumulator too.
+  InstanceOptions io;
+  io.placement = o.placement;
+  const Instance one = make_instance(r.model, 1, 64, r.profile, io);
+  io.micro_batches = 2;
+  EXPECT_DOUBLE_EQ(make_instance(r.model, 1, 64, r.profile, io).hbm_fixed - one.hbm_fixed, 4 * kEmb);
+
+  r.embedding_update_device = false;
+  EXPECT_FALSE(make_plan(r).placement.embedding_update_device);
+  // Untied: not chosen, and an error naming why when required.
+  r = test::tiny_state_request(1e9);
+  EXPECT_FALSE(make_plan(r).placement.embedding_update_device);
+  r.embedding_update_device = true;
+  try {
+    make_plan(r);
+    ADD_FAILURE() << "required on an untied embedding";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not tied"), std::string::npos) << e.what();
+  }
+  // Required, but every rung holds the gradients on the device (forced): no rung can.
+  r = test::tiny_state_request(1e9);
+  r.model.tied = true;
+  r.grads = GradHome::Device;
+  r.embedding_update_device = true;
+  try {
+    make_plan(r);
+    ADD_FAILURE() << "required with gradients held on the device";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("gradients held on the device"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace lt

@@ -1,4 +1,5 @@
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/ops.h"
 
 #include <algorithm>
 #include <atomic>
@@ -461,6 +462,15 @@ void CpuBackend::grad_add(void* acc, DType acc_dtype, const void* grad, int64_t 
     }
     if (sumsq) *sumsq += s;
   };
+  t.label = l;
+  impl_->push(Lane::Compute, std::move(t));
+}
+
+void CpuBackend::adamw_step(const AdamWStepScalars& s, float* p, bf16_t* hi, uint16_t* lo, const float* g, float* m,
+                            float* v, int64_t n, OpLabel l) {
+  LT_CHECK(p ? !hi && !lo : hi && lo, "adamw_step: the master is fp32 (p) or split (hi and lo), not both");
+  Task t;
+  t.fn = [=] { cpu::adamw_step(s, p, hi, lo, g, m, v, n); };
   t.label = l;
   impl_->push(Lane::Compute, std::move(t));
 }

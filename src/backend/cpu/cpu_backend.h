@@ -70,6 +70,8 @@ class CpuBackend final : public Backend {
                    float* out, OpLabel l) override;
   void grad_sumsq(const void* grad, int64_t n, double* out, OpLabel l) override;
   void grad_add(void* acc, DType acc_dtype, const void* grad, int64_t n, double* sumsq, OpLabel l) override;
+  void adamw_step(const AdamWStepScalars& s, float* p, bf16_t* hi, uint16_t* lo, const float* g, float* m, float* v,
+                  int64_t n, OpLabel l) override;
 
   // Test hook: the next `n`-th op enqueued on `lane` (counting from 1) throws this message.
   void inject_failure(Lane lane, int64_t nth, const std::string& msg);

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "backend/backend.h"
 #include "model/model_config.h"
 
 namespace lt::cpu {
@@ -120,5 +121,10 @@ void embedding_bwd(const int32_t* ids, int64_t n, int64_t hidden, const float* d
 // Throws lt::Error for targets outside [0, vocab) other than -100.
 void cross_entropy(float* logits, const int32_t* targets, int64_t n, int64_t vocab, float grad_scale,
                    bool want_grad, double* loss_sum, int64_t* n_valid);
+
+// AdamW with fp32 moments (Backend::adamw_step): the optimizer's fp32 element update (optim/adamw_kernels.h) in the
+// same operations and order, over an fp32 master p, or (p null) the split master hi/lo (core/split_master.h).
+void adamw_step(const AdamWStepScalars& s, float* p, bf16_t* hi, uint16_t* lo, const float* g, float* m, float* v,
+                int64_t n);
 
 }  // namespace lt::cpu

@@ -410,4 +410,11 @@ void CudaBackend::grad_add(void* acc, DType acc_dtype, const void* grad, int64_t
   });
 }
 
+void CudaBackend::adamw_step(const AdamWStepScalars& s, float* p, bf16_t* hi, uint16_t* lo, const float* g, float* m,
+                             float* v, int64_t n, OpLabel l) {
+  LT_CHECK(p ? !hi && !lo : hi && lo, "adamw_step: the master is fp32 (p) or split (hi and lo), not both");
+  const cuda::AdamWConsts c{s.decay, s.w1, s.beta2, s.w2, s.eps, s.bc2_sqrt, s.neg_step_size, s.grad_scale};
+  enqueue(*impl_, Lane::Compute, l, 0, [&](cudaStream_t st) { cuda::adamw_step(c, p, hi, lo, g, m, v, n, st); });
+}
+
 }  // namespace lt

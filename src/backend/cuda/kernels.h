@@ -121,4 +121,13 @@ void bf16_to_f32(const void* src, int64_t n, float* dst, cudaStream_t st);
 // dst[i] = src[rows[i]] rows of `dim` bf16 (gathers rows for generation logits).
 void gather_rows(const void* src, const int64_t* rows, int64_t n_rows, int64_t dim, void* dst, cudaStream_t st);
 
+// Backend::adamw_step: one thread per element, the CPU optimizer's fp32 update in round-to-nearest intrinsics (no
+// contraction), so bit-identical to cpu::adamw_step (adamw_step.cu). The fields of lt::AdamWStepScalars (kept apart
+// here: this header stays C++17).
+struct AdamWConsts {
+  float decay, w1, beta2, w2, eps, bc2_sqrt, neg_step_size, grad_scale;
+};
+void adamw_step(const AdamWConsts& s, float* p, uint16_t* hi, uint16_t* lo, const float* g, float* m, float* v,
+                int64_t n, cudaStream_t st);
+
 }  // namespace lt::cuda
