@@ -10,6 +10,7 @@
 #include "core/timer.h"
 #include "optim/adamw_kernels.h"
 #include "optim/aligned_buffer.h"
+#include "optim/optimizer.h"
 
 namespace lt::optim {
 
@@ -89,6 +90,42 @@ double measure_adamw_rate(bool q8, int threads, int64_t n) {
   // The median: the planner wants the rate training will see on a busy host, not the luckiest run.
   std::nth_element(times.begin(), times.begin() + kReps / 2, times.end());
   return double(n) / times[size_t(kReps / 2)];
+}
+
+double measure_optimizer_rate(bool q8, int threads, int64_t n) {
+  constexpr int64_t kUnit = int64_t(1) << 24;  // 16M elements: a 3B model's layer is ~77M, its tensors 2-30M
+  const int64_t units = std::max<int64_t>(1, (n + kUnit - 1) / kUnit);
+  std::vector<UnitSpec> specs(static_cast<size_t>(units));
+  for (auto& u : specs) {
+    u.numel = kUnit;
+    u.tensors.push_back({"w", 0, kUnit, 0, q8 ? StateFormat::Q8 : StateFormat::F32});
+  }
+  AdamWConfig cfg;
+  cfg.threads = std::max(1, threads);
+  cfg.master = MasterFormat::Split;
+  CpuAdamW opt(specs, cfg);
+  std::vector<AlignedBuffer<float>> g(specs.size());
+  std::vector<AlignedBuffer<bf16_t>> hi(specs.size());
+  std::vector<AlignedBuffer<uint16_t>> lo(specs.size());
+  std::vector<UnitBuffers> bufs(specs.size());
+  for (size_t u = 0; u < specs.size(); ++u) {
+    g[u].reset(size_t(kUnit), false), hi[u].reset(size_t(kUnit), false), lo[u].reset(size_t(kUnit), true);
+    std::fill_n(g[u].data(), kUnit, 1e-3f);
+    std::fill_n(hi[u].data(), kUnit, f32_to_bf16(0.01f));
+    bufs[u].grad = g[u].data(), bufs[u].bf16 = hi[u].data(), bufs[u].lo = lo[u].data();
+  }
+  constexpr int kSteps = 6;
+  std::vector<double> times;
+  for (int s = 0; s < kSteps; ++s) {
+    opt.begin_step(1e-5f);
+    for (size_t u = 0; u < specs.size(); ++u) opt.submit(int(u), bufs[u]);
+    const double t0 = now_seconds();
+    for (size_t u = 0; u < specs.size(); ++u) opt.add_grad_sumsq(int(u), 1e-6);  // the last one releases them all
+    opt.wait_all();
+    if (s > 0) times.push_back(now_seconds() - t0);  // the first step warms the pool and the pages
+  }
+  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+  return double(units * kUnit) / times[times.size() / 2];
 }
 
 }  // namespace lt::optim

@@ -284,3 +284,15 @@ TEST(OptimThroughput, MeasuredRatesArePositive) {
       EXPECT_TRUE(std::isfinite(r) && r > 0) << (q8 ? "8-bit" : "fp32") << " " << threads << " threads: " << r;
     }
 }
+
+// The optimizer's own rate (its pool over split-master units, the profile's figure since issue 17): finite, positive,
+// and of the kernels' order (the pool adds scheduling, not a different amount of memory traffic).
+TEST(OptimThroughput, OptimizerRateIsOfTheKernelsOrder) {
+  for (bool q8 : {false, true}) {
+    const double pool = lt::optim::measure_optimizer_rate(q8, 2, 1 << 20);
+    const double kernels = lt::optim::measure_adamw_rate(q8, 2, 1 << 24);
+    EXPECT_TRUE(std::isfinite(pool) && pool > 0) << (q8 ? "8-bit" : "fp32") << ": " << pool;
+    EXPECT_GT(pool, kernels / 4) << (q8 ? "8-bit" : "fp32");
+    EXPECT_LT(pool, kernels * 4) << (q8 ? "8-bit" : "fp32");
+  }
+}
