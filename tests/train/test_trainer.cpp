@@ -134,6 +134,36 @@ TEST(Trainer, GradientsOnTheDeviceTrainLikeHostGradients) {
   EXPECT_EQ(eval_losses(dev_dir.p), eval_losses(host_dir.p));
 }
 
+// embedding_update: device (the tied embedding's AdamW step on the backend, exec/device_update.h; on the CPU backend
+// auto keeps it on the host) trains exactly as the CPU optimizer, with checkpoints (each writes the device copy back)
+// and validation in between, and a run stopped and resumed (the device copy loaded from the checkpoint) is
+// bit-identical too.
+TEST(Trainer, EmbeddingUpdateOnTheDeviceTrainsAndResumesExactly) {
+  TmpDir host_dir("_host"), dev_dir("_dev"), split_dir("_split");
+  const std::vector<std::string> ov = {"save_steps=2", "eval_steps=2", "val_size=8"};
+  TrainResult host = run_training(tiny_config(host_dir.p, ov), quiet_hooks());
+  TrainResult dev = run_training(tiny_config(dev_dir.p, plus(ov, "embedding_update=device")), quiet_hooks());
+  ASSERT_EQ(dev.losses.size(), 5u);
+  EXPECT_EQ(dev.losses, host.losses);
+  for (int step : {2, 5}) expect_same_masters(host_dir.p, dev_dir.p, step);
+  std::ifstream plan(dev_dir.p / "plan.json");
+  ASSERT_TRUE(plan.good());
+  EXPECT_EQ(nlohmann::json::parse(plan)["embedding_update"], "device");
+  TrainResult resumed = stop_and_resume(split_dir.p, {"embedding_update=device"}, 2);
+  TmpDir full_dir("_full");
+  TrainResult full = run_training(tiny_config(full_dir.p, {"embedding_update=device"}), quiet_hooks());
+  EXPECT_EQ(resumed.losses, full.losses);
+  expect_same_masters(full_dir.p, split_dir.p, 5);
+  // An untied model cannot: the error names why.
+  TmpDir bad("_bad");
+  try {
+    run_training(tiny_config(bad.p, {"embedding_update=device", "model_name_or_path=tiny-qwen3"}), quiet_hooks());
+    ADD_FAILURE() << "embedding_update=device on an untied model";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not tied"), std::string::npos) << e.what();
+  }
+}
+
 // gradient_dtype: bf16 (held gradients rounded to bf16): trains close to fp32 gradients, and a run
 // stopped and resumed is bit-identical to the uninterrupted one.
 TEST(Trainer, Bf16HeldGradientsTrainAndResumeExactly) {
