@@ -13,6 +13,7 @@
 #include "backend/cpu/reference.h"
 #include "backend/cpu/reference_model.h"
 #include "exec/exec_plan.h"
+#include "exec/executor.h"
 #include "exec/host_state.h"
 #include "model/model_config.h"
 #include "model/param_layout.h"
@@ -100,6 +101,19 @@ inline Batch random_batch(const ModelConfig& c, int64_t batch, int64_t seq, uint
   b.targets.resize(size_t(T));
   cpu::shift_labels(labels.data(), g, b.targets.data());
   return b;
+}
+
+// One step's nmb random micro-batches (seeds seed, seed + 1, ...) and the executor's views of them (valid while this
+// lives; moving it keeps them valid).
+struct StepBatches {
+  std::vector<Batch> batches;
+  std::vector<MicroBatch> mbs;
+};
+inline StepBatches step_batches(const ModelConfig& c, const ExecPlan& p, int nmb, uint64_t seed) {
+  StepBatches s;
+  for (int m = 0; m < nmb; ++m) s.batches.push_back(random_batch(c, p.batch, p.seq, seed + uint64_t(m)));
+  for (auto& b : s.batches) s.mbs.push_back({b.ids.data(), b.targets.data(), nullptr, nullptr});
+  return s;
 }
 
 // A random valid plan: tiers, ring, chunk, residency, and transfer shares in their valid windows.

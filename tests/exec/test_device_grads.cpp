@@ -98,10 +98,8 @@ Outcome train(const Case& s, GradHome home, const BeforeStep& before = {}, GradD
     Executor ex(s.c, be, s.p, st, eo);
     ex.set_update_hook(&hook_used);
     for (int step = 0; step < s.steps; ++step) {
-      std::vector<test::Batch> bs;
-      std::vector<MicroBatch> mbs;
-      for (int m = 0; m < s.nmb; ++m) bs.push_back(test::random_batch(s.c, s.p.batch, s.p.seq, 100 + 10 * step + m));
-      for (auto& b : bs) mbs.push_back({b.ids.data(), b.targets.data(), nullptr, nullptr});
+      const test::StepBatches sb = test::step_batches(s.c, s.p, s.nmb, 100 + 10 * step);
+      const auto& mbs = sb.mbs;
       hook.begin_step(1e-2f);
       if (before && before(be, ex, step)) {
         EXPECT_THROW(ex.train_step(mbs), Error) << "step " << step;

@@ -60,10 +60,8 @@ Outcome train(const Case& s, bool on_device) {
     Executor ex(s.c, be, s.p, st, eo);
     ex.set_update_hook(&hook);
     for (int step = 0; step < s.steps; ++step) {
-      std::vector<test::Batch> bs;
-      std::vector<MicroBatch> mbs;
-      for (int m = 0; m < s.nmb; ++m) bs.push_back(test::random_batch(s.c, s.p.batch, s.p.seq, 100 + 10 * step + m));
-      for (auto& b : bs) mbs.push_back({b.ids.data(), b.targets.data(), nullptr, nullptr});
+      const test::StepBatches sb = test::step_batches(s.c, s.p, s.nmb, 100 + 10 * step);
+      const auto& mbs = sb.mbs;
       hook.begin_step(1e-2f * float(step + 1));  // the learning rate changes: the device step must use this step's
       if (step == s.fail_step) {
         be.inject_failure(Lane::Compute, 20, "injected backward failure");

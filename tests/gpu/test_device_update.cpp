@@ -97,10 +97,8 @@ Trained train(const ModelConfig& c, const ExecPlan& p, int nmb, bool on_device) 
     Executor ex(c, be, p, st, eo);
     ex.set_update_hook(&hook);
     for (int step = 0; step < 3; ++step) {
-      std::vector<test::Batch> bs;
-      std::vector<MicroBatch> mbs;
-      for (int m = 0; m < nmb; ++m) bs.push_back(test::random_batch(c, p.batch, p.seq, 50 + 10 * step + m));
-      for (auto& b : bs) mbs.push_back({b.ids.data(), b.targets.data(), nullptr, nullptr});
+      const test::StepBatches sb = test::step_batches(c, p, nmb, 50 + 10 * step);
+      const auto& mbs = sb.mbs;
       hook.begin_step(1e-3f * float(step + 1));
       const StepResult r = ex.train_step(mbs);
       t.loss.push_back(r.loss);
