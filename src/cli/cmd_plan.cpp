@@ -19,7 +19,8 @@ namespace {
 
 struct PlanOpts {
   std::string model, batch = "1", profile = "h800-80g", planner = "milp", optimizer = "hybrid";
-  std::string gpu_mem, host_mem, nvme_mem, out, svg, master, grads = "auto", grad_dtype = "auto", optimizer_nvme = "none";
+  std::string gpu_mem, host_mem, nvme_mem, out, svg, master, grads = "auto", grad_dtype = "auto", optimizer_nvme = "none",
+              embedding_update = "auto";
   int64_t seq = 1024, chunk = 0;
   int ring = 2, micro = 1;
   int world = 1, ranks_per_host = -1;  // -1: world
@@ -61,6 +62,10 @@ void add_options(CLI::App* sub, PlanOpts& o) {
   sub->add_option("--gradient-dtype", o.grad_dtype,
                   "fp32 | bf16 | auto (of gradients held on the device; bf16 only if fp32 does not fit)")
       ->check(CLI::IsMember({"fp32", "bf16", "auto"}));
+  sub->add_option("--embedding-update", o.embedding_update,
+                  "host | device | auto (a tied embedding's AdamW step on the GPU where it can)")
+      ->check(CLI::IsMember({"host", "device", "auto"}))
+      ->capture_default_str();
   sub->add_option("--optimizer-nvme", o.optimizer_nvme,
                   "none | auto (the last layers' moments on the NVMe tier when nothing else fits DRAM)")
       ->check(CLI::IsMember({"none", "auto"}))
@@ -107,6 +112,7 @@ PlanRequest request_from(const PlanOpts& o, const dist::Topology& topo) {
   else if (!o.master.empty()) r.master = parse_master_mode(o.master);
   if (o.grads != "auto") r.grads = parse_grad_home(o.grads);
   if (o.grad_dtype != "auto") r.grad_dtype = parse_grad_dtype(o.grad_dtype);
+  if (o.embedding_update != "auto") r.embedding_update_device = o.embedding_update == "device";
   r.allow_nvme_moments = o.optimizer_nvme == "auto";
   r.ring = o.ring;
   r.micro_batches = o.micro;

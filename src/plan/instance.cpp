@@ -169,6 +169,14 @@ void nvme_moment_times(Instance& in, const ModelConfig& c, const InstanceOptions
   }
 }
 
+double optimizer_derate(const Instance& in, const ResourceProfile& prof) {
+  double bytes = 0, secs = 0;
+  for (int j = 0; j < in.L; ++j) bytes += in.P[size_t(j)], secs += in.rho[size_t(j)];
+  if (prof.host_mem_bw <= 0 || secs <= 0) return 1.0;
+  const double dma = std::min(bytes / secs, in.bh);  // the uploads cannot outrun PCIe
+  return std::max(0.5, 1.0 - dma / (2.0 * prof.host_mem_bw));
+}
+
 int keepable_tail(const Instance& in) {
   int n = 0;
   for (int j = in.L - 1; j >= 0; --j, ++n) {
@@ -257,6 +265,9 @@ Instance make_instance(const ModelConfig& c, int64_t batch, int64_t seq, const R
     in.pro_h2d = state.resident_table;  // its HBM is in state.hbm()
     in.epi_d2h = 0;
   }
+  const double f = optimizer_derate(in, prof);
+  for (size_t u = 0; u < in.opt.size(); ++u)
+    if (!(u == size_t(in.L + 1) && in.embedding_first)) in.opt[u] /= f;
   in.dram_cap = double(prof.dram_bytes);
   in.dram_fixed = state.dram();
   in.nvme_cap = double(prof.nvme_bytes) - state.nvme();  // the moments' files come first

@@ -46,7 +46,8 @@ void expect_per_layer_instance(const ModelConfig& c, int64_t batch, int64_t chun
     EXPECT_DOUBLE_EQ(in.ws_bwd[size_t(j)], double(part.internal_bytes + part.workspace_bytes) + 2 * in.A);
     EXPECT_NEAR(in.rho[size_t(j)], expected_fwd(prof, c, j, batch, seq), 1e-12 * in.rho[size_t(j)]);
     EXPECT_NEAR(in.beta[size_t(j)], 3 * in.rho[size_t(j)], 1e-12 * in.beta[size_t(j)]);
-    EXPECT_NEAR(in.opt[size_t(j)], double(full.params) / prof.opt_fp32_params_per_s, 1e-9 * in.opt[size_t(j)]);
+    EXPECT_NEAR(in.opt[size_t(j)], double(full.params) / prof.opt_fp32_params_per_s / optimizer_derate(in, prof),
+                1e-9 * in.opt[size_t(j)]);
   }
   // The two kinds really differ in every per-layer quantity.
   int a = -1, d = -1;

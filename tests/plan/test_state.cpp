@@ -423,8 +423,9 @@ TEST(PlanState, TiedEmbeddingUpdateIsTheEmbeddingsUnit) {
   const ResourceProfile& p = r.profile;
   const Instance in = make_instance(c, 1, 64, p, InstanceOptions{});
   const double r32 = p.opt_fp32_params_per_s;
+  // The embedding is updated before the forward (full rate); the head beside it (optimizer_derate).
   EXPECT_NEAR(in.opt[size_t(in.L + 1)], double(c.vocab * c.hidden) / r32, 1e-12);
-  EXPECT_NEAR(in.opt[size_t(in.L)], double(c.hidden) / r32, 1e-12);
+  EXPECT_NEAR(in.opt[size_t(in.L)], double(c.hidden) / r32 / optimizer_derate(in, p), 1e-12);
 }
 
 }  // namespace
@@ -487,6 +488,32 @@ TEST(PlanState, EmbeddingUpdateOnTheGpu) {
     ADD_FAILURE() << "required with gradients held on the device";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("gradients held on the device"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace lt
+
+namespace lt {
+namespace {
+
+// The optimizer's rates derated by the forward's weight uploads' share of the host memory traffic, by hand: every
+// unit but an embedding updated before the forward; no derate without a host bandwidth; the uploads capped at PCIe.
+TEST(PlanState, OptimizerDeratedByTheForwardsUploads) {
+  PlanRequest r = test::tiny_state_request(1e9);
+  ResourceProfile p = r.profile;
+  const Instance in = make_instance(r.model, 1, 64, p, InstanceOptions{});
+  double bytes = 0, secs = 0;
+  for (int j = 0; j < in.L; ++j) bytes += in.P[size_t(j)], secs += in.rho[size_t(j)];
+  const double f = std::max(0.5, 1.0 - std::min(bytes / secs, p.h2d_bw) / (2.0 * p.host_mem_bw));
+  EXPECT_DOUBLE_EQ(optimizer_derate(in, p), f);
+  EXPECT_LT(f, 1.0);
+  p.host_mem_bw = 0;
+  const Instance plain = make_instance(r.model, 1, 64, p, InstanceOptions{});
+  EXPECT_DOUBLE_EQ(optimizer_derate(plain, p), 1.0);
+  for (size_t u = 0; u < in.opt.size(); ++u) {
+    const bool first = u == size_t(in.L + 1) && in.embedding_first;
+    EXPECT_NEAR(in.opt[u], plain.opt[u] / (first ? 1.0 : f), 1e-15) << "unit " << u;
   }
 }
 
