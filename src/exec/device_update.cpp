@@ -25,7 +25,6 @@ DeviceUpdate::DeviceUpdate(Backend& be, HostState& st, int64_t unit, void* weigh
   }
 }
 
-int64_t DeviceUpdate::device_bytes() const { return lo_.bytes() + m_.bytes() + v_.bytes() + acc_.bytes(); }
 
 void DeviceUpdate::transfer(UpdateHook& hook, bool to_device) {
   const Lane lane = to_device ? Lane::H2D : Lane::D2H;

@@ -29,10 +29,9 @@ class DeviceUpdate {
   DeviceUpdate(Backend& be, HostState& st, int64_t unit, void* weights, const float* grad, int micro_batches);
   int64_t unit() const { return unit_; }
   float* accumulator() { return acc_ ? acc_.as<float>() : nullptr; }
-  int64_t device_bytes() const;
 
-  // Before the weights are read: the first time, the device copy is loaded from the host (weights, remainders,
-  // moments).
+  // Before the weights are read (Executor::set_update_hook, and each upload point as a fallback): the first time, the
+  // device copy is loaded from the host (weights, remainders, moments).
   void prepare(UpdateHook& hook);
   // After the step's norm is known (its gradient final in grad): the step's update on the compute lane, waited for,
   // so that a step either returns with it done or fails before it (a skipped step updates nothing). ~2 ms of GPU time

@@ -27,6 +27,14 @@ Executor::~Executor() = default;
 
 int64_t Executor::nvme_files_live() const { return impl_->store ? impl_->store->live_files() : 0; }
 
+void Executor::set_update_hook(UpdateHook* hook) {
+  hook_ = hook;
+  if (impl_->dev_update && hook) {
+    impl_->dev_update->prepare(*hook);
+    be_.synchronize();
+  }
+}
+
 void Executor::flush_updates() {
   if (impl_->dgrads) impl_->dgrads->flush();
   if (impl_->dev_update && hook_) impl_->dev_update->store(*hook_);
