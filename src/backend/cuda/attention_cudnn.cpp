@@ -11,6 +11,7 @@
 #include "backend/cuda/cuda_util.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/timer.h"
 
 #if LT_HAVE_CUDNN
 #include <cudnn.h>
@@ -256,7 +257,14 @@ Key key_of(const AttnDims& d, const PackedRows* p) {
 Graphs& graphs_for(State& s, const Key& k) {
   auto it = s.graphs.find(k);
   if (it != s.graphs.end()) return it->second;
+  const double t0 = now_seconds();
   Graphs gr = build(k, handle_for(s, k.device));
+  // Each new shape costs a build (~0.1 s a pair); packed rows key on their rounded run count and longest run, so a
+  // training run builds a few. Logged to tell a slow step's cause (notes 0z: the 3B's step 3 runs its layers ~15 %
+  // slower, likely from this).
+  if (gr.ok && k.slots)
+    log_info("attention: cuDNN graphs for packed rows ({} sequence slots, longest {}) built in {:.0f} ms", k.slots, k.s,
+             1e3 * (now_seconds() - t0));
   if (!gr.ok)
     log_warn("cuDNN attention declines b={} s={} heads={}/{} hd={}{} ({}); using our attention kernels", k.b, k.s,
              k.h, k.hk, k.d, k.slots ? fmt::format(" packed ({} sequence slots)", k.slots) : std::string(), gr.why);
