@@ -25,7 +25,6 @@ DeviceUpdate::DeviceUpdate(Backend& be, HostState& st, int64_t unit, void* weigh
   }
 }
 
-
 void DeviceUpdate::transfer(UpdateHook& hook, bool to_device) {
   const Lane lane = to_device ? Lane::H2D : Lane::D2H;
   const OpLabel l{to_device ? "optim.device.load" : "optim.device.store", -1, int32_t(unit_)};
@@ -48,10 +47,6 @@ void DeviceUpdate::load(UpdateHook& hook) {
   transfer(hook, true);
   be_.wait(Lane::Compute, be_.record(Lane::H2D));
   loaded_ = true;
-}
-
-void DeviceUpdate::prepare(UpdateHook& hook) {
-  if (!loaded_) load(hook);
 }
 
 void DeviceUpdate::update(UpdateHook& hook) {

@@ -1,5 +1,5 @@
 // A unit whose optimizer update runs on the device (issue 17; HostStateOptions::embedding_update_device): the
-// embedding table, when it is on the device anyway (tied to the LM head, or resident). Its master weights (the
+// embedding table, when it is on the device anyway (tied to the LM head). Its master weights (the
 // device copy the layers read, plus the split master's remainders) and its fp32 moments live in device memory, and
 // once the step's norm is known the backend's AdamW step (Backend::adamw_step, the CPU optimizer's arithmetic bit
 // for bit) updates them on the compute lane, at the end of the step. That takes the table's update off the CPU optimizer,
@@ -30,9 +30,9 @@ class DeviceUpdate {
   int64_t unit() const { return unit_; }
   float* accumulator() { return acc_ ? acc_.as<float>() : nullptr; }
 
-  // Before the weights are read (Executor::set_update_hook, and each upload point as a fallback): the first time, the
-  // device copy is loaded from the host (weights, remainders, moments).
-  void prepare(UpdateHook& hook);
+  // Before the weights are read (Executor::set_update_hook): the device copy from the host (weights, remainders,
+  // moments). Loads again when called again (a hook set anew).
+  void load(UpdateHook& hook);
   // After the step's norm is known (its gradient final in grad): the step's update on the compute lane, waited for,
   // so that a step either returns with it done or fails before it (a skipped step updates nothing). ~2 ms of GPU time
   // at the end of the step, where the GPU would wait for the host anyway.
@@ -42,7 +42,6 @@ class DeviceUpdate {
   void store(UpdateHook& hook);
 
  private:
-  void load(UpdateHook& hook);
   // Copies between the host copies (master, remainders, the hook's moments) and the device, on `lane`.
   void transfer(UpdateHook& hook, bool to_device);
 

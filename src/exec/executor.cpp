@@ -30,7 +30,7 @@ int64_t Executor::nvme_files_live() const { return impl_->store ? impl_->store->
 void Executor::set_update_hook(UpdateHook* hook) {
   hook_ = hook;
   if (impl_->dev_update && hook) {
-    impl_->dev_update->prepare(*hook);
+    impl_->dev_update->load(*hook);
     be_.synchronize();
   }
 }

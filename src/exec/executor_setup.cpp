@@ -299,8 +299,8 @@ void Executor::Impl::allocate_grads() {
   if (emb_on_device) emb_grad = held_direct ? dgrads->buffer(0) : emb_g ? emb_g.data() : head_g.data();
   head_grad = held_direct ? dgrads->buffer(L + 1) : head_g.data();
   if (st.options().embedding_update_device) {
-    LT_CHECK(emb_on_device, "executor: embedding_update device needs the table on the device (tied to the LM head, or "
-             "resident); this plan looks it up on the host");
+    LT_CHECK(emb_on_device, "executor: embedding_update device needs the table on the device (tied to the LM head); "
+             "this plan looks it up on the host");
     LT_CHECK(!dgrads, "executor: embedding_update device with gradients held on the device is not supported; use "
              "gradients host or embedding_update host");
     dev_update = std::make_unique<DeviceUpdate>(be, st, 0, emb_w.data(), static_cast<const float*>(emb_grad),

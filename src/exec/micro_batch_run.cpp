@@ -72,8 +72,7 @@ void MicroBatchRun::stage_inputs() {
 // Embedding and head weights: uploaded once per step (head in F_{L-1} when not resident; a tied,
 // non-resident embedding at the start of the forward, embed_inputs).
 void MicroBatchRun::upload_emb() {
-  if (I.dev_update && hook_) {  // updated in place on the device (device_update.h): nothing to upload
-    I.dev_update->prepare(*hook_);
+  if (I.dev_update && hook_) {  // updated in place on the device (device_update.h; loaded by set_update_hook)
     emb_ready_ = be.record(Lane::Compute);
     return;
   }

@@ -131,8 +131,7 @@ bool AdamWHook::device_step(int64_t unit, std::vector<AdamWStepScalars>& per_ten
   if (opt_->last_step().skipped) return false;
   const auto& spec = opt_->units().at(size_t(unit));
   for (size_t t = 0; t < spec.tensors.size(); ++t) {
-    const optim::AdamWScalars s = opt_->step_scalars(int(unit), int(t));
-    per_tensor.push_back({s.decay, s.w1, s.beta2, s.w2, s.eps, s.bc2_sqrt, s.neg_step_size, s.grad_scale});
+    per_tensor.push_back(device_scalars(opt_->step_scalars(int(unit), int(t))));
   }
   return true;
 }

@@ -32,6 +32,11 @@ struct OptimizerSetup {
   std::string nvme_dir;
 };
 
+// The optimizer's step constants as the backend's device update takes them (Backend::adamw_step).
+inline AdamWStepScalars device_scalars(const optim::AdamWScalars& s) {
+  return {s.decay, s.w1, s.beta2, s.w2, s.eps, s.bc2_sqrt, s.neg_step_size, s.grad_scale};
+}
+
 // The optimizer's configuration for setup s and the host state's master format (one definition for the
 // single-process hook and the data-parallel shard optimizers).
 optim::AdamWConfig adamw_config(const OptimizerSetup& s, optim::MasterFormat master);

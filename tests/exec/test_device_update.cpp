@@ -168,7 +168,7 @@ TEST(ExecDeviceUpdate, BackendStepIsTheOptimizersArithmetic) {
   }
   for (int step : {1, 7}) {
     const optim::AdamWScalars s = optim::make_adamw_scalars(3e-4, 0.1, 0.9, 0.999, 1e-8, step, 0.37f);
-    const AdamWStepScalars d{s.decay, s.w1, s.beta2, s.w2, s.eps, s.bc2_sqrt, s.neg_step_size, s.grad_scale};
+    const AdamWStepScalars d = device_scalars(s);
     // fp32 master
     std::vector<float> p1 = p, m1 = m, v1 = v, p2 = p, m2 = m, v2 = v;
     optim::adamw_f32(optim::Isa::Scalar, s, p1.data(), g.data(), m1.data(), v1.data(), nullptr, n);

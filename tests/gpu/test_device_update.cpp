@@ -31,7 +31,7 @@ TEST(GpuDeviceUpdate, KernelIsTheCpuOptimizersArithmeticBitForBit) {
   for (auto& x : v) x = std::fabs(x);
   for (int step : {1, 9}) {
     const optim::AdamWScalars s = optim::make_adamw_scalars(3e-4, 0.1, 0.9, 0.999, 1e-8, step, 0.43f);
-    const AdamWStepScalars d{s.decay, s.w1, s.beta2, s.w2, s.eps, s.bc2_sqrt, s.neg_step_size, s.grad_scale};
+    const AdamWStepScalars d = device_scalars(s);
     const cuda::AdamWConsts c{s.decay, s.w1, s.beta2, s.w2, s.eps, s.bc2_sqrt, s.neg_step_size, s.grad_scale};
     for (bool split : {true, false}) {
       std::vector<uint16_t> hi(n), lo(n);
