@@ -2,6 +2,7 @@
 
 #include <omp.h>
 
+#include <optional>
 #include <algorithm>
 #include <thread>
 #include <csignal>
@@ -279,6 +280,10 @@ class TrainSession {
     }
     const double lr = shape_.sched.lr(ts_.global_step);
     const optim::UpdaterStats opt0 = optimizer().stats();
+    // The rate's window starts at the previous step's start: that step's updates begin at its end and may finish
+    // before this step starts (a small model), but always before this step's forward has run.
+    const optim::UpdaterStats window0 = opt_prev_start_.value_or(opt0);
+    opt_prev_start_ = opt0;
     StepResult r, local;
     const double comm0 = dp_ ? dp_->comm_seconds() : 0;
     if (dp_) {
@@ -301,7 +306,7 @@ class TrainSession {
     if (info.skipped) logger_.message(fmt::format("step {}: non-finite gradient norm, update skipped", ts_.global_step));
     StepMetrics m =
         step_metrics(ts_, shape_, StepFigures{&r, info.grad_norm, lr, dt, nonpad}, flops_, peak_, bc_.gpu, tp_);
-    optimizer_rate(opt0, m);
+    optimizer_rate(window0, m);
     if (dp_)
       m.ranks = dp_->gather(RankFigures{local.step_s, local.rows, local.n_tokens, host_peak_rss_bytes(),
                                         dp_->comm_seconds() - comm0});
@@ -318,7 +323,7 @@ class TrainSession {
     return !stop;
   }
 
-  // The CPU optimizer's achieved rate over this step's interval (its updates run beside the next step's forward).
+  // The CPU optimizer's achieved rate since `before` (its updates run beside the next step's forward).
   void optimizer_rate(const optim::UpdaterStats& before, StepMetrics& m) {
     const optim::UpdaterStats now = optimizer().stats();
     const int threads = optimizer().config().threads > 0 ? optimizer().config().threads
@@ -392,6 +397,7 @@ class TrainSession {
   BackendChoice bc_;
   HostState st_;
   std::unique_ptr<AdamWHook> hook_;  // one process only
+  std::optional<optim::UpdaterStats> opt_prev_start_;  // the optimizer's counters at the previous step's start
   TrainerState ts_;
   MetricsLogger logger_;
   FlopModel flops_;
