@@ -105,4 +105,9 @@ void Backend::adamw_step(const AdamWStepScalars&, float*, bf16_t*, uint16_t*, co
   fail("backend {}: no optimizer update on the device (use embedding_update: host)", name());
 }
 
+void Backend::adamw_step_q8(const AdamWStepScalars&, const Q8Maps&, float*, bf16_t*, uint16_t*, const float*, uint8_t*,
+                            uint8_t*, float*, float*, int64_t, OpLabel) {
+  fail("backend {}: no 8-bit optimizer update on the device", name());
+}
+
 }  // namespace lt

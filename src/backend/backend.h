@@ -43,11 +43,29 @@
 
 namespace lt {
 
-// One AdamW step's constants for a tensor whose update runs on the device (exec/device_update.h): the fp32-moment
-// fields of optim::AdamWScalars (optim/adamw_kernels.h), so that the backends need not depend on the optimizer.
+// One AdamW step's constants for a tensor whose update runs on the device (exec/device_update.h): the fields of
+// optim::AdamWScalars (optim/adamw_kernels.h), so that the backends need not depend on the optimizer. beta1 and
+// inv_bc2_sqrt are read by the 8-bit path only (appended last so that positional initialisers stay valid).
 struct AdamWStepScalars {
   float decay = 1, w1 = 0.1f, beta2 = 0.999f, w2 = 0.001f, eps = 1e-8f, bc2_sqrt = 1, neg_step_size = 0,
         grad_scale = 1;
+  float beta1 = 0.9f, inv_bc2_sqrt = 1;
+};
+
+// One 8-bit dynamic quantisation map as the backends read it: the fields of optim::QuantMap (optim/quant8.h) that
+// decoding and quantising use, copied (exec/device_q8.h) so that the backends need not depend on the optimizer.
+// decode: code -> value in [-1, 1]; top, inv_step, code_off: per decade e, 10^-e and the quantiser's line
+// code = round(fma(|y|, inv_step[e], code_off[e])).
+struct Q8Map {
+  int32_t is_signed = 0, mag_bits = 0;
+  float decode[256] = {};
+  float top[8] = {};
+  float inv_step[8] = {};
+  float code_off[8] = {};
+};
+// m: the signed map (first moment); v: the unsigned map (second moment).
+struct Q8Maps {
+  Q8Map m, v;
 };
 
 enum class MemKind : uint8_t { Device = 0, Pinned = 1 };
@@ -238,6 +256,12 @@ class Backend {
   // (core/split_master.h). g fp32, read; m, v fp32, updated in place. Backends without it throw.
   virtual void adamw_step(const AdamWStepScalars& s, float* p, bf16_t* hi, uint16_t* lo, const float* g, float* m,
                           float* v, int64_t n, OpLabel l);
+  // AdamW with 8-bit blockwise moments over one tensor of n elements in device memory: the CPU optimizer's scalar
+  // 8-bit path (optim::adamw_q8, bit-identical). mq, vq the codes (maps.m, maps.v), ms, vs the ceil(n / 256) absmax
+  // scales (one per 256 elements from the tensor's start; the last block may be partial), all updated in place;
+  // master and g as in adamw_step. Backends without it throw.
+  virtual void adamw_step_q8(const AdamWStepScalars& s, const Q8Maps& maps, float* p, bf16_t* hi, uint16_t* lo,
+                             const float* g, uint8_t* mq, uint8_t* vq, float* ms, float* vs, int64_t n, OpLabel l);
 
  protected:
   ModelConfig cfg_;

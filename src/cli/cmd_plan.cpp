@@ -12,6 +12,7 @@
 #include "model/model_config.h"
 #include "plan/planner.h"
 #include "plan/report.h"
+#include "train/config.h"
 
 namespace lt::cli {
 
@@ -20,7 +21,7 @@ namespace {
 struct PlanOpts {
   std::string model, batch = "1", profile = "h800-80g", planner = "milp", optimizer = "hybrid";
   std::string gpu_mem, host_mem, nvme_mem, out, svg, master, grads = "auto", grad_dtype = "auto", optimizer_nvme = "none",
-              embedding_update = "auto";
+              embedding_update = "auto", device_update_layers = "auto";
   int64_t seq = 1024, chunk = 0;
   int ring = 2, micro = 1;
   int world = 1, ranks_per_host = -1;  // -1: world
@@ -65,6 +66,9 @@ void add_options(CLI::App* sub, PlanOpts& o) {
   sub->add_option("--embedding-update", o.embedding_update,
                   "host | device | auto (a tied embedding's AdamW step on the GPU where it can)")
       ->check(CLI::IsMember({"host", "device", "auto"}))
+      ->capture_default_str();
+  sub->add_option("--device-update-layers", o.device_update_layers,
+                  "auto | N (the first N layers' AdamW steps on the GPU; auto: the count that plans fastest)")
       ->capture_default_str();
   sub->add_option("--optimizer-nvme", o.optimizer_nvme,
                   "none | auto (the last layers' moments on the NVMe tier when nothing else fits DRAM)")
@@ -113,6 +117,7 @@ PlanRequest request_from(const PlanOpts& o, const dist::Topology& topo) {
   if (o.grads != "auto") r.grads = parse_grad_home(o.grads);
   if (o.grad_dtype != "auto") r.grad_dtype = parse_grad_dtype(o.grad_dtype);
   if (o.embedding_update != "auto") r.embedding_update_device = o.embedding_update == "device";
+  r.device_update_layers = train::parse_device_update_layers(o.device_update_layers, "plan: --device-update-layers");
   r.allow_nvme_moments = o.optimizer_nvme == "auto";
   r.ring = o.ring;
   r.micro_batches = o.micro;

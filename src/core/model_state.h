@@ -20,6 +20,9 @@
 // Embedding update on the device (embedding_update)
 //   a tied table is on the GPU for the whole step; with host gradients, fp32 masters and fp32 moments its AdamW step
 //   can run there too (StatePlacement::embedding_update_device): off the CPU optimizer's critical path.
+// Layers updated on the device (device_update_layers)
+//   the first k decoder layers live in HBM with their optimizer state and are updated there after the norm, so the
+//   next step's forward starts without waiting for the CPU optimizer (which starts on layer k at once).
 // 8-bit embedding moments
 //   adamw8bit keeps the input embedding's moments in fp32 (as bitsandbytes' stable embedding does);
 //   when nothing else fits the planner may quantise them too (StatePlacement::embedding_8bit).
@@ -89,6 +92,15 @@ struct StatePlacement {
   // The embedding's update runs on the GPU (exec/device_update.h): its table is on the device anyway (tied to the LM
   // head), and its master remainders and fp32 moments join it in HBM (10 B/param); no host gradient for it.
   bool embedding_update_device = false;
+  // The first device_update_layers decoder layers are updated on the GPU too (exec/device_update.h): their bf16
+  // weights stay in HBM (no upload), their gradient never leaves it, and their master remainders and moments (fp32 or
+  // 8-bit, as the optimizer keeps them) join them there. The next step's first forwards then never wait for the CPU
+  // optimizer, which starts on the later layers at once. 0 = none.
+  int64_t device_update_layers = 0;
+  // Unit u (0 = embedding, 1..L = layers) is updated on the GPU.
+  bool updated_on_device(int64_t u) const {
+    return (u == 0 && embedding_update_device) || (u >= 1 && u <= device_update_layers);
+  }
 };
 
 }  // namespace lt

@@ -1,11 +1,13 @@
-// A unit whose optimizer update runs on the device (issue 17; HostStateOptions::embedding_update_device): the
-// embedding table, when it is on the device anyway (tied to the LM head). Its master weights (the
-// device copy the layers read, plus the split master's remainders) and its fp32 moments live in device memory, and
-// once the step's norm is known the backend's AdamW step (Backend::adamw_step, the CPU optimizer's arithmetic bit
-// for bit) updates them on the compute lane, at the end of the step. That takes the table's update off the CPU optimizer,
-// whose whole update must otherwise run between the backward's end and the next forward (global-norm clipping):
-// Qwen2.5-3B's tied 311M-element table with fp32 moments was 53 ms of it, plus its gradient's D2H and the table's
-// upload every step.
+// A unit whose optimizer update runs on the device (issue 17): the embedding table when it is on the device anyway
+// (tied to the LM head; HostStateOptions::embedding_update_device), and the first decoder layers
+// (HostStateOptions::device_update_layers). Its master weights (the device copy the layers read, plus the split
+// master's remainders) and its moments (fp32, or 8-bit codes with block scales, as the CPU optimizer keeps that
+// tensor's) live in device memory, and once the step's norm is known the backend's AdamW step (Backend::adamw_step /
+// adamw_step_q8: the CPU optimizer's arithmetic bit for bit, its scalar path for 8-bit moments) updates them on the
+// compute lane, at the end of the step. That takes the unit off the CPU optimizer, whose whole update must otherwise
+// run between the backward's end and the next forward (global-norm clipping): the first layers' forwards waited for
+// their updates one after the other (Qwen2.5-3B: ~9 ms each against ~8 ms of forward), and a layer updated here
+// also skips its weights' upload and its gradient's download.
 //
 // The host state and the optimizer keep their copies (the checkpoint writes them, a resume fills them): load()
 // fills the device from them before the first update, store() writes them back (Executor::flush_updates).
@@ -22,28 +24,44 @@ namespace lt {
 class DeviceUpdate {
  public:
   // weights: the unit's device copy the layers read (fp32 on an fp32-streaming backend, where it is the master
-  // itself; else bf16, the split master's high halves); grad: the device buffer the backward writes its gradient
-  // into (fp32), final there with one micro-batch per step; with several the executor sums them into accumulator()
-  // (Backend::grad_add, the host's accumulation bit for bit). Allocates the remainders, the moments and that
-  // accumulator ("optim.device.*").
+  // itself; else bf16, the split master's high halves), or null: this object holds it ("optim.device.weights", a
+  // layer's resident copy). grad: the device buffer the backward writes the unit's gradient into (fp32), or null:
+  // this object holds one ("optim.device.grad"). With several micro-batches per step the executor sums each
+  // micro-batch's gradient into accumulator() (Backend::grad_add, the host's accumulation bit for bit) instead.
+  // The moments are allocated by the first load(), when the optimizer's formats are known ("optim.device.moments").
   DeviceUpdate(Backend& be, HostState& st, int64_t unit, void* weights, const float* grad, int micro_batches);
   int64_t unit() const { return unit_; }
+  const void* weights() const { return weights_; }
+  bool loaded() const { return loaded_; }  // the device copy is current (the host's is stale until store())
+  // Where the backward writes the gradient with one micro-batch per step (the given buffer or this object's).
+  float* grad_target() { return const_cast<float*>(grad_); }
   float* accumulator() { return acc_ ? acc_.as<float>() : nullptr; }
+  // Device bytes this object holds once loaded (weights it owns, remainders, moments, gradient buffers).
+  int64_t device_bytes() const;
 
   // Before the weights are read (Executor::set_update_hook): the device copy from the host (weights, remainders,
   // moments). Loads again when called again (a hook set anew).
   void load(UpdateHook& hook);
-  // After the step's norm is known (its gradient final in grad): the step's update on the compute lane, waited for,
-  // so that a step either returns with it done or fails before it (a skipped step updates nothing). ~2 ms of GPU time
-  // at the end of the step, where the GPU would wait for the host anyway.
+  // After the step's norm is known (its gradient final): the step's update, enqueued on the compute lane (the
+  // executor synchronises once after every unit's, so that a step either returns with them done or fails before
+  // them; a skipped step updates nothing). ~1-2 ms of GPU time per 100M parameters.
   void update(UpdateHook& hook);
   // The master and the moments back into the host state and the optimizer's arrays (synchronises the backend). A
   // no-op before the first load.
-  void store(UpdateHook& hook);
+  void store();
 
  private:
+  // One tensor's device moments: fp32 m, v or 8-bit codes mq, vq with block scales ms, vs (carved from moments_).
+  struct Tensor {
+    UpdateHook::DeviceTensor host;
+    char* m = nullptr;   // fp32 m, or the 8-bit codes of m
+    char* v = nullptr;
+    float* ms = nullptr;  // 8-bit: block scales
+    float* vs = nullptr;
+  };
+  void allocate_moments(const std::vector<UpdateHook::DeviceTensor>& host);
   // Copies between the host copies (master, remainders, the hook's moments) and the device, on `lane`.
-  void transfer(UpdateHook& hook, bool to_device);
+  void transfer(bool to_device);
 
   Backend& be_;
   HostState& st_;
@@ -51,8 +69,8 @@ class DeviceUpdate {
   void* weights_;
   const float* grad_;
   bool split_;  // bf16 weights + remainders (else the fp32 weights are the master)
-  Buffer lo_, m_, v_, acc_;
-  std::vector<UpdateHook::DeviceTensor> tensors_;
+  Buffer own_w_, own_g_, lo_, moments_, acc_;
+  std::vector<Tensor> tensors_;
   bool loaded_ = false;
 };
 

@@ -29,15 +29,15 @@ int64_t Executor::nvme_files_live() const { return impl_->store ? impl_->store->
 
 void Executor::set_update_hook(UpdateHook* hook) {
   hook_ = hook;
-  if (impl_->dev_update && hook) {
-    impl_->dev_update->load(*hook);
+  if (hook && !impl_->dev_updates.empty()) {
+    for (auto& d : impl_->dev_updates) d->load(*hook);
     be_.synchronize();
   }
 }
 
 void Executor::flush_updates() {
   if (impl_->dgrads) impl_->dgrads->flush();
-  if (impl_->dev_update && hook_) impl_->dev_update->store(*hook_);
+  for (auto& d : impl_->dev_updates) d->store();
 }
 
 // After a failed step or eval: drain every lane and worker, drop this step's NVMe files, put gradients
@@ -74,7 +74,10 @@ double Executor::Impl::report_gradients(int32_t nmb, UpdateHook* hook) {
     else hook->grad_ready(u, st.sumsq(u));
   }
   if (dgrads) dgrads->start(hook);
-  if (dev_update) dev_update->update(*hook);  // the norm is known
+  if (!dev_updates.empty()) {  // the norm is known
+    for (auto& d : dev_updates) d->update(*hook);
+    be.synchronize();
+  }
   return std::sqrt(total);
 }
 

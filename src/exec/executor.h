@@ -65,13 +65,19 @@ class UpdateHook {
   virtual void wait_first(int64_t unit) { wait(unit); }
 
   // A unit whose update runs on the device (exec/device_update.h; the executor reports it with grad_norm_part, never
-  // grad_ready). Its tensors (element offset and count in the unit) with the host arrays of their fp32 moments, which
-  // the device copy is loaded from and written back to; and, once the step's norm is known, each tensor's constants
-  // (false: the step was skipped, no update). The default: no unit can be updated on the device.
+  // grad_ready). Its tensors (element offset and count in the unit) with the host arrays of their moments (fp32 m, v;
+  // or 8-bit codes mq, vq with one absmax scale per optim::kQ8Block elements in ms, vs), which the device copy is
+  // loaded from and written back to; and, once the step's norm is known, each tensor's constants (false: the step was
+  // skipped, no update). The default: no unit can be updated on the device.
   struct DeviceTensor {
     int64_t offset = 0, numel = 0;
     float* m = nullptr;
     float* v = nullptr;
+    uint8_t* mq = nullptr;
+    uint8_t* vq = nullptr;
+    float* ms = nullptr;
+    float* vs = nullptr;
+    bool q8() const { return mq != nullptr; }
   };
   virtual std::vector<DeviceTensor> device_tensors(int64_t unit);
   virtual bool device_step(int64_t unit, std::vector<AdamWStepScalars>& per_tensor);

@@ -56,10 +56,15 @@ struct Executor::Impl {
   // == 1), else each micro-batch's gradient is added into fp32 held accumulators.
   std::unique_ptr<GradStream> dgrads;
   bool held_direct = false;
-  // The embedding's update on the device (HostStateOptions::embedding_update_device), else null: its gradient stays
-  // in emb_grad (summed there over the micro-batches), and the table is updated in place instead of uploaded.
-  std::unique_ptr<DeviceUpdate> dev_update;
-  bool updated_on_device(int64_t unit) const { return dev_update && dev_update->unit() == unit; }
+  // Units updated on the device (HostStateOptions::updated_on_device), in unit order: the embedding's gradient stays
+  // in emb_grad (summed there over the micro-batches) and the table is updated in place instead of uploaded; a
+  // layer's weights stay in the update's buffer (the ring loads nothing for it) and its gradient in the update's.
+  std::vector<std::unique_ptr<DeviceUpdate>> dev_updates;
+  std::vector<DeviceUpdate*> dev_update_of;  // per unit, or null
+  DeviceUpdate* device_update(int64_t unit) const {
+    return dev_update_of.empty() ? nullptr : dev_update_of[size_t(unit)];
+  }
+  bool updated_on_device(int64_t unit) const { return device_update(unit) != nullptr; }
   void* emb_grad = nullptr;   // where the backward writes the embedding's / head's gradient: emb_g /
   void* head_grad = nullptr;  // head_g, or their held buffers when held_direct
 

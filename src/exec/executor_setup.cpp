@@ -303,8 +303,18 @@ void Executor::Impl::allocate_grads() {
              "this plan looks it up on the host");
     LT_CHECK(!dgrads, "executor: embedding_update device with gradients held on the device is not supported; use "
              "gradients host or embedding_update host");
-    dev_update = std::make_unique<DeviceUpdate>(be, st, 0, emb_w.data(), static_cast<const float*>(emb_grad),
-                                                ex.opts_.micro_batches);
+    dev_updates.push_back(std::make_unique<DeviceUpdate>(be, st, 0, emb_w.data(), static_cast<const float*>(emb_grad),
+                                                         ex.opts_.micro_batches));
+  }
+  const int64_t k = st.options().device_update_layers;
+  LT_CHECK(k >= 0 && k <= L, "executor: device_update_layers {} outside [0, {}] (the model's layers)", k, L);
+  LT_CHECK(k == 0 || !dgrads, "executor: layers updated on the device with gradients held on the device are not "
+           "supported; use gradients host or device_update_layers 0");
+  for (int64_t u = 1; u <= k; ++u)
+    dev_updates.push_back(std::make_unique<DeviceUpdate>(be, st, u, nullptr, nullptr, ex.opts_.micro_batches));
+  if (!dev_updates.empty()) {
+    dev_update_of.assign(size_t(L + 2), nullptr);
+    for (auto& d : dev_updates) dev_update_of[size_t(d->unit())] = d.get();
   }
 }
 

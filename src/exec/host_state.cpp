@@ -35,7 +35,7 @@ HostState::HostState(Backend& be, HostStateOptions o)
            "host state: streaming dtype {} unsupported (expected F32 or BF16)", dtype_name(stream_dtype_));
   const auto& units = be.layout().units;
   for (size_t u = 0; u < units.size(); ++u) {
-    const bool host_grad = (opt_.grads == GradHome::Host && !(u == 0 && opt_.embedding_update_device)) ||
+    const bool host_grad = (opt_.grads == GradHome::Host && !opt_.updated_on_device(int64_t(u))) ||
                            std::count(opt_.host_grad_units.begin(), opt_.host_grad_units.end(), int64_t(u)) > 0;
     allocate_unit(be, int64_t(u), units[u].numel, host_grad);
   }

@@ -38,6 +38,12 @@ struct HostStateOptions {
   // The embedding's update runs on the device (StatePlacement::embedding_update_device, exec/device_update.h): its
   // master here is a copy written back at Executor::flush_updates, and it has no host gradient.
   bool embedding_update_device = false;
+  // The first device_update_layers layers too (StatePlacement::device_update_layers): their masters here are copies
+  // written back at Executor::flush_updates, and they have no host gradient.
+  int64_t device_update_layers = 0;
+  bool updated_on_device(int64_t u) const {
+    return (u == 0 && embedding_update_device) || (u >= 1 && u <= device_update_layers);
+  }
 };
 
 class HostState {

@@ -72,7 +72,7 @@ void MicroBatchRun::stage_inputs() {
 // Embedding and head weights: uploaded once per step (head in F_{L-1} when not resident; a tied,
 // non-resident embedding at the start of the forward, embed_inputs).
 void MicroBatchRun::upload_emb() {
-  if (I.dev_update && hook_) {  // updated in place on the device (device_update.h; loaded by set_update_hook)
+  if (const DeviceUpdate* d = I.device_update(0); d && d->loaded()) {  // updated in place (set_update_hook loaded it)
     emb_ready_ = be.record(Lane::Compute);
     return;
   }
@@ -212,7 +212,8 @@ void MicroBatchRun::backward_layer(int64_t j) {
   const auto& lay = be.layout();
   const void* wt = weights_for_use();
   const int k = gslot_next_++ % 2;
-  void* dw = I.held_direct ? I.dgrads->buffer(j + 1) : I.gslot[k].data();
+  DeviceUpdate* du = I.device_update(j + 1);
+  void* dw = I.held_direct ? I.dgrads->buffer(j + 1) : du && nmb_ == 1 ? du->grad_target() : I.gslot[k].data();
   be.wait(Lane::Compute, gslot_free_[k]);
   zero_grad(j + 1, dw, lay.layer(j).numel * int64_t(I.g_sz), I.held_direct);
   const int dx = I.pool->acquire(Lane::Compute);
@@ -317,6 +318,10 @@ void MicroBatchRun::issue_loads(int64_t upto) {
     const int64_t ev_after = r.evict_after[size_t(next_load_)];
     if (next_load_ - use_ >= P.ring || ev_after >= use_) break;  // slot still needed by unenqueued compute
     const int64_t layer = r.layer[size_t(next_load_)];
+    if (resident_weights(layer)) {  // updated on the device: its weights are there already, the slot stays unused
+      load_ready_[size_t(next_load_++)] = be.record(Lane::Compute);
+      continue;
+    }
     wait_update(layer + 1);
     if (ev_after >= 0) be.wait(Lane::H2D, use_done_[size_t(ev_after)]);
     // The layer's own size: slots hold the largest layer kind, the host copy only this layer.
@@ -332,7 +337,13 @@ const void* MicroBatchRun::weights_for_use() {
   issue_loads(use_);
   LT_CHECK(next_load_ > r.loader[size_t(use_)], "executor: weight load for use {} not issued", use_);
   be.wait(Lane::Compute, load_ready_[size_t(r.loader[size_t(use_)])]);
+  if (const void* w = resident_weights(r.layer[size_t(use_)])) return w;
   return I.ring[size_t(r.slot[size_t(use_)])].data();
+}
+
+const void* MicroBatchRun::resident_weights(int64_t layer) const {
+  const DeviceUpdate* d = I.device_update(layer + 1);
+  return d && d->loaded() ? d->weights() : nullptr;
 }
 
 void MicroBatchRun::end_use() {
@@ -350,9 +361,9 @@ void MicroBatchRun::grad_done(int64_t unit, void* dgrad, int64_t numel) {
   double* sumsq = I.d_scal.as<double>() + 2 + unit;
   if (I.updated_on_device(unit)) {  // stays on the device: summed over several micro-batches as the host would
     if (nmb_ == 1) return be.grad_sumsq(dgrad, numel, sumsq, lab("grad.sumsq", int32_t(unit)));
-    float* acc = I.dev_update->accumulator();
-    LT_CHECK(acc, "train_step: {} micro-batches, but the embedding's device update is sized for one (set "
-             "ExecOptions::micro_batches)", nmb_);
+    float* acc = I.device_update(unit)->accumulator();
+    LT_CHECK(acc, "train_step: {} micro-batches, but the device update of unit {} is sized for one (set "
+             "ExecOptions::micro_batches)", nmb_, unit);
     if (mbi_ == 0) zero_grad(unit, acc, numel * 4, false);
     be.grad_add(acc, DType::F32, dgrad, numel, mbi_ + 1 == nmb_ ? sumsq : nullptr, lab("grad.add", int32_t(unit)));
     return;

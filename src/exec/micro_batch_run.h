@@ -106,6 +106,8 @@ class MicroBatchRun {
   // (prefetch): waiting there for a layer's optimizer update never delays already-enqueued compute.
   void issue_loads(int64_t upto);
   const void* weights_for_use();
+  // A layer updated on the device (DeviceUpdate, loaded): its weights there, which the ring does not load; else null.
+  const void* resident_weights(int64_t layer) const;
   void end_use();
 
   // ---- checkpoint traffic

@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/units.h"
+#include "optim/nvme_moments.h"
 
 namespace lt {
 
@@ -119,8 +120,14 @@ std::vector<UpdateHook::DeviceTensor> AdamWHook::device_tensors(int64_t unit) {
   std::vector<DeviceTensor> v;
   const auto& spec = opt_->units().at(size_t(unit));
   for (size_t t = 0; t < spec.tensors.size(); ++t) {
-    auto [m, vv] = opt_->f32_moments(int(unit), int(t));
-    v.push_back({spec.tensors[t].offset, spec.tensors[t].numel, m, vv});
+    const optim::MomentArrays a = opt_->host_moments(int(unit), int(t));
+    DeviceTensor d{spec.tensors[t].offset, spec.tensors[t].numel};
+    if (opt_->is_8bit(int(unit), int(t))) {
+      d.mq = a.mq, d.vq = a.vq, d.ms = a.ms, d.vs = a.vs;
+    } else {
+      d.m = a.m, d.v = a.v;
+    }
+    v.push_back(d);
   }
   return v;
 }

@@ -34,7 +34,7 @@ struct OptimizerSetup {
 
 // The optimizer's step constants as the backend's device update takes them (Backend::adamw_step).
 inline AdamWStepScalars device_scalars(const optim::AdamWScalars& s) {
-  return {s.decay, s.w1, s.beta2, s.w2, s.eps, s.bc2_sqrt, s.neg_step_size, s.grad_scale};
+  return {s.decay, s.w1, s.beta2, s.w2, s.eps, s.bc2_sqrt, s.neg_step_size, s.grad_scale, s.beta1, s.inv_bc2_sqrt};
 }
 
 // The optimizer's configuration for setup s and the host state's master format (one definition for the

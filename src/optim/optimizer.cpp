@@ -232,6 +232,20 @@ std::pair<float*, float*> CpuAdamW::f32_moments(int unit, int tensor) {
   return {t.m.data(), t.v.data()};
 }
 
+MomentArrays CpuAdamW::host_moments(int unit, int tensor) {
+  LT_CHECK(unit >= 0 && size_t(unit) < units_.size() && tensor >= 0 &&
+               size_t(tensor) < units_[size_t(unit)].tensors.size(),
+           "optimizer: host_moments({}, {}) out of range", unit, tensor);
+  const UnitSpec& u = units_[size_t(unit)];
+  LT_CHECK(!u.moments_on_nvme, "optimizer: '{}' has its moments on NVMe; only moments in DRAM have host arrays",
+           u.tensors[size_t(tensor)].name);
+  return arrays(unit, tensor);
+}
+
+bool CpuAdamW::is_8bit(int unit, int tensor) const {
+  return units_.at(size_t(unit)).tensors.at(size_t(tensor)).format == StateFormat::Q8;
+}
+
 void CpuAdamW::submit(int unit, const UnitBuffers& bufs) {
   std::unique_lock<std::mutex> lk(mu_);
   LT_CHECK(unit >= 0 && size_t(unit) < units_.size(), "optimizer: unit {} out of range (have {})", unit,

@@ -186,6 +186,10 @@ class CpuAdamW {
   // (throws for an 8-bit tensor or moments on NVMe).
   AdamWScalars step_scalars(int unit, int tensor) const;
   std::pair<float*, float*> f32_moments(int unit, int tensor);
+  // The same for either format: the fp32 arrays (m, v) or the 8-bit codes and block scales (mq, vq, ms, vs) of
+  // tensor t of unit u (throws for moments on NVMe).
+  MomentArrays host_moments(int unit, int tensor);
+  bool is_8bit(int unit, int tensor) const;
 
   // Read access to a tensor's state (tests, checkpoint tools). m/v are dequantised for 8-bit tensors.
   void read_state(int unit, int tensor, std::vector<float>& m, std::vector<float>& v) const;

@@ -121,7 +121,7 @@ class Dp {
     if (best_state < 0) return res;
     res.feasible = true;
     res.value = double(in_.micro_batches) * (best + in_.prologue() + in_.epilogue()) + in_.step_prologue() +
-                in_.step_epilogue();
+                in_.step_epilogue() + in_.device_update_s;
     res.tier.assign(size_t(L_ + 1), Tier::None);
     res.tier[size_t(L_)] = Tier::Gpu;
     for (long long s = best_state; s >= 0; s = parent_[size_t(s)]) {

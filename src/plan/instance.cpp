@@ -210,6 +210,37 @@ double kept_hbm(const Instance& in) {
   return b;
 }
 
+namespace {
+
+// The device updates' effective HBM rate, bytes/s: an element-wise pass on the H200 (4.8 TB/s peak).
+constexpr double kDeviceUpdateBw = 3e12;
+
+// The first device_update_layers layers are updated on the GPU (exec/device_update.h): no CPU optimizer time, no
+// weight upload (their weights stay in HBM), no gradient D2H. Their updates and the embedding's run at HBM speed
+// before the next forward: ~16 B moved per element with 8-bit moments (master halves, gradient, codes; read and
+// written), ~28 with fp32 ones, at kDeviceUpdateBw.
+void device_updated_layers(Instance& in, const ModelLayout& lay, const InstanceOptions& o) {
+  const StatePlacement& s = o.placement;
+  LT_CHECK(s.device_update_layers >= 0 && s.device_update_layers <= in.L,
+           "plan: device_update_layers must be in [0, {}] (the model's layers), got {}", in.L, s.device_update_layers);
+  const std::set<std::string> q8(o.optimizer_8bit.begin(), o.optimizer_8bit.end());
+  auto bytes_of = [&](const UnitLayout& u) {
+    double b = 0;
+    for (const auto& p : u.params) b += double(p.numel) * (q8.count(p.name) ? 16.0 : 28.0);
+    return b;
+  };
+  double bytes = s.embedding_update_device ? bytes_of(lay.embedding()) : 0.0;
+  for (int64_t j = 0; j < s.device_update_layers; ++j) {
+    in.opt[size_t(j)] = 0;
+    in.P[size_t(j)] = 0;
+    in.G[size_t(j)] = 0;
+    bytes += bytes_of(lay.layer(j));
+  }
+  in.device_update_s = bytes / kDeviceUpdateBw;
+}
+
+}  // namespace
+
 Instance make_instance(const ModelConfig& c, int64_t batch, int64_t seq, const ResourceProfile& prof,
                        const InstanceOptions& o) {
   LT_CHECK(batch >= 1 && seq >= 1, "plan: batch and seq must be >= 1, got {} and {}", batch, seq);
@@ -242,6 +273,7 @@ Instance make_instance(const ModelConfig& c, int64_t batch, int64_t seq, const R
     in.P_head = 2.0 * double(c.hidden);
     in.G_head = 4.0 * double(c.hidden);
   }
+  device_updated_layers(in, lay, o);
   in.hbm_cap = double(prof.hbm_bytes - prof.hbm_reserve);
   const int64_t head_chunk = std::min<int64_t>(o.head_chunk_tokens, batch * seq);
   // The head's weights and gradient buffer are on the device for the whole step (the state's head_weights and

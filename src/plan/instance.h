@@ -55,6 +55,10 @@ struct Instance {
   double bh = 1, bd = 1, bb = 1, bnr = 1, bnw = 1;
   // CPU optimizer time per unit: layers 0..L-1, then head, then embedding (size L+2); updated in opt_order().
   std::vector<double> opt;
+  // Units updated on the GPU (StatePlacement::embedding_update_device, device_update_layers: their opt is 0, their
+  // weights and gradients do not cross PCIe): the GPU time of their updates, before the next step's prologue (the CPU
+  // optimizer starts on the other units meanwhile).
+  double device_update_s = 0;
   // Gradients held on the device (gradients: device): D2H time of each unit's gradient, indexed as opt
   // (empty: none). One stream from the step's start in opt_order(); a unit's update waits for its gradient.
   std::vector<double> opt_d2h;

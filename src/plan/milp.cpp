@@ -268,7 +268,7 @@ struct Model {
     for (int w = 0; w < S; ++w) {
       T[size_t(w)] = lp.var(0, kInf, 0, false, fmt::format("T_{}", w));
       double wait = w < L ? O[size_t(w + 1 <= L - 1 ? w + 1 : L)] : 0;
-      if (w == 0) wait = std::max(wait, O[0] + in.step_prologue() + in.prologue());
+      if (w == 0) wait = std::max(wait, std::max(O[0], in.device_update_s) + in.step_prologue() + in.prologue());
       st[size_t(w)] = lp.var(wait, kInf, 0, false, fmt::format("st_{}", w));
     }
     end = lp.var(in.opt_last(), kInf, 1.0, false, "end");

@@ -72,6 +72,14 @@ std::string device_update_blocker(const PlanRequest& r, const StateChoice& s) {
   return {};
 }
 
+std::string layer_update_blocker(const PlanRequest& r, const StateChoice& s) {
+  const StatePlacement& p = s.placement;
+  if (r.world != 1) return fmt::format("world size {} (the data-parallel trainer updates on the host)", r.world);
+  if (p.grads != GradHome::Host) return "gradients held on the device";
+  if (p.master != MasterMode::Fp32 || p.fp32_master_array) return "the master weights are not split fp32";
+  return {};
+}
+
 std::vector<StateChoice> placement_ladder(const PlanRequest& r) {
   const double dram = double(r.profile.dram_bytes);
   LT_CHECK(!(r.grads == GradHome::Host && r.grad_dtype == GradDType::Bf16),

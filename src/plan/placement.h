@@ -34,6 +34,10 @@ struct StateChoice {
 // for the whole step), one process, gradients host, exact fp32 masters (split), and fp32 moments for it.
 std::string device_update_blocker(const PlanRequest& r, const StateChoice& s);
 
+// Why no decoder layer can be updated on the GPU under placement p (empty: they can): one process, gradients host,
+// exact fp32 masters (split). (Layers whose moments are on NVMe are left out by the planner's search.)
+std::string layer_update_blocker(const PlanRequest& r, const StateChoice& s);
+
 // The rungs for a request, in order (at least one). Each rung updates the embedding on the GPU where it can, unless
 // PlanRequest::embedding_update_device says otherwise.
 std::vector<StateChoice> placement_ladder(const PlanRequest& r);

@@ -312,6 +312,7 @@ json plan_to_json(const Plan& p) {
   if (p.placement.moment_shards > 1) j["moment_shards"] = p.placement.moment_shards;
   if (p.placement.fp32_master_array) j["fp32_master_array"] = true;
   if (p.placement.embedding_update_device) j["embedding_update"] = "device";
+  if (p.placement.device_update_layers > 0) j["device_update_layers"] = p.placement.device_update_layers;
   j["planner"] = p.planner;
   j["hbm_cap"] = p.hbm_cap;
   j["dram_cap"] = p.dram_cap;
@@ -397,6 +398,8 @@ StatePlacement placement_from(Obj& o, const std::string& source) {
     const std::string eu = o.get_or<std::string>("embedding_update", "host");
     LT_CHECK(eu == "host" || eu == "device", "field 'embedding_update': expected host or device, got '{}'", eu);
     s.embedding_update_device = eu == "device";
+    s.device_update_layers = o.get_or<int64_t>("device_update_layers", 0);
+    LT_CHECK(s.device_update_layers >= 0, "field 'device_update_layers' must be >= 0, got {}", s.device_update_layers);
   } catch (const Error& e) {
     fail("{}: {}", source, e.what());
   }

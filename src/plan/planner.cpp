@@ -96,6 +96,17 @@ struct Prepared {
   double step = 1e300;  // simulated step of the DP's plan (hybrid 8-bit comparison)
 };
 
+// The simulated step of a prepared choice's DP plan (its tied traffic assigned); 1e300 when it has none or it does
+// not fit.
+double simulated_step(const PlanRequest& r, const Prepared& pr) {
+  if (!pr.dp.feasible) return 1e300;
+  Plan p = plan_meta(r, pr.chunk, pr.st, pr.inst.kept);
+  p.tier = pr.dp.tier;
+  assign_tied_traffic(pr.inst, p);
+  const SimResult sim = simulate(pr.inst, p);
+  return sim.fits ? sim.pred.step_s : 1e300;
+}
+
 // Chunk: the whole batch if the DP finds a plan with it, else halve.
 Prepared prepare(const PlanRequest& r, StateChoice st) {
   InstanceOptions io;
@@ -137,11 +148,7 @@ void widen_8bit(const PlanRequest& r, Prepared& best) {
   const auto& c = r.model;
   const double A = double(r.batch * r.seq * c.hidden * 2);
   auto score_prep = [&](Prepared& pr) {
-    if (!pr.dp.feasible) return;
-    Plan p = plan_meta(r, pr.chunk, pr.st);
-    p.tier = pr.dp.tier;
-    assign_tied_traffic(pr.inst, p);
-    pr.step = simulate(pr.inst, p).pred.step_s;
+    if (pr.dp.feasible) pr.step = simulated_step(r, pr);
   };
   score_prep(best);
   for (int k : {std::max(1, int(c.layers) / 4), std::max(1, int(c.layers) / 2), int(c.layers)}) {
@@ -151,6 +158,59 @@ void widen_8bit(const PlanRequest& r, Prepared& best) {
     score_prep(pr);
     if (pr.step < best.step * (1 - 1e-6)) best = std::move(pr);
   }
+}
+
+// Layers updated on the GPU (StatePlacement::device_update_layers): the first k layers' weights, gradients and
+// optimizer state in HBM, their updates on the GPU once the norm is known. The next forward's first k layers then do
+// not wait for the CPU optimizer, which starts on layer k at once: its lag behind the forward (each layer's update a
+// little slower than its forward, Qwen2.5-3B) has k forwards to hide in. The HBM comes from the checkpoints' and
+// the kept internals' room, so as with those the trade is only known after planning: the DP for k = 1, 2, ... (at
+// the chosen chunk), scored by the simulator, the fastest k kept when it beats k - 1 by more than 1e-6 relative;
+// the search ends after 4 counts without a gain (the step only falls while the optimizer is exposed), at the HBM cap
+// or at the layers whose moments are on NVMe. A forced k (PlanRequest::device_update_layers) is planned as given.
+void choose_device_layers(const PlanRequest& r, Prepared& best) {
+  if (!best.dp.feasible || r.device_update_layers == int64_t(0)) return;
+  const std::string why = layer_update_blocker(r, best.st);
+  const int64_t kmax = r.model.layers - best.st.placement.nvme_layers;
+  PlanRequest at_chunk = r;
+  at_chunk.chunk = best.chunk;
+  auto prepared = [&](int64_t k) {
+    StateChoice st = best.st;
+    st.placement.device_update_layers = k;
+    return prepare(at_chunk, std::move(st));
+  };
+  if (r.device_update_layers) {
+    const int64_t k = *r.device_update_layers;
+    LT_CHECK(why.empty(), "plan: device_update_layers {}: {} (use device_update_layers 0 or auto)", k, why);
+    LT_CHECK(k >= 0 && k <= kmax, "plan: device_update_layers {} outside [0, {}] (the model's layers{})", k, kmax,
+             kmax < r.model.layers ? ", less those whose moments are on NVMe" : "");
+    best = prepared(k);
+    best.step = simulated_step(r, best);
+    return;
+  }
+  if (!why.empty()) return;
+  const double base = simulated_step(r, best);
+  double best_step = base;
+  int64_t best_k = 0, misses = 0;
+  std::optional<Prepared> chosen;
+  for (int64_t k = 1; k <= kmax && misses < 4; ++k) {
+    Prepared pr = prepared(k);
+    if (pr.inst.hbm_fixed >= pr.inst.hbm_cap) break;  // more layers only take more
+    const double step = simulated_step(r, pr);
+    if (step < best_step * (1 - 1e-6)) {
+      best_step = step;
+      best_k = k;
+      chosen = std::move(pr);
+      misses = 0;
+    } else {
+      ++misses;
+    }
+  }
+  if (best_k == 0) return;
+  log_debug("plan: the first {} layers updated on the GPU: DP plan {:.2f} ms -> {:.2f} ms", best_k, base * 1e3,
+            best_step * 1e3);
+  best = std::move(*chosen);
+  best.step = best_step;
 }
 
 // Kept internals: the last k layers keep their forward internals in HBM, so their backward does not re-run the forward
@@ -165,12 +225,8 @@ void choose_kept(const PlanRequest& r, Prepared& best) {
   const int tail = keepable_tail(best.inst);
   if (tail <= 0) return;
   auto step_of = [&](const Instance& in, const DpResult& dp) {
-    if (!dp.feasible) return 1e300;
-    Plan p = plan_meta(r, best.chunk, best.st, in.kept);
-    p.tier = dp.tier;
-    assign_tied_traffic(in, p);
-    const SimResult sim = simulate(in, p);
-    return sim.fits ? sim.pred.step_s : 1e300;
+    Prepared pr{best.st, in, dp, best.chunk};
+    return simulated_step(r, pr);
   };
   const double base = step_of(best.inst, best.dp);
   double best_step = base;
@@ -315,6 +371,7 @@ PlanOutcome make_plan(const PlanRequest& r) {
   out.flops_per_step = model_flops_per_step(r.model, r.batch * r.seq * r.micro_batches);
   Prepared prep = choose_state(r);
   widen_8bit(r, prep);
+  choose_device_layers(r, prep);
   choose_kept(r, prep);
   record_state(r, prep, out);
   score_candidates(r, plan_meta(r, prep.chunk, prep.st, prep.inst.kept), out);

@@ -46,6 +46,10 @@ struct PlanRequest {
   // The embedding's update on the GPU (StatePlacement::embedding_update_device): unset = wherever eligible
   // (placement.h device_update_eligible), true = required (an error naming why not, when it cannot), false = never.
   std::optional<bool> embedding_update_device;
+  // The first k decoder layers updated on the GPU (StatePlacement::device_update_layers): unset = the k that
+  // simulates fastest where eligible (placement.h layer_update_blocker; 0 where not), a number = that k (an error
+  // naming why, when it cannot).
+  std::optional<int64_t> device_update_layers;
   // Data parallelism (docs/planner.md, "Data parallelism"): the plan is one rank's. `profile` is then
   // the rank's share of the host (dist::rank_profile); world > 1 shards the moments over the ranks,
   // keeps full fp32 master arrays and host gradients (what the data-parallel trainer runs: no device

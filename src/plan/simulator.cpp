@@ -132,7 +132,9 @@ void simulate_time(const Instance& in, bool record_ops, SimResult& R) {
       if (size_t(u) < in.opt_d2h.size()) d += in.opt_d2h[size_t(u)];
     }
   }
-  double t = O[0];
+  // The GPU's own updates (embedding, first layers) come first; the CPU optimizer runs beside them.
+  double t = std::max(O[0], in.device_update_s);
+  if (in.device_update_s > 0) op(SimLane::Compute, 0, in.device_update_s, "device updates");
   // Data parallelism: the weight all-gather, once per step, before the first prologue.
   const double spro = in.step_prologue();
   if (spro > 0) {
@@ -143,8 +145,8 @@ void simulate_time(const Instance& in, bool record_ops, SimResult& R) {
   }
   const double pro = in.prologue();
   op(SimLane::H2D, t, t + pro, "layer 0 + boundary 0");
-  op(SimLane::Compute, 0, t + pro, "wait (optimizer, prologue)", true);
-  pr.exposed_optimizer_s += O[0];
+  op(SimLane::Compute, in.device_update_s, t + pro, "wait (optimizer, prologue)", true);
+  pr.exposed_optimizer_s += std::max(0.0, O[0] - in.device_update_s);
   pr.exposed_h2d_s += pro;
   t += pro;
   double t_no_opt = pro;
@@ -207,7 +209,7 @@ void simulate_time(const Instance& in, bool record_ops, SimResult& R) {
     (in.coll.grad_h2d / in.bh >= in.coll.grad_d2h / in.bd ? pr.exposed_h2d_s : pr.exposed_d2h_s) += sepi;
     t += sepi;
   }
-  t_no_opt += spro + sepi;
+  t_no_opt += spro + sepi + in.device_update_s;
   if (in.opt_last() > t) {  // an update still running at the step's end (the next step waits for it)
     pr.exposed_optimizer_s += in.opt_last() - t;
     t = in.opt_last();

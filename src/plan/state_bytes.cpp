@@ -42,7 +42,8 @@ StateBytes model_state_bytes(const ModelConfig& c, const std::vector<std::string
     const bool nvme = u.kind == UnitKind::Layer && moments_on_nvme(c, u.layer, s);
     b.params += int64_t(n);
     b.master += master_bytes_per_param(s) * n;
-    const bool on_gpu = s.embedding_update_device && u.kind == UnitKind::Embedding;
+    const bool on_gpu = (s.embedding_update_device && u.kind == UnitKind::Embedding) ||
+                        (u.kind == UnitKind::Layer && u.layer < s.device_update_layers);
     if (!on_gpu) (held ? b.grads_device : b.grads_host) += (held ? held_b : 4.0) * n;  // host: fp32
     double mb = 0;
     for (auto& p : u.params) {
@@ -51,7 +52,8 @@ StateBytes model_state_bytes(const ModelConfig& c, const std::vector<std::string
     }
     mb *= shard;  // data parallel: this rank's shard of the moments
     // Updated on the GPU: the moments and the remainders there; the DRAM copies (written back at a checkpoint) stay.
-    if (on_gpu) b.device_update = mb + 2.0 * n;
+    if (on_gpu && u.kind == UnitKind::Embedding) b.device_update = mb + 2.0 * n;
+    if (on_gpu && u.kind == UnitKind::Layer) b.device_layers += mb + 8.0 * n;  // + weights 2, remainders 2, gradient 4
     (nvme ? b.moments_nvme : b.moments) += mb;
     if (nvme) largest_nvme = std::max(largest_nvme, mb);
     if (u.kind == UnitKind::Layer) largest_layer = std::max(largest_layer, n);
@@ -94,6 +96,10 @@ std::vector<StatePart> StateBytes::parts() const {
   if (resident_table > 0) v.push_back({"embedding table (resident)", StateHome::Gpu, resident_table});
   if (head_weights > 0) v.push_back({"head weights (bf16)", StateHome::Gpu, head_weights});
   if (device_update > 0) v.push_back({"embedding update (remainders, moments)", StateHome::Gpu, device_update});
+  if (device_layers > 0)
+    v.push_back({fmt::format("first {} layers' update (weights, remainders, moments, gradients)",
+                             placement.device_update_layers),
+                 StateHome::Gpu, device_layers});
   if (grads_host > 0)
     v.push_back({"gradients (fp32)", StateHome::Dram, grads_host});
   std::string mom = eight_bit_tensors > 0 ? fmt::format("moments ({} 8-bit tensors)", eight_bit_tensors) : "moments (fp32)";

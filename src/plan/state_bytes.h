@@ -13,6 +13,9 @@
 //                            fp32_master_array: master fp32 4 B + bf16 streaming copy 2 B  DRAM
 //   embedding updated on the GPU (embedding_update_device): its remainders 2 B + fp32 moments 8 B in HBM instead of
 //                            DRAM, no host gradient for it                                   HBM
+//   layers updated on the GPU (device_update_layers, the first k): their bf16 weights 2 B, remainders 2 B, moments
+//                            (as above) and an fp32 gradient 4 B in HBM; no host gradient (the DRAM copies of
+//                            master and moments stay, written back at a checkpoint)                     HBM
 //   staging (pinned)         host: 2 bf16 slabs of the largest layer (D2H double buffer);
 //                            device: the ring of grad_ring_elems in the held dtype          DRAM
 #pragma once
@@ -60,12 +63,14 @@ struct StateBytes {
   double head_weights = 0;      // HBM: the bf16 head (final norm + LM head; tied: the embedding table), on the
                                 //   device for the whole step (exec/executor_setup.cpp "weights.head")
   double device_update = 0;     // HBM: the embedding's master remainders and fp32 moments (embedding_update_device)
+  double device_layers = 0;     // HBM: the layers updated on the GPU (device_update_layers): weights, remainders,
+                                //   moments, gradient
   double moments = 0;           // DRAM
   double moments_nvme = 0;      // moments of the NVMe layers (files on the NVMe tier)
   double moment_staging = 0;    // DRAM slots the NVMe moments are updated in (3 x the largest such layer's)
   double staging = 0;           // pinned DRAM receiving the gradient D2H
   double dram() const { return master + grads_host + moments + moment_staging + staging; }
-  double hbm() const { return grads_device + grad_scratch + resident_table + head_weights + device_update; }
+  double hbm() const { return grads_device + grad_scratch + resident_table + head_weights + device_update + device_layers; }
   double nvme() const { return moments_nvme; }
   // The non-empty parts with a display name ("master + copy (fp32)", "gradients (fp32, held)", ...).
   std::vector<StatePart> parts() const;

@@ -80,6 +80,7 @@ const std::vector<Field>& fields() {
       {"keep_internals", &C::keep_internals},
       {"embedding_rows_first", &C::embedding_rows_first},
       {"embedding_update", &C::embedding_update},
+      {"device_update_layers", &C::device_update_layers},
       {"backend", &C::backend},
       {"threads", &C::threads},
       {"peak_tflops", &C::peak_tflops},
@@ -290,6 +291,20 @@ TrainConfig load_config(const std::filesystem::path& file, const std::vector<std
   return c;
 }
 
+std::optional<int64_t> parse_device_update_layers(const std::string& v, const std::string& what) {
+  if (v == "auto") return std::nullopt;
+  size_t used = 0;
+  long long k = -1;
+  try {
+    k = std::stoll(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  LT_CHECK(used == v.size() && !v.empty() && k >= 0,
+           "{} must be auto or a count of layers >= 0, got '{}'", what, v);
+  return int64_t(k);
+}
+
 void validate_config(const TrainConfig& c) {
   auto one_of = [](const std::string& key, const std::string& v, std::initializer_list<const char*> ok) {
     for (const char* o : ok)
@@ -324,6 +339,7 @@ void validate_config(const TrainConfig& c) {
   one_of("gradients", c.gradients, {"host", "device", "auto"});
   one_of("gradient_dtype", c.gradient_dtype, {"fp32", "bf16", "auto"});
   one_of("embedding_update", c.embedding_update, {"host", "device", "auto"});
+  (void)device_update_layers_of(c);  // "auto" or a count >= 0
   LT_CHECK(!(c.gradient_dtype == "bf16" && c.gradients == "host"),
            "config: gradient_dtype: bf16 applies to gradients held on the device, but gradients: host keeps fp32 "
            "accumulators on the host (set gradients: device or auto)");

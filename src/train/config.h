@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,9 @@ struct TrainConfig {
   std::string optimizer_nvme = "none";       // optimizer moments on NVMe (nvme_dir): none | auto (the planner's) | all (every layer's)
   bool keep_internals = true;                // let the planner keep the last layers' forward internals in HBM (Plan::kept_layers)
   bool embedding_rows_first = true;          // untied table looked up on the host: the next step's rows of its update first
+  // The first k decoder layers' AdamW steps on the GPU (their weights, gradients and optimizer state in HBM):
+  // "auto" (the k the planner simulates fastest, on a GPU where it can; 0 on the CPU backend) or a count.
+  std::string device_update_layers = "auto";
   std::string embedding_update = "auto";     // the tied embedding's AdamW step: host | device (on the GPU) | auto (device where it can, on a GPU)
   std::string backend = "auto";              // auto | cpu | cuda
   int64_t threads = 0;                       // CPU threads; 0 = all cores
@@ -96,6 +100,13 @@ TrainConfig load_config(const std::filesystem::path& file, const std::vector<std
 
 // Checks cross-field constraints (positive sizes, known enum values). Throws lt::Error.
 void validate_config(const TrainConfig& c);
+
+// device_update_layers as a count, or nullopt for "auto". Throws lt::Error naming `what` (the key or the option) for
+// anything else.
+std::optional<int64_t> parse_device_update_layers(const std::string& v, const std::string& what);
+inline std::optional<int64_t> device_update_layers_of(const TrainConfig& c) {
+  return parse_device_update_layers(c.device_update_layers, "config: device_update_layers");
+}
 
 // The nearest key by edit distance, or "" when none is close (distance > max(2, len/3)).
 std::string nearest_key(const std::string& key);

@@ -153,6 +153,9 @@ TrainingPlan make_training_plan(const TrainConfig& cfg, const ModelConfig& model
   // one compute thread, slower than the multi-threaded CPU optimizer).
   if (cfg.embedding_update != "auto") r.embedding_update_device = cfg.embedding_update == "device";
   else if (!on_gpu) r.embedding_update_device = false;
+  // The first layers' updates on the GPU: auto only on a GPU, and not with every layer's moments on NVMe.
+  r.device_update_layers = device_update_layers_of(cfg);
+  if (!r.device_update_layers && (!on_gpu || cfg.optimizer_nvme == "all")) r.device_update_layers = 0;
   r.compare = false;
   const double t0 = now_seconds();
   PlanOutcome o = make_plan(r);
@@ -200,7 +203,10 @@ TrainingPlan make_training_plan(const TrainConfig& cfg, const ModelConfig& model
       describe_tiers(o.plan), cfg.optimizer,
       o.eight_bit_tensors, o.eight_bit_params, master_mode_name(o.placement.master), grad_home_name(o.placement.grads),
       (o.placement.grads == GradHome::Device ? fmt::format(" ({})", grad_dtype_name(o.placement.grad_dtype)) : std::string()) +
-          (o.placement.embedding_update_device ? ", the embedding's update on the GPU" : ""),
+          (o.placement.embedding_update_device ? ", the embedding's update on the GPU" : "") +
+          (o.placement.device_update_layers > 0
+               ? fmt::format(", the first {} layers' updates on the GPU", o.placement.device_update_layers)
+               : std::string()),
       tp.predicted_step_s, tp.predicted_tflops,
       1e3 * tp.predicted_exposed_transfer_s, 1e3 * tp.predicted_exposed_optimizer_s,
       format_bytes(double(o.sim.pred.peak_hbm)), format_bytes(double(r.profile.hbm_bytes - r.profile.hbm_reserve)),

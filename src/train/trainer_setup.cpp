@@ -130,6 +130,7 @@ HostStateOptions host_state_options(const TrainingPlan& tp) {
   o.grads = tp.placement.grads;
   o.grad_dtype = tp.placement.grad_dtype;
   o.embedding_update_device = tp.placement.embedding_update_device;
+  o.device_update_layers = tp.placement.device_update_layers;
   // Units whose gradient the host computes (the embedding when its table is not on the device).
   if (o.grads == GradHome::Device) o.host_grad_units = host_grad_units(tp.model, tp.exec);
   return o;

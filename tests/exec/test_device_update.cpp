@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "backend/cpu/cpu_backend.h"
@@ -24,6 +26,7 @@ struct Outcome {
   std::vector<double> loss, norm, eval;
   std::vector<std::vector<float>> masters;
   std::vector<float> m0, v0;  // the embedding's moments (optimizer's host arrays)
+  std::vector<float> m1, v1;  // layer 0's biggest tensor's moments (dequantised when 8-bit)
   int64_t grad_bytes = 0, failures = 0;
 };
 
@@ -34,20 +37,33 @@ struct Case {
   int steps = 4;
   bool eval_after_step_1 = false;
   int fail_step = -1;  // this step's first try fails in the backward (then runs again)
+  int64_t device_layers = 0;  // on_device: the first layers' updates on the device too
+  bool q8 = false;            // 8-bit moments for the matrices (the optimizer's scalar path, which the device matches)
 };
+
+// Layer 0's largest tensor (a matrix: 8-bit with Case::q8).
+size_t largest_tensor(const optim::UnitSpec& u) {
+  size_t t = 0;
+  for (size_t k = 0; k < u.tensors.size(); ++k)
+    if (u.tensors[k].numel > u.tensors[t].numel) t = k;
+  return t;
+}
 
 Outcome train(const Case& s, bool on_device) {
   CpuBackend be(s.c, test::cpu_opts());
   HostStateOptions ho;
   ho.embedding_update_device = on_device;
+  ho.device_update_layers = on_device ? s.device_layers : 0;
   HostState st(be, ho);
   test::random_weights(be.layout(), st, 11);
   optim::AdamWConfig oc;
   oc.max_grad_norm = 0.05f;  // clipping active: the device update must use the step's exact clip factor
   oc.threads = 1;
   oc.groups = {{1.0f, 0.1f}, {1.0f, 0.0f}};  // weight decay on the embedding
+  oc.isa = optim::Isa::Scalar;  // the 8-bit path the device op matches bit for bit (AVX2 too; AVX-512 within an ulp)
   std::vector<optim::UnitSpec> specs;
-  for (auto& u : be.layout().units) specs.push_back(optim::unit_spec_from_layout(u, optim::OptimizerKind::AdamW));
+  const auto kind = s.q8 ? optim::OptimizerKind::AdamW8bit : optim::OptimizerKind::AdamW;
+  for (auto& u : be.layout().units) specs.push_back(optim::unit_spec_from_layout(u, kind));
   optim::CpuAdamW opt(specs, oc);
   AdamWHook hook(opt, st);
   Outcome r;
@@ -82,6 +98,7 @@ Outcome train(const Case& s, bool on_device) {
     st.read_master(u, r.masters.back().data());
   }
   opt.read_state(0, 0, r.m0, r.v0);
+  opt.read_state(1, int(largest_tensor(specs[1])), r.m1, r.v1);
   return r;
 }
 
@@ -98,6 +115,9 @@ void expect_same(const Outcome& a, const Outcome& b, const std::string& what) {
   ASSERT_EQ(a.m0.size(), b.m0.size());
   EXPECT_EQ(std::memcmp(a.m0.data(), b.m0.data(), a.m0.size() * 4), 0) << what << " m";
   EXPECT_EQ(std::memcmp(a.v0.data(), b.v0.data(), a.v0.size() * 4), 0) << what << " v";
+  ASSERT_EQ(a.m1.size(), b.m1.size());
+  EXPECT_EQ(std::memcmp(a.m1.data(), b.m1.data(), a.m1.size() * 4), 0) << what << " layer 0 m";
+  EXPECT_EQ(std::memcmp(a.v1.data(), b.v1.data(), a.v1.size() * 4), 0) << what << " layer 0 v";
 }
 
 ExecPlan offload_plan(int64_t L, int64_t batch, int64_t seq) {
@@ -128,6 +148,69 @@ TEST(ExecDeviceUpdate, TrainingMatchesTheCpuOptimizerBitForBit) {
       EXPECT_NE(std::memcmp(init.data(), dev.masters[0].data(), init.size() * 4), 0) << what;
       EXPECT_EQ(host.grad_bytes - dev.grad_bytes, 4 * int64_t(init.size())) << what;
     }
+}
+
+// The first layers updated on the device too (HostStateOptions::device_update_layers), with fp32 and 8-bit moments:
+// the same losses, norms, masters and moments as the CPU optimizer's update, over micro-batch counts, offloaded
+// checkpoints and an eval between steps; the layers' weights are not uploaded (the ring loads nothing for them) and
+// they have no host gradient.
+TEST(ExecDeviceUpdate, FirstLayersOnTheDeviceMatchTheCpuOptimizer) {
+  for (bool q8 : {false, true})
+    for (int nmb : {1, 2})
+      for (int64_t k : {int64_t(1), int64_t(3)}) {
+        Case s;
+        s.c = test::tiny_config(Arch::Qwen2, 4, true);
+        s.p = nmb == 2 ? offload_plan(s.c.layers, 2, 8) : ExecPlan::keep_all(s.c.layers, 2, 8);
+        s.nmb = nmb;
+        s.q8 = q8;
+        s.device_layers = k;
+        s.eval_after_step_1 = true;
+        const std::string what = fmt::format("q8 {} nmb {} layers {}", q8, nmb, k);
+        const Outcome host = train(s, false), dev = train(s, true);
+        expect_same(host, dev, what);
+        int64_t layer_elems = 0;
+        for (int64_t u = 0; u <= k; ++u) layer_elems += int64_t(dev.masters[size_t(u)].size());
+        EXPECT_EQ(host.grad_bytes - dev.grad_bytes, 4 * layer_elems) << what;
+        EXPECT_FALSE(dev.m1.empty());
+      }
+}
+
+TEST(ExecDeviceUpdate, FirstLayersSkipTheirUploads) {
+  auto c = test::tiny_config(Arch::Qwen3, 4, true);
+  const ExecPlan p = ExecPlan::keep_all(c.layers, 2, 8);
+  // Loads of layers 1 and 2 in one step's trace ("w.h2d <layer>"; layer 0's name is the embedding's too).
+  auto uploads = [&](int64_t k) {
+    CpuBackend be(c, test::cpu_opts());
+    HostStateOptions ho;
+    ho.device_update_layers = k;
+    HostState st(be, ho);
+    test::random_weights(be.layout(), st, 3);
+    AdamWHook hook(be.layout(), st, OptimizerSetup{});
+    Executor ex(c, be, p, st);
+    ex.set_update_hook(&hook);
+    for (int step = 0; step < 2; ++step) {  // the second step's forward reads the updated device copies
+      const test::StepBatches sb = test::step_batches(c, p, 1, 7 + step);
+      hook.begin_step(1e-3f);
+      ex.train_step(sb.mbs);
+    }
+    const auto dir = test::temp_dir("devupd-trace");
+    ex.write_trace(dir / "t.json");
+    hook.wait_all();
+    std::ifstream f(dir / "t.json");
+    const nlohmann::json j = nlohmann::json::parse(f);
+    std::filesystem::remove_all(dir);
+    std::pair<int, int> n{0, 0};
+    for (const auto& ev : j.at("traceEvents")) {
+      const std::string name = ev.value("name", "");
+      n.first += name == "w.h2d 1";
+      n.second += name == "w.h2d 2";
+    }
+    return n;
+  };
+  const auto all = uploads(0), some = uploads(2);
+  EXPECT_GT(all.first, 0);
+  EXPECT_EQ(some.first, 0) << "layer 1 is updated on the device: never uploaded";
+  EXPECT_EQ(some.second, all.second) << "layer 2 is uploaded as before";
 }
 
 TEST(ExecDeviceUpdate, AFailedStepLosesNothing) {

@@ -7,6 +7,8 @@
 
 #include "core/error.h"
 #include "core/units.h"
+#include "model/accounting.h"
+#include "model/param_layout.h"
 #include "plan/fit_advice.h"
 #include "plan/planner.h"
 #include "plan/state_bytes.h"
@@ -515,6 +517,78 @@ TEST(PlanState, OptimizerDeratedByTheForwardsUploads) {
     const bool first = u == size_t(in.L + 1) && in.embedding_first;
     EXPECT_NEAR(in.opt[u], plain.opt[u] / (first ? 1.0 : f), 1e-15) << "unit " << u;
   }
+}
+
+}  // namespace
+}  // namespace lt
+
+namespace lt {
+namespace {
+
+// The first layers' updates on the GPU (StatePlacement::device_update_layers): with a CPU optimizer slower than the
+// forward the planner chooses some (its simulated step and exposed optimizer fall), their instance costs lose the
+// optimizer time, the upload and the gradient D2H, their state moves to HBM and out of DRAM's gradients; one layer
+// fewer plans slower; forced counts are planned as given or refused with the reason.
+TEST(PlanState, FirstLayersUpdatedOnTheGpu) {
+  PlanRequest r = test::tiny_state_request(1e9);
+  r.compare = false;
+  r.planner = "dp";
+  r.keep_internals = false;
+  r.profile.opt_fp32_params_per_s /= 2000;  // the CPU optimizer far behind the forward
+  r.profile.opt_8bit_params_per_s /= 2000;
+  r.device_update_layers = 0;
+  const PlanOutcome none = make_plan(r);
+  ASSERT_TRUE(none.feasible) << none.why;
+  ASSERT_GT(none.sim.pred.exposed_optimizer_s, 0.0);
+  r.device_update_layers.reset();
+  const PlanOutcome o = make_plan(r);
+  ASSERT_TRUE(o.feasible) << o.why;
+  const int64_t k = o.placement.device_update_layers;
+  EXPECT_GT(k, 0);
+  EXPECT_LT(o.sim.pred.step_s, none.sim.pred.step_s);
+  EXPECT_LT(o.sim.pred.exposed_optimizer_s, none.sim.pred.exposed_optimizer_s);
+  EXPECT_GT(o.inst.device_update_s, 0.0);
+  for (int64_t j = 0; j < o.inst.L; ++j) {
+    const bool dev = j < k;
+    EXPECT_EQ(o.inst.opt[size_t(j)] == 0, dev) << "layer " << j;
+    EXPECT_EQ(o.inst.P[size_t(j)] == 0, dev) << "layer " << j;
+    EXPECT_EQ(o.inst.G[size_t(j)] == 0, dev) << "layer " << j;
+  }
+  EXPECT_EQ(plan_to_json(o.plan)["device_update_layers"], k);
+  EXPECT_EQ(plan_from_json(plan_to_json(o.plan)).placement.device_update_layers, k);
+  // The state: per layer weights 2 + remainders 2 + gradient 4 + moments in HBM; its host gradient out of DRAM.
+  StatePlacement off = o.placement;
+  off.device_update_layers = 0;
+  const StateBytes on_b = model_state_bytes(r.model, o.plan.optimizer_8bit, o.placement);
+  const StateBytes off_b = model_state_bytes(r.model, o.plan.optimizer_8bit, off);
+  double n = 0, mb = 0;
+  for (int64_t j = 0; j < k; ++j) {
+    n += double(unit_param_count(model_layout(r.model).layer(j)));
+    mb += layer_moment_bytes(r.model, j, o.plan.optimizer_8bit);
+  }
+  EXPECT_DOUBLE_EQ(on_b.device_layers, 8 * n + mb);
+  EXPECT_DOUBLE_EQ(on_b.hbm() - off_b.hbm(), 8 * n + mb);
+  EXPECT_DOUBLE_EQ(off_b.dram() - on_b.dram(), 4 * n);
+  bool listed = false;
+  for (const auto& part : on_b.parts()) listed |= part.name.find("layers' update") != std::string::npos;
+  EXPECT_TRUE(listed);
+  // A forced count.
+  r.device_update_layers = 1;
+  EXPECT_EQ(make_plan(r).placement.device_update_layers, 1);
+  // The search keeps a count only for a gain: one layer fewer plans slower.
+  r.device_update_layers = k - 1;
+  EXPECT_GT(make_plan(r).sim.pred.step_s, o.sim.pred.step_s * (1 + 1e-7));
+  // Forced where it cannot: gradients held on the device; more layers than the model has.
+  r.grads = GradHome::Device;
+  try {
+    make_plan(r);
+    ADD_FAILURE() << "layers on the device with gradients held on the device";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("gradients held on the device"), std::string::npos) << e.what();
+  }
+  r.grads.reset();
+  r.device_update_layers = r.model.layers + 1;
+  EXPECT_THROW(make_plan(r), Error);
 }
 
 }  // namespace

@@ -164,6 +164,41 @@ TEST(Trainer, EmbeddingUpdateOnTheDeviceTrainsAndResumesExactly) {
   }
 }
 
+// device_update_layers (the first layers' AdamW steps on the device; here the CPU backend's "device"), with 8-bit
+// moments on the optimizer's scalar path (which the device op matches bit for bit): the same losses and masters as
+// the host update, plan.json records the count, a stop and resume is exact; bad counts are refused with the key.
+TEST(Trainer, FirstLayersUpdatedOnTheDeviceTrainAndResumeExactly) {
+  const char* old_isa = std::getenv("LT_OPTIM_ISA");
+  const std::string saved = old_isa ? old_isa : "";
+  ::setenv("LT_OPTIM_ISA", "scalar", 1);
+  TmpDir host_dir("_host"), dev_dir("_dev"), split_dir("_split"), full_dir("_full");
+  const std::vector<std::string> ov = {"save_steps=2", "eval_steps=2", "val_size=8", "optimizer=adamw8bit"};
+  TrainResult host = run_training(tiny_config(host_dir.p, ov), quiet_hooks());
+  TrainResult dev = run_training(tiny_config(dev_dir.p, plus(ov, "device_update_layers=2")), quiet_hooks());
+  ASSERT_EQ(dev.losses.size(), 5u);
+  EXPECT_EQ(dev.losses, host.losses);
+  for (int step : {2, 5}) expect_same_masters(host_dir.p, dev_dir.p, step);
+  std::ifstream plan(dev_dir.p / "plan.json");
+  ASSERT_TRUE(plan.good());
+  EXPECT_EQ(nlohmann::json::parse(plan)["device_update_layers"], 2);
+  const std::vector<std::string> dv = {"optimizer=adamw8bit", "device_update_layers=2"};
+  TrainResult resumed = stop_and_resume(split_dir.p, dv, 2);
+  TrainResult full = run_training(tiny_config(full_dir.p, dv), quiet_hooks());
+  EXPECT_EQ(resumed.losses, full.losses);
+  expect_same_masters(full_dir.p, split_dir.p, 5);
+  for (const char* bad : {"device_update_layers=two", "device_update_layers=-1", "device_update_layers=99"}) {
+    TmpDir b("_bad");
+    try {
+      run_training(tiny_config(b.p, {bad}), quiet_hooks());
+      ADD_FAILURE() << bad;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("device_update_layers"), std::string::npos) << e.what();
+    }
+  }
+  if (old_isa) ::setenv("LT_OPTIM_ISA", saved.c_str(), 1);
+  else ::unsetenv("LT_OPTIM_ISA");
+}
+
 // gradient_dtype: bf16 (held gradients rounded to bf16): trains close to fp32 gradients, and a run
 // stopped and resumed is bit-identical to the uninterrupted one.
 TEST(Trainer, Bf16HeldGradientsTrainAndResumeExactly) {

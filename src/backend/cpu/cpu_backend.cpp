@@ -475,6 +475,16 @@ void CpuBackend::adamw_step(const AdamWStepScalars& s, float* p, bf16_t* hi, uin
   impl_->push(Lane::Compute, std::move(t));
 }
 
+void CpuBackend::adamw_step_q8(const AdamWStepScalars& s, const Q8Maps& maps, float* p, bf16_t* hi, uint16_t* lo,
+                               const float* g, uint8_t* mq, uint8_t* vq, float* ms, float* vs, int64_t n, OpLabel l) {
+  LT_CHECK(p ? !hi && !lo : hi && lo, "adamw_step_q8: the master is fp32 (p) or split (hi and lo), not both");
+  Task t;
+  // The maps by value: the task may run after the caller's copy is gone.
+  t.fn = [=, mp = maps] { cpu::adamw_step_q8(s, mp, p, hi, lo, g, mq, vq, ms, vs, n); };
+  t.label = l;
+  impl_->push(Lane::Compute, std::move(t));
+}
+
 void CpuBackend::inject_failure(Lane lane, int64_t nth, const std::string& msg) {
   auto& L = impl_->lanes[int(lane)];
   std::lock_guard<std::mutex> g(L.mu);

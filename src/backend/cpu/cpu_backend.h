@@ -72,6 +72,8 @@ class CpuBackend final : public Backend {
   void grad_add(void* acc, DType acc_dtype, const void* grad, int64_t n, double* sumsq, OpLabel l) override;
   void adamw_step(const AdamWStepScalars& s, float* p, bf16_t* hi, uint16_t* lo, const float* g, float* m, float* v,
                   int64_t n, OpLabel l) override;
+  void adamw_step_q8(const AdamWStepScalars& s, const Q8Maps& maps, float* p, bf16_t* hi, uint16_t* lo, const float* g,
+                     uint8_t* mq, uint8_t* vq, float* ms, float* vs, int64_t n, OpLabel l) override;
 
   // Test hook: the next `n`-th op enqueued on `lane` (counting from 1) throws this message.
   void inject_failure(Lane lane, int64_t nth, const std::string& msg);

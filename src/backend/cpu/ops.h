@@ -126,5 +126,9 @@ void cross_entropy(float* logits, const int32_t* targets, int64_t n, int64_t voc
 // same operations and order, over an fp32 master p, or (p null) the split master hi/lo (core/split_master.h).
 void adamw_step(const AdamWStepScalars& s, float* p, bf16_t* hi, uint16_t* lo, const float* g, float* m, float* v,
                 int64_t n);
+// AdamW with 8-bit blockwise moments (Backend::adamw_step_q8): the optimizer's scalar 8-bit path (optim::adamw_q8)
+// in the same operations and order, its quantiser on the maps' copy; master as in adamw_step.
+void adamw_step_q8(const AdamWStepScalars& s, const Q8Maps& maps, float* p, bf16_t* hi, uint16_t* lo, const float* g,
+                   uint8_t* mq, uint8_t* vq, float* ms, float* vs, int64_t n);
 
 }  // namespace lt::cpu

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 
 #include "backend/cpu/ops.h"
 #include "backend/cuda/cuda_util.h"
@@ -415,6 +416,29 @@ void CudaBackend::adamw_step(const AdamWStepScalars& s, float* p, bf16_t* hi, ui
   LT_CHECK(p ? !hi && !lo : hi && lo, "adamw_step: the master is fp32 (p) or split (hi and lo), not both");
   const cuda::AdamWConsts c{s.decay, s.w1, s.beta2, s.w2, s.eps, s.bc2_sqrt, s.neg_step_size, s.grad_scale};
   enqueue(*impl_, Lane::Compute, l, 0, [&](cudaStream_t st) { cuda::adamw_step(c, p, hi, lo, g, m, v, n, st); });
+}
+
+namespace {
+cuda::Q8MapConsts q8_map_consts(const Q8Map& q) {
+  cuda::Q8MapConsts c;
+  c.is_signed = q.is_signed;
+  c.mag_bits = q.mag_bits;
+  std::copy(std::begin(q.decode), std::end(q.decode), c.decode);
+  std::copy(std::begin(q.top), std::end(q.top), c.top);
+  std::copy(std::begin(q.inv_step), std::end(q.inv_step), c.inv_step);
+  std::copy(std::begin(q.code_off), std::end(q.code_off), c.code_off);
+  return c;
+}
+}  // namespace
+
+void CudaBackend::adamw_step_q8(const AdamWStepScalars& s, const Q8Maps& maps, float* p, bf16_t* hi, uint16_t* lo,
+                                const float* g, uint8_t* mq, uint8_t* vq, float* ms, float* vs, int64_t n, OpLabel l) {
+  LT_CHECK(p ? !hi && !lo : hi && lo, "adamw_step_q8: the master is fp32 (p) or split (hi and lo), not both");
+  const cuda::AdamWQ8Consts c{s.beta1,        s.w1,    s.beta2,         s.w2,        s.eps,
+                              s.inv_bc2_sqrt, s.decay, s.neg_step_size, s.grad_scale};
+  const cuda::Q8MapsConsts qc{q8_map_consts(maps.m), q8_map_consts(maps.v)};
+  enqueue(*impl_, Lane::Compute, l, 0,
+          [&](cudaStream_t st) { cuda::adamw_step_q8(c, qc, p, hi, lo, g, mq, vq, ms, vs, n, st); });
 }
 
 }  // namespace lt

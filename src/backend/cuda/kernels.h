@@ -130,4 +130,21 @@ struct AdamWConsts {
 void adamw_step(const AdamWConsts& s, float* p, uint16_t* hi, uint16_t* lo, const float* g, float* m, float* v,
                 int64_t n, cudaStream_t st);
 
+// Backend::adamw_step_q8: the CPU optimizer's scalar 8-bit path (optim::adamw_q8), bit-identical to
+// cpu::adamw_step_q8 (adamw_step_q8.cu): one thread block per 256-element quantisation block, one element per
+// thread. Scalars: lt::AdamWStepScalars' fields; maps: lt::Q8Maps' layout (kept apart here: C++17).
+struct AdamWQ8Consts {
+  float beta1, w1, beta2, w2, eps, inv_bc2_sqrt, decay, neg_step_size, grad_scale;
+};
+struct Q8MapConsts {
+  int32_t is_signed, mag_bits;
+  float decode[256], top[8], inv_step[8], code_off[8];
+};
+struct Q8MapsConsts {
+  Q8MapConsts m, v;
+};
+// mq, vq codes and ms, vs the ceil(n / 256) block scales, updated in place; master fp32 p or split hi/lo.
+void adamw_step_q8(const AdamWQ8Consts& s, const Q8MapsConsts& maps, float* p, uint16_t* hi, uint16_t* lo,
+                   const float* g, uint8_t* mq, uint8_t* vq, float* ms, float* vs, int64_t n, cudaStream_t st);
+
 }  // namespace lt::cuda
