@@ -6,23 +6,10 @@
 
 #include "backend/cuda/cuda_util.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/split_master.cuh"
 
 namespace lt::cuda {
 namespace {
-
-__device__ __forceinline__ float join_master(uint16_t hi, uint16_t lo) {
-  const uint32_t sign = uint32_t(hi & 0x8000u) << 16, h = hi & 0x7fffu;
-  const uint32_t mag = (h << 16) + uint32_t(int32_t(int16_t(lo)));
-  return __uint_as_float(h > 0x7f80u ? (uint32_t(hi) << 16) | lo : sign | mag);
-}
-
-__device__ __forceinline__ void split_master(float x, uint16_t* hi, uint16_t* lo) {
-  const uint32_t u = __float_as_uint(x), sign = u & 0x80000000u, mag = u & 0x7fffffffu;
-  const uint32_t h = (mag + 0x8000u) >> 16;
-  const bool nan = mag > 0x7f800000u;
-  *hi = uint16_t(nan ? ((u >> 16) | 0x40u) : ((sign >> 16) | h));
-  *lo = uint16_t(nan ? u : mag - (h << 16));
-}
 
 __device__ __forceinline__ float adamw_elem(const AdamWConsts& s, float p, float g_in, float& m, float& v) {
   const float g = __fmul_rn(g_in, s.grad_scale);

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <functional>
 #include <vector>
@@ -29,6 +30,8 @@ void register_gpu_profiler(GpuProfiler f) __attribute__((weak));
 namespace lt::cuda {
 namespace {
 
+constexpr double kHeatUpSeconds = 1.0;  // GPU time before the layers are timed (heat_up)
+
 double median_s(cudaStream_t st, int reps, const std::function<void()>& f) {
   f();  // warm-up
   LT_CUDA(cudaStreamSynchronize(st));
@@ -49,6 +52,17 @@ double median_s(cudaStream_t st, int reps, const std::function<void()>& f) {
   cudaEventDestroy(b);
   std::sort(ts.begin(), ts.end());
   return ts[ts.size() / 2];
+}
+
+// Runs f back to back for at least `seconds` of GPU time: training keeps the GPU busy for the whole step, and under
+// sustained load the H200 runs its layers slower than in a short burst after idling (run 78: Qwen2.5-3B's forward
+// 8.6 ms per layer in a step without optimizer waits against 7.7 ms profiled cold), so layers are timed warm.
+void heat_up(cudaStream_t st, double seconds, const std::function<void()>& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < seconds) {
+    for (int i = 0; i < 4; ++i) f();
+    LT_CUDA(cudaStreamSynchronize(st));
+  }
 }
 
 // Pseudo-random bf16 values in [-scale/2, scale/2) (zeros would run faster than real data).
@@ -139,6 +153,7 @@ void measure_layer_kind(ResourceProfile& p, CudaBackend& be, const ModelConfig& 
   fill_random_bf16(x.ptr, T * c.hidden, 2.f, st);
   be.fill_zero(Lane::Compute, dw.ptr, lay.numel * 4, {});
   DevGeometry g{batch, seq, nullptr, nullptr};
+  heat_up(st, kHeatUpSeconds, [&] { be.layer_backward(layer, w.ptr, g, x.ptr, y.ptr, dx.ptr, dw.ptr, {}); });
   const double tf = median_s(st, 3, [&] { be.layer_forward(layer, w.ptr, g, x.ptr, y.ptr, {}); });
   const double tb = median_s(st, 3, [&] { be.layer_backward(layer, w.ptr, g, x.ptr, y.ptr, dx.ptr, dw.ptr, {}); });
   // Kept internals: the forward that keeps them and the backward that reads them, as a pair (the kept backward
