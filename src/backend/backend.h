@@ -179,6 +179,10 @@ class Backend {
   // Reserves the workspace for layers/head on up to `tokens` rows (samples of `seq`) now, so that a plan that
   // cannot fit fails before running.
   virtual void reserve_workspace(int64_t tokens, int64_t seq = 0) = 0;
+  // Before the first layer call at geometry g (its segment runs counted): builds what such a call would build once,
+  // on the host (CUDA: cuDNN's attention graphs for g's packed-row shape, 0.1-2 s the first time), so that it does
+  // not land in a timed step. No device work; g's device pointers are not read. Default: nothing.
+  virtual void prepare_geometry(const DevGeometry& g) { (void)g; }
 
   // ---- lanes and events ----
   virtual Event record(Lane lane) = 0;

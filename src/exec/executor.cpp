@@ -82,6 +82,13 @@ double Executor::Impl::report_gradients(int32_t nmb, UpdateHook* hook) {
 }
 
 
+void Executor::prepare(const std::vector<MicroBatch>& mbs) {
+  std::vector<char> waited(size_t(impl_->L + 2), 0);
+  double wait = 0;
+  for (size_t m = 0; m < mbs.size(); ++m)
+    MicroBatchRun(*impl_, mbs[m], int32_t(m), int32_t(mbs.size()), 1.0f, true, nullptr, waited, wait).prepare();
+}
+
 bool Executor::wants_next_step_ids() const { return hook_ && !impl_->emb_on_device; }
 
 StepResult Executor::train_step(const std::vector<MicroBatch>& mbs) {

@@ -196,6 +196,11 @@ class Executor {
   // to the host state and the hook's arrays. Otherwise a no-op with host gradients.
   void flush_updates();
 
+  // Before the first train_step (host side): builds what the backend would build at these micro-batches' shapes
+  // (Backend::prepare_geometry: cuDNN's attention graphs for their packed rows), so that it does not land in a
+  // timed step. Optional; a later batch of a new shape still builds in its step.
+  void prepare(const std::vector<MicroBatch>& mbs);
+
   // Chrome/Perfetto trace (one track per lane, plus NVMe and host tracks) of the last train_step.
   void write_trace(const std::filesystem::path& path) const;
   // Table of named allocations (backend memory tracker) with the plan's tier budgets.

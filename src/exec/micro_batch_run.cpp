@@ -425,6 +425,10 @@ void MicroBatchRun::offload_grad(int64_t unit, void* dgrad, int64_t numel) {
   });
 }
 
+void MicroBatchRun::prepare() {
+  for_chunks([&](int64_t, const DevGeometry& g) { be.prepare_geometry(g); });
+}
+
 void MicroBatchRun::finish() {
   for (auto& f : slab_busy_)
     if (f.valid()) f.get();

@@ -39,6 +39,8 @@ class MicroBatchRun {
   }
 
   void run();
+  // Backend::prepare_geometry for each chunk's geometry (Executor::prepare).
+  void prepare();
   // After synchronize(): every host-side job of this micro-batch finished; rethrows their errors.
   void finish();
   double t_forward_end = 0;

@@ -267,7 +267,7 @@ class TrainSession {
 
   // One optimizer step; false when a stop was requested (the checkpoint is saved first).
   bool step() {
-    const double t0 = now_seconds();
+    double t0 = now_seconds();
     const int64_t ga = shape_.ga;
     batches_.resize(size_t(ga));
     targets_.resize(size_t(ga));
@@ -277,6 +277,12 @@ class TrainSession {
       batches_[size_t(i)] = loader_.next();
       nonpad += batches_[size_t(i)].n_real_tokens;
       mbs.push_back(micro_batch_of(batches_[size_t(i)], targets_[size_t(i)], cfg_.packing));
+    }
+    if (!geometry_prepared_) {  // one-time builds for the batch shape (cuDNN's graphs) outside the step's time
+      const double p0 = now_seconds();
+      executor_->prepare(mbs);
+      geometry_prepared_ = true;
+      t0 += now_seconds() - p0;
     }
     const double lr = shape_.sched.lr(ts_.global_step);
     const optim::UpdaterStats opt0 = optimizer().stats();
@@ -397,7 +403,8 @@ class TrainSession {
   BackendChoice bc_;
   HostState st_;
   std::unique_ptr<AdamWHook> hook_;  // one process only
-  std::optional<optim::UpdaterStats> opt_prev_start_;  // the optimizer's counters at the previous step's start
+  std::optional<optim::UpdaterStats> opt_prev_start_;
+  bool geometry_prepared_ = false;  // Executor::prepare ran for the first step's batches  // the optimizer's counters at the previous step's start
   TrainerState ts_;
   MetricsLogger logger_;
   FlopModel flops_;

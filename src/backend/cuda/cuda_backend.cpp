@@ -193,6 +193,8 @@ void ensure_ws(CudaBackend::Impl& m, MemoryTracker& mem, int64_t bytes) {
 }
 }  // namespace
 
+void CudaBackend::prepare_geometry(const DevGeometry& g) { impl_->eng->prepare(geo(g)); }
+
 void CudaBackend::reserve_workspace(int64_t tokens, int64_t seq) {
   ensure_ws(*impl_, mem_, layer_workspace_bytes(tokens, seq));
 }

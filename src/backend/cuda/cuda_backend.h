@@ -33,6 +33,7 @@ class CudaBackend final : public Backend {
   void free(Allocation& a) override;
   int64_t layer_workspace_bytes(int64_t tokens, int64_t seq = 0) const override;
   void reserve_workspace(int64_t tokens, int64_t seq = 0) override;
+  void prepare_geometry(const DevGeometry& g) override;
 
   Event record(Lane lane) override;
   void wait(Lane lane, const Event& ev) override;

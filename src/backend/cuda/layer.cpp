@@ -103,6 +103,11 @@ LayerEngine::LayerEngine(const ModelConfig& c, Gemm& gemm, const float* inv_freq
 
 LayerEngine::~LayerEngine() = default;
 
+void LayerEngine::prepare(const Geo& g) {
+  for (auto& m : mixers_)
+    if (m) m->prepare(g);
+}
+
 Mixer& LayerEngine::mixer(const UnitLayout& lay) const {
   LT_CHECK(lay.kind == UnitKind::Layer, "CUDA layer op called with a non-layer unit layout");
   const auto k = size_t(c_.kind(lay.layer));

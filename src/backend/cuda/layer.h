@@ -59,6 +59,9 @@ class LayerEngine {
   void head_logits(const UnitLayout& head_lay, const void* head_w, const void* lm_w, const void* x,
                    const int64_t* rows, int64_t n_rows, float* out, void* ws, cudaStream_t st);
 
+  // Each mixer's one-time preparation for geometry g (Mixer::prepare).
+  void prepare(const Geo& g);
+
  private:
   Mixer& mixer(const UnitLayout& lay) const;
   ModelConfig c_;

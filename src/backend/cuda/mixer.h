@@ -94,6 +94,9 @@ class Mixer {
   // Right after forward() on the same workspace: dh [T, hidden] WRITTEN from dout = d x1; the mixer's
   // weight gradients ACCUMULATED into dw (the layer's flat fp32 gradient). dout stays unchanged.
   virtual void backward(const MixerCall& m, const void* h, const void* dout, void* dh, float* dw) = 0;
+  // Before the first call at geometry g (host side, outside any step): whatever a first call would build once
+  // (attention: cuDNN's graphs for g's shape). Default: nothing.
+  virtual void prepare(const Geo& g) { (void)g; }
 };
 
 std::unique_ptr<Mixer> make_attention_mixer(const ModelConfig& c, Gemm& gemm, const float* inv_freq);

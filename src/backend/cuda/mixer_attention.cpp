@@ -158,6 +158,8 @@ class AttentionMixer final : public Mixer {
     L.dx(b_.dv, 0, wptr(m.w, lay, "self_attn.v_proj.weight"), dh, KD, H, 1.f);
   }
 
+  void prepare(const Geo& g) override { (void)on_cudnn(g); }  // builds and caches the graphs of g's shape
+
  private:
   Linear lin(const MixerCall& m) const { return Linear{gemm_, m.g.tokens(), m.st}; }
 
