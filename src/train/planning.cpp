@@ -173,9 +173,16 @@ TrainingPlan make_training_plan(const TrainConfig& cfg, const ModelConfig& model
   tp.predicted_exposed_transfer_s = o.sim.pred.exposed_h2d_s + o.sim.pred.exposed_d2h_s + o.sim.pred.exposed_nvme_s;
   tp.predicted_exposed_optimizer_s = o.sim.pred.exposed_optimizer_s;
   {
-    double t = 0;
-    for (double x : o.inst.opt) t += x;
-    if (t > 0) tp.predicted_optimizer_params_per_s = double(model_layout(model).parameter_count()) / t;
+    // Over the units the CPU optimizer updates (those updated on the GPU have no CPU time).
+    const auto lay = model_layout(model);
+    double t = 0, n = 0;
+    for (size_t u = 0; u < o.inst.opt.size(); ++u) {
+      if (o.inst.opt[u] <= 0) continue;
+      t += o.inst.opt[u];
+      n += double(unit_param_count(u < size_t(o.inst.L) ? lay.layer(int64_t(u)) : u == size_t(o.inst.L) ? lay.head()
+                                                                                                     : lay.embedding()));
+    }
+    if (t > 0) tp.predicted_optimizer_params_per_s = n / t;
   }
   // The device budget the executor enforces: the profile's (the CPU backend's is twice the planner's view).
   tp.device_budget = cfg.gpu_mem.empty() ? -1 : parse_bytes(cfg.gpu_mem);

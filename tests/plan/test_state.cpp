@@ -593,3 +593,35 @@ TEST(PlanState, FirstLayersUpdatedOnTheGpu) {
 
 }  // namespace
 }  // namespace lt
+
+namespace lt {
+namespace {
+
+// The count of layers updated on the GPU is chosen with a margin on the optimizer's rate (kOptimizerMargin = 1.2): a
+// plan that hides the CPU optimizer at the profile's rate still hides it when training runs it 15 % slower.
+TEST(PlanState, DeviceLayersLeaveAMarginForASlowerOptimizer) {
+  int checked = 0;
+  for (double slow : {0.5, 0.75, 1.0, 1.5, 2.0}) {
+    PlanRequest r = test::tiny_state_request(64e9);
+    r.model = preset_config("qwen2.5-0.5b");
+    r.batch = 32;
+    r.seq = 1024;
+    r.profile.h2d_bw = r.profile.d2h_bw = r.profile.both_bw = 1e15;  // free PCIe: the layers go to the GPU for the optimizer alone
+    r.compare = false;
+    r.planner = "dp";
+    r.profile.opt_fp32_params_per_s /= slow;
+    r.profile.opt_8bit_params_per_s /= slow;
+    const PlanOutcome o = make_plan(r);
+    ASSERT_TRUE(o.feasible) << o.why;
+    const int64_t k = o.placement.device_update_layers;
+    if (k == 0 || k >= r.model.layers || o.sim.pred.exposed_optimizer_s > 1e-9) continue;
+    Instance slower = o.inst;
+    for (double& t : slower.opt) t *= 1.15;
+    EXPECT_LT(simulate(slower, o.plan).pred.exposed_optimizer_s, 1e-9) << "slowdown " << slow << ", k " << k;
+    ++checked;
+  }
+  EXPECT_GT(checked, 0) << "no profile gave a plan with some layers on the GPU and nothing exposed";
+}
+
+}  // namespace
+}  // namespace lt
