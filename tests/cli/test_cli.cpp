@@ -213,6 +213,25 @@ TEST(CliPlan, WorldSizePrintsThePerRankAndHostLine) {
   EXPECT_EQ(one.out.find("data parallel"), std::string::npos) << one.out;
 }
 
+// `plan --device-update-layers`: a forced count shows in the memory table; bad values and impossible placements are
+// errors naming the option or the reason.
+TEST(CliPlan, DeviceUpdateLayers) {
+  const std::string base = "plan --model qwen2.5-0.5b --profile " + quote(kSrc + "/configs/profiles/h200.json") +
+                           " --host-mem 64GiB --planner dp --no-compare ";
+  const auto r = run_cli(base + "--device-update-layers 3");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("first 3 layers' update"), std::string::npos) << r.out;
+  const auto none = run_cli(base + "--device-update-layers 0");
+  ASSERT_EQ(none.rc, 0) << none.err;
+  EXPECT_EQ(none.out.find("layers' update"), std::string::npos) << none.out;
+  const auto bad = run_cli(base + "--device-update-layers three");
+  EXPECT_NE(bad.rc, 0);
+  EXPECT_NE(bad.err.find("--device-update-layers must be auto or a count"), std::string::npos) << bad.err;
+  const auto dp = run_cli(base + "--device-update-layers 2 --world-size 2");
+  EXPECT_NE(dp.rc, 0);
+  EXPECT_NE(dp.err.find("world size 2"), std::string::npos) << dp.err;
+}
+
 TEST(CliPlan, BadWorldSizeArgumentsAreClearErrors) {
   struct Case {
     std::string args, needle;
