@@ -155,17 +155,18 @@ TEST(ExecDeviceUpdate, TrainingMatchesTheCpuOptimizerBitForBit) {
 // checkpoints and an eval between steps; the layers' weights are not uploaded (the ring loads nothing for them) and
 // they have no host gradient.
 TEST(ExecDeviceUpdate, FirstLayersOnTheDeviceMatchTheCpuOptimizer) {
+  for (Arch arch : {Arch::Qwen2, Arch::Qwen3_5})  // Qwen3.5: Gated DeltaNet and gated attention layers
   for (bool q8 : {false, true})
     for (int nmb : {1, 2})
       for (int64_t k : {int64_t(1), int64_t(3)}) {
         Case s;
-        s.c = test::tiny_config(Arch::Qwen2, 4, true);
+        s.c = test::tiny_config(arch, 4, true);
         s.p = nmb == 2 ? offload_plan(s.c.layers, 2, 8) : ExecPlan::keep_all(s.c.layers, 2, 8);
         s.nmb = nmb;
         s.q8 = q8;
         s.device_layers = k;
         s.eval_after_step_1 = true;
-        const std::string what = fmt::format("q8 {} nmb {} layers {}", q8, nmb, k);
+        const std::string what = fmt::format("{} q8 {} nmb {} layers {}", arch_hf_name(arch), q8, nmb, k);
         const Outcome host = train(s, false), dev = train(s, true);
         expect_same(host, dev, what);
         int64_t layer_elems = 0;
