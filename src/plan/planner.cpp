@@ -103,13 +103,9 @@ double simulated_step(const PlanRequest& r, const Prepared& pr, double opt_scale
   Plan p = plan_meta(r, pr.chunk, pr.st, pr.inst.kept);
   p.tier = pr.dp.tier;
   assign_tied_traffic(pr.inst, p);
-  if (opt_scale == 1.0) {
-    const SimResult sim = simulate(pr.inst, p);
-    return sim.fits ? sim.pred.step_s : 1e300;
-  }
-  Instance slow = pr.inst;
-  for (double& t : slow.opt) t *= opt_scale;
-  const SimResult sim = simulate(slow, p);
+  Instance in = pr.inst;
+  for (double& t : in.opt) t *= opt_scale;
+  const SimResult sim = simulate(in, p);
   return sim.fits ? sim.pred.step_s : 1e300;
 }
 
@@ -172,6 +168,15 @@ void widen_8bit(const PlanRequest& r, Prepared& best) {
   }
 }
 
+// base's state with the first k layers updated on the GPU, prepared at base's chunk.
+Prepared with_device_layers(const PlanRequest& r, const Prepared& base, int64_t k) {
+  PlanRequest at_chunk = r;
+  at_chunk.chunk = base.chunk;
+  StateChoice st = base.st;
+  st.placement.device_update_layers = k;
+  return prepare(at_chunk, std::move(st));
+}
+
 // Layers updated on the GPU (StatePlacement::device_update_layers): the first k layers' weights, gradients and
 // optimizer state in HBM, their updates on the GPU once the norm is known. The next forward's first k layers then do
 // not wait for the CPU optimizer, which starts on layer k at once: its lag behind the forward (each layer's update a
@@ -184,13 +189,7 @@ void choose_device_layers(const PlanRequest& r, Prepared& best, double opt_scale
   if (!best.dp.feasible || r.device_update_layers == int64_t(0)) return;
   const std::string why = layer_update_blocker(r, best.st);
   const int64_t kmax = r.model.layers - best.st.placement.nvme_layers;
-  PlanRequest at_chunk = r;
-  at_chunk.chunk = best.chunk;
-  auto prepared = [&](int64_t k) {
-    StateChoice st = best.st;
-    st.placement.device_update_layers = k;
-    return prepare(at_chunk, std::move(st));
-  };
+  auto prepared = [&](int64_t k) { return with_device_layers(r, best, k); };
   if (r.device_update_layers) {
     const int64_t k = *r.device_update_layers;
     LT_CHECK(why.empty(), "plan: device_update_layers {}: {} (use device_update_layers 0 or auto)", k, why);
@@ -247,14 +246,10 @@ void choose_device_and_kept(const PlanRequest& r, Prepared& best) {
     best = std::move(lo);
     return;
   }
-  PlanRequest at_chunk = r;
-  at_chunk.chunk = lo.chunk;
   double best_step = simulated_step(r, lo, kOptimizerMargin);
   Prepared chosen = std::move(lo);
   for (int64_t k = k_lo + 1; k <= k_hi; ++k) {
-    StateChoice st = best.st;
-    st.placement.device_update_layers = k;
-    Prepared pr = prepare(at_chunk, std::move(st));
+    Prepared pr = with_device_layers(r, best, k);
     if (!pr.dp.feasible) continue;
     choose_kept(r, pr);
     const double step = simulated_step(r, pr, kOptimizerMargin);
