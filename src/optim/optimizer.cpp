@@ -165,6 +165,22 @@ void CpuAdamW::begin_step(float lr) {
   lr_ = lr;
   reported_ = 0;
   info_ = StepInfo{step_, 0, 1.0f, false};
+  step_number_ = next_step_number_ > 0 ? next_step_number_ : step_ + stats_.skipped_steps + 1;
+  next_step_number_ = 0;
+}
+
+void CpuAdamW::set_step_number(int64_t n) {
+  std::lock_guard<std::mutex> lk(mu_);
+  LT_CHECK(n > 0, "optimizer: step number must be > 0, got {}", n);
+  next_step_number_ = n;
+}
+
+std::vector<int> CpuAdamW::nonfinite_units() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::vector<int> out;
+  for (size_t u = 0; u < state_.size(); ++u)
+    if (state_[u].reported && !std::isfinite(state_[u].sumsq)) out.push_back(int(u));
+  return out;
 }
 
 void CpuAdamW::add_grad_sumsq(int unit, double sumsq) {
@@ -195,9 +211,10 @@ void CpuAdamW::finish_norm_locked() {
     info_.step = step_;
     ++stats_.skipped_steps;
     if (cfg_.on_nonfinite == NonFinitePolicy::Stop)
-      fail("optimizer: non-finite gradient norm ({}) at step {}; stopping (on_nonfinite = stop)", norm, step_ + 1);
-    log_warn("optimizer: non-finite gradient norm ({}) at step {}; step skipped ({} skipped so far)", norm,
-             step_ + 1, stats_.skipped_steps);
+      fail("optimizer: non-finite gradient norm ({}) at step {}; stopping (on_nonfinite = stop)", norm, step_number_);
+    // Debug only: the caller reports the skip (the trainer, with where the non-finite value first appears).
+    log_debug("optimizer: non-finite gradient norm ({}) at step {}; update skipped ({} skipped so far)", norm,
+              step_number_, stats_.skipped_steps);
     return;
   }
   info_.clip_coef = clip_coefficient(norm, cfg_.max_grad_norm);

@@ -15,7 +15,8 @@
 // The update makes ONE pass over memory per tensor: it reads grad, master, m, v and writes master, m, v
 // and the bf16 streaming copy (round to nearest even). Buffers passed to submit() must stay valid and
 // untouched by the caller until wait(u) returns. A non-finite global norm skips the whole step (state,
-// masters and bf16 copies untouched; counted and logged) or throws, per AdamWConfig::on_nonfinite.
+// masters and bf16 copies untouched; counted, StepInfo::skipped; the caller reports it: the trainer names
+// where the non-finite value came from) or throws, per AdamWConfig::on_nonfinite.
 #pragma once
 #include <atomic>
 #include <condition_variable>
@@ -170,8 +171,16 @@ class CpuAdamW {
   StepInfo step(float lr, const std::vector<UnitBuffers>& bufs);
 
   void set_sr_seed(uint64_t seed) { cfg_.sr_seed = seed; }  // bf16-sr: before the first step (resume)
+  // The step number the messages of the next begun step name (the trainer's global step, which counts skipped
+  // steps and the steps before a resume). Unset, they name this optimizer's AdamW steps taken plus those it skipped,
+  // plus one.
+  void set_step_number(int64_t n);
   bool norm_known() const;      // the current step's norm is fixed
   StepInfo last_step() const;   // decision of the current (or last) step; valid once norm_known()
+  // Units whose partial sum of squares of the current (or last) step is non-finite, in unit order; valid once
+  // norm_known(). Where a non-finite norm came from: the backward pass produces the units' gradients from the
+  // last unit down.
+  std::vector<int> nonfinite_units() const;
   UpdaterStats stats() const;
   int64_t step_count() const { return step_; }
   const std::vector<UnitSpec>& units() const { return units_; }
@@ -271,6 +280,8 @@ class CpuAdamW {
   float lr_ = 0;
   int reported_ = 0;
   double sumsq_ = 0;
+  int64_t next_step_number_ = 0;            // set_step_number() for the next begin_step; 0: unset
+  int64_t step_number_ = 0;                 // the current step's, for messages
   StepInfo info_;
   AdamWScalars scal_base_;                  // per-step scalars before group scaling
   UpdaterStats stats_;

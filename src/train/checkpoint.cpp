@@ -1,5 +1,7 @@
 #include "train/checkpoint.h"
 
+#include <limits>
+
 #include "core/error.h"
 #include "io/model_io.h"
 #include "train/checkpoint_dir.h"
@@ -25,8 +27,23 @@ nlohmann::json trainer_state_to_json(const TrainerState& s) {
           {"master_weights", s.master_weights},
           {"tensors_8bit", s.tensors_8bit},
           {"model", s.model_name},
-          {"losses", s.losses}};
+          {"losses", s.losses},
+          {"skipped_steps", s.skipped_steps},
+          {"nonfinite_loss_steps", s.nonfinite_loss_steps}};
 }
+
+namespace {
+
+// JSON has no NaN or infinity: a skipped step's non-finite loss is written as null and read back as NaN.
+std::vector<double> losses_from_json(const nlohmann::json& j) {
+  if (!j.is_array()) return j.get<std::vector<double>>();  // throws the usual type error
+  std::vector<double> v;
+  v.reserve(j.size());
+  for (const auto& x : j) v.push_back(x.is_null() ? std::numeric_limits<double>::quiet_NaN() : x.get<double>());
+  return v;
+}
+
+}  // namespace
 
 TrainerState trainer_state_from_json(const nlohmann::json& j, const std::string& source) {
   try {
@@ -51,7 +68,9 @@ TrainerState trainer_state_from_json(const nlohmann::json& j, const std::string&
     s.master_weights = j.value("master_weights", std::string("fp32"));
     s.tensors_8bit = j.at("tensors_8bit").get<std::vector<std::string>>();
     s.model_name = j.value("model", "");
-    s.losses = j.at("losses").get<std::vector<double>>();
+    s.losses = losses_from_json(j.at("losses"));
+    s.skipped_steps = j.value("skipped_steps", int64_t(0));  // these two: absent in older checkpoints
+    s.nonfinite_loss_steps = j.value("nonfinite_loss_steps", int64_t(0));
     return s;
   } catch (const nlohmann::json::exception& e) {
     fail("{}: malformed trainer state: {}", source, e.what());

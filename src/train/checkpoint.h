@@ -38,7 +38,9 @@ struct TrainerState {
   double base_lr = 0;
   int64_t warmup_steps = 0;
   double last_lr = 0;
-  std::vector<double> losses;         // loss of every step so far (resume tests, plots)
+  std::vector<double> losses;         // loss of every step so far (resume tests, plots; NaN: JSON null)
+  int64_t skipped_steps = 0;          // steps whose update was skipped for a non-finite gradient norm
+  int64_t nonfinite_loss_steps = 0;   // steps with a non-finite loss but a finite norm (update applied)
   std::string optimizer;              // adamw | adamw8bit | hybrid
   std::string master_weights = "fp32";  // fp32 | bf16-sr (absent in older checkpoints: fp32)
   std::vector<std::string> tensors_8bit;

@@ -117,6 +117,8 @@ std::string to_json_line(const StepMetrics& m) {
                       {"mfu", m.mfu},
                       {"hfu", m.hfu},
                       {"host_peak_rss_bytes", m.host_rss_bytes}};
+  if (m.update_skipped) j["update_skipped"] = true;
+  if (m.skipped_steps > 0) j["skipped_steps"] = m.skipped_steps;
   if (m.peak_gpu_bytes >= 0) j["peak_gpu_bytes"] = m.peak_gpu_bytes;
   if (m.exposed_transfer_s >= 0) j["exposed_transfer_s"] = m.exposed_transfer_s;
   if (m.exposed_transfer_pred_s >= 0) j["exposed_transfer_pred_s"] = m.exposed_transfer_pred_s;

@@ -29,6 +29,8 @@ struct StepMetrics {
   double epoch = 0;          // fractional epoch
   double loss = 0;           // mean over loss tokens of the optimizer step
   double grad_norm = 0;      // global L2 norm before clipping
+  bool update_skipped = false;   // non-finite gradient norm: the optimizer skipped this step's update
+  int64_t skipped_steps = 0;     // such steps so far in the training (resumed runs included)
   double lr = 0;
   double step_time = 0;      // seconds, wall clock of the whole optimizer step
   int64_t tokens = 0;        // batch x seq summed over micro-batches (padding included)

@@ -26,6 +26,7 @@
 #include "train/evaluate.h"
 #include "train/lr_schedule.h"
 #include "train/model_setup.h"
+#include "train/nonfinite.h"
 #include "train/planning.h"
 #include "train/signals.h"
 #include "train/trainer_setup.h"
@@ -119,6 +120,8 @@ class TrainSession {
   TrainResult run() {
     try {
       return run_steps();
+    } catch (const NonFiniteStopped&) {
+      throw;  // every rank stops after the same step
     } catch (const std::exception& e) {
       if (dp_) dp_->comm().abort(e.what());  // the other ranks stop now, with this message
       throw;
@@ -132,14 +135,17 @@ class TrainSession {
       if (!step()) break;
     wait_updates();
     logger_.finish();
+    if (!result_.interrupted && streak_.length() > 0) stop_nonfinite(true);  // no final save of that state
     if (!result_.interrupted && cfg_.save_final && !saved_at_current_ && steps_this_run_ > 0) save();
     result_.train_seconds = now_seconds() - t_start;
     result_.global_step = ts_.global_step;
     result_.total_steps = shape_.total_steps;
     result_.losses = ts_.losses;
+    result_.skipped_steps = ts_.skipped_steps;
+    result_.nonfinite_loss_steps = ts_.nonfinite_loss_steps;
     if (!result_.interrupted && steps_this_run_ > 0 && leader_)
-      std::printf("training done: %lld steps in %.1f s, final loss %.4f\n", (long long)ts_.global_step,
-                  result_.train_seconds, ts_.losses.empty() ? 0.0 : ts_.losses.back());
+      std::printf("training done: %lld steps in %.1f s, final loss %.4f%s\n", (long long)ts_.global_step,
+                  result_.train_seconds, ts_.losses.empty() ? 0.0 : ts_.losses.back(), skipped_summary().c_str());
     if (!result_.interrupted && !cfg_.do_eval_dataset.empty() && leader_)
       final_evaluation(cfg_, hooks_, ms_, data_, st_, *bc_.backend, bc_.gpu, executor_, logger_, ts_.global_step,
                        result_);
@@ -265,8 +271,13 @@ class TrainSession {
     logger_.event(nlohmann::json{{"type", "eval"}, {"step", ts_.global_step}, {"eval_loss", loss}, {"tokens", n}}.dump());
   }
 
-  // One optimizer step; false when a stop was requested (the checkpoint is saved first).
+  // One optimizer step; false when a stop was requested (the checkpoint is saved first). Throws when too many steps
+  // in a row had a non-finite gradient norm or loss (no checkpoint of that state).
   bool step() {
+    if (hooks_.before_step) {
+      wait_updates();
+      hooks_.before_step(ts_.global_step + 1, st_, ms_.layout);
+    }
     double t0 = now_seconds();
     const int64_t ga = shape_.ga;
     batches_.resize(size_t(ga));
@@ -292,6 +303,7 @@ class TrainSession {
     opt_prev_start_ = opt0;
     StepResult r, local;
     const double comm0 = dp_ ? dp_->comm_seconds() : 0;
+    optimizer().set_step_number(ts_.global_step + 1);  // its messages name the global step
     if (dp_) {
       r = dp_->step(*executor_, mbs, float(lr), &local);
     } else {
@@ -309,24 +321,114 @@ class TrainSession {
     const double dt = now_seconds() - t0;
     advance_state(r, lr);
     if (leader_) write_trace_if_asked();
-    if (info.skipped) logger_.message(fmt::format("step {}: non-finite gradient norm, update skipped", ts_.global_step));
+    const bool skipped = record_nonfinite(info, r.loss);
     StepMetrics m =
         step_metrics(ts_, shape_, StepFigures{&r, info.grad_norm, lr, dt, nonpad}, flops_, peak_, bc_.gpu, tp_);
+    m.update_skipped = skipped;
+    m.skipped_steps = ts_.skipped_steps;
     optimizer_rate(window0, m);
     if (dp_)
       m.ranks = dp_->gather(RankFigures{local.step_s, local.rows, local.n_tokens, host_peak_rss_bytes(),
                                         dp_->comm_seconds() - comm0});
     log_step(m);
+    if (streak_.too_long()) stop_nonfinite(false);
     if (cfg_.eval_steps > 0 && !val_batches_.empty() && ts_.global_step % cfg_.eval_steps == 0) eval_loss();
     bool stop =
         StopSignals::requested() || (hooks_.stop_after_steps >= 0 && steps_this_run_ >= hooks_.stop_after_steps);
     if (dp_) stop = dp_->any(stop);  // every rank stops after the same step
-    if ((cfg_.save_steps > 0 && ts_.global_step % cfg_.save_steps == 0) || stop) {
+    // A checkpoint is never made of the state after non-finite steps: the last good one stays the newest.
+    const bool savable = streak_.length() == 0;
+    if (((cfg_.save_steps > 0 && ts_.global_step % cfg_.save_steps == 0) || stop) && savable) {
       save();
       saved_at_current_ = true;
     }
-    if (stop) report_stop();
+    if (stop) report_stop(savable);
     return !stop;
+  }
+
+  // Whether the step was non-finite: the optimizer skipped its update for a non-finite gradient norm, or the loss is
+  // non-finite (every rank agrees: the diagnosis below is collective); when it was, reports where the non-finite value
+  // first appears. Returns whether the update was skipped.
+  bool record_nonfinite(const optim::StepInfo& info, double loss) {
+    const bool skipped = dp_ ? dp_->any(info.skipped) : info.skipped;
+    const bool bad_loss = dp_ ? dp_->any(!std::isfinite(loss)) : !std::isfinite(loss);
+    streak_.record(ts_.global_step, skipped || bad_loss, skipped);
+    if (!skipped && !bad_loss) return false;
+    ++(skipped ? ts_.skipped_steps : ts_.nonfinite_loss_steps);
+    const NonFiniteStep s = diagnose(info.grad_norm, loss, skipped);
+    if (streak_.length() == 1) streak_first_ = s;
+    logger_.message(nonfinite_step_message(s, ms_.layout, streak_.length(), cfg_.max_skipped_steps));
+    logger_.event(nlohmann::json{{"type", "nonfinite"},
+                                 {"step", s.step},
+                                 {"grad_norm", s.grad_norm},
+                                 {"loss", s.loss},
+                                 {"update_skipped", skipped},
+                                 {"first_nonfinite", first_nonfinite_text(s, ms_.layout)},
+                                 {"parameter", s.parameter ? s.parameter->name : ""},
+                                 {"in_a_row", streak_.length()}}
+                      .dump());
+    return skipped;
+  }
+
+  // Where the step's non-finite value came from. The weights this step's forward read are the host masters once the
+  // previous step's updates are done (a skipped step writes none; an applied one had finite gradients); scanned only
+  // here, on failure.
+  NonFiniteStep diagnose(double grad_norm, double loss, bool skipped) {
+    wait_updates();
+    NonFiniteStep s;
+    s.step = ts_.global_step;
+    s.grad_norm = grad_norm;
+    s.loss = loss;
+    s.skipped = skipped;
+    s.parameter = first_nonfinite_parameter(st_, ms_.layout, int(cfg_.threads));
+    s.units = optimizer().nonfinite_units();
+    return s;
+  }
+
+  // The checkpoint a run stopped by non-finite steps resumes from: this run's last, or the one it resumed from.
+  fs::path last_good_checkpoint() const {
+    if (!result_.last_checkpoint.empty()) return result_.last_checkpoint;
+    return resume_ ? *resume_ : fs::path();
+  }
+
+  // Stops training with an lt::Error saying where the non-finite values first appeared and what to try; every rank
+  // throws after the same step (their streaks are equal).
+  [[noreturn]] void stop_nonfinite(bool run_ended) {
+    NonFiniteStop s;
+    s.step = ts_.global_step;
+    s.first_step = streak_.first_step();
+    s.max_skipped_steps = cfg_.max_skipped_steps;
+    s.run_ended = run_ended;
+    s.all_skipped = streak_.all_skipped();
+    s.first_nonfinite = first_nonfinite_text(streak_first_, ms_.layout);
+    s.in_weights = streak_first_.parameter.has_value();
+    s.learning_rate = cfg_.learning_rate;
+    s.gpu = bc_.gpu;
+    const fs::path last = last_good_checkpoint();
+    s.weights_source = resume_ ? resume_->string() : cfg_.model_name_or_path;
+    s.last_checkpoint = last.string();
+    // Resumed from it and non-finite from this run's first step on: its weights are the non-finite ones.
+    s.checkpoint_has_them = resume_ && result_.last_checkpoint.empty() && streak_.length() == steps_this_run_;
+    if (!last.empty()) s.resume_command = resume_with(last.string());
+    logger_.event(nlohmann::json{{"type", "stopped"}, {"reason", "non-finite"}, {"step", s.step},
+                                 {"first_step", s.first_step}, {"last_checkpoint", s.last_checkpoint}}
+                      .dump());
+    if (!leader_)
+      throw NonFiniteStopped(fmt::format("training stopped at step {} with every rank: {} steps in a row had a "
+                                         "non-finite loss or gradient norm (max_skipped_steps {}); rank 0's output "
+                                         "says where it first appeared",
+                                         s.step, streak_.length(), s.max_skipped_steps));
+    throw NonFiniteStopped(nonfinite_stop_message(s));
+  }
+
+  // "; 2 steps skipped (non-finite gradient norm)" for the final summary, "" when every step was finite.
+  std::string skipped_summary() const {
+    const auto steps = [](int64_t n) { return n == 1 ? std::string("1 step") : fmt::format("{} steps", n); };
+    std::string s;
+    if (ts_.skipped_steps > 0) s += fmt::format("; {} skipped (non-finite gradient norm)", steps(ts_.skipped_steps));
+    if (ts_.nonfinite_loss_steps > 0)
+      s += fmt::format("; {} with a non-finite loss (update applied)", steps(ts_.nonfinite_loss_steps));
+    return s;
   }
 
   // The CPU optimizer's achieved rate since `before` (its updates run beside the next step's forward).
@@ -372,19 +474,32 @@ class TrainSession {
     logger_.progress(ts_.global_step, shape_.total_steps, m.loss);
   }
 
-  // The command that resumes this run (as many ranks again; any number works).
-  std::string resume_with() const {
-    const std::string cmd = resume_command(cfg_);
+  // The command that resumes this run (as many ranks again; any number works), from the latest checkpoint or `from`.
+  std::string resume_with(const std::string& from = "") const {
+    std::string cmd = resume_command(cfg_);
+    const std::string latest = "resume_from_checkpoint=auto";
+    if (!from.empty() && cmd.size() >= latest.size())
+      cmd.replace(cmd.size() - latest.size(), latest.size(), "resume_from_checkpoint=" + from);
     const std::string self = "lazytrain ";
     if (!dp_ || cmd.rfind(self, 0) != 0) return cmd;
     return fmt::format("lazytrain launch -n {} -- {}", dp_->world(), cmd.substr(self.size()));
   }
 
-  void report_stop() {
+  void report_stop(bool saved) {
     const int sig = StopSignals::signal_number();
-    logger_.message(fmt::format("training stopped{} after step {}/{}; checkpoint saved to {}.\nResume with: {}",
-                                sig == SIGINT ? " by SIGINT" : sig == SIGTERM ? " by SIGTERM" : "", ts_.global_step,
-                                shape_.total_steps, result_.last_checkpoint.string(), resume_with()));
+    const std::string by = sig == SIGINT ? " by SIGINT" : sig == SIGTERM ? " by SIGTERM" : "";
+    const fs::path last = last_good_checkpoint();
+    if (saved)
+      logger_.message(fmt::format("training stopped{} after step {}/{}; checkpoint saved to {}.\nResume with: {}", by,
+                                  ts_.global_step, shape_.total_steps, result_.last_checkpoint.string(), resume_with()));
+    else  // inside a run of non-finite steps
+      logger_.message(fmt::format("training stopped{} after step {}/{}; no checkpoint saved: {} non-finite.{}", by,
+                                  ts_.global_step, shape_.total_steps,
+                                  streak_.length() == 1 ? std::string("the last step was")
+                                                        : fmt::format("the last {} steps were", streak_.length()),
+                                  last.empty() ? std::string(" There is no checkpoint to resume from.")
+                                               : fmt::format("\nResume from the last good checkpoint with: {}",
+                                                             resume_with(last.string()))));
     result_.interrupted = true;
   }
 
@@ -415,6 +530,8 @@ class TrainSession {
   std::vector<data::Batch> val_batches_, batches_;
   std::vector<std::vector<int32_t>> targets_;
   TrainResult result_;
+  NonFiniteStreak streak_{cfg_.max_skipped_steps};  // consecutive non-finite steps (gradient norm or loss)
+  NonFiniteStep streak_first_;                      // the diagnosis of the streak's first step
   int64_t steps_this_run_ = 0;
   bool saved_at_current_ = false;
 };
@@ -427,8 +544,16 @@ TrainResult run_training(const TrainConfig& config, const TrainHooks& hooks) {
     openblas_set_num_threads(int(cfg.threads));
     omp_set_num_threads(int(cfg.threads));
   }
-  TrainSession session(cfg, hooks);
-  return session.run();
+  std::optional<NonFiniteStopped> stopped;
+  {
+    TrainSession session(cfg, hooks);
+    try {
+      return session.run();
+    } catch (const NonFiniteStopped& e) {
+      stopped = e;
+    }
+  }  // the session ends with no error in flight: a data-parallel rank's communicator does not abort its peers
+  throw *stopped;
 }
 
 }  // namespace lt::train

@@ -15,6 +15,11 @@
 #include "train/decode_device.h"
 #include "train/metrics.h"
 
+namespace lt {
+class HostState;
+struct ModelLayout;
+}  // namespace lt
+
 namespace lt::train {
 
 struct BackendChoice {
@@ -45,6 +50,9 @@ struct TrainHooks {
                                           // when training ran on a GPU backend (empty: on the CPU)
   int64_t stop_after_steps = -1;          // tests: behave as if SIGTERM arrived after this many steps of this run
   std::function<void(const StepMetrics&)> on_step;
+  // tests: runs before each step (its global step number, 1-based) once the previous updates are done, with the host
+  // state and its layout: may change the weights (HostState::write_master) to inject a fault.
+  std::function<void(int64_t step, HostState& st, const ModelLayout& layout)> before_step;
   bool install_signal_handlers = true;
   CommunicatorFactory make_communicator;  // null: dist::ShmCommunicator (ranks as processes on one host)
 };
@@ -54,6 +62,9 @@ struct TrainResult {
   int64_t total_steps = 0;
   std::vector<double> losses;             // every step's loss since the start of training (resumed runs too)
   bool interrupted = false;
+  int64_t skipped_steps = 0;              // steps whose update was skipped for a non-finite gradient norm (resumed
+                                          // runs: since the start of training)
+  int64_t nonfinite_loss_steps = 0;       // steps with a non-finite loss but a finite norm (update applied)
   std::filesystem::path last_checkpoint;
   double train_seconds = 0;
   double exact_match = -1;                // do_eval_dataset result, -1 if not run

@@ -197,6 +197,8 @@ void resume_from(const fs::path& ckpt, const TrainConfig& cfg, const ModelSetup&
   ts.global_step = saved.global_step;
   ts.micro_batches_done = saved.micro_batches_done;
   ts.losses = saved.losses;
+  ts.skipped_steps = saved.skipped_steps;
+  ts.nonfinite_loss_steps = saved.nonfinite_loss_steps;
   ts.data_epoch = saved.data_epoch;
   ts.data_index = saved.data_index;
   loader.restore({saved.data_epoch, saved.data_index});

@@ -120,6 +120,43 @@ TEST(Clip, InfGradientWithStopPolicyThrows) {
   EXPECT_EQ(opt.step_count(), 0);
 }
 
+// Where a non-finite norm came from: the units whose partial sums are non-finite, for the step that skipped, and none
+// once a finite step follows.
+TEST(Clip, NonFiniteUnitsNameTheUnitsWhosePartialSumIsNonFinite) {
+  Model a = make_model(1.0f);
+  AdamWConfig cfg;
+  cfg.threads = 1;
+  CpuAdamW opt(a.units, cfg);
+  a.g[1][5] = std::numeric_limits<float>::quiet_NaN();
+  a.g[2][0] = std::numeric_limits<float>::infinity();
+  EXPECT_TRUE(opt.step(1e-3f, a.bufs()).skipped);
+  EXPECT_EQ(opt.nonfinite_units(), (std::vector<int>{1, 2}));
+  a.g[1][5] = 0.5f;
+  a.g[2][0] = 0.5f;
+  EXPECT_FALSE(opt.step(1e-3f, a.bufs()).skipped);
+  EXPECT_TRUE(opt.nonfinite_units().empty());
+}
+
+// The stop message names the step the caller numbers (the trainer's global step, which counts skipped steps), not
+// the AdamW step count.
+TEST(Clip, StopMessageNamesTheCallersStepNumber) {
+  Model a = make_model(1.0f);
+  AdamWConfig cfg;
+  cfg.threads = 1;
+  cfg.on_nonfinite = NonFinitePolicy::Stop;
+  CpuAdamW opt(a.units, cfg);
+  opt.step(1e-3f, a.bufs());
+  a.g[0][3] = std::numeric_limits<float>::quiet_NaN();
+  opt.set_step_number(7);
+  try {
+    opt.step(1e-3f, a.bufs());
+    FAIL() << "expected an error";
+  } catch (const lt::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("at step 7;"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(opt.step_count(), 1);
+}
+
 TEST(Clip, CpuPartialSumMatchesDouble) {
   std::vector<float> g = randn(100003, 8);
   double ref = 0;

@@ -88,6 +88,23 @@ TEST(TrainConfig, ValidationErrors) {
   EXPECT_NE(err_of("model_name_or_path: [\n").find("invalid YAML"), std::string::npos);
 }
 
+// max_skipped_steps: 3 by default, an integer >= 0 (0: the first non-finite step stops training), and an error naming
+// the key otherwise.
+TEST(TrainConfig, MaxSkippedSteps) {
+  EXPECT_EQ(parse_config("model_name_or_path: x\n", "t.yaml").max_skipped_steps, 3);
+  EXPECT_EQ(parse_config("model_name_or_path: x\nmax_skipped_steps: 0\n", "t.yaml").max_skipped_steps, 0);
+  EXPECT_EQ(parse_config("model_name_or_path: x\n", "t.yaml", {"max_skipped_steps=10"}).max_skipped_steps, 10);
+  auto e = err_of("model_name_or_path: x\nmax_skipped_steps: -1\n");
+  EXPECT_NE(e.find("max_skipped_steps must be an integer >= 0"), std::string::npos) << e;
+  EXPECT_NE(e.find("got -1"), std::string::npos) << e;
+  e = err_of("model_name_or_path: x\nmax_skipped_steps: few\n");
+  EXPECT_NE(e.find("'max_skipped_steps' expects an integer, got 'few'"), std::string::npos) << e;
+  e = err_of("model_name_or_path: x\n", {"max_skipped_steps=1.5"});
+  EXPECT_NE(e.find("'max_skipped_steps' expects an integer"), std::string::npos) << e;
+  auto d = parse_config(config_to_yaml(parse_config("model_name_or_path: x\nmax_skipped_steps: 5\n", "t.yaml")), "dump");
+  EXPECT_EQ(d.max_skipped_steps, 5);
+}
+
 TEST(TrainConfig, YamlRoundTrip) {
   auto c = parse_config("model_name_or_path: tiny\nlearning_rate: 0.00025\nseed: 7\n", "t.yaml");
   auto d = parse_config(config_to_yaml(c), "dump");
