@@ -77,6 +77,18 @@ std::string steps_range(int64_t first, int64_t last) {
   return first == last ? fmt::format("step {}", first) : fmt::format("steps {}..{}", first, last);
 }
 
+// Why a streak stopped training: "reaching max_skipped_steps (3)"; with 0, which stops at the first non-finite step
+// as 1 does, "reaching max_skipped_steps (0: the first one stops training)".
+std::string limit_reached(int64_t max_skipped_steps) {
+  return max_skipped_steps > 0 ? fmt::format("reaching max_skipped_steps ({})", max_skipped_steps)
+                               : fmt::format("reaching max_skipped_steps ({}: the first one stops training)",
+                                             max_skipped_steps);
+}
+
+const char* streak_what(const NonFiniteStop& s) {
+  return s.all_skipped ? "a non-finite gradient norm" : "a non-finite loss or gradient norm";
+}
+
 }  // namespace
 
 std::optional<NonFiniteParameter> first_nonfinite_parameter(const HostState& st, const ModelLayout& layout,
@@ -163,13 +175,13 @@ void NonFiniteStreak::record(int64_t step, bool nonfinite, bool skipped) {
 std::string nonfinite_stop_message(const NonFiniteStop& s) {
   const int64_t n = s.step - s.first_step + 1;
   const std::string steps = steps_range(s.first_step, s.step);
-  const char* what = s.all_skipped ? "a non-finite gradient norm" : "a non-finite loss or gradient norm";
+  const char* what = streak_what(s);
   std::string head =
       s.run_ended
           ? fmt::format("training ended at step {} after {} in a row ({}) with {}; the final state is not saved",
                         s.step, plural(n, "step", "steps"), steps, what)
-          : fmt::format("training stopped at step {}: {} in a row ({}) had {}, more than max_skipped_steps ({})",
-                        s.step, plural(n, "step", "steps"), steps, what, s.max_skipped_steps);
+          : fmt::format("training stopped at step {}: {} in a row ({}) had {}, {}", s.step,
+                        plural(n, "step", "steps"), steps, what, limit_reached(s.max_skipped_steps));
   std::string msg = fmt::format("{}; first non-finite (step {}): {}.\n", head, s.first_step, s.first_nonfinite);
   const int64_t good = s.first_step - 1;  // the last finite step
   const bool bad_source = s.in_weights && s.checkpoint_has_them;  // the last checkpoint, not a good one
@@ -196,11 +208,22 @@ std::string nonfinite_stop_message(const NonFiniteStop& s) {
     tries.push_back(fmt::format("check the data of {}", steps));
   }
   if (s.gpu) tries.push_back("LT_ATTN=own runs the GPU attention on lazytrain's own kernels instead of cuDNN's");
-  if (!s.in_weights) tries.push_back("a larger max_skipped_steps lets training ride out rare non-finite steps");
+  if (!s.in_weights)
+    tries.push_back(fmt::format("a larger max_skipped_steps (now {}) lets training ride out short runs of non-finite "
+                                "steps (the step that makes max_skipped_steps in a row stops it)",
+                                s.max_skipped_steps));
   msg += fmt::format("What to try: {}.", fmt::join(tries, "; "));
   if (!s.last_checkpoint.empty() && !bad_source)
     msg += fmt::format("\nResume from the last good checkpoint with: {}", s.resume_command);
   return msg;
+}
+
+std::string nonfinite_peer_stop_message(const NonFiniteStop& s) {
+  const int64_t n = s.step - s.first_step + 1;
+  return fmt::format("training stopped at step {} with every rank: {} in a row ({}) had {}, {}; rank 0's output says "
+                     "where it first appeared",
+                     s.step, plural(n, "step", "steps"), steps_range(s.first_step, s.step), streak_what(s),
+                     limit_reached(s.max_skipped_steps));
 }
 
 }  // namespace lt::train

@@ -48,8 +48,8 @@ std::string first_nonfinite_text(const NonFiniteStep& s, const ModelLayout& layo
 std::string nonfinite_step_message(const NonFiniteStep& s, const ModelLayout& layout, int64_t in_a_row,
                                    int64_t max_skipped_steps);
 
-// Consecutive non-finite steps. One with max_skipped_steps of them already before it stops training
-// (max_skipped_steps 0: the first one).
+// Consecutive non-finite steps. The one that makes max_skipped_steps of them in a row stops training
+// (max_skipped_steps 0 or 1: the first one).
 class NonFiniteStreak {
  public:
   explicit NonFiniteStreak(int64_t max_skipped_steps) : max_(max_skipped_steps) {}
@@ -57,7 +57,8 @@ class NonFiniteStreak {
   int64_t length() const { return length_; }        // non-finite steps in a row up to the last recorded one
   int64_t first_step() const { return first_; }      // of them (valid when length() > 0)
   bool all_skipped() const { return skipped_ == length_; }  // every one had a non-finite gradient norm
-  bool too_long() const { return length_ > max_; }   // training must stop
+  // The streak has reached max(max_skipped_steps, 1) steps: training must stop.
+  bool reached_limit() const { return length_ >= (max_ > 0 ? max_ : 1); }
 
  private:
   int64_t max_ = 0, length_ = 0, first_ = 0, skipped_ = 0;
@@ -68,7 +69,7 @@ struct NonFiniteStop {
   int64_t step = 0;               // the last step run
   int64_t first_step = 0;         // the first of the consecutive skipped steps
   int64_t max_skipped_steps = 0;
-  bool run_ended = false;         // the run reached its last step inside the streak (not more than the maximum)
+  bool run_ended = false;         // the run reached its last step inside a streak shorter than the limit
   bool all_skipped = true;        // every step of the streak had a non-finite gradient norm (else some a loss only)
   std::string first_nonfinite;    // first_nonfinite_text of the streak's first step
   bool in_weights = false;        // it is a parameter
@@ -80,6 +81,8 @@ struct NonFiniteStop {
   std::string resume_command;     // resumes from it
 };
 std::string nonfinite_stop_message(const NonFiniteStop& s);
+// The shorter message of a data-parallel rank other than 0 (rank 0's says where the values first appeared).
+std::string nonfinite_peer_stop_message(const NonFiniteStop& s);
 
 // The error of that stop. Every data-parallel rank throws it after the same step, so none aborts the communicator
 // (a peer still leaving the last collective would report the abort instead of its own message): the trainer ends its

@@ -271,8 +271,9 @@ class TrainSession {
     logger_.event(nlohmann::json{{"type", "eval"}, {"step", ts_.global_step}, {"eval_loss", loss}, {"tokens", n}}.dump());
   }
 
-  // One optimizer step; false when a stop was requested (the checkpoint is saved first). Throws when too many steps
-  // in a row had a non-finite gradient norm or loss (no checkpoint of that state).
+  // One optimizer step; false when a stop was requested (the checkpoint is saved first). Throws at the step that
+  // makes max_skipped_steps in a row (0 or 1: the first) with a non-finite gradient norm or loss (no checkpoint of
+  // that state).
   bool step() {
     if (hooks_.before_step) {
       wait_updates();
@@ -331,7 +332,7 @@ class TrainSession {
       m.ranks = dp_->gather(RankFigures{local.step_s, local.rows, local.n_tokens, host_peak_rss_bytes(),
                                         dp_->comm_seconds() - comm0});
     log_step(m);
-    if (streak_.too_long()) stop_nonfinite(false);
+    if (streak_.reached_limit()) stop_nonfinite(false);
     if (cfg_.eval_steps > 0 && !val_batches_.empty() && ts_.global_step % cfg_.eval_steps == 0) eval_loss();
     bool stop =
         StopSignals::requested() || (hooks_.stop_after_steps >= 0 && steps_this_run_ >= hooks_.stop_after_steps);
@@ -413,12 +414,7 @@ class TrainSession {
     logger_.event(nlohmann::json{{"type", "stopped"}, {"reason", "non-finite"}, {"step", s.step},
                                  {"first_step", s.first_step}, {"last_checkpoint", s.last_checkpoint}}
                       .dump());
-    if (!leader_)
-      throw NonFiniteStopped(fmt::format("training stopped at step {} with every rank: {} steps in a row had a "
-                                         "non-finite loss or gradient norm (max_skipped_steps {}); rank 0's output "
-                                         "says where it first appeared",
-                                         s.step, streak_.length(), s.max_skipped_steps));
-    throw NonFiniteStopped(nonfinite_stop_message(s));
+    throw NonFiniteStopped(leader_ ? nonfinite_stop_message(s) : nonfinite_peer_stop_message(s));
   }
 
   // "; 2 steps skipped (non-finite gradient norm)" for the final summary, "" when every step was finite.

@@ -88,11 +88,12 @@ TEST(TrainConfig, ValidationErrors) {
   EXPECT_NE(err_of("model_name_or_path: [\n").find("invalid YAML"), std::string::npos);
 }
 
-// max_skipped_steps: 3 by default, an integer >= 0 (0: the first non-finite step stops training), and an error naming
-// the key otherwise.
+// max_skipped_steps: 3 by default (the third non-finite step in a row stops training), an integer >= 0 (0 and 1: the
+// first non-finite step stops training), and an error naming the key otherwise.
 TEST(TrainConfig, MaxSkippedSteps) {
   EXPECT_EQ(parse_config("model_name_or_path: x\n", "t.yaml").max_skipped_steps, 3);
   EXPECT_EQ(parse_config("model_name_or_path: x\nmax_skipped_steps: 0\n", "t.yaml").max_skipped_steps, 0);
+  EXPECT_EQ(parse_config("model_name_or_path: x\nmax_skipped_steps: 1\n", "t.yaml").max_skipped_steps, 1);
   EXPECT_EQ(parse_config("model_name_or_path: x\n", "t.yaml", {"max_skipped_steps=10"}).max_skipped_steps, 10);
   auto e = err_of("model_name_or_path: x\nmax_skipped_steps: -1\n");
   EXPECT_NE(e.find("max_skipped_steps must be an integer >= 0"), std::string::npos) << e;

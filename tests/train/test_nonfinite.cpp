@@ -1,5 +1,6 @@
 // Training never goes on silently with non-finite values (CPU backend, tiny model): a NaN put into one weight
-// stops training after max_skipped_steps skipped steps with an error naming that parameter and the step, no
+// stops training at the step that makes max_skipped_steps skipped steps in a row (0 or 1: the first) with an error
+// naming that parameter and the step, no
 // checkpoint is written of the state after skipped steps (the last good one stays byte for byte), a run whose
 // skipped steps are transient finishes and counts them, and every data-parallel rank stops after the same step.
 // Also the diagnosis texts for a gradient that turns non-finite with finite weights.
@@ -146,17 +147,18 @@ std::map<std::string, std::string> tree_bytes(const fs::path& dir) {
 
 }  // namespace
 
-// A NaN in one weight before step 2: steps 2 and 3 are skipped (max_skipped_steps 2), step 4 stops training with an
-// error naming the parameter; each skipped step's line names its global step and the parameter.
-TEST(NonFinite, NanInAWeightStopsAfterMaxSkippedStepsNamingTheParameter) {
+// A NaN in one weight before step 2 with max_skipped_steps 2: steps 2 and 3 are skipped and step 3, the second in a
+// row, stops training with an error naming the parameter (step 4 never runs); each skipped step's line names its
+// global step and the parameter.
+TEST(NonFinite, NanInAWeightStopsAtMaxSkippedStepsNamingTheParameter) {
   TmpDir t;
   NanInjection nan;
   nan.at = 2;
   const Outcome o = run_caught(tiny_config(t.p, {"max_skipped_steps=2"}), nan.hooks());
   ASSERT_FALSE(o.error.empty()) << "training finished despite a NaN weight:\n" << o.out;
-  EXPECT_EQ(nan.steps, (std::vector<int64_t>{1, 2, 3, 4}));
-  EXPECT_TRUE(has(o.error, "training stopped at step 4: 3 steps in a row (steps 2..4) had a non-finite gradient "
-                           "norm, more than max_skipped_steps (2)"))
+  EXPECT_EQ(nan.steps, (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_TRUE(has(o.error, "training stopped at step 3: 2 steps in a row (steps 2..3) had a non-finite gradient "
+                           "norm, reaching max_skipped_steps (2); first non-finite (step 2): "))
       << o.error;
   EXPECT_TRUE(has(o.error, std::string("first non-finite (step 2): parameter ") + kBadTensor +
                                " (NaN in the weights: 1 of "))
@@ -165,39 +167,46 @@ TEST(NonFinite, NanInAWeightStopsAfterMaxSkippedStepsNamingTheParameter) {
       << o.error;
   EXPECT_TRUE(has(o.error, "What to try: check the weights named above")) << o.error;
   EXPECT_TRUE(has(o.error, "the model or checkpoint they were loaded from (tiny-qwen2)")) << o.error;
-  for (int step : {2, 3, 4})
+  for (int step : {2, 3})
     EXPECT_TRUE(has(o.out, fmt::format("step {}: non-finite gradient norm (nan); loss nan (non-finite); first "
                                        "non-finite: parameter {} (NaN in the weights: 1 of ",
                                        step, kBadTensor)))
         << o.out;
+  EXPECT_TRUE(has(o.out, "update skipped (1 in a row; max_skipped_steps 2)")) << o.out;
   EXPECT_TRUE(has(o.out, "update skipped (2 in a row; max_skipped_steps 2)")) << o.out;
+  EXPECT_FALSE(has(o.out, "step 4:")) << o.out;
   EXPECT_FALSE(has(o.out, "training done")) << o.out;
   EXPECT_TRUE(list_checkpoints(t.p).empty());  // no final save
   const auto events = records(t.p, "nonfinite");
-  ASSERT_EQ(events.size(), 3u);
-  for (size_t i = 0; i < 3; ++i) {
+  ASSERT_EQ(events.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
     EXPECT_EQ(events[i]["step"], int64_t(i) + 2);
     EXPECT_EQ(events[i]["parameter"], kBadTensor);
   }
   const auto train_lines = records(t.p, "train");
-  ASSERT_EQ(train_lines.size(), 4u);
+  ASSERT_EQ(train_lines.size(), 3u);
   EXPECT_FALSE(train_lines[0].contains("update_skipped"));
-  EXPECT_EQ(train_lines[3]["update_skipped"], true);
-  EXPECT_EQ(train_lines[3]["skipped_steps"], 3);
+  EXPECT_EQ(train_lines[2]["update_skipped"], true);
+  EXPECT_EQ(train_lines[2]["skipped_steps"], 2);
 }
 
-// max_skipped_steps 0: the first non-finite step stops training.
-TEST(NonFinite, MaxSkippedStepsZeroStopsAtTheFirst) {
-  TmpDir t;
-  NanInjection nan;
-  nan.at = 3;
-  const Outcome o = run_caught(tiny_config(t.p, {"max_skipped_steps=0"}), nan.hooks());
-  EXPECT_EQ(nan.steps, (std::vector<int64_t>{1, 2, 3}));
-  EXPECT_TRUE(has(o.error, "training stopped at step 3: 1 step in a row (step 3) had a non-finite gradient norm, "
-                           "more than max_skipped_steps (0)"))
-      << o.error;
-  EXPECT_TRUE(has(o.error, kBadTensor)) << o.error;
-  EXPECT_TRUE(has(o.out, "step 3: non-finite gradient norm (nan)")) << o.out;
+// max_skipped_steps 0 and 1: the first non-finite step stops training (step 4 never runs).
+TEST(NonFinite, MaxSkippedStepsZeroAndOneStopAtTheFirst) {
+  for (const int64_t max : {0, 1}) {
+    SCOPED_TRACE(max);
+    TmpDir t(std::to_string(max));
+    NanInjection nan;
+    nan.at = 3;
+    const Outcome o = run_caught(tiny_config(t.p, {fmt::format("max_skipped_steps={}", max)}), nan.hooks());
+    EXPECT_EQ(nan.steps, (std::vector<int64_t>{1, 2, 3}));
+    EXPECT_TRUE(has(o.error, fmt::format("training stopped at step 3: 1 step in a row (step 3) had a non-finite "
+                                         "gradient norm, reaching max_skipped_steps ({}",
+                                         max)))
+        << o.error;
+    EXPECT_TRUE(has(o.error, kBadTensor)) << o.error;
+    EXPECT_TRUE(has(o.out, "step 3: non-finite gradient norm (nan)")) << o.out;
+    EXPECT_TRUE(list_checkpoints(t.p).empty());
+  }
 }
 
 // The last good checkpoint is left byte for byte, and nothing newer is written although save_steps falls on the
@@ -219,11 +228,11 @@ TEST(NonFinite, LastGoodCheckpointIsUntouched) {
     if (step == 4) before3 = tree_bytes(checkpoint_path(t.p, 3));
     inject(step, st, layout);
   };
-  const std::vector<std::string> ov = {"save_steps=1", "max_skipped_steps=1", "resume_from_checkpoint=auto"};
+  const std::vector<std::string> ov = {"save_steps=1", "max_skipped_steps=2", "resume_from_checkpoint=auto"};
   const Outcome o = run_caught(tiny_config(t.p, ov), h);
   EXPECT_EQ(nan.steps, (std::vector<int64_t>{3, 4, 5}));
   const fs::path good = checkpoint_path(t.p, 3);
-  EXPECT_TRUE(has(o.error, "training stopped at step 5")) << o.error;
+  EXPECT_TRUE(has(o.error, "training stopped at step 5: 2 steps in a row (steps 4..5)")) << o.error;
   EXPECT_TRUE(has(o.error, "No checkpoint was written after step 3; the last good checkpoint is " + good.string()))
       << o.error;
   EXPECT_TRUE(has(o.error, "Resume from the last good checkpoint with: lazytrain train")) << o.error;
@@ -248,7 +257,8 @@ TEST(NonFinite, LastGoodCheckpointIsUntouched) {
   EXPECT_EQ(tree_bytes(good), before3);
 }
 
-// Two skipped steps (the NaN taken out again before step 5) within max_skipped_steps: training finishes, the summary,
+// Two skipped steps (the NaN taken out again before step 5), fewer in a row than max_skipped_steps (3): training
+// finishes, the summary,
 // the result and the checkpoint's trainer state count them, and the checkpoint reads back (the skipped steps' NaN
 // losses are JSON nulls).
 TEST(NonFinite, TransientSkippedStepsAreCountedInTheSummary) {
@@ -275,8 +285,8 @@ TEST(NonFinite, TransientSkippedStepsAreCountedInTheSummary) {
   EXPECT_EQ(s.losses[5], o.result.losses[5]);
 }
 
-// A run whose last steps were skipped (fewer than the maximum) fails instead of saving that state as its final
-// checkpoint.
+// A run whose last steps were skipped (2 in a row, fewer than max_skipped_steps 3) fails instead of saving that state
+// as its final checkpoint.
 TEST(NonFinite, RunEndingInSkippedStepsFailsWithoutAFinalSave) {
   TmpDir t;
   NanInjection nan;
@@ -333,21 +343,28 @@ TEST(NonFinite, OverflowWithFiniteWeightsNamesTheGradient) {
   EXPECT_FALSE(has(o.error, "parameter")) << o.error;
   EXPECT_TRUE(has(o.error, "What to try: lower learning_rate (now 0.002) or add warmup_steps; check the data of step 2"))
       << o.error;
+  EXPECT_TRUE(has(o.error, "training stopped at step 2: 1 step in a row (step 2) had a non-finite gradient norm, "
+                           "reaching max_skipped_steps (0: the first one stops training)"))
+      << o.error;
+  EXPECT_TRUE(has(o.error, "a larger max_skipped_steps (now 0) lets training ride out short runs of non-finite steps "
+                           "(the step that makes max_skipped_steps in a row stops it)"))
+      << o.error;
 }
 
 // A non-finite loss with a finite gradient norm (the update was applied before the loss was known) is reported and
-// counts toward max_skipped_steps as well.
+// counts toward max_skipped_steps as well: step 3, the second in a row, stops training (max_skipped_steps 2).
 TEST(NonFinite, NonFiniteLossWithAFiniteNormIsReportedAndStopsToo) {
   TmpDir t;
   const Outcome o =
-      run_caught(tiny_config(t.p, {"max_skipped_steps=1"}), huge_weights("model.embed_tokens.weight", 3e38f));
+      run_caught(tiny_config(t.p, {"max_skipped_steps=2"}), huge_weights("model.embed_tokens.weight", 3e38f));
   EXPECT_TRUE(has(o.out, "step 2: non-finite loss (inf) with a finite gradient norm (")) << o.out;
   EXPECT_TRUE(has(o.out, "first non-finite: the forward pass (the loss is non-finite; the weights and the gradients "
-                         "are finite); update applied (1 non-finite in a row; max_skipped_steps 1)"))
+                         "are finite); update applied (1 non-finite in a row; max_skipped_steps 2)"))
       << o.out;
   EXPECT_TRUE(has(o.error, "training stopped at step 3: 2 steps in a row (steps 2..3) had a non-finite loss or "
-                           "gradient norm, more than max_skipped_steps (1)"))
+                           "gradient norm, reaching max_skipped_steps (2)"))
       << o.error;
+  EXPECT_FALSE(has(o.out, "step 4:")) << o.out;
 }
 
 TEST(NonFinite, DiagnosisTexts) {
@@ -370,24 +387,69 @@ TEST(NonFinite, DiagnosisTexts) {
   s.parameter = NonFiniteParameter{"model.layers.1.mlp.down_proj.weight", 0, 2, 8192};
   EXPECT_EQ(first_nonfinite_text(s, layout),
             "parameter model.layers.1.mlp.down_proj.weight (Inf in the weights: 2 of 8192 values)");
-  NonFiniteStreak streak(1);
+  // The step that makes max_skipped_steps in a row reaches the limit; 0 and 1 both stop at the first.
+  NonFiniteStreak streak(2);
   streak.record(4, true, true);
-  EXPECT_FALSE(streak.too_long());
+  EXPECT_FALSE(streak.reached_limit());
   streak.record(5, true, false);
-  EXPECT_TRUE(streak.too_long());
+  EXPECT_TRUE(streak.reached_limit());
   EXPECT_FALSE(streak.all_skipped());
   EXPECT_EQ(streak.first_step(), 4);
   streak.record(6, false, false);
   EXPECT_EQ(streak.length(), 0);
+  EXPECT_FALSE(streak.reached_limit());
+  for (const int64_t max : {0, 1}) {
+    NonFiniteStreak first(max);
+    EXPECT_FALSE(first.reached_limit());
+    first.record(2, true, true);
+    EXPECT_TRUE(first.reached_limit()) << max;
+  }
+  NonFiniteStreak three(3);
+  three.record(1, true, true);
+  three.record(2, true, true);
+  EXPECT_FALSE(three.reached_limit());
+  three.record(3, true, true);
+  EXPECT_TRUE(three.reached_limit());
+
+  NonFiniteStop stop;
+  stop.step = 3;
+  stop.first_step = 2;
+  stop.max_skipped_steps = 2;
+  stop.first_nonfinite = "the forward pass";
+  stop.learning_rate = 1e-3;
+  EXPECT_EQ(nonfinite_stop_message(stop).substr(0, nonfinite_stop_message(stop).find('\n')),
+            "training stopped at step 3: 2 steps in a row (steps 2..3) had a non-finite gradient norm, reaching "
+            "max_skipped_steps (2); first non-finite (step 2): the forward pass.");
+  EXPECT_TRUE(has(nonfinite_stop_message(stop),
+                  "What to try: lower learning_rate (now 0.001) or add warmup_steps; check the data of steps 2..3; a "
+                  "larger max_skipped_steps (now 2) lets training ride out short runs of non-finite steps (the step "
+                  "that makes max_skipped_steps in a row stops it)."))
+      << nonfinite_stop_message(stop);
+  EXPECT_EQ(nonfinite_peer_stop_message(stop),
+            "training stopped at step 3 with every rank: 2 steps in a row (steps 2..3) had a non-finite gradient "
+            "norm, reaching max_skipped_steps (2); rank 0's output says where it first appeared");
+  stop.run_ended = true;
+  EXPECT_TRUE(has(nonfinite_stop_message(stop), "training ended at step 3 after 2 steps in a row (steps 2..3) with a "
+                                                "non-finite gradient norm; the final state is not saved;"))
+      << nonfinite_stop_message(stop);
+  stop.run_ended = false;
+  stop.step = stop.first_step = 5;
+  stop.max_skipped_steps = 0;
+  stop.all_skipped = false;
+  EXPECT_EQ(nonfinite_peer_stop_message(stop),
+            "training stopped at step 5 with every rank: 1 step in a row (step 5) had a non-finite loss or gradient "
+            "norm, reaching max_skipped_steps (0: the first one stops training); rank 0's output says where it first "
+            "appeared");
 }
 
 // Two data-parallel ranks (processes with the shared-memory communicator, as `lazytrain launch -n 2` runs them) with
-// the same NaN: both stop with an error after the same step; rank 0's names the parameter.
+// the same NaN before step 2 and max_skipped_steps 2: both stop with an error after step 3; rank 0's names the
+// parameter.
 TEST(NonFinite, DataParallelRanksStopTogether) {
   TmpDir t;
   const fs::path rdzv = t.p / "rdzv";
   fs::create_directories(rdzv);
-  const TrainConfig cfg = tiny_config(t.p / "out", {"max_skipped_steps=1", "backend=cpu"});
+  const TrainConfig cfg = tiny_config(t.p / "out", {"max_skipped_steps=2", "backend=cpu"});
   std::fflush(stdout);
   std::fflush(stderr);
   std::vector<pid_t> pids;
@@ -439,9 +501,13 @@ TEST(NonFinite, DataParallelRanksStopTogether) {
     return ss.str();
   };
   EXPECT_EQ(codes, (std::vector<int>{1, 1})) << message(0) << "\n" << message(1);
-  EXPECT_TRUE(has(message(0), "training stopped at step 3: 2 steps in a row (steps 2..3)")) << message(0);
+  EXPECT_TRUE(has(message(0), "training stopped at step 3: 2 steps in a row (steps 2..3) had a non-finite gradient "
+                              "norm, reaching max_skipped_steps (2)"))
+      << message(0);
   EXPECT_TRUE(has(message(0), kBadTensor)) << message(0);
-  EXPECT_TRUE(has(message(1), "training stopped at step 3 with every rank")) << message(1);
+  EXPECT_TRUE(has(message(1), "training stopped at step 3 with every rank: 2 steps in a row (steps 2..3) had a "
+                              "non-finite gradient norm, reaching max_skipped_steps (2); rank 0's output says"))
+      << message(1);
   EXPECT_TRUE(list_checkpoints(t.p / "out").empty());
 }
 
