@@ -328,8 +328,8 @@ void validate_config(const TrainConfig& c) {
   LT_CHECK(c.min_lr_ratio >= 0 && c.min_lr_ratio <= 1, "config: min_lr_ratio must be in [0, 1], got {}", c.min_lr_ratio);
   LT_CHECK(c.weight_decay >= 0, "config: weight_decay must be >= 0, got {}", c.weight_decay);
   LT_CHECK(c.max_skipped_steps >= 0,
-           "config: max_skipped_steps must be an integer >= 0 (the non-finite steps in a row training rides out; "
-           "0: the first one stops it), got {}",
+           "config: max_skipped_steps must be an integer >= 0 (the step that makes this many non-finite steps in a "
+           "row stops training; 0: the first), got {}",
            c.max_skipped_steps);
   LT_CHECK(c.max_steps > 0 || c.num_train_epochs > 0, "config: set max_steps > 0 or num_train_epochs > 0");
   LT_CHECK(c.save_steps >= 0 && c.save_total_limit >= 0 && c.eval_steps >= 0,

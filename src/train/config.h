@@ -43,8 +43,8 @@ struct TrainConfig {
   double weight_decay = 0.0;
   double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_epsilon = 1e-8;
   double max_grad_norm = 1.0;                // <= 0 disables clipping
-  int64_t max_skipped_steps = 3;             // non-finite steps in a row (gradient norm: update skipped; or loss)
-                                             // ridden out; the next one stops training with an error (0: the first)
+  int64_t max_skipped_steps = 3;             // the step that makes this many non-finite steps in a row (gradient
+                                             // norm: update skipped; or loss) stops training with an error (0: the first)
   double num_train_epochs = 3.0;
   int64_t max_steps = -1;                    // > 0 overrides num_train_epochs
   // logging, eval, checkpoints
