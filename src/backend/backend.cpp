@@ -100,6 +100,17 @@ std::string MemoryTracker::table() const {
 
 Backend::Backend(const ModelConfig& c) : cfg_(c), layout_(model_layout(c)) {}
 
+void Backend::hold_workspace(int64_t bytes) {
+  (void)bytes;
+  fail("backend {}: cannot hold a workspace for a run (hold_workspace)", name());
+}
+
+void fail_workspace_held(const char* op, const OpLabel& l, int64_t rows, int64_t asks, int64_t held) {
+  fail("internal: {} ('{}', window {}, index {}) on {} rows asks {} of workspace, but the run holds it at {} "
+       "(hold_workspace was not sized for this call)",
+       op, l.what, l.window, l.index, rows, format_bytes(double(asks)), format_bytes(double(held)));
+}
+
 void Backend::adamw_step(const AdamWStepScalars&, float*, bf16_t*, uint16_t*, const float*, float*, float*, int64_t,
                          OpLabel) {
   fail("backend {}: no optimizer update on the device (use embedding_update: host)", name());

@@ -179,6 +179,21 @@ class Backend {
   // Reserves the workspace for layers/head on up to `tokens` rows (samples of `seq`) now, so that a plan that
   // cannot fit fails before running.
   virtual void reserve_workspace(int64_t tokens, int64_t seq = 0) = 0;
+  // Extra device bytes one embed_backward on `tokens` rows needs, in the same workspace (layer_workspace_bytes
+  // counts it at its own `tokens` only). Default: none.
+  virtual int64_t embed_workspace_bytes(int64_t tokens) const {
+    (void)tokens;
+    return 0;
+  }
+  // The workspace of a run, sized once for every call it will make (the largest layer_workspace_bytes over its call
+  // geometries, embed_workspace_bytes) and taken before its other device buffers: `bytes` reserved now (what was
+  // reserved before is released first) and held at that size until release_workspace(). Meanwhile an op that would
+  // need more throws an internal error naming the op and its rows, rather than regrowing it: a workspace released
+  // and taken again larger after other buffers were allocated may find the budget's free bytes in pieces (the
+  // device arena's first fit), each too small, though their total fits.
+  virtual void hold_workspace(int64_t bytes);
+  // Frees the workspace; ops take it again, growing it as they need. No-op when there is none.
+  virtual void release_workspace() {}
   // Before the first layer call at geometry g (its segment runs counted): builds what such a call would build once,
   // on the host (CUDA: cuDNN's attention graphs for g's packed-row shape, 0.1-2 s the first time), so that it does
   // not land in a timed step. No device work; g's device pointers are not read. Default: nothing.
@@ -272,6 +287,10 @@ class Backend {
   ModelLayout layout_;
   MemoryTracker mem_;
 };
+
+// The internal error of an op that asks `asks` bytes of workspace while a run holds it at `held`
+// (Backend::hold_workspace): names the op, its label (window, layer) and its rows.
+[[noreturn]] void fail_workspace_held(const char* op, const OpLabel& l, int64_t rows, int64_t asks, int64_t held);
 
 // RAII owner of one allocation.
 class Buffer {

@@ -153,6 +153,10 @@ struct ExecMemory {
 ExecMemory executor_memory(const ModelConfig& c, const ExecPlan& p, BackendDTypes dt, int64_t workspace_bytes,
                            GradHome grads = GradHome::Host, int32_t micro_batches = 1,
                            GradDType held_dtype = GradDType::F32, int64_t kept_bytes = 0);
+// The backend workspace the executor holds for a plan (Backend::hold_workspace, before its other device buffers):
+// the largest over every call the plan makes (layer_workspace_bytes at each chunk size, embed_workspace_bytes over
+// the micro-batch). executor_memory's workspace_bytes.
+int64_t plan_workspace_bytes(const Backend& be, const ExecPlan& p);
 // Device bytes of the plan's kept layers on this backend (ExecPlan::kept_layers; one region per chunk of samples):
 // layer j's entry, 0 for a layer that keeps nothing. The executor allocates exactly these ("keep.layer<j>").
 std::vector<int64_t> kept_internals_bytes(const Backend& be, const ExecPlan& p);

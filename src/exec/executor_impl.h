@@ -33,6 +33,19 @@ struct TraceSpan {
   int32_t micro_batch = 0;
 };
 
+// The backend's workspace, held at the plan's size (plan_workspace_bytes) from hold() to this one's end.
+class WorkspaceHold {
+ public:
+  WorkspaceHold() = default;
+  ~WorkspaceHold();
+  WorkspaceHold(const WorkspaceHold&) = delete;
+  WorkspaceHold& operator=(const WorkspaceHold&) = delete;
+  void hold(Backend& be, int64_t bytes);
+
+ private:
+  Backend* be_ = nullptr;
+};
+
 struct Executor::Impl {
   Impl(Executor& ex);
   ~Impl();
@@ -69,6 +82,7 @@ struct Executor::Impl {
   void* head_grad = nullptr;  // head_g, or their held buffers when held_direct
 
   // device
+  WorkspaceHold workspace;  // released when the executor ends, after its work is done (~Impl)
   std::vector<Buffer> ring;
   Buffer emb_w, head_w, emb_g, head_g;
   Buffer gslot[2];  // layer gradients of one micro-batch (not allocated when held_direct)

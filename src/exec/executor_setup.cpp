@@ -126,6 +126,17 @@ std::vector<int64_t> kept_internals_bytes(const Backend& be, const ExecPlan& p) 
   return b;
 }
 
+// Every call geometry the micro-batch run uses (for_chunks): the layers' forward, recompute and backward (kept or
+// not) and the head on chunks of `chunk` samples and on the last, shorter chunk, in training and evaluation alike;
+// the embedding's backward on the whole micro-batch.
+int64_t plan_workspace_bytes(const Backend& be, const ExecPlan& p) {
+  const int64_t chunk = p.chunk_samples > 0 ? p.chunk_samples : p.batch, last = p.batch % chunk;
+  int64_t ws = be.layer_workspace_bytes(chunk * p.seq, p.seq);
+  if (last > 0) ws = std::max(ws, be.layer_workspace_bytes(last * p.seq, p.seq));
+  if (embedding_on_device(be.config(), p)) ws = std::max(ws, be.embed_workspace_bytes(p.batch * p.seq));
+  return ws;
+}
+
 ExecMemory executor_memory(const ModelConfig& c, const ExecPlan& p, BackendDTypes dt, int64_t workspace_bytes,
                            GradHome grads, int32_t micro_batches, GradDType held_dtype, int64_t kept_bytes) {
   const auto lay = model_layout(c);
@@ -217,7 +228,9 @@ void Executor::Impl::allocate() {
     fail("does not fit: nvme short by {} ({} checkpoints of {}, budget {})",
          format_bytes(double(n_nvme * Apad - ex.opts_.nvme_budget)), n_nvme, format_bytes(double(Apad)),
          format_bytes(double(ex.opts_.nvme_budget)));
-  // Device.
+  // Device. The workspace first and held at its size for the executor's lifetime (Backend::hold_workspace): no call
+  // of the plan grows it later, when the other buffers could have left the free bytes in pieces.
+  workspace.hold(be, plan_workspace_bytes(be, P));
   for (int k = 0; k < P.ring; ++k) ring.emplace_back(be, MemKind::Device, layer_numel * int64_t(w_sz), "weights.ring");
   if (emb_on_device) emb_w = Buffer(be, MemKind::Device, lay.embedding().numel * int64_t(w_sz), "weights.embedding");
   head_w = Buffer(be, MemKind::Device, lay.head().numel * int64_t(w_sz), "weights.head");
@@ -231,7 +244,6 @@ void Executor::Impl::allocate() {
   pool = std::make_unique<ActPool>(be, A);
   pool->reserve(count_act_buffers(P));
   pool->mark_reserved();
-  be.reserve_workspace(chunk * P.seq, P.seq);
   allocate_kept();
   // Pinned.
   p_ids = Buffer(be, MemKind::Pinned, ib, "batch.staging");
@@ -315,6 +327,20 @@ void Executor::Impl::allocate_grads() {
   if (!dev_updates.empty()) {
     dev_update_of.assign(size_t(L + 2), nullptr);
     for (auto& d : dev_updates) dev_update_of[size_t(d->unit())] = d.get();
+  }
+}
+
+void WorkspaceHold::hold(Backend& be, int64_t bytes) {
+  be.hold_workspace(bytes);
+  be_ = &be;
+}
+
+WorkspaceHold::~WorkspaceHold() {
+  if (!be_) return;
+  try {
+    be_->release_workspace();
+  } catch (const std::exception& e) {
+    log_warn("executor shutdown: releasing the workspace: {}", e.what());
   }
 }
 

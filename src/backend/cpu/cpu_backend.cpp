@@ -150,6 +150,7 @@ struct CpuBackend::Impl {
 
 CpuBackend::CpuBackend(const ModelConfig& c, CpuBackendOptions o) : Backend(c), opt_(o), impl_(std::make_unique<Impl>()) {
   mem_.set_budget(MemKind::Device, o.device_budget);
+  if (o.device_budget >= ArenaAllocator::kAlign) arena_ = std::make_unique<ArenaAllocator>(o.device_budget);
   mem_.set_budget(MemKind::Pinned, o.pinned_budget);
   // 0: the constructing thread's OpenMP setting (omp_set_num_threads there applies to the lanes too).
   const int threads = o.threads > 0 ? o.threads : omp_get_max_threads();
@@ -167,33 +168,47 @@ CpuBackend::~CpuBackend() {
     L.cv.notify_all();
     L.th.join();
   }
-  if (workspace_reserved_ > 0) mem_.release(MemKind::Device, workspace_reserved_, "workspace");
+  free_workspace();
 }
 
 Allocation CpuBackend::alloc(MemKind k, int64_t bytes, const std::string& tag) {
   LT_CHECK(bytes > 0, "cpu backend: allocation of {} bytes for '{}' (expected > 0)", bytes, tag);
   mem_.reserve(k, bytes, tag);
+  int64_t off = -1;
+  if (k == MemKind::Device && arena_) {
+    try {
+      off = arena_->allocate(bytes, tag);
+    } catch (...) {
+      mem_.release(k, bytes, tag);
+      throw;
+    }
+  }
   const size_t align = k == MemKind::Pinned ? 4096 : 256;
   const size_t rounded = (size_t(bytes) + align - 1) / align * align;
   // Large buffers (masters, gradients, bf16 copies that the optimizer streams) get huge pages.
   void* p = aligned_host_alloc(rounded, align);
   if (!p) {
+    if (off >= 0) arena_->release(off);
     mem_.release(k, bytes, tag);
     fail("cpu backend: out of host memory allocating {} bytes for '{}'", bytes, tag);
   }
-  live_[reinterpret_cast<uintptr_t>(p)] = {bytes, tag};
+  live_[reinterpret_cast<uintptr_t>(p)] = Live{bytes, tag, off};
   return Allocation{p, bytes, k, tag};
 }
 
 void CpuBackend::free(Allocation& a) {
   if (!a.ptr) return;
-  live_.erase(reinterpret_cast<uintptr_t>(a.ptr));
+  auto it = live_.find(reinterpret_cast<uintptr_t>(a.ptr));
+  if (it != live_.end()) {
+    if (it->second.arena_offset >= 0) arena_->release(it->second.arena_offset);
+    live_.erase(it);
+  }
   std::free(a.ptr);
   mem_.release(a.kind, a.bytes, a.tag);
   a = {};
 }
 
-int64_t CpuBackend::layer_workspace_bytes(int64_t tokens, int64_t /*seq: per row*/) const {
+int64_t CpuBackend::layer_call_workspace(int64_t tokens) const {
   // The reference keeps q, k, v, attention output, normed input and the three MLP activations of the
   // rows it works on, plus their gradients in backward: an upper estimate, in fp32.
   const auto& c = cfg_;
@@ -206,11 +221,70 @@ int64_t CpuBackend::layer_workspace_bytes(int64_t tokens, int64_t /*seq: per row
   return tokens * per_row * 4;
 }
 
-void CpuBackend::reserve_workspace(int64_t tokens, int64_t /*seq: the CPU workspace is per row*/) {
-  const int64_t want = layer_workspace_bytes(tokens);
-  if (want <= workspace_reserved_) return;
-  mem_.reserve(MemKind::Device, want - workspace_reserved_, "workspace");
-  workspace_reserved_ = want;
+int64_t CpuBackend::head_call_workspace(int64_t seq) const {
+  // head_loss runs the reference head sample by sample: per sample the normed rows and their gradient, and one
+  // chunk of fp32 logits (the sample split into equal chunks of at most head_chunk_rows rows).
+  const int64_t S = std::max<int64_t>(seq, 1), R0 = cpu::head_chunk_rows(cfg_.vocab);
+  const int64_t chunks = (S + R0 - 1) / R0, rows = (S + chunks - 1) / chunks;
+  return (2 * S * cfg_.hidden + rows * cfg_.vocab) * 4;
+}
+
+int64_t CpuBackend::layer_workspace_bytes(int64_t tokens, int64_t seq) const {
+  const int64_t sample = seq > 0 && tokens % seq == 0 ? seq : tokens;
+  return std::max(layer_call_workspace(tokens), head_call_workspace(sample));
+}
+
+// As the CUDA backend's: the old workspace freed, the new one at the arena's high end.
+void CpuBackend::take_workspace(int64_t bytes) {
+  free_workspace();
+  mem_.reserve(MemKind::Device, bytes, "workspace");
+  if (arena_) {
+    try {
+      ws_offset_ = arena_->allocate(bytes, "workspace", ArenaAllocator::End::High);
+    } catch (...) {
+      mem_.release(MemKind::Device, bytes, "workspace");
+      throw;
+    }
+  }
+  ws_bytes_ = bytes;
+}
+
+void CpuBackend::free_workspace() {
+  if (ws_bytes_ == 0) return;
+  if (ws_offset_ >= 0) arena_->release(ws_offset_);
+  mem_.release(MemKind::Device, ws_bytes_, "workspace");
+  ws_bytes_ = 0;
+  ws_offset_ = -1;
+}
+
+void CpuBackend::workspace_for(int64_t bytes, const char* op, OpLabel l, int64_t rows) {
+  if (bytes <= ws_bytes_ || impl_->failed) return;  // after an error the lane skips the op anyway
+  try {
+    if (ws_held_) fail_workspace_held(op, l, rows, bytes, ws_bytes_);
+    take_workspace(bytes);
+  } catch (const std::exception& e) {
+    impl_->set_error(fmt::format("{} lane, op '{}' (window {}, index {}): {}", lane_name(Lane::Compute), l.what,
+                                 l.window, l.index, e.what()));
+  }
+}
+
+void CpuBackend::reserve_workspace(int64_t tokens, int64_t seq) {
+  const int64_t want = layer_workspace_bytes(tokens, seq);
+  if (want <= ws_bytes_) return;
+  if (ws_held_) fail_workspace_held("reserve_workspace", OpLabel{}, tokens, want, ws_bytes_);
+  take_workspace(want);
+}
+
+void CpuBackend::hold_workspace(int64_t bytes) {
+  ws_held_ = false;
+  if (bytes > 0) take_workspace(bytes);
+  else free_workspace();
+  ws_held_ = true;
+}
+
+void CpuBackend::release_workspace() {
+  ws_held_ = false;
+  free_workspace();
 }
 
 Event CpuBackend::record(Lane lane) {
@@ -266,10 +340,10 @@ void CpuBackend::check_range(const void* p, int64_t bytes, const char* what, OpL
   auto it = live_.upper_bound(a);
   if (it == live_.begin()) return;  // not backend memory (the caller's own)
   --it;
-  const int64_t off = int64_t(a - it->first), size = it->second.first;
+  const int64_t off = int64_t(a - it->first), size = it->second.bytes;
   if (off >= size) return;
   LT_CHECK(off + bytes <= size, "cpu backend: copy '{}' ({} #{}) of {} bytes at offset {} of '{}' runs past its {} bytes",
-           l.what, what, l.index, bytes, off, it->second.second, size);
+           l.what, what, l.index, bytes, off, it->second.tag, size);
 }
 
 void CpuBackend::copy(Lane lane, void* dst, const void* src, int64_t bytes, OpLabel l) {
@@ -312,6 +386,7 @@ void CpuBackend::embed_forward(const void* emb, const int32_t* ids, int64_t T, v
 }
 
 void CpuBackend::embed_backward(const int32_t* ids, int64_t T, const void* dx, void* demb, OpLabel l) {
+  workspace_for(embed_workspace_bytes(T), "embed_backward", l, T);
   Task t;
   t.fn = [this, ids, T, dx, demb] {
     cpu::embed_backward(cfg_, ids, T, static_cast<const float*>(dx), static_cast<float*>(demb));
@@ -322,6 +397,7 @@ void CpuBackend::embed_backward(const int32_t* ids, int64_t T, const void* dx, v
 
 void CpuBackend::layer_forward(int64_t layer, const void* w, const DevGeometry& g, const void* x, void* y, OpLabel l) {
   LT_CHECK(layer >= 0 && layer < cfg_.layers, "cpu backend: layer {} out of range [0, {})", layer, cfg_.layers);
+  workspace_for(layer_call_workspace(g.tokens()), "layer_forward", l, g.tokens());
   Task t;
   t.fn = [this, layer, w, g, x, y] {
     cpu::layer_forward(cfg_, layout_.layer(layer), static_cast<const float*>(w), geom(g), static_cast<const float*>(x),
@@ -334,6 +410,7 @@ void CpuBackend::layer_forward(int64_t layer, const void* w, const DevGeometry& 
 void CpuBackend::layer_backward(int64_t layer, const void* w, const DevGeometry& g, const void* x, const void* dy,
                                 void* dx, void* dw, OpLabel l) {
   LT_CHECK(layer >= 0 && layer < cfg_.layers, "cpu backend: layer {} out of range [0, {})", layer, cfg_.layers);
+  workspace_for(layer_call_workspace(g.tokens()), "layer_backward", l, g.tokens());
   Task t;
   t.fn = [this, layer, w, g, x, dy, dx, dw] {
     cpu::layer_backward(cfg_, layout_.layer(layer), static_cast<const float*>(w), geom(g),
@@ -396,6 +473,7 @@ void CpuBackend::layer_backward_kept(int64_t layer, const void* w, const DevGeom
 void CpuBackend::head_loss(const void* head_w, const void* lm_w, const int32_t* targets, const DevGeometry& g,
                            const void* x, float loss_scale, void* dx, void* d_head_w, void* d_lm_w, double* acc,
                            OpLabel l) {
+  workspace_for(head_call_workspace(g.seq), "head_loss", l, g.tokens());
   Task t;
   t.fn = [this, head_w, lm_w, targets, g, x, loss_scale, dx, d_head_w, d_lm_w, acc] {
     // Sample by sample, so that the loss sum is accumulated in the same order however the executor
@@ -417,6 +495,7 @@ void CpuBackend::head_loss(const void* head_w, const void* lm_w, const int32_t* 
 
 void CpuBackend::head_logits(const void* head_w, const void* lm_w, const void* x, const int64_t* rows, int64_t n_rows,
                              float* out, OpLabel l) {
+  workspace_for(n_rows * cfg_.hidden * 4, "head_logits", l, n_rows);  // the normed rows
   Task t;
   t.fn = [this, head_w, lm_w, x, rows, n_rows, out] {
     cpu::head_logits(cfg_, layout_.head(), static_cast<const float*>(head_w), static_cast<const float*>(lm_w),

@@ -3,12 +3,18 @@
 // budget enforcement; ops are the fp32 reference (reference.h), so every dtype is F32 (the streaming
 // copy of the weights is then fp32 too). Optional bandwidth emulation makes copies take
 // bytes / bandwidth seconds, so overlap and exposed time can be studied without a GPU.
+// With a device budget, device allocations are also placed in a model of the CUDA backend's arena of that size
+// (ArenaAllocator, offsets only): a sequence of allocations and releases whose free bytes end up in pieces too
+// small for a request fails here as on the GPU ("device arena exhausted"), not only one over the budget. The ops
+// take their workspace as the CUDA backend's do (grown at the call that needs more unless a run holds it), sized
+// by what the reference allocates.
 #pragma once
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
 
+#include "backend/arena_allocator.h"
 #include "backend/backend.h"
 
 namespace lt {
@@ -33,6 +39,10 @@ class CpuBackend : public Backend {  // not final: tests spy on it
   void free(Allocation& a) override;
   int64_t layer_workspace_bytes(int64_t tokens, int64_t seq = 0) const override;
   void reserve_workspace(int64_t tokens, int64_t seq = 0) override;
+  void hold_workspace(int64_t bytes) override;
+  void release_workspace() override;
+  // The arena model (null without a device budget).
+  const ArenaAllocator* device_arena() const { return arena_.get(); }
 
   Event record(Lane lane) override;
   void wait(Lane lane, const Event& ev) override;
@@ -81,12 +91,29 @@ class CpuBackend : public Backend {  // not final: tests spy on it
   struct Impl;
 
  private:
+  // The workspace the reference's layer call on `tokens` rows, and its head on one sample of `seq` rows, allocate.
+  int64_t layer_call_workspace(int64_t tokens) const;
+  int64_t head_call_workspace(int64_t seq) const;
+  void take_workspace(int64_t bytes);
+  void free_workspace();
+  // At least `bytes` of workspace when enqueueing `op` (label l, on `rows` rows), as the CUDA backend's ops take
+  // theirs. A failure is the compute lane's error, reported by the next check() as a failed op's (the lane then
+  // skips the op).
+  void workspace_for(int64_t bytes, const char* op, OpLabel l, int64_t rows);
+
   CpuBackendOptions opt_;
   std::unique_ptr<Impl> impl_;
-  int64_t workspace_reserved_ = 0;
+  std::unique_ptr<ArenaAllocator> arena_;
+  int64_t ws_bytes_ = 0, ws_offset_ = -1;  // the workspace (counted, and placed in arena_ when there is one)
+  bool ws_held_ = false;
   // Live allocations by start address, so that a copy running past the end of the allocation it starts
   // in fails here as it does on the GPU (the CUDA runtime checks device ranges), not silently.
-  std::map<uintptr_t, std::pair<int64_t, std::string>> live_;
+  struct Live {
+    int64_t bytes = 0;
+    std::string tag;
+    int64_t arena_offset = -1;  // device allocations with an arena model
+  };
+  std::map<uintptr_t, Live> live_;
   void check_range(const void* p, int64_t bytes, const char* what, OpLabel l) const;
 };
 

@@ -51,6 +51,7 @@ struct CudaBackend::Impl {
   std::unique_ptr<cuda::LayerEngine> eng;
   void* ws = nullptr;
   int64_t ws_bytes = 0;
+  bool ws_held = false;  // hold_workspace: ops may not grow it
   int* err_host = nullptr;  // mapped pinned flag written by kernels (bad ids / targets)
   int* err_dev = nullptr;
   int64_t pinned_total = 0;
@@ -172,31 +173,60 @@ int64_t CudaBackend::layer_workspace_bytes(int64_t tokens, int64_t seq) const {
 }
 
 namespace {
-void ensure_ws(CudaBackend::Impl& m, MemoryTracker& mem, int64_t bytes) {
-  if (bytes <= m.ws_bytes) return;
-  // Work already enqueued may still read the old workspace.
-  LT_CUDA(cudaStreamSynchronize(m.streams[int(Lane::Compute)]));
-  if (m.ws) {
-    m.arena->release(m.ws);
-    mem.release(MemKind::Device, m.ws_bytes, "workspace");
-    m.ws = nullptr;
-    m.ws_bytes = 0;
-  }
+// Frees the workspace once the work already enqueued, which may still read it, is done. Returns the wait's
+// error (an error of that work) for the caller to throw, or to leave to check().
+cudaError_t free_ws(CudaBackend::Impl& m, MemoryTracker& mem) {
+  if (!m.ws) return cudaSuccess;
+  const cudaError_t e = cudaStreamSynchronize(m.streams[int(Lane::Compute)]);
+  m.arena->release(m.ws);
+  mem.release(MemKind::Device, m.ws_bytes, "workspace");
+  m.ws = nullptr;
+  m.ws_bytes = 0;
+  return e;
+}
+
+// A new workspace of `bytes` in place of the old one, at the arena's high end (ArenaAllocator::End::High), away from
+// the long-lived buffers.
+void take_ws(CudaBackend::Impl& m, MemoryTracker& mem, int64_t bytes) {
+  LT_CUDA(free_ws(m, mem));
   mem.reserve(MemKind::Device, bytes, "workspace");
   try {
-    m.ws = m.arena->allocate(bytes, "workspace");
+    m.ws = m.arena->allocate(bytes, "workspace", cuda::DeviceArena::End::High);
   } catch (...) {
     mem.release(MemKind::Device, bytes, "workspace");
     throw;
   }
   m.ws_bytes = bytes;
 }
+
+// At least `bytes` of workspace for `op` (label l, on `rows` rows); grows it unless a run holds it.
+void ensure_ws(CudaBackend::Impl& m, MemoryTracker& mem, int64_t bytes, const char* op, const OpLabel& l,
+               int64_t rows) {
+  if (bytes <= m.ws_bytes) return;
+  if (m.ws_held) fail_workspace_held(op, l, rows, bytes, m.ws_bytes);
+  take_ws(m, mem, bytes);
+}
 }  // namespace
 
 void CudaBackend::prepare_geometry(const DevGeometry& g) { impl_->eng->prepare(geo(g)); }
 
 void CudaBackend::reserve_workspace(int64_t tokens, int64_t seq) {
-  ensure_ws(*impl_, mem_, layer_workspace_bytes(tokens, seq));
+  ensure_ws(*impl_, mem_, layer_workspace_bytes(tokens, seq), "reserve_workspace", OpLabel{}, tokens);
+}
+
+int64_t CudaBackend::embed_workspace_bytes(int64_t tokens) const { return impl_->eng->embed_workspace_bytes(tokens); }
+
+void CudaBackend::hold_workspace(int64_t bytes) {
+  Impl& m = *impl_;
+  m.ws_held = false;
+  if (bytes > 0) take_ws(m, mem_, bytes);
+  else LT_CUDA(free_ws(m, mem_));
+  m.ws_held = true;
+}
+
+void CudaBackend::release_workspace() {
+  impl_->ws_held = false;
+  free_ws(*impl_, mem_);  // no throw (an executor releases it on destruction): check() reports such an error
 }
 
 // ------------------------------------------------------------------------------------ lanes, events
@@ -331,7 +361,7 @@ void CudaBackend::embed_forward(const void* emb, const int32_t* ids, int64_t T, 
 void CudaBackend::embed_backward(const int32_t* ids, int64_t T, const void* dx, void* demb, OpLabel l) {
   Impl& m = *impl_;
   enqueue(m, Lane::Compute, l, 0, [&](cudaStream_t s) {
-    ensure_ws(m, mem_, m.eng->embed_workspace_bytes(T));
+    ensure_ws(m, mem_, m.eng->embed_workspace_bytes(T), "embed_backward", l, T);
     m.eng->embed_backward(ids, T, dx, static_cast<float*>(demb), m.ws, m.ws_bytes, s);
   });
 }
@@ -356,7 +386,7 @@ void CudaBackend::layer_forward_keep(int64_t layer, const void* w, const DevGeom
   Impl& m = *impl_;
   enqueue(m, Lane::Compute, l, 0, [&](cudaStream_t s) {
     LT_CHECK(layer >= 0 && layer < cfg_.layers, "layer_forward: layer {} outside [0, {})", layer, cfg_.layers);
-    ensure_ws(m, mem_, m.eng->layer_workspace_bytes(g.batch, g.seq));
+    ensure_ws(m, mem_, m.eng->layer_workspace_bytes(g.batch, g.seq), "layer_forward", l, g.tokens());
     m.eng->layer_forward(layout_.layer(layer), w, geo(g), x, y, m.ws, s, keep);
   });
 }
@@ -366,7 +396,7 @@ void CudaBackend::layer_backward_kept(int64_t layer, const void* w, const DevGeo
   Impl& m = *impl_;
   enqueue(m, Lane::Compute, l, 0, [&](cudaStream_t s) {
     LT_CHECK(layer >= 0 && layer < cfg_.layers, "layer_backward: layer {} outside [0, {})", layer, cfg_.layers);
-    ensure_ws(m, mem_, m.eng->layer_workspace_bytes(g.batch, g.seq));
+    ensure_ws(m, mem_, m.eng->layer_workspace_bytes(g.batch, g.seq), "layer_backward", l, g.tokens());
     m.eng->layer_backward(layout_.layer(layer), w, geo(g), x, dy, dx, static_cast<float*>(dw), m.ws, s, keep);
   });
 }
@@ -376,7 +406,7 @@ void CudaBackend::head_loss(const void* head_w, const void* lm_w, const int32_t*
                             OpLabel l) {
   Impl& m = *impl_;
   enqueue(m, Lane::Compute, l, 0, [&](cudaStream_t s) {
-    ensure_ws(m, mem_, m.eng->head_workspace_bytes(g.tokens()));
+    ensure_ws(m, mem_, m.eng->head_workspace_bytes(g.tokens()), "head_loss", l, g.tokens());
     m.eng->head_loss(layout_.head(), head_w, lm_w, targets, g.tokens(), x, loss_scale, dx,
                      static_cast<float*>(d_head_w), static_cast<float*>(d_lm_w), acc, m.err_dev, m.ws, s);
   });
@@ -386,7 +416,7 @@ void CudaBackend::head_logits(const void* head_w, const void* lm_w, const void* 
                               int64_t n_rows, float* out, OpLabel l) {
   Impl& m = *impl_;
   enqueue(m, Lane::Compute, l, 0, [&](cudaStream_t s) {
-    ensure_ws(m, mem_, 2 * ((n_rows * cfg_.hidden * 2 + 255) / 256 * 256));
+    ensure_ws(m, mem_, 2 * ((n_rows * cfg_.hidden * 2 + 255) / 256 * 256), "head_logits", l, n_rows);
     m.eng->head_logits(layout_.head(), head_w, lm_w, x, rows, n_rows, out, m.ws, s);
   });
 }

@@ -33,6 +33,9 @@ class CudaBackend final : public Backend {
   void free(Allocation& a) override;
   int64_t layer_workspace_bytes(int64_t tokens, int64_t seq = 0) const override;
   void reserve_workspace(int64_t tokens, int64_t seq = 0) override;
+  int64_t embed_workspace_bytes(int64_t tokens) const override;
+  void hold_workspace(int64_t bytes) override;
+  void release_workspace() override;
   void prepare_geometry(const DevGeometry& g) override;
 
   Event record(Lane lane) override;

@@ -13,82 +13,29 @@
 
 namespace lt::cuda {
 
-DeviceArena::DeviceArena(int64_t bytes) {
-  LT_CHECK(bytes > 0, "device arena: size must be positive, got {}", bytes);
-  size_ = bytes / kAlign * kAlign;
+DeviceArena::DeviceArena(int64_t bytes) : alloc_(bytes) {
   void* p = nullptr;
-  const cudaError_t e = cudaMalloc(&p, size_t(size_));
+  const cudaError_t e = cudaMalloc(&p, size_t(alloc_.size()));
   if (e != cudaSuccess) {
     size_t free_b = 0, total_b = 0;
     cudaGetLastError();
     cudaMemGetInfo(&free_b, &total_b);
     fail("CUDA backend: cannot allocate the device arena of {} ({}); the GPU has {} free of {}. Lower --gpu-mem.",
-         format_bytes(double(size_)), cudaGetErrorString(e), format_bytes(double(free_b)),
+         format_bytes(double(alloc_.size())), cudaGetErrorString(e), format_bytes(double(free_b)),
          format_bytes(double(total_b)));
   }
   base_ = static_cast<char*>(p);
-  free_[0] = size_;
 }
 
 DeviceArena::~DeviceArena() {
   if (base_) cudaFree(base_);
 }
 
-void* DeviceArena::allocate(int64_t bytes, const char* tag) {
-  const int64_t want = (bytes + kAlign - 1) / kAlign * kAlign;
-  std::lock_guard<std::mutex> g(mu_);
-  for (auto it = free_.begin(); it != free_.end(); ++it) {
-    if (it->second < want) continue;
-    const int64_t off = it->first, rest = it->second - want;
-    free_.erase(it);
-    if (rest > 0) free_[off + want] = rest;
-    live_[off] = want;
-    used_ += want;
-    peak_ = std::max(peak_, used_);
-    return base_ + off;
-  }
-  int64_t largest = 0;
-  for (auto& [o, s] : free_) largest = std::max(largest, s);
-  fail("device arena exhausted: '{}' asks {}, free {} (largest block {}) of an arena of {}", tag,
-       format_bytes(double(want)), format_bytes(double(size_ - used_)), format_bytes(double(largest)),
-       format_bytes(double(size_)));
-}
+void* DeviceArena::allocate(int64_t bytes, const char* tag, End end) { return base_ + alloc_.allocate(bytes, tag, end); }
 
 void DeviceArena::release(void* p) {
   if (!p) return;
-  std::lock_guard<std::mutex> g(mu_);
-  const int64_t off = static_cast<char*>(p) - base_;
-  auto it = live_.find(off);
-  LT_CHECK(it != live_.end(), "device arena: release of a pointer it did not allocate (offset {})", off);
-  int64_t start = off, len = it->second;
-  used_ -= len;
-  live_.erase(it);
-  auto next = free_.lower_bound(start);
-  if (next != free_.end() && next->first == start + len) {
-    len += next->second;
-    next = free_.erase(next);
-  }
-  if (next != free_.begin()) {
-    auto prev = std::prev(next);
-    if (prev->first + prev->second == start) {
-      start = prev->first;
-      len += prev->second;
-      free_.erase(prev);
-    }
-  }
-  free_[start] = len;
-}
-
-int64_t DeviceArena::in_use() const {
-  std::lock_guard<std::mutex> g(mu_);
-  return used_;
-}
-
-int64_t DeviceArena::largest_free() const {
-  std::lock_guard<std::mutex> g(mu_);
-  int64_t largest = 0;
-  for (auto& [o, s] : free_) largest = std::max(largest, s);
-  return largest;
+  alloc_.release(static_cast<char*>(p) - base_);
 }
 
 namespace {

@@ -1,34 +1,34 @@
-// One big cudaMalloc carved by a first-fit allocator with coalescing: this is how --gpu-mem is a hard
-// cap (nothing else allocates device memory after start-up, so the process's peak stays within the
-// arena plus the CUDA context and the small cuBLAS handle state).
+// One big cudaMalloc carved by a first-fit allocator with coalescing (backend/arena_allocator.h, the placement
+// logic the CPU backend models too): this is how --gpu-mem is a hard cap (nothing else allocates device memory
+// after start-up, so the process's peak stays within the arena plus the CUDA context and the small cuBLAS handle
+// state).
 #pragma once
 #include <cstdint>
-#include <map>
-#include <mutex>
+
+#include "backend/arena_allocator.h"
 
 namespace lt::cuda {
 
 class DeviceArena {
  public:
-  static constexpr int64_t kAlign = 256;
+  static constexpr int64_t kAlign = ArenaAllocator::kAlign;
+  using End = ArenaAllocator::End;
   explicit DeviceArena(int64_t bytes);  // throws lt::Error with the CUDA message when cudaMalloc fails
   ~DeviceArena();
   DeviceArena(const DeviceArena&) = delete;
   DeviceArena& operator=(const DeviceArena&) = delete;
   // Throws lt::Error "device arena exhausted: ..." (asked, free in total, largest free block, arena size).
-  void* allocate(int64_t bytes, const char* tag);
+  // end: ArenaAllocator's (High for the workspace, which is released and taken again at other sizes).
+  void* allocate(int64_t bytes, const char* tag, End end = End::Low);
   void release(void* p);
-  int64_t size() const { return size_; }
-  int64_t in_use() const;
-  int64_t largest_free() const;
-  int64_t peak() const { return peak_; }
+  int64_t size() const { return alloc_.size(); }
+  int64_t in_use() const { return alloc_.in_use(); }
+  int64_t largest_free() const { return alloc_.largest_free(); }
+  int64_t peak() const { return alloc_.peak(); }
 
  private:
+  ArenaAllocator alloc_;
   char* base_ = nullptr;
-  int64_t size_ = 0, used_ = 0, peak_ = 0;
-  std::map<int64_t, int64_t> free_;  // offset -> bytes
-  std::map<int64_t, int64_t> live_;  // offset -> bytes
-  mutable std::mutex mu_;
 };
 
 // Page-locked host memory: mmap'd pages registered with cudaHostRegister. On failure the error says

@@ -247,6 +247,20 @@ void measure_layers(ResourceProfile& p, CudaBackend& be, const ModelConfig& c, i
   measure_head(p, be, c, batch, seq);
 }
 
+// The sample counts below mb at which the workspace is recorded for the planner (which interpolates linearly
+// between them): the powers of two, and the two whole counts either side of the head's chunk rows, where its logits
+// stop growing with the rows (the bend a line between powers of two would cut under, for a seq that does not divide
+// the chunk rows).
+std::vector<int64_t> workspace_sample_counts(int64_t mb, int64_t seq, int64_t head_rows) {
+  std::vector<int64_t> n;
+  for (int64_t k = 1; k < mb; k *= 2) n.push_back(k);
+  for (int64_t k : {head_rows / seq, (head_rows + seq - 1) / seq})
+    if (k >= 1 && k < mb) n.push_back(k);
+  std::sort(n.begin(), n.end());
+  n.erase(std::unique(n.begin(), n.end()), n.end());
+  return n;
+}
+
 // The layers are measured at the batch, or at the largest halving of it that one layer pass on this GPU holds
 // (half the free memory) within kMaxProfileTokens: a plan at a larger batch runs its layers in chunks of samples
 // (plan.chunk), and the planner takes per-sample times from the timings (plan/profile.h layer_times). Without
@@ -283,10 +297,15 @@ void profile_gpu(ResourceProfile& p, const ModelConfig& c, int64_t batch, int64_
     p.workspace_bytes = ws;
     p.workspace_tokens = mb * seq;
     p.workspace_points.clear();
-    for (int64_t n = 1; n < mb; n *= 2) p.workspace_points.emplace_back(n * seq, tmp.layer_workspace_bytes(n * seq, seq));
+    for (int64_t n : workspace_sample_counts(mb, seq, tmp.head_chunk_rows()))
+      p.workspace_points.emplace_back(n * seq, tmp.layer_workspace_bytes(n * seq, seq));
     p.hbm_reserve = std::max<int64_t>(p.hbm_reserve, int64_t(total_b - free_b) + o.margin);
   }
   CudaBackend be(c, o);
+  // The workspace of every measurement (the layers at mb and at 1 sample, the head at mb) first, and held: grown by
+  // the head's call after the head's buffers were allocated, it found the arena's free bytes in two pieces, each
+  // smaller than the head's workspace (Qwen3.5-9B at batch 8: 5.82 GiB asked, 8.91 GiB free, largest 4.47 GiB).
+  be.hold_workspace(std::max(be.layer_workspace_bytes(mb * seq, seq), be.layer_workspace_bytes(seq, seq)));
   log_info("profile: GPU {} ({} total)", be.name(), total_b);
   if (p.hbm_bytes <= 0) p.hbm_bytes = int64_t(total_b);
   measure_pcie(p, be);
