@@ -9,7 +9,10 @@
 #include <fstream>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
+#include "core/log.h"
 
 namespace lt::train {
 
@@ -33,10 +36,78 @@ int64_t checkpoint_step(const fs::path& dir) {
   return v;
 }
 
-bool is_complete_checkpoint(const fs::path& dir) {
-  std::error_code ec;
-  return fs::is_directory(dir, ec) && fs::is_regular_file(dir / kCompleteMarker, ec);
+namespace {
+
+constexpr const char* kManifestFormat = "lazytrain-checkpoint-manifest";
+
+// The marker's manifest of dir: every regular file below it but the marker, by relative path, with its size.
+std::string manifest_of(const fs::path& dir) {
+  nlohmann::json files = nlohmann::json::object();
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (!e.is_regular_file()) continue;
+    const std::string rel = fs::relative(e.path(), dir).generic_string();
+    if (rel != kCompleteMarker) files[rel] = uint64_t(e.file_size());
+  }
+  return nlohmann::json{{"format", kManifestFormat}, {"version", 1}, {"files", files}}.dump(1) + "\n";
 }
+
+// A manifest entry names a file inside the checkpoint.
+bool inside(const std::string& rel) {
+  const fs::path p(rel);
+  if (rel.empty() || p.is_absolute()) return false;
+  for (const auto& part : p)
+    if (part == "..") return false;
+  return true;
+}
+
+// What is wrong with file rel of a checkpoint: missing, or not of the manifest's size (size), or
+// empty (no size known); "" when nothing.
+std::string file_problem(const fs::path& dir, const std::string& rel, std::optional<uint64_t> size) {
+  std::error_code ec;
+  const fs::path p = dir / rel;
+  if (!fs::is_regular_file(p, ec)) return rel + " is missing";
+  const uint64_t actual = fs::file_size(p, ec);
+  if (ec) return fmt::format("{} cannot be read: {}", rel, ec.message());
+  if (size && actual != *size) return fmt::format("{} has {} bytes, the manifest says {} bytes", rel, actual, *size);
+  if (!size && actual == 0) return rel + " is empty";
+  return "";
+}
+
+std::string manifest_problem(const fs::path& dir, const std::string& marker_text) {
+  const auto j = nlohmann::json::parse(marker_text, nullptr, false);
+  if (!j.is_object() || j.value("format", "") != kManifestFormat || !j.contains("files") || !j["files"].is_object())
+    return fmt::format("its {} marker is not a whole manifest (cut short?)", kCompleteMarker);
+  for (const auto& [rel, size] : j["files"].items()) {
+    if (!size.is_number_unsigned() || !inside(rel))
+      return fmt::format("its {} marker has a malformed entry '{}'", kCompleteMarker, rel);
+    std::string p = file_problem(dir, rel, size.get<uint64_t>());
+    if (!p.empty()) return p;
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string checkpoint_problem(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return "not a directory";
+  const fs::path marker = dir / kCompleteMarker;
+  if (!fs::is_regular_file(marker, ec)) return fmt::format("no {} marker: the save was interrupted", kCompleteMarker);
+  std::string text;
+  try {
+    text = read_file_text(marker);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  if (text.rfind("complete", 0) != 0) return manifest_problem(dir, text);
+  for (const char* rel : kResumeFiles) {  // the older marker lists nothing: the files a resume reads
+    std::string p = file_problem(dir, rel, std::nullopt);
+    if (!p.empty()) return p;
+  }
+  return "";
+}
+
+bool is_complete_checkpoint(const fs::path& dir) { return checkpoint_problem(dir).empty(); }
 
 std::vector<CheckpointInfo> list_checkpoints(const fs::path& output_dir) {
   std::vector<CheckpointInfo> out;
@@ -56,19 +127,38 @@ std::optional<CheckpointInfo> latest_checkpoint(const fs::path& output_dir) {
   return all.back();
 }
 
-std::optional<fs::path> resolve_resume(const std::string& spec, const fs::path& output_dir) {
-  if (spec.empty() || spec == "false" || spec == "none") return std::nullopt;
-  if (spec == "auto" || spec == "true") {
-    auto last = latest_checkpoint(output_dir);
-    if (!last) return std::nullopt;
-    return last->path;
+namespace {
+
+// The newest complete checkpoint of output_dir; the newer directories passed over are reported.
+std::optional<fs::path> newest_complete(const fs::path& output_dir, bool report_skipped) {
+  std::vector<CheckpointInfo> dirs;
+  std::error_code ec;
+  if (!fs::is_directory(output_dir, ec)) return std::nullopt;
+  for (const auto& e : fs::directory_iterator(output_dir, ec)) {
+    const int64_t s = checkpoint_step(e.path());
+    if (s >= 0) dirs.push_back({s, e.path()});
   }
+  std::sort(dirs.begin(), dirs.end(), [](auto& a, auto& b) { return a.step > b.step; });
+  for (const auto& d : dirs) {
+    const std::string why = checkpoint_problem(d.path);
+    if (why.empty()) return d.path;
+    if (report_skipped)
+      log_warn("resume_from_checkpoint=auto: skipping {}, which is incomplete: {}", d.path.string(), why);
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<fs::path> resolve_resume(const std::string& spec, const fs::path& output_dir, bool report_skipped) {
+  if (spec.empty() || spec == "false" || spec == "none") return std::nullopt;
+  if (spec == "auto" || spec == "true") return newest_complete(output_dir, report_skipped);
   fs::path p(spec);
   LT_CHECK(fs::is_directory(p), "resume_from_checkpoint: '{}' is not a directory", spec);
-  LT_CHECK(is_complete_checkpoint(p),
-           "resume_from_checkpoint: '{}' is incomplete (no {} marker: the save was interrupted); "
-           "use an earlier checkpoint or resume_from_checkpoint=auto",
-           spec, kCompleteMarker);
+  const std::string why = checkpoint_problem(p);
+  LT_CHECK(why.empty(),
+           "resume_from_checkpoint: '{}' is incomplete ({}); use an earlier checkpoint or resume_from_checkpoint=auto",
+           spec, why);
   return p;
 }
 
@@ -140,7 +230,7 @@ fs::path CheckpointWriter::commit() {
   fsync_path(output_dir_);
   committed_ = true;
   stage("marker");
-  write_file_durable(final_ / kCompleteMarker, "complete\n");
+  write_file_durable(final_ / kCompleteMarker, manifest_of(final_));
   fsync_path(final_);
   if (!old.empty()) fs::remove_all(old, ec);
   return final_;

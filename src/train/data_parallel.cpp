@@ -61,10 +61,11 @@ DataParallel::DataParallel(const dist::DistEnv& env, const TrainConfig& cfg, con
            "data parallel: the communicator is not rank {} of {}", env.rank, env.world);
 }
 
-std::optional<fs::path> DataParallel::prepare_output_dir(const TrainConfig& cfg) {
+std::optional<fs::path> DataParallel::prepare_output_dir(const TrainConfig& cfg, OutputLock& lock) {
   std::optional<fs::path> resume;
-  on_leader([&] { resume = train::prepare_output_dir(cfg); }, "preparing the output directory");
-  if (!leader()) resume = resolve_resume(cfg.resume_from_checkpoint, cfg.output_dir);
+  on_leader([&] { resume = train::prepare_output_dir(cfg, lock); }, "preparing the output directory");
+  // Rank 0 reported the checkpoints it skipped.
+  if (!leader()) resume = resolve_resume(cfg.resume_from_checkpoint, cfg.output_dir, /*report_skipped=*/false);
   // Every rank must start from the same checkpoint.
   int64_t step = resume ? checkpoint_step(*resume) : -1;
   const int64_t mine = step;
@@ -149,7 +150,13 @@ void DataParallel::on_leader(const std::function<void()>& fn, const char* what) 
       err = e.what();
     }
   }
-  comm_->broadcast(&ok, 1, dist::CommType::I64, 0);
+  try {
+    comm_->broadcast(&ok, 1, dist::CommType::I64, 0);
+  } catch (const std::exception&) {
+    // The others may leave the broadcast with rank 0's failure before rank 0 does: its own error is the one to tell.
+    if (leader() && !ok) throw Error(err);
+    throw;
+  }
   if (ok) return;
   if (leader()) throw Error(err);
   fail("data parallel: rank 0 failed {} (its error is in its output)", what);

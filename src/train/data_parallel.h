@@ -22,6 +22,7 @@
 #include "exec/optim_hook.h"
 #include "train/config.h"
 #include "train/metrics.h"
+#include "train/output_lock.h"
 #include "train/planning.h"
 #include "train/trainer.h"
 
@@ -47,9 +48,10 @@ class DataParallel {
   int world() const { return world_; }
   bool leader() const { return rank_ == 0; }
 
-  // Rank 0 prepares the output directory (prepare_output_dir), then every rank resolves the same resume
-  // point.
-  std::optional<fs::path> prepare_output_dir(const TrainConfig& cfg);
+  // Rank 0 prepares the output directory (prepare_output_dir: it alone takes the directory's lock, into
+  // `lock`; the others' stays empty and they fail with it when it cannot), then every rank resolves the
+  // same resume point.
+  std::optional<fs::path> prepare_output_dir(const TrainConfig& cfg, OutputLock& lock);
 
   // Every rank must have planned the same optimizer state formats and placement (each rank runs the
   // planner on its own measurements): a clear error on every rank when they differ.

@@ -84,7 +84,7 @@ class TrainSession {
         out_(cfg.output_dir),
         dp_(make_data_parallel(cfg, hooks)),
         leader_(!dp_ || dp_->leader()),
-        resume_(dp_ ? dp_->prepare_output_dir(cfg) : prepare_output_dir(cfg)),
+        resume_(dp_ ? dp_->prepare_output_dir(cfg, output_lock_) : prepare_output_dir(cfg, output_lock_)),
         ms_(setup_model(cfg, resume_)),
         data_(load_training_data(cfg, ms_)),
         loader_(&data_.train, loader_options(cfg, sequence_length(cfg, data_), data_.tmpl.pad_id())),
@@ -504,6 +504,7 @@ class TrainSession {
   const fs::path out_;
   std::unique_ptr<DataParallel> dp_;  // null: one process
   bool leader_ = true;                // writes the output directory and the console (rank 0)
+  OutputLock output_lock_;            // held for the whole run (rank 0 of a data-parallel run)
   std::optional<fs::path> resume_;
   ModelSetup ms_;
   data::PreparedData data_;

@@ -30,8 +30,9 @@ void clear_output_dir(const fs::path& out) {
 
 }  // namespace
 
-std::optional<fs::path> prepare_output_dir(const TrainConfig& cfg) {
+std::optional<fs::path> prepare_output_dir(const TrainConfig& cfg, OutputLock& lock) {
   const fs::path out = cfg.output_dir;
+  lock = OutputLock::acquire(out);  // before the resume point is chosen or anything removed
   std::optional<fs::path> resume = resolve_resume(cfg.resume_from_checkpoint, out);
   if (cfg.resume_from_checkpoint == "auto" && !resume)
     log_info("resume_from_checkpoint=auto: no complete checkpoint in {}, starting from scratch", out.string());

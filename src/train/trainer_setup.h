@@ -17,6 +17,7 @@
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
 #include "train/model_setup.h"
+#include "train/output_lock.h"
 #include "train/planning.h"
 #include "train/trainer.h"
 
@@ -24,9 +25,10 @@ namespace lt::train {
 
 namespace fs = std::filesystem;
 
-// The checkpoint to resume from (resume_from_checkpoint), after clearing a previous run's files when
-// overwrite_output_dir allows it; creates output_dir.
-std::optional<fs::path> prepare_output_dir(const TrainConfig& cfg);
+// Creates output_dir and takes its lock (the run keeps `lock` until it ends; a second run into the
+// same directory fails here naming this one), then returns the checkpoint to resume from
+// (resume_from_checkpoint), after clearing a previous run's files when overwrite_output_dir allows it.
+std::optional<fs::path> prepare_output_dir(const TrainConfig& cfg, OutputLock& lock);
 
 // Tokenised train/validation data, every id checked against the model's vocabulary.
 data::PreparedData load_training_data(const TrainConfig& cfg, const ModelSetup& ms);

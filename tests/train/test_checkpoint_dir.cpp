@@ -86,3 +86,62 @@ TEST(CheckpointDir, ResolveResume) {
   EXPECT_EQ(checkpoint_step("checkpoint-123"), 123);
   EXPECT_EQ(checkpoint_step("checkpoint-x"), -1);
 }
+
+// Two runs writing one output_dir once left checkpoint-45 holding nothing but its COMPLETE marker (the
+// other run's rotation had emptied it between the rename and the marker). resume_from_checkpoint=auto
+// must take the newest checkpoint whose files are all there, whole: checkpoint-40 here.
+TEST(ConcurrentOutputDir, ResumeAutoTakesTheNewestCompleteCheckpoint) {
+  TmpDir t;
+  save(t.p, 40, "forty");
+  // checkpoint-45: only the marker, as the writer of the time wrote it.
+  fs::create_directories(checkpoint_path(t.p, 45));
+  write_file_durable(checkpoint_path(t.p, 45) / kCompleteMarker, "complete\n");
+  // checkpoint-50: a whole save, then a file removed.
+  save(t.p, 50, "fifty");
+  fs::remove(checkpoint_path(t.p, 50) / "payload.txt");
+  // checkpoint-55: a whole save, then a file cut short.
+  save(t.p, 55, "fifty-five");
+  write_file_durable(checkpoint_path(t.p, 55) / "payload.txt", "fifty");
+
+  for (int64_t step : {45, 50, 55}) EXPECT_FALSE(is_complete_checkpoint(checkpoint_path(t.p, step))) << step;
+  ASSERT_TRUE(latest_checkpoint(t.p));
+  EXPECT_EQ(latest_checkpoint(t.p)->step, 40);
+  ASSERT_TRUE(resolve_resume("auto", t.p));
+  EXPECT_EQ(*resolve_resume("auto", t.p), checkpoint_path(t.p, 40));
+  EXPECT_EQ(list_checkpoints(t.p).size(), 1u);
+
+  // An explicit path to an incomplete checkpoint is refused, saying what is wrong with it.
+  const auto refusal = [&](int64_t step) {
+    try {
+      resolve_resume(checkpoint_path(t.p, step).string(), t.p);
+    } catch (const lt::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(refusal(45).find("trainer_state/trainer_state.json"), std::string::npos) << refusal(45);
+  EXPECT_NE(refusal(50).find("payload.txt"), std::string::npos) << refusal(50);
+  EXPECT_NE(refusal(55).find("payload.txt"), std::string::npos) << refusal(55);
+  EXPECT_NE(refusal(55).find("5 bytes"), std::string::npos) << refusal(55);
+
+  // Rotation (after the next save) removes them; checkpoint-40 stays.
+  save(t.p, 60, "sixty");
+  rotate_checkpoints(t.p, 0);
+  for (int64_t step : {45, 50, 55}) EXPECT_FALSE(fs::exists(checkpoint_path(t.p, step))) << step;
+  EXPECT_EQ(read_file_text(checkpoint_path(t.p, 40) / "payload.txt"), "forty");
+}
+
+// A checkpoint written before the marker listed its files (the marker says "complete") is complete
+// when the files a resume reads are there.
+TEST(ConcurrentOutputDir, CheckpointWithTheOlderMarkerIsCompleteWithItsTrainerState) {
+  TmpDir t;
+  const fs::path d = checkpoint_path(t.p, 30);
+  fs::create_directories(d / "trainer_state" / "master");
+  for (const char* f : {"config.json", "trainer_state/trainer_state.json", "trainer_state/optimizer.bin",
+                        "trainer_state/master/config.json"})
+    write_file_durable(d / f, "{}");
+  write_file_durable(d / kCompleteMarker, "complete\n");
+  EXPECT_TRUE(is_complete_checkpoint(d));
+  fs::remove(d / "trainer_state" / "optimizer.bin");
+  EXPECT_FALSE(is_complete_checkpoint(d));
+}
