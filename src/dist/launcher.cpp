@@ -1,5 +1,6 @@
 #include "dist/launcher.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -9,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include <fmt/format.h>
@@ -16,6 +18,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/timer.h"
+#include "dist/rendezvous.h"
 
 namespace lt::dist {
 namespace fs = std::filesystem;
@@ -51,15 +54,18 @@ int launch(const LaunchOptions& o) {
   LT_CHECK(o.n >= 1, "launch: -n must be >= 1, got {}", o.n);
   LT_CHECK(!o.argv.empty(), "launch: no command given (usage: lazytrain launch -n N -- <subcommand> <args>)");
   std::string dir = o.rdzv_dir;
-  const bool own_dir = dir.empty();
-  if (own_dir) {
-    std::string tmpl = (fs::temp_directory_path() / "lt-rdzv-XXXXXX").string();
-    LT_CHECK(::mkdtemp(tmpl.data()) != nullptr, "launch: cannot create a rendezvous directory {}: {}", tmpl,
-             std::strerror(errno));
-    dir = tmpl;
+  std::optional<RendezvousDir> own;  // removed when launch returns or throws
+  if (dir.empty()) {
+    const fs::path parent = fs::temp_directory_path();
+    for (const auto& p : remove_stale_rendezvous_dirs(parent))
+      log_info("launch: removed {}, the rendezvous directory of a launch that was killed", p.string());
+    own.emplace(RendezvousDir::create(parent));
+    dir = own->path().string();
   } else {
     fs::create_directories(dir);
   }
+  const int dir_lock_fd = own ? own->lock_fd() : -1;
+  const pid_t launcher = ::getpid();
   std::vector<char*> args;
   for (auto& a : o.argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
@@ -85,7 +91,9 @@ int launch(const LaunchOptions& o) {
       ::setpgid(0, 0);
       // The ranks die with the launcher (even if it is SIGKILLed).
       ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-      if (::getppid() == 1) ::_exit(1);  // the launcher already died
+      if (::getppid() != launcher) ::_exit(1);  // the launcher already died
+      // The rank keeps the rendezvous directory's lock: no later launch removes it while a rank lives.
+      if (dir_lock_fd >= 0) ::fcntl(dir_lock_fd, F_SETFD, 0);
       ::sigprocmask(SIG_SETMASK, &saved, nullptr);
       const std::string rank = std::to_string(r), world = std::to_string(o.n);
       setenv("LT_RANK", rank.c_str(), 1);
@@ -140,10 +148,6 @@ int launch(const LaunchOptions& o) {
       kill_at = -1;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  if (own_dir) {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
   }
   return first_fail;
 }

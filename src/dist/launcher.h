@@ -4,7 +4,9 @@
 // waits for all; when one fails (non-zero exit or a signal) the others get SIGTERM, then SIGKILL after a
 // grace period. SIGINT/SIGTERM to the launcher are forwarded to the ranks (they checkpoint and stop);
 // the ranks run in their own process group (a terminal's Ctrl-C reaches them once, through the
-// launcher) and get SIGTERM if the launcher dies.
+// launcher) and get SIGTERM if the launcher dies. The rendezvous directory is removed when the launch
+// ends; one left by a launch killed with SIGKILL is removed by the next launch once its ranks have
+// ended (rendezvous.h, RendezvousDir).
 #pragma once
 #include <string>
 #include <vector>
@@ -14,7 +16,7 @@ namespace lt::dist {
 struct LaunchOptions {
   int n = 1;
   std::vector<std::string> argv;  // argv[0]: program (PATH is searched when it has no '/')
-  std::string rdzv_dir;           // empty: a new directory under $TMPDIR, removed at the end
+  std::string rdzv_dir;           // empty: a new directory under $TMPDIR, removed at the end (given: kept)
   double grace_s = 30;            // after a rank failed: SIGTERM to the others, SIGKILL after this
 };
 
