@@ -5,7 +5,9 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <variant>
 
@@ -114,6 +116,32 @@ std::string node_text(const YAML::Node& n) {
   return "null";
 }
 
+int line_of(const YAML::Node& n) { return n.Mark().line + 1; }
+
+// The text of a mapping key; a list, a mapping or null as a key is an error naming the line.
+std::string key_text(const YAML::Node& k, const std::string& source) {
+  if (k.IsScalar()) return k.Scalar();
+  fail("{}: the key at line {} is {}; a key must be a name (a plain scalar)", source, line_of(k), node_text(k));
+}
+
+// The keys of a mapping in file order; a key written twice is an error naming both lines (yaml-cpp keeps
+// both entries, and the later one would silently win).
+std::vector<std::pair<std::string, std::pair<YAML::Node, YAML::Node>>> mapping_entries(const YAML::Node& map,
+                                                                                      const std::string& source,
+                                                                                      const std::string& what) {
+  std::vector<std::pair<std::string, std::pair<YAML::Node, YAML::Node>>> out;
+  std::map<std::string, int> first_line;
+  for (const auto& kv : map) {
+    std::string key = key_text(kv.first, source);
+    const int line = line_of(kv.first);
+    auto [it, fresh] = first_line.emplace(key, line);
+    if (!fresh)
+      fail("{}: duplicate key '{}'{} at line {} and line {}; keep one", source, key, what, it->second, line);
+    out.push_back({std::move(key), {kv.first, kv.second}});
+  }
+  return out;
+}
+
 // Sets one field from a YAML node, with type checking. YAML scalars are untyped text, so
 // the expected type decides how to read them; a mismatch names key, expected and actual.
 nlohmann::json yaml_scalar_to_json(const YAML::Node& n) {
@@ -134,15 +162,16 @@ nlohmann::json yaml_scalar_to_json(const YAML::Node& n) {
   return s;
 }
 
-nlohmann::json yaml_to_json(const YAML::Node& n) {
+nlohmann::json yaml_to_json(const YAML::Node& n, const std::string& source) {
   if (n.IsMap()) {
     nlohmann::json j = nlohmann::json::object();
-    for (const auto& kv : n) j[kv.first.as<std::string>()] = yaml_to_json(kv.second);
+    for (const auto& [key, kv] : mapping_entries(n, source, " in model_overrides"))
+      j[key] = yaml_to_json(kv.second, source);
     return j;
   }
   if (n.IsSequence()) {
     nlohmann::json j = nlohmann::json::array();
-    for (const auto& e : n) j.push_back(yaml_to_json(e));
+    for (const auto& e : n) j.push_back(yaml_to_json(e, source));
     return j;
   }
   return yaml_scalar_to_json(n);
@@ -157,7 +186,7 @@ void set_field(TrainConfig& c, const Field& f, const YAML::Node& n, const std::s
     }
     LT_CHECK(n.IsMap(), "{}: key 'model_overrides' expects a mapping of config.json fields, got '{}'", source,
              n.IsScalar() ? n.Scalar() : std::string("a list"));
-    c.model_overrides = yaml_to_json(n).dump();
+    c.model_overrides = yaml_to_json(n, source).dump();
     return;
   }
   auto bad = [&](const char* expected) {
@@ -202,6 +231,7 @@ void set_field(TrainConfig& c, const Field& f, const YAML::Node& n, const std::s
     } else {
       double v;
       if (n.IsNull() || !YAML::convert<double>::decode(n, v)) bad("a number");
+      if (!std::isfinite(v)) bad("a finite number");
       c.*m = v;
     }
   }, f.member);
@@ -255,11 +285,14 @@ TrainConfig parse_config(const std::string& yaml_text, const std::string& source
   if (root.IsDefined() && !root.IsNull()) {
     LT_CHECK(root.IsMap(), "{}: expected a mapping of key: value at the top level, got {}", source,
              node_text(root));
-    for (const auto& kv : root) {
-      std::string key = kv.first.as<std::string>();
-      const Field* f = find_field(key);
-      if (!f) unknown_key(key, source);
-      set_field(c, *f, kv.second, fmt::format("{} (line {})", source, kv.first.Mark().line + 1));
+    try {
+      for (const auto& [key, kv] : mapping_entries(root, source, "")) {
+        const Field* f = find_field(key);
+        if (!f) unknown_key(key, source);
+        set_field(c, *f, kv.second, fmt::format("{} (line {})", source, line_of(kv.first)));
+      }
+    } catch (const YAML::Exception& e) {
+      fail("{}: line {}, column {}: {}", source, e.mark.line + 1, e.mark.column + 1, e.msg);
     }
   }
   for (const auto& ov : overrides) {
@@ -306,6 +339,24 @@ std::optional<int64_t> parse_device_update_layers(const std::string& v, const st
   return int64_t(k);
 }
 
+namespace {
+
+// "inf", "-inf" or "nan" (a NaN's sign bit is not shown).
+std::string number_text(double v) {
+  if (std::isnan(v)) return "nan";
+  return fmt::format("{}", v);
+}
+
+// Every float key holds a finite number (parse_config rejects .inf and .nan as written; this covers configs
+// built in code).
+void check_finite_numbers(const TrainConfig& c) {
+  for (const auto& f : fields())
+    if (const auto* m = std::get_if<double TrainConfig::*>(&f.member))
+      LT_CHECK(std::isfinite(c.**m), "config: {} must be a finite number, got {}", f.key, number_text(c.**m));
+}
+
+}  // namespace
+
 void validate_config(const TrainConfig& c) {
   auto one_of = [](const std::string& key, const std::string& v, std::initializer_list<const char*> ok) {
     for (const char* o : ok)
@@ -316,6 +367,7 @@ void validate_config(const TrainConfig& c) {
     LT_CHECK(v > 0, "config: {} must be > 0, got {}", key, v);
   };
   LT_CHECK(!c.model_name_or_path.empty(), "config: model_name_or_path is required (a model directory or a preset name)");
+  check_finite_numbers(c);
   positive("cutoff_len", c.cutoff_len);
   positive("per_device_train_batch_size", c.per_device_train_batch_size);
   positive("gradient_accumulation_steps", c.gradient_accumulation_steps);
@@ -325,6 +377,7 @@ void validate_config(const TrainConfig& c) {
   LT_CHECK(c.learning_rate >= 0, "config: learning_rate must be >= 0, got {}", c.learning_rate);
   LT_CHECK(c.warmup_ratio >= 0 && c.warmup_ratio <= 1, "config: warmup_ratio must be in [0, 1], got {}", c.warmup_ratio);
   LT_CHECK(c.warmup_steps >= 0, "config: warmup_steps must be >= 0, got {}", c.warmup_steps);
+  LT_CHECK(c.threads >= 0, "config: threads must be >= 0 (0 = all cores), got {}", c.threads);
   LT_CHECK(c.min_lr_ratio >= 0 && c.min_lr_ratio <= 1, "config: min_lr_ratio must be in [0, 1], got {}", c.min_lr_ratio);
   LT_CHECK(c.weight_decay >= 0, "config: weight_decay must be >= 0, got {}", c.weight_decay);
   LT_CHECK(c.max_skipped_steps >= 0,

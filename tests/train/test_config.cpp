@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "core/error.h"
 #include "train/config.h"
 
@@ -118,4 +120,71 @@ TEST(TrainConfig, EditDistance) {
   EXPECT_EQ(edit_distance("kitten", "sitting"), 3u);
   EXPECT_EQ(nearest_key("warmup_ration"), "warmup_ratio");
   EXPECT_EQ(nearest_key("optimiser"), "optimizer");
+}
+
+// A key written twice in the file is an error naming the key and both lines (the second would silently win), also
+// inside model_overrides.
+TEST(TrainConfig, DuplicateKeyIsAnErrorNamingBothLines) {
+  auto e = err_of("model_name_or_path: x\nlearning_rate: 1e-3\nseed: 1\nlearning_rate: 2e-3\n");
+  EXPECT_NE(e.find("t.yaml"), std::string::npos) << e;
+  EXPECT_NE(e.find("'learning_rate'"), std::string::npos) << e;
+  EXPECT_NE(e.find("line 2"), std::string::npos) << e;
+  EXPECT_NE(e.find("line 4"), std::string::npos) << e;
+  e = err_of("model_name_or_path: x\nmodel_overrides:\n  hidden_size: 64\n  hidden_size: 128\n");
+  EXPECT_NE(e.find("'hidden_size'"), std::string::npos) << e;
+  EXPECT_NE(e.find("line 3"), std::string::npos) << e;
+  EXPECT_NE(e.find("line 4"), std::string::npos) << e;
+}
+
+// A key that is a list or a mapping is an lt::Error naming the file and line, not yaml-cpp's conversion error.
+TEST(TrainConfig, NonScalarKeyIsAClearError) {
+  for (const char* yaml : {"model_name_or_path: x\n[a, b]: 1\n", "model_name_or_path: x\n{a: 1}: 2\n",
+                           "model_name_or_path: x\nmodel_overrides:\n  [a]: 1\n"}) {
+    std::string e;
+    try {
+      parse_config(yaml, "t.yaml");
+    } catch (const lt::Error& x) {
+      e = x.what();
+    } catch (const std::exception& x) {
+      ADD_FAILURE() << "not an lt::Error: " << x.what();
+    }
+    EXPECT_NE(e.find("t.yaml"), std::string::npos) << yaml << ": " << e;
+    EXPECT_NE(e.find("line"), std::string::npos) << yaml << ": " << e;
+    EXPECT_NE(e.find("key"), std::string::npos) << yaml << ": " << e;
+  }
+}
+
+// threads: 0 = all cores, a count > 0, and a negative number is an error.
+TEST(TrainConfig, ThreadsMustBeNonNegative) {
+  EXPECT_EQ(parse_config("model_name_or_path: x\nthreads: 0\n", "t.yaml").threads, 0);
+  EXPECT_EQ(parse_config("model_name_or_path: x\nthreads: 4\n", "t.yaml").threads, 4);
+  auto e = err_of("model_name_or_path: x\n", {"threads=-3"});
+  EXPECT_NE(e.find("threads must be >= 0"), std::string::npos) << e;
+  EXPECT_NE(e.find("got -3"), std::string::npos) << e;
+}
+
+// Every float key rejects .inf / -.inf / .nan with the value as written (not a NaN computed from it later).
+TEST(TrainConfig, NonFiniteFloatsAreRejectedAsGiven) {
+  for (const char* key : {"learning_rate", "warmup_ratio", "min_lr_ratio", "weight_decay", "adam_beta1", "adam_beta2",
+                          "adam_epsilon", "max_grad_norm", "num_train_epochs", "val_size", "peak_tflops"}) {
+    for (const char* v : {".inf", "-.inf", ".nan"}) {
+      auto e = err_of("model_name_or_path: x\n", {std::string(key) + "=" + v});
+      EXPECT_NE(e.find(std::string("'") + key + "'"), std::string::npos) << key << "=" << v << ": " << e;
+      EXPECT_NE(e.find("finite"), std::string::npos) << key << "=" << v << ": " << e;
+      EXPECT_NE(e.find(std::string("got '") + v + "'"), std::string::npos) << key << "=" << v << ": " << e;
+    }
+  }
+  auto e = err_of("model_name_or_path: x\nlearning_rate: .inf\n");
+  EXPECT_NE(e.find("line 2"), std::string::npos) << e;
+  EXPECT_EQ(e.find("nan"), std::string::npos) << e;
+  // A config built in code is checked too, its value printed as inf / nan.
+  TrainConfig c = parse_config("model_name_or_path: x\n", "t.yaml");
+  c.learning_rate = std::numeric_limits<double>::infinity();
+  try {
+    validate_config(c);
+    ADD_FAILURE() << "learning_rate inf accepted";
+  } catch (const lt::Error& x) {
+    EXPECT_NE(std::string(x.what()).find("learning_rate must be a finite number, got inf"), std::string::npos)
+        << x.what();
+  }
 }
