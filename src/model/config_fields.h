@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 
 #include "core/error.h"
@@ -39,9 +40,11 @@ struct Fields {
   const json& j;
   const std::string& src;
   std::string prefix = "";  // "text_config." for a nested config: messages name the full path
+  std::set<std::string>* read = nullptr;  // when set, every field looked up is added (with its prefix)
   std::string key(const char* k) const { return prefix + k; }
 
   const json* get(const char* k) const {
+    if (read) read->insert(key(k));
     auto it = j.find(k);
     return it == j.end() ? nullptr : &*it;
   }

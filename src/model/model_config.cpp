@@ -168,13 +168,13 @@ void reject_sliding_window(const Fields& f) {
 
 }  // namespace
 
-ModelConfig model_config_from_json(const json& j, const std::string& source) {
+ModelConfig model_config_from_json(const json& j, const std::string& source, std::set<std::string>* fields_read) {
   LT_CHECK(j.is_object(), "{}: expected a JSON object at top level, got {}", source, type_name(j));
-  Fields f{j, source};
+  Fields f{j, source, "", fields_read};
   ModelConfig c;
   c.name = source;
   c.arch = parse_arch(f);
-  if (c.arch == Arch::Qwen3_5) return qwen35_config_from_json(j, source);
+  if (c.arch == Arch::Qwen3_5) return qwen35_config_from_json(j, source, fields_read);
 
   c.hidden = f.pos_int("hidden_size");
   c.layers = f.pos_int("num_hidden_layers");

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <nlohmann/json_fwd.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -79,9 +80,12 @@ struct ModelConfig {
 };
 
 // Reads <dir>/config.json (or the given .json file). Missing or malformed fields and unsupported
-// architectures throw lt::Error naming the file, the field, expected vs actual.
+// architectures throw lt::Error naming the file, the field, expected vs actual. Fields it does not read
+// are ignored (HF configs carry many). fields_read, when given, receives every field the parser looked up
+// for this architecture ("text_config.<name>" for a composite config's text decoder).
 ModelConfig load_model_config(const std::filesystem::path& dir_or_file);
-ModelConfig model_config_from_json(const nlohmann::json& j, const std::string& source);
+ModelConfig model_config_from_json(const nlohmann::json& j, const std::string& source,
+                                   std::set<std::string>* fields_read = nullptr);
 // HF-style config.json content (loads in transformers unchanged).
 nlohmann::json model_config_to_json(const ModelConfig& c);
 

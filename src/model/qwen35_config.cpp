@@ -88,8 +88,8 @@ void parse_linear(const Fields& f, ModelConfig& c) {
 
 }  // namespace
 
-ModelConfig qwen35_config_from_json(const json& top, const std::string& source) {
-  Fields tf{top, source};
+ModelConfig qwen35_config_from_json(const json& top, const std::string& source, std::set<std::string>* fields_read) {
+  Fields tf{top, source, "", fields_read};
   std::string arch0;
   if (const json* a = tf.get("architectures"); a && a->is_array() && !a->empty() && (*a)[0].is_string())
     arch0 = (*a)[0].get<std::string>();
@@ -103,7 +103,7 @@ ModelConfig qwen35_config_from_json(const json& top, const std::string& source) 
              "text decoder there)",
              source);
   }
-  Fields f{*text, source, composite ? "text_config." : ""};
+  Fields f{*text, source, composite ? "text_config." : "", fields_read};
 
   ModelConfig c;
   c.name = source;

@@ -9,8 +9,10 @@
 namespace lt {
 
 // `j` is the whole config.json: a Qwen3_5ForCausalLM text config, or a composite
-// Qwen3_5ForConditionalGeneration config whose decoder is under `text_config`.
-ModelConfig qwen35_config_from_json(const nlohmann::json& j, const std::string& source);
+// Qwen3_5ForConditionalGeneration config whose decoder is under `text_config`. fields_read: as for
+// model_config_from_json.
+ModelConfig qwen35_config_from_json(const nlohmann::json& j, const std::string& source,
+                                    std::set<std::string>* fields_read = nullptr);
 // Text config (Qwen3_5ForCausalLM), or for a composite config the text it was read from.
 nlohmann::json qwen35_config_to_json(const ModelConfig& c);
 // Preset of the family: hidden, layers (every 4th full attention), heads/kv heads, ffn, linear value

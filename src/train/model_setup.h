@@ -39,8 +39,18 @@ struct ModelSetup {
 // Where the tokenizer is: `tokenizer` if set, else the checkpoint being resumed, else the model
 // directory. Throws lt::Error saying what to set when none has a tokenizer.json.
 std::filesystem::path find_tokenizer(const TrainConfig& cfg, const std::optional<std::filesystem::path>& resume);
-// model_name_or_path (+ model_overrides, a JSON object of config.json fields).
+// model_name_or_path (+ model_overrides, a JSON object of config.json fields). An overridden field that the
+// config.json parser does not read for the model's architecture (a typo, or a field without effect) is an
+// error, with the nearest field it reads.
 ModelConfig configured_model(const TrainConfig& cfg);
+// The parameter count of model_layout(c) (tied embedding counted once), computed in long double so that it
+// cannot overflow for any config.
+long double model_parameter_count(const ModelConfig& c);
+// Throws lt::Error "does not fit: host memory short by ..." when the model cannot fit this host whatever
+// the plan: its parameters need at least 2 bytes each in host memory (bf16 masters), against host_mem or
+// else MemAvailable; and when its byte counts would not fit 64-bit integers. Runs before anything is sized
+// from the model (profile, plan, host state).
+void check_model_fits_host(const ModelConfig& c, const TrainConfig& cfg);
 bool has_weights(const std::filesystem::path& dir);
 
 ModelSetup setup_model(const TrainConfig& cfg, const std::optional<std::filesystem::path>& resume);
