@@ -418,15 +418,42 @@ void validate_config(const TrainConfig& c) {
   }
 }
 
+namespace {
+
+// A JSON value as a YAML node (model_overrides in the dump): mappings and lists as such, strings quoted
+// (so that "true" or "12" stay strings when read back), numbers and booleans as plain scalars.
+void emit_json(YAML::Emitter& out, const nlohmann::json& j) {
+  if (j.is_object()) {
+    out << YAML::BeginMap;
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      out << YAML::Key << it.key() << YAML::Value;
+      emit_json(out, it.value());
+    }
+    out << YAML::EndMap;
+  } else if (j.is_array()) {
+    out << YAML::Flow << YAML::BeginSeq;
+    for (const auto& e : j) emit_json(out, e);
+    out << YAML::EndSeq;
+  } else if (j.is_string()) {
+    out << YAML::DoubleQuoted << j.get<std::string>();
+  } else if (j.is_null()) {
+    out << YAML::Null;
+  } else {
+    out << j.dump();  // number or boolean: JSON's text is YAML's
+  }
+}
+
+}  // namespace
+
 std::string config_to_yaml(const TrainConfig& c) {
   YAML::Emitter out;
   out << YAML::BeginMap;
   for (const auto& f : fields()) {
     out << YAML::Key << f.key << YAML::Value;
     std::visit([&](auto m) {
-      using T = std::remove_reference_t<decltype(c.*m)>;
+      using T = std::remove_cvref_t<decltype(c.*m)>;  // c is const: strip it to match the member type
       if constexpr (std::is_same_v<T, std::string>) {
-        if (std::string(f.key) == "model_overrides" && !(c.*m).empty()) out << YAML::Load(c.*m);  // JSON is YAML
+        if (std::string(f.key) == "model_overrides" && !(c.*m).empty()) emit_json(out, nlohmann::json::parse(c.*m));
         else out << YAML::DoubleQuoted << (c.*m);
       }
       else if constexpr (std::is_same_v<T, double>) out << fmt::format("{}", c.*m);

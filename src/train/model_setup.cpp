@@ -13,6 +13,7 @@
 #include "core/log.h"
 #include "core/units.h"
 #include "io/model_io.h"
+#include "train/checkpoint.h"
 
 namespace lt::train {
 
@@ -108,7 +109,50 @@ std::string size_text(long double bytes) {
   return fmt::format("{:.3g} bytes", double(bytes));
 }
 
+// The value of a config key as a message shows it ("{}" for no model_overrides).
+std::string shown_overrides(const std::string& json_text) { return json_text.empty() ? "{}" : json_text; }
+
+// The config the checkpoint was trained with (its trainer_config.yaml), or nullopt when it has none or it no
+// longer parses (a checkpoint of an older lazytrain).
+std::optional<TrainConfig> checkpoint_config(const fs::path& ckpt) {
+  const fs::path file = ckpt / "trainer_config.yaml";
+  std::error_code ec;
+  if (!fs::is_regular_file(file, ec)) return std::nullopt;
+  try {
+    return load_config(file);
+  } catch (const Error& e) {
+    log_info("resume: {} not compared with this run's config: {}", file.string(), e.what());
+    return std::nullopt;
+  }
+}
+
 }  // namespace
+
+void check_resume_keys(const TrainConfig& cfg, const fs::path& ckpt) {
+  const std::string name = ckpt.filename().string();
+  std::vector<std::string> changed;
+  if (const auto saved = checkpoint_config(ckpt)) {
+    const auto json_of = [](const std::string& s) { return s.empty() ? nlohmann::json::object() : nlohmann::json::parse(s); };
+    if (json_of(saved->model_overrides) != json_of(cfg.model_overrides))
+      changed.push_back(fmt::format("model_overrides ({} trained {}, this run sets {}: the model's shape and weights "
+                                    "come from the checkpoint)",
+                                    name, shown_overrides(saved->model_overrides), shown_overrides(cfg.model_overrides)));
+    if (saved->model_name_or_path != cfg.model_name_or_path)
+      log_warn("resume: model_name_or_path '{}' is ignored: {} continues the model it was trained from ('{}'), whose "
+               "config and weights it holds",
+               cfg.model_name_or_path, name, saved->model_name_or_path);
+  }
+  const TrainerState state = read_trainer_state(ckpt);
+  if (state.seed != uint64_t(cfg.seed))
+    changed.push_back(fmt::format("seed ({} trained with {}, this run sets {}: the data order and the rounding stream "
+                                  "continue the checkpoint's)",
+                                  name, state.seed, cfg.seed));
+  if (changed.empty()) return;
+  fail("resume from {}: {} cannot change on resume: {}. Restore the checkpoint's value{}, or start a new run (another "
+       "output_dir, or overwrite_output_dir=true)",
+       ckpt.string(), changed.size() == 1 ? "this key" : "these keys", fmt::join(changed, "; "),
+       changed.size() == 1 ? "" : "s");
+}
 
 long double model_parameter_count(const ModelConfig& c) {
   const long double H = c.hidden, V = c.vocab;
@@ -176,6 +220,7 @@ ModelSetup setup_model(const TrainConfig& cfg, const std::optional<fs::path>& re
   ModelSetup ms{data::load_tokenizer(tok_path.string()), tok_path, {}, {}, {}, false, {}};
   const auto& tok = ms.tokenizer.tokenizer;
   if (resume) {
+    check_resume_keys(cfg, *resume);
     ms.model = load_model_config(*resume);
     check_model_fits_host(ms.model, cfg);
     ms.layout = model_layout(ms.model);

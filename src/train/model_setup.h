@@ -53,6 +53,12 @@ long double model_parameter_count(const ModelConfig& c);
 void check_model_fits_host(const ModelConfig& c, const TrainConfig& cfg);
 bool has_weights(const std::filesystem::path& dir);
 
+// Resuming from `ckpt`: the keys a resume cannot change (model_overrides: the checkpoint holds the model; seed:
+// the data order and the rounding stream continue its own) must equal the checkpoint's (its
+// trainer_config.yaml and trainer_state.json), else lt::Error naming each key, both values and why; a different
+// model_name_or_path is ignored with a warning saying so.
+void check_resume_keys(const TrainConfig& cfg, const std::filesystem::path& ckpt);
+
 ModelSetup setup_model(const TrainConfig& cfg, const std::optional<std::filesystem::path>& resume);
 
 }  // namespace lt::train

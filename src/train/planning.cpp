@@ -161,6 +161,12 @@ TrainingPlan make_training_plan(const TrainConfig& cfg, const ModelConfig& model
   PlanOutcome o = make_plan(r);
   const double plan_s = now_seconds() - t0;
   if (!o.feasible) fail("{} (planner {}, batch {}, seq {}; profile {})", o.why, r.planner, batch, seq, r.profile.name);
+  // gradient_dtype: bf16 is the dtype of gradients held on the device; host gradients are fp32 accumulators.
+  LT_CHECK(!(cfg.gradient_dtype == "bf16" && o.placement.grads == GradHome::Host),
+           "config: gradient_dtype=bf16 applies to gradients held on the device, but the plan keeps the gradients on "
+           "the host (gradients: {}, the {} planner's choice for this model, batch {} and seq {}); set "
+           "gradients=device to hold them on the device in bf16, or gradient_dtype=auto",
+           cfg.gradients, o.chosen.empty() ? r.planner : o.chosen, batch, seq);
 
   tp.exec = exec_plan_from(o.plan, model);  // o.plan.predicted is the chosen candidate's o.sim.pred
   tp.tensors_8bit.insert(o.plan.optimizer_8bit.begin(), o.plan.optimizer_8bit.end());

@@ -202,8 +202,25 @@ void resume_from(const fs::path& ckpt, const TrainConfig& cfg, const ModelSetup&
   ts.nonfinite_loss_steps = saved.nonfinite_loss_steps;
   ts.data_epoch = saved.data_epoch;
   ts.data_index = saved.data_index;
+  // The model the run started from (a resumed run's model config is read from the checkpoint directory).
+  if (!saved.model_name.empty()) ts.model_name = saved.model_name;
   loader.restore({saved.data_epoch, saved.data_index});
   std::printf("resumed from %s at step %lld\n", ckpt.string().c_str(), (long long)ts.global_step);
+  if (ts.global_step >= ts.total_steps) std::printf("%s\n", nothing_to_do_message(ckpt, cfg, ts).c_str());
+}
+
+std::string nothing_to_do_message(const fs::path& ckpt, const TrainConfig& cfg, const TrainerState& ts) {
+  const std::string name = ckpt.filename().string();
+  const auto step = (long long)ts.global_step, total = (long long)ts.total_steps;
+  if (cfg.max_steps > 0)
+    return step == total ? fmt::format("nothing to do: {} is at step {} = max_steps; raise max_steps to train further",
+                                       name, step)
+                         : fmt::format("nothing to do: {} is at step {}, past max_steps = {}; raise max_steps above {} "
+                                       "to train further",
+                                       name, step, total, step);
+  return fmt::format("nothing to do: {} is at step {}, and num_train_epochs = {} makes {} steps; raise "
+                     "num_train_epochs or set max_steps above {} to train further",
+                     name, step, cfg.num_train_epochs, total, step);
 }
 
 std::string resume_command(const TrainConfig& cfg) {

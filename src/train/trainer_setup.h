@@ -59,9 +59,13 @@ TrainerState initial_trainer_state(const TrainConfig& cfg, const StepShape& shap
 // Loads the checkpoint's weights, moments and data position into st / the optimizer / loader and ts,
 // after checking it was made for the same data shape and optimizer. load_optimizer reads the
 // checkpoint's optimizer.bin into the run's optimizer (opt.load, or a data-parallel rank's shard of it).
+// ts keeps the checkpoint's model name (the run's base model). A checkpoint already at the run's last step
+// prints nothing_to_do_message.
 void resume_from(const fs::path& ckpt, const TrainConfig& cfg, const ModelSetup& ms, HostState& st,
                  optim::CpuAdamW& opt, const std::function<void(const fs::path&)>& load_optimizer,
                  data::DataLoader& loader, TrainerState& ts);
+// "nothing to do: checkpoint-N is at step N = max_steps; raise max_steps to train further" (or the epochs' count).
+std::string nothing_to_do_message(const fs::path& ckpt, const TrainConfig& cfg, const TrainerState& ts);
 
 // The command that resumes a stopped run (printed when a signal stops it).
 std::string resume_command(const TrainConfig& cfg);

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <limits>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "train/config.h"
@@ -187,4 +188,16 @@ TEST(TrainConfig, NonFiniteFloatsAreRejectedAsGiven) {
     EXPECT_NE(std::string(x.what()).find("learning_rate must be a finite number, got inf"), std::string::npos)
         << x.what();
   }
+}
+
+// The effective config written next to checkpoints (trainer_config.yaml) parses back, model_overrides included
+// (a resume compares it with the run's config).
+TEST(TrainConfig, ModelOverridesRoundTripThroughTheDump) {
+  auto c = parse_config(
+      "model_name_or_path: tiny\nmodel_overrides:\n  hidden_size: 64\n  rms_norm_eps: 1.0e-5\n  tie_word_embeddings: "
+      "false\n  layer_types: [full_attention, linear_attention]\n  name: \"x y\"\n",
+      "t.yaml");
+  auto d = parse_config(config_to_yaml(c), "dump");
+  EXPECT_EQ(nlohmann::json::parse(d.model_overrides), nlohmann::json::parse(c.model_overrides)) << config_to_yaml(c);
+  EXPECT_EQ(nlohmann::json::parse(d.model_overrides).at("hidden_size"), 64);
 }

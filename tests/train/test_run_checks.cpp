@@ -1,0 +1,153 @@
+// What a training run checks about its config before and while it trains (CPU backend, tiny model): keys a
+// resume cannot change, a resume that has nothing left to do, the base model's name through resumes, and a
+// gradient dtype the plan cannot honour.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "../common/repo_path.h"
+#include "core/error.h"
+#include "train/checkpoint.h"
+#include "train/checkpoint_dir.h"
+#include "train/config.h"
+#include "train/trainer.h"
+
+using namespace lt;
+using namespace lt::train;
+
+namespace {
+
+struct TmpDir {
+  fs::path p;
+  TmpDir() {
+    p = fs::temp_directory_path() / ("lt_run_checks_" + std::to_string(::getpid()) + "_" +
+                                     ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(p);
+    fs::create_directories(p);
+  }
+  ~TmpDir() { fs::remove_all(p); }
+};
+
+TrainConfig tiny_run(const fs::path& out, std::vector<std::string> extra = {}) {
+  const std::string yaml = fmt::format(
+      "model_name_or_path: tiny-qwen2\n"
+      "model_overrides: {{hidden_size: 64, num_hidden_layers: 2}}\n"
+      "tokenizer: {}/configs/demo\n"
+      "template: chatml\n"
+      "dataset: builtin:math\n"
+      "max_samples: 32\n"
+      "cutoff_len: 96\n"
+      "per_device_train_batch_size: 4\n"
+      "max_steps: 3\n"
+      "logging_steps: 100\n"
+      "save_steps: 0\n"
+      "progress_bar: false\n"
+      "threads: 1\n"
+      "output_dir: {}\n",
+      lt::testing::repo_root().string(), out.string());
+  return parse_config(yaml, "test.yaml", extra);
+}
+
+TrainHooks quiet() {
+  TrainHooks h;
+  h.install_signal_handlers = false;
+  return h;
+}
+
+// Trains `steps` steps of tiny_run(dir) and stops with a checkpoint (as a signal would).
+void train_and_stop(const fs::path& dir, int steps) {
+  TrainHooks h = quiet();
+  h.stop_after_steps = steps;
+  run_training(tiny_run(dir), h);
+  ASSERT_TRUE(is_complete_checkpoint(checkpoint_path(dir, steps)));
+}
+
+std::string run_error(const TrainConfig& c) {
+  try {
+    run_training(c, quiet());
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+// model_overrides and seed cannot change on resume (the model's shape and the data order come from the checkpoint):
+// an error naming each key, both values and why, instead of training the checkpoint's model without a word.
+TEST(ResumeOverrides, ChangedModelOverridesOrSeedIsAnError) {
+  TmpDir d;
+  train_and_stop(d.p, 2);
+  auto e = run_error(tiny_run(d.p, {"resume_from_checkpoint=auto", "model_overrides={hidden_size: 128}"}));
+  EXPECT_NE(e.find("model_overrides"), std::string::npos) << e;
+  EXPECT_NE(e.find("checkpoint-2"), std::string::npos) << e;
+  EXPECT_NE(e.find("128"), std::string::npos) << e;
+  EXPECT_NE(e.find("cannot change on resume"), std::string::npos) << e;
+  e = run_error(tiny_run(d.p, {"resume_from_checkpoint=auto", "seed=7"}));
+  EXPECT_NE(e.find("seed"), std::string::npos) << e;
+  EXPECT_NE(e.find("42"), std::string::npos) << e;
+  EXPECT_NE(e.find("7"), std::string::npos) << e;
+  // Unchanged, the run resumes and finishes.
+  TrainResult r = run_training(tiny_run(d.p, {"resume_from_checkpoint=auto"}), quiet());
+  EXPECT_EQ(r.global_step, 3);
+}
+
+// model_name_or_path is not read on resume (the checkpoint holds the model): a changed one is named in a warning.
+TEST(ResumeOverrides, ChangedModelPathIsNamedInAWarning) {
+  TmpDir d;
+  train_and_stop(d.p, 2);
+  ::testing::internal::CaptureStderr();
+  TrainResult r = run_training(tiny_run(d.p, {"resume_from_checkpoint=auto", "model_name_or_path=tiny-qwen3"}), quiet());
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(r.global_step, 3);
+  EXPECT_NE(err.find("model_name_or_path"), std::string::npos) << err;
+  EXPECT_NE(err.find("tiny-qwen3"), std::string::npos) << err;
+  EXPECT_NE(err.find("ignored"), std::string::npos) << err;
+}
+
+// A resumed run whose checkpoint is already at max_steps says so (and trains nothing) instead of exiting silently.
+TEST(ResumeAtMaxSteps, SaysNothingToDo) {
+  TmpDir d;
+  run_training(tiny_run(d.p), quiet());
+  ASSERT_TRUE(is_complete_checkpoint(checkpoint_path(d.p, 3)));
+  ::testing::internal::CaptureStdout();
+  TrainResult r = run_training(tiny_run(d.p, {"resume_from_checkpoint=auto"}), quiet());
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  EXPECT_EQ(r.global_step, 3);
+  EXPECT_NE(out.find("nothing to do: checkpoint-3 is at step 3 = max_steps; raise max_steps to train further"),
+            std::string::npos)
+      << out;
+}
+
+// trainer_state.json's `model` keeps the base model through resumes, not the checkpoint resumed from.
+TEST(ResumeModelName, TrainerStateKeepsTheBaseModel) {
+  TmpDir d;
+  train_and_stop(d.p, 1);
+  TrainHooks h = quiet();
+  h.stop_after_steps = 1;
+  run_training(tiny_run(d.p, {"resume_from_checkpoint=auto"}), h);  // step 2, resumed from checkpoint-1
+  run_training(tiny_run(d.p, {"resume_from_checkpoint=auto"}), quiet());  // step 3, resumed from checkpoint-2
+  for (int step : {1, 2, 3}) EXPECT_EQ(read_trainer_state(checkpoint_path(d.p, step)).model_name, "tiny-qwen2") << step;
+}
+
+// gradient_dtype: bf16 applies to gradients held on the device; when the plan (gradients: auto) keeps them on the host
+// it is an error naming the plan's choice and the fix, not a setting dropped without a word.
+TEST(GradientDtype, Bf16WithHostGradientsFromThePlanIsAnError) {
+  TmpDir d;
+  const auto e = run_error(tiny_run(d.p, {"gradient_dtype=bf16"}));
+  EXPECT_NE(e.find("gradient_dtype"), std::string::npos) << e;
+  EXPECT_NE(e.find("bf16"), std::string::npos) << e;
+  EXPECT_NE(e.find("on the host"), std::string::npos) << e;
+  EXPECT_NE(e.find("gradients=device"), std::string::npos) << e;
+  EXPECT_NE(e.find("gradient_dtype=auto"), std::string::npos) << e;
+  EXPECT_FALSE(fs::exists(checkpoint_path(d.p, 3)));
+  // With the gradients on the device the setting applies and the run trains.
+  EXPECT_EQ(run_training(tiny_run(d.p, {"gradient_dtype=bf16", "gradients=device", "overwrite_output_dir=true"}),
+                         quiet())
+                .global_step,
+            3);
+}
