@@ -9,6 +9,10 @@
 
 namespace lt::cli {
 
+// Where `eval` writes its per-sample results without --output: the current directory, never the
+// model or checkpoint directory (a checkpoint stays as the trainer wrote it).
+constexpr const char* kDefaultEvalOutput = "eval_results.jsonl";
+
 void add_eval(CLI::App& app) {
   auto* sub = app.add_subcommand("eval", "Exact-match evaluation of a model directory or checkpoint on a JSONL test set");
   struct Opts : InferenceOptions {
@@ -23,9 +27,12 @@ void add_eval(CLI::App& app) {
   sub->add_option("--dataset", o->dataset, "JSONL test set ({query,response}, alpaca, messages) or builtin:math-test")
       ->required();
   sub->add_option("--max-samples", o->max_samples, "evaluate at most N records (0 = all)");
-  sub->add_option("--output", o->output, "per-sample results JSONL (default: <model>/eval_results.jsonl)");
+  sub->add_option("--output", o->output,
+                  "per-sample results JSONL (default: eval_results.jsonl in the current directory; the model "
+                  "directory is left untouched)");
   sub->add_option("--seed", o->seed, "seed for builtin data sets");
   sub->callback([o] {
+    o->check();
     train::LoadedModel m = o->load();
     data::ReadOptions ro;
     ro.max_samples = o->max_samples;
@@ -35,7 +42,7 @@ void add_eval(CLI::App& app) {
     train::EvalOptions eo;
     eo.batch_size = o->batch_size;
     eo.max_new_tokens = o->max_new_tokens;
-    eo.output_jsonl = o->output.empty() ? (std::filesystem::path(o->model) / "eval_results.jsonl").string() : o->output;
+    eo.output_jsonl = o->output.empty() ? std::string(kDefaultEvalOutput) : o->output;
     eo.progress = true;
     auto gen = o->make_generator(m, train::longest_prompt_tokens(m.tmpl, records), int64_t(records.size()));
     auto r = train::evaluate_exact_match(*gen, m.tmpl, records, eo);

@@ -25,6 +25,7 @@ void add_generate(CLI::App& app) {
   sub->add_option("--prompts-file", o->prompts_file, "one prompt per line");
   sub->add_flag("--raw", o->raw, "encode prompts as plain text (no chat template)");
   sub->callback([o] {
+    o->check();
     std::vector<std::string> prompts = o->prompts;
     if (!o->prompts_file.empty()) {
       std::ifstream in(o->prompts_file);

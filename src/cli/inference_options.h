@@ -35,6 +35,8 @@ struct InferenceOptions {
                     "CUDA decoding: auto | resident | streamed (auto: resident when weights + KV cache fit --gpu-mem)")
         ->check(CLI::IsMember({"auto", "resident", "streamed"}));
   }
+  // Checks the options that need no model (before loading one): lt::Error naming the flag.
+  void check() const { train::check_max_new_tokens(max_new_tokens, "--max-new-tokens"); }
   train::LoadedModel load() const { return train::load_model_for_inference(model, tokenizer, template_name, threads); }
 
   // Parsed and checked device options; the KV cache is sized for min(batch, n_prompts) sequences of
@@ -49,6 +51,7 @@ struct InferenceOptions {
   }
   std::unique_ptr<train::Generator> make_generator(const train::LoadedModel& m, int64_t longest_prompt,
                                                    int64_t n_prompts) const {
+    train::check_fits_max_position(m.weights.config, longest_prompt, max_new_tokens, "--max-new-tokens");
     return train::make_generator(m.view(), decode_options(longest_prompt, n_prompts), gpu_decode_hooks());
   }
 };

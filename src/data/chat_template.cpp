@@ -64,7 +64,7 @@ TokenizerConfig load_tokenizer_config(const std::string& path) {
   std::ifstream f(path);
   if (!f.good()) {
     c.chat_template = jinja_src;
-    if (!jinja_src.empty()) c.origin = jinja_file.string();
+    if (!jinja_src.empty()) c.origin = c.chat_template_origin = jinja_file.string();
     return c;
   }
   json j;
@@ -75,6 +75,7 @@ TokenizerConfig load_tokenizer_config(const std::string& path) {
   }
   LT_CHECK(j.is_object(), "{}: expected a JSON object", path);
   if (auto it = j.find("chat_template"); it != j.end() && !it->is_null()) {
+    c.chat_template_origin = path + ": chat_template";
     if (it->is_string()) {
       c.chat_template = it->get<std::string>();
     } else if (it->is_array()) {  // [{"name": "default", "template": ...}, ...]
@@ -90,7 +91,10 @@ TokenizerConfig load_tokenizer_config(const std::string& path) {
   c.bos_token = token_field(j, "bos_token", path);
   c.pad_token = token_field(j, "pad_token", path);
   c.unk_token = token_field(j, "unk_token", path);
-  if (!jinja_src.empty()) c.chat_template = jinja_src;
+  if (!jinja_src.empty()) {
+    c.chat_template = jinja_src;
+    c.chat_template_origin = jinja_file.string();
+  }
   return c;
 }
 
@@ -150,10 +154,17 @@ ChatTemplate::ChatTemplate(TemplateKind kind, const Tokenizer& tok, const Tokeni
   pad_id_ = pad >= 0 ? pad : (eos_id_ >= 0 ? eos_id_ : 0);
 }
 
+namespace {
+// What errors of a Jinja chat template name: the file it came from.
+std::string template_origin(const TokenizerConfig& cfg) {
+  if (!cfg.chat_template_origin.empty()) return cfg.chat_template_origin;
+  return (cfg.origin.empty() ? std::string("tokenizer_config.json") : cfg.origin) + ": chat_template";
+}
+}  // namespace
+
 ChatTemplate::ChatTemplate(const std::string& jinja_source, const Tokenizer& tok, const TokenizerConfig& cfg)
     : kind_(TemplateKind::Jinja),
-      jinja_(std::make_shared<jinja::Template>(jinja_source, (cfg.origin.empty() ? std::string("tokenizer_config.json")
-                                                                                   : cfg.origin) + ": chat_template")),
+      jinja_(std::make_shared<jinja::Template>(jinja_source, template_origin(cfg))),
       cfg_(cfg),
       tok_(tok) {
   auto opt = [&](const std::string& t) -> int32_t {

@@ -27,8 +27,11 @@ TemplateKind detect_template(const std::string& jinja, const std::string& origin
 // The parts of tokenizer_config.json we use. Missing file -> all empty.
 struct TokenizerConfig {
   std::string chat_template;
+  // Where chat_template came from, as errors of the template name it: ".../chat_template.jinja" or
+  // ".../tokenizer_config.json: chat_template" (empty: not from a file).
+  std::string chat_template_origin;
   std::string eos_token, bos_token, pad_token, unk_token;
-  std::string origin;
+  std::string origin;  // tokenizer_config.json's path
 };
 // path of tokenizer_config.json; a chat_template.jinja beside it takes precedence (as in transformers).
 TokenizerConfig load_tokenizer_config(const std::string& path);

@@ -77,6 +77,49 @@ TrainerState trainer_state_from_json(const nlohmann::json& j, const std::string&
   }
 }
 
+namespace {
+
+// The tokenizer-side files of an HF model directory, as transformers writes them (current versions
+// keep the chat template in chat_template.jinja, not in tokenizer_config.json).
+constexpr const char* kTokenizerFiles[] = {"tokenizer.json",          "tokenizer_config.json", "chat_template.jinja",
+                                           "chat_template.json",      "special_tokens_map.json", "added_tokens.json",
+                                           "vocab.json",              "merges.txt",              "tokenizer.model",
+                                           "vocab.txt",               "generation_config.json"};
+// Named chat templates besides the default one (transformers: additional_chat_templates/<name>.jinja).
+constexpr const char* kAdditionalTemplatesDir = "additional_chat_templates";
+
+void copy_file_into(const fs::path& from, const fs::path& to) {
+  std::error_code ec;
+  fs::copy_file(from, to, fs::copy_options::overwrite_existing, ec);
+  LT_CHECK(!ec, "checkpoint: cannot copy tokenizer file '{}' to '{}': {}", from.string(), to.string(), ec.message());
+}
+
+// Copies every tokenizer file of `tokenizer` (a directory, or a tokenizer.json whose directory holds the
+// others) into the checkpoint directory `dst`, so that the checkpoint tokenizes, renders its chat template
+// and generates as the model it came from. A generation_config.json found there replaces the one
+// save_model wrote from config.json (it keeps the model's own stop ids and generation defaults).
+void copy_tokenizer_files(const fs::path& tokenizer, const fs::path& dst) {
+  if (tokenizer.empty()) return;
+  std::error_code ec;
+  const bool is_file = fs::is_regular_file(tokenizer, ec);
+  const fs::path dir = is_file ? tokenizer.parent_path() : tokenizer;
+  if (!is_file && !fs::is_directory(dir, ec)) return;
+  if (is_file) copy_file_into(tokenizer, dst / "tokenizer.json");
+  for (const char* name : kTokenizerFiles) {
+    if (is_file && std::string(name) == "tokenizer.json") continue;  // the file given is the tokenizer
+    if (fs::is_regular_file(dir / name, ec)) copy_file_into(dir / name, dst / name);
+  }
+  const fs::path extra = dir / kAdditionalTemplatesDir;
+  if (!fs::is_directory(extra, ec)) return;
+  fs::create_directories(dst / kAdditionalTemplatesDir, ec);
+  LT_CHECK(!ec, "checkpoint: cannot create '{}': {}", (dst / kAdditionalTemplatesDir).string(), ec.message());
+  for (const auto& e : fs::directory_iterator(extra, ec))
+    if (e.is_regular_file()) copy_file_into(e.path(), dst / kAdditionalTemplatesDir / e.path().filename());
+  LT_CHECK(!ec, "checkpoint: cannot list '{}': {}", extra.string(), ec.message());
+}
+
+}  // namespace
+
 fs::path save_checkpoint(const fs::path& output_dir, const CheckpointContents& c, int64_t save_total_limit) {
   LT_CHECK(c.model && c.layout && (c.optimizer || c.write_optimizer), "save_checkpoint: incomplete contents");
   CheckpointWriter w(output_dir, c.state.global_step);
@@ -86,14 +129,7 @@ fs::path save_checkpoint(const fs::path& output_dir, const CheckpointContents& c
   so.dtype = c.save_fp32_model ? DType::F32 : DType::BF16;
   so.passthrough_from = c.passthrough_from;
   save_model(d, *c.model, *c.layout, c.masters, so);
-  if (!c.tokenizer_dir.empty() && fs::is_directory(c.tokenizer_dir)) {
-    for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
-                          "merges.txt"}) {
-      if (fs::exists(c.tokenizer_dir / f)) fs::copy_file(c.tokenizer_dir / f, d / f, fs::copy_options::overwrite_existing);
-    }
-  } else if (!c.tokenizer_dir.empty() && fs::is_regular_file(c.tokenizer_dir)) {
-    fs::copy_file(c.tokenizer_dir, d / "tokenizer.json", fs::copy_options::overwrite_existing);
-  }
+  copy_tokenizer_files(c.tokenizer_dir, d);
   write_file_durable(d / "trainer_config.yaml", c.config_yaml);
   // Trainer state, kept apart from the model files.
   fs::create_directories(d / "trainer_state");

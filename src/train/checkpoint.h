@@ -1,7 +1,7 @@
 // Checkpoint contents (written atomically through checkpoint_dir.h):
 //   checkpoint-<step>/
 //     config.json, generation_config.json, model*.safetensors   HF model dir (save_dtype: bf16 or fp32)
-//     tokenizer.json, tokenizer_config.json, ...                 copied from the tokenizer directory
+//     tokenizer.json, tokenizer_config.json, chat_template.jinja, ...  copied from the tokenizer directory
 //     trainer_config.yaml                                        effective config of the run
 //     trainer_state/trainer_state.json                           step, data position, schedule, RNG, ...
 //     trainer_state/master/                                      fp32 master weights (HF dir, F32)
@@ -58,7 +58,10 @@ struct CheckpointContents {
   std::function<void(const fs::path& file)> write_optimizer;
   TrainerState state;
   std::string config_yaml;
-  fs::path tokenizer_dir;             // files copied from here (tokenizer*.json, vocab/merges, special_tokens_map)
+  // The tokenizer the run uses (a directory, or a tokenizer.json): its files (tokenizer.json,
+  // tokenizer_config.json, chat_template.jinja, special_tokens_map.json, added_tokens.json, vocab/merges,
+  // generation_config.json, additional_chat_templates/, ...) are copied into the checkpoint.
+  fs::path tokenizer_dir;
   bool save_fp32_model = false;       // model dir weights in fp32 (else bf16)
   fs::path passthrough_from;          // model dir whose untrained tensors are copied (SaveOptions)
 };

@@ -372,6 +372,7 @@ void validate_config(const TrainConfig& c) {
   positive("per_device_train_batch_size", c.per_device_train_batch_size);
   positive("gradient_accumulation_steps", c.gradient_accumulation_steps);
   positive("logging_steps", c.logging_steps);
+  positive("max_new_tokens", c.max_new_tokens);
   LT_CHECK(c.per_device_eval_batch_size >= 0, "config: per_device_eval_batch_size must be >= 0, got {}",
            c.per_device_eval_batch_size);
   LT_CHECK(c.learning_rate >= 0, "config: learning_rate must be >= 0, got {}", c.learning_rate);

@@ -109,6 +109,17 @@ int32_t argmax(const float* row, int64_t n) {
 
 }  // namespace
 
+void check_max_new_tokens(int64_t n, const std::string& what) {
+  LT_CHECK(n >= 1, "{} {}: expected the number of new tokens to generate per sequence, >= 1", what, n);
+}
+
+void check_fits_max_position(const ModelConfig& c, int64_t prompt_tokens, int64_t max_new_tokens,
+                             const std::string& what) {
+  LT_CHECK(max_new_tokens <= c.max_position - prompt_tokens,
+           "{} {}: a prompt of {} tokens + {} new tokens exceeds the model's max_position_embeddings {}", what,
+           max_new_tokens, prompt_tokens, max_new_tokens, c.max_position);
+}
+
 void strip_stop(std::vector<int32_t>& ids, const std::vector<int32_t>& stop_ids) {
   if (!ids.empty() && std::find(stop_ids.begin(), stop_ids.end(), ids.back()) != stop_ids.end()) ids.pop_back();
 }
@@ -147,6 +158,9 @@ std::vector<std::vector<int32_t>> greedy_generate(const ModelWeightsView& w,
   DecodeStats st;
   LT_CHECK(w.units.size() == size_t(c.layers + 2), "generate: expected {} weight units, got {}", c.layers + 2,
            w.units.size());
+  // The KV cache of a sequence holds prompt + max_new_tokens rows: a negative count would size it
+  // below the prompt.
+  LT_CHECK(opt.max_new_tokens >= 0, "generate: max_new_tokens {}: expected >= 0", opt.max_new_tokens);
   Decoder d(w);
   std::vector<std::vector<int32_t>> out(prompts.size());
   const int64_t bs = std::max<int64_t>(1, opt.batch_size), H = c.hidden, V = c.vocab;
@@ -164,9 +178,9 @@ std::vector<std::vector<int32_t>> greedy_generate(const ModelWeightsView& w,
     for (size_t i = 0; i < nb; ++i) {
       const auto& pr = prompts[b0 + i];
       LT_CHECK(!pr.empty(), "generate: prompt {} is empty", b0 + i);
-      int64_t cap = int64_t(pr.size()) + opt.max_new_tokens;
-      LT_CHECK(cap <= c.max_position, "generate: prompt {} ({} tokens) + max_new_tokens {} exceeds max_position {}",
-               b0 + i, pr.size(), opt.max_new_tokens, c.max_position);
+      check_fits_max_position(c, int64_t(pr.size()), opt.max_new_tokens,
+                              fmt::format("generate: prompt {}: max_new_tokens", b0 + i));
+      const int64_t cap = int64_t(pr.size()) + opt.max_new_tokens;
       st.prompt_tokens += int64_t(pr.size());
       auto last = d.prefill(pr, caches[i], cap);
       std::copy(last.begin(), last.end(), x.begin() + int64_t(i) * H);

@@ -29,7 +29,7 @@ struct ModelWeightsView {
 ModelWeightsView view_of(const ModelWeights& w);
 
 struct GenerateOptions {
-  int64_t max_new_tokens = 64;
+  int64_t max_new_tokens = 64;       // >= 0; 0: prompts are prefilled and nothing is generated
   int64_t batch_size = 32;           // sequences decoded together
   std::vector<int32_t> stop_ids;     // generation of a sequence ends after emitting one of these
 };
@@ -42,6 +42,14 @@ struct DecodeStats {
   double decode_seconds = 0;   // the steps after the first token
   double seconds() const { return prefill_seconds + decode_seconds; }
 };
+// The generation limit a user sets (`--max-new-tokens`, the config key `max_new_tokens`): throws lt::Error
+// naming `what` unless n >= 1.
+void check_max_new_tokens(int64_t n, const std::string& what);
+// Throws lt::Error naming `what` unless a prompt of `prompt_tokens` tokens plus max_new_tokens new ones
+// fits the model's max_position (checked without overflow: any int64 max_new_tokens is safe).
+void check_fits_max_position(const ModelConfig& c, int64_t prompt_tokens, int64_t max_new_tokens,
+                             const std::string& what);
+
 // Drops a trailing stop token (one of stop_ids) from generated ids, before decoding them to text.
 void strip_stop(std::vector<int32_t>& ids, const std::vector<int32_t>& stop_ids);
 
@@ -52,6 +60,7 @@ void write_generation(std::FILE* out, size_t index, const std::string& prompt, c
                       std::vector<int32_t> ids, const std::vector<int32_t>& stop_ids);
 
 // Returns the generated ids of each prompt (stop token included if emitted); adds to *stats if given.
+// Throws lt::Error for a negative max_new_tokens or a prompt + max_new_tokens past max_position.
 std::vector<std::vector<int32_t>> greedy_generate(const ModelWeightsView& w,
                                                   const std::vector<std::vector<int32_t>>& prompts,
                                                   const GenerateOptions& opt, DecodeStats* stats = nullptr);

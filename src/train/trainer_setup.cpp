@@ -280,6 +280,8 @@ void final_evaluation(const TrainConfig& cfg, const TrainHooks& hooks, const Mod
   eopt.batch_size = cfg.per_device_eval_batch_size > 0 ? cfg.per_device_eval_batch_size : 64;
   eopt.max_new_tokens = cfg.max_new_tokens;
   eopt.output_jsonl = (fs::path(cfg.output_dir) / "eval_results.jsonl").string();
+  const int64_t longest_prompt = longest_prompt_tokens(data.tmpl, records);
+  check_fits_max_position(ms.model, longest_prompt, eopt.max_new_tokens, "config: max_new_tokens");
   std::unique_ptr<Generator> gen;
   const bool gpu_eval = gpu && hooks.gpu_decode.built() && !records.empty();
   const std::string gpu_why = gpu_eval ? hooks.gpu_decode.unsupported_reason(ms.model) : std::string();
@@ -291,8 +293,7 @@ void final_evaluation(const TrainConfig& cfg, const TrainHooks& hooks, const Mod
     executor.reset();
     DecodeDeviceOptions dopt;
     dopt.device = DecodeDevice::Cuda;
-    dopt.size_for(eopt.batch_size, int64_t(records.size()), longest_prompt_tokens(data.tmpl, records),
-                  eopt.max_new_tokens);
+    dopt.size_for(eopt.batch_size, int64_t(records.size()), longest_prompt, eopt.max_new_tokens);
     gen = make_generator(v, dopt, hooks.gpu_decode, &be);
   } else {
     gen = make_cpu_generator(v);

@@ -1,6 +1,7 @@
 // The syntax tree of a Jinja template (the subset real chat templates use) and the parser that
 // builds it: HF's settings (trim_blocks, lstrip_blocks, loop controls, {% generation %}).
 #pragma once
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -23,6 +24,7 @@ struct Expr {
   bool negate = false;          // Test: "is not"
   bool has_slice[3] = {false, false, false};
   int line = 0;
+  int depth = 1;                // levels of this expression's tree (bounded by Limits::max_nesting)
 };
 
 struct Node;
@@ -43,7 +45,20 @@ struct Node {
   int line = 0;
 };
 
+// Bounds on what a template may do (a template is user input): passing one is an lt::Error naming the
+// template's origin and the limit, never a crash, a hang or unbounded memory (docs/data.md).
+struct Limits {
+  int64_t max_nesting = 200;               // parse: blocks inside blocks; levels of one expression; render:
+                                           // lists/dicts/namespaces nested in a value set with `ns.attr =`
+  int64_t max_call_depth = 100;            // render: macro calls inside macro calls (a macro calling itself)
+  int64_t max_render_depth = 1000;         // render: macro calls, blocks and expressions nested, together
+  int64_t max_loop_iterations = 1000000;   // render: for-loop iterations of one render, all loops together
+  int64_t max_range = 100000;              // render: elements of one range() (the limit of Jinja's sandbox)
+  int64_t max_list_items = 1000000;        // render: elements of a list made by `+`
+  int64_t max_string_bytes = int64_t(64) << 20;  // render: the output, and any string a template builds
+};
+
 // Parses template source; errors are lt::Error naming `origin` and the line.
-Body parse_template(const std::string& src, const std::string& origin);
+Body parse_template(const std::string& src, const std::string& origin, const Limits& limits = {});
 
 }  // namespace lt::data::jinja

@@ -2,6 +2,7 @@
 // trim_blocks (the first newline after a block or comment tag is removed) and lstrip_blocks
 // (spaces and tabs from the start of a line up to a block or comment tag are removed), plus the
 // -/+ whitespace controls of tags.
+#include <algorithm>
 #include <charconv>
 #include <cstring>
 #include <system_error>
@@ -197,7 +198,8 @@ class Lexer {
 
 class Parser {
  public:
-  Parser(std::vector<Chunk> chunks, const std::string& origin) : ch_(std::move(chunks)), origin_(origin) {}
+  Parser(std::vector<Chunk> chunks, const std::string& origin, const Limits& limits)
+      : ch_(std::move(chunks)), origin_(origin), lim_(limits) {}
 
   Body parse_all() {
     Body b = parse_body({});
@@ -207,8 +209,43 @@ class Parser {
 
  private:
   static std::string stmt_name(const Chunk& c) { return c.toks.empty() ? "" : c.toks[0].s; }
+  static bool is_closing_tag(const std::string& name) {
+    return name.rfind("end", 0) == 0 || name == "elif" || name == "else";
+  }
 
-  // Parses nodes until a statement whose name is in `ends` (left unconsumed).
+  // A block statement being parsed (if, for, macro, ...): its name and line, for the errors of a block
+  // left open or closed by the wrong tag. Also bounds the nesting of blocks (Limits::max_nesting).
+  class OpenBlock {
+   public:
+    OpenBlock(Parser& p, const std::string& name, int line) : p_(p) {
+      LT_CHECK(int64_t(p.open_.size()) < p.lim_.max_nesting, "{}:{}: blocks nested deeper than {} levels (max_nesting)",
+               p.origin_, line, p.lim_.max_nesting);
+      p.open_.emplace_back(name, line);
+    }
+    ~OpenBlock() { p_.open_.pop_back(); }
+    OpenBlock(const OpenBlock&) = delete;
+    OpenBlock& operator=(const OpenBlock&) = delete;
+
+   private:
+    Parser& p_;
+  };
+
+  // A closing tag (endfor, else, ...) that does not close the innermost open block: the error names both.
+  [[noreturn]] void fail_stray_closing_tag(const std::string& name, int line) const {
+    if (open_.empty()) fail("{}:{}: {{% {} %}} without a matching opening tag", origin_, line, name);
+    const auto& [open_name, open_line] = open_.back();
+    fail("{}:{}: unexpected {{% {} %}}: the innermost open block is {{% {} %}} opened at line {} (closed by {{% end{} %}})",
+         origin_, line, name, open_name, open_line, open_name);
+  }
+  // The end of the template inside a block: names the block and where it opened.
+  [[noreturn]] void fail_unclosed_block(const std::string& end_tag) const {
+    const auto& [open_name, open_line] = open_.back();
+    fail("{}:{}: unclosed {{% {} %}} opened at line {}: no {{% {} %}} before the end of the template", origin_,
+         open_line, open_name, open_line, end_tag);
+  }
+
+  // Parses nodes until a statement whose name is in `ends` (left unconsumed); `ends` ends with the
+  // closing tag of the innermost open block.
   Body parse_body(const std::vector<std::string>& ends) {
     Body body;
     while (ci_ < ch_.size()) {
@@ -236,15 +273,17 @@ class Parser {
       for (const auto& e : ends)
         if (name == e) return body;
       LT_CHECK(!name.empty(), "{}:{}: empty statement", origin_, c.line);
+      if (is_closing_tag(name)) fail_stray_closing_tag(name, c.line);
       body.push_back(statement(name));
     }
-    LT_CHECK(ends.empty(), "{}: missing {{% {} %}}", origin_, ends.empty() ? "" : ends[0]);
+    if (!ends.empty()) fail_unclosed_block(ends.back());
     return body;
   }
 
   NodeP statement(const std::string& name) {
     auto n = std::make_unique<Node>();
     n->line = ch_[ci_].line;
+    const OpenBlock open(*this, name, n->line);
     ++ti_;  // the statement name
     if (name == "if") {
       n->kind = Node::If;
@@ -399,7 +438,40 @@ class Parser {
     e->line = ch_[ci_].line;
     return e;
   }
+  // Sets e's depth from its operands (all attached) and bounds it: a chain such as 1+1+...+1 builds its
+  // tree without recursing, but evaluating and freeing it recurse once per level.
+  ExprP finish(ExprP e) {
+    int d = 0;
+    auto see = [&d](const ExprP& x) {
+      if (x) d = std::max(d, x->depth);
+    };
+    see(e->a);
+    see(e->b);
+    see(e->c);
+    for (const auto& x : e->items) see(x);
+    for (const auto& kv : e->kwargs) see(kv.second);
+    e->depth = d + 1;
+    LT_CHECK(e->depth <= lim_.max_nesting, "{}:{}: expression nested deeper than {} levels (max_nesting)", origin_,
+             e->line, lim_.max_nesting);
+    return e;
+  }
+  // Bounds the parser's own recursion (parentheses, brackets, `not not ...`, `- - ...`).
+  class Nested {
+   public:
+    explicit Nested(Parser& p) : p_(p) {
+      LT_CHECK(++p.nested_ <= p.lim_.max_nesting, "{}:{}: expression nested deeper than {} levels (max_nesting)",
+               p.origin_, p.ch_[p.ci_].line, p.lim_.max_nesting);
+    }
+    ~Nested() { --p_.nested_; }
+    Nested(const Nested&) = delete;
+    Nested& operator=(const Nested&) = delete;
+
+   private:
+    Parser& p_;
+  };
+
   ExprP expr(bool no_cond = false) {
+    const Nested nested(*this);
     ExprP e = or_expr();
     if (!no_cond && peek_name("if")) {
       ++ti_;
@@ -410,7 +482,7 @@ class Parser {
         ++ti_;
         c->c = expr();
       }
-      return c;
+      return finish(std::move(c));
     }
     return e;
   }
@@ -419,7 +491,7 @@ class Parser {
     e->name = op;
     e->a = std::move(l);
     e->b = std::move(r);
-    return e;
+    return finish(std::move(e));
   }
   ExprP or_expr() {
     ExprP e = and_expr();
@@ -439,11 +511,12 @@ class Parser {
   }
   ExprP not_expr() {
     if (peek_name("not")) {
+      const Nested nested(*this);
       ++ti_;
       auto e = mk(Expr::Unary);
       e->name = "not";
       e->a = not_expr();
-      return e;
+      return finish(std::move(e));
     }
     return compare();
   }
@@ -498,11 +571,12 @@ class Parser {
   }
   ExprP unary() {
     if (peek_op("-") || peek_op("+")) {
+      const Nested nested(*this);
       const std::string op = next().s;
       auto e = mk(Expr::Unary);
       e->name = op;
       e->a = unary();
-      return e;
+      return finish(std::move(e));
     }
     return filters(postfix(primary()));
   }
@@ -514,7 +588,7 @@ class Parser {
         f->name = name_tok();
         f->a = std::move(e);
         if (peek_op("(")) call_args(*f);
-        e = std::move(f);
+        e = finish(std::move(f));
       } else if (peek_name("is")) {
         ++ti_;
         auto te = mk(Expr::Test);
@@ -531,7 +605,7 @@ class Parser {
                                         (t()[ti_].kind == Tok::Name && !is_keyword(t()[ti_].s)))) {
           te->items.push_back(postfix(primary()));
         }
-        e = std::move(te);
+        e = finish(std::move(te));
       } else {
         return e;
       }
@@ -563,7 +637,7 @@ class Parser {
         a->a = std::move(e);
         const Tok& nt = next();
         a->name = nt.kind == Tok::Int ? std::to_string(nt.i) : nt.s;
-        e = std::move(a);
+        e = finish(std::move(a));
       } else if (peek_op("[")) {
         ++ti_;
         ExprP parts[3];
@@ -590,18 +664,18 @@ class Parser {
           s->items.push_back(std::move(parts[1]));
           s->items.push_back(std::move(parts[2]));
           for (int q = 0; q < 3; ++q) s->has_slice[q] = has[q];
-          e = std::move(s);
+          e = finish(std::move(s));
         } else {
           auto it = mk(Expr::Item);
           it->a = std::move(e);
           it->b = std::move(parts[0]);
-          e = std::move(it);
+          e = finish(std::move(it));
         }
       } else if (peek_op("(")) {
         auto c = mk(Expr::Call);
         c->a = std::move(e);
         call_args(*c);
-        e = std::move(c);
+        e = finish(std::move(c));
       } else {
         return e;
       }
@@ -647,7 +721,7 @@ class Parser {
               if (peek_op(")")) break;
               tu->items.push_back(expr());
             }
-            e = std::move(tu);
+            e = finish(std::move(tu));
           }
           expect_op(")");
           return e;
@@ -659,7 +733,7 @@ class Parser {
             if (peek_op(",")) ++ti_;
           }
           ++ti_;
-          return l;
+          return finish(std::move(l));
         }
         if (tk.s == "{") {
           auto d = mk(Expr::DictLit);
@@ -670,7 +744,7 @@ class Parser {
             if (peek_op(",")) ++ti_;
           }
           ++ti_;
-          return d;
+          return finish(std::move(d));
         }
         break;
       default: break;
@@ -703,13 +777,16 @@ class Parser {
   std::vector<Chunk> ch_;
   size_t ci_ = 0, ti_ = 0;
   const std::string& origin_;
+  const Limits& lim_;
+  std::vector<std::pair<std::string, int>> open_;  // block statements being parsed: name, line
+  int64_t nested_ = 0;                             // expression recursion depth
 };
 
 }  // namespace
 
-Body parse_template(const std::string& src, const std::string& origin) {
+Body parse_template(const std::string& src, const std::string& origin, const Limits& limits) {
   Lexer lx(src, origin);
-  Parser p(lx.run(), origin);
+  Parser p(lx.run(), origin, limits);
   return p.parse_all();
 }
 

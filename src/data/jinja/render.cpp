@@ -3,7 +3,12 @@
 #include <algorithm>
 #include <cmath>
 #include <ctime>
+#include <limits>
 #include <map>
+#include <new>
+#include <optional>
+#include <stdexcept>
+#include <string_view>
 
 #include "core/error.h"
 #include "data/jinja/template.h"
@@ -15,6 +20,12 @@ namespace {
 
 struct BreakSignal {};
 struct ContinueSignal {};
+
+// A string being built passed Limits::max_string_bytes (the render adds the template's origin).
+void check_string_size(size_t bytes, int64_t max_bytes) {
+  if (bytes > size_t(max_bytes))
+    fail("a string of {} bytes or more exceeds the limit of {} bytes (max_string_bytes)", bytes, max_bytes);
+}
 
 bool is_space_cp(char32_t c) { return is_whitespace(c); }
 
@@ -70,17 +81,33 @@ Value split(const std::string& s, const Value& sep, int64_t maxsplit) {
   return out;
 }
 
-std::string replace_all(const std::string& s, const std::string& a, const std::string& b, int64_t count) {
+std::string replace_all(const std::string& s, const std::string& a, const std::string& b, int64_t count,
+                        int64_t max_bytes) {
   if (a.empty()) return s;
   std::string out;
   size_t prev = 0;
   int64_t n = 0;
   for (size_t p = s.find(a); p != std::string::npos && (count < 0 || n < count); p = s.find(a, prev)) {
     out += s.substr(prev, p - prev) + b;
+    check_string_size(out.size(), max_bytes);
     prev = p + a.size();
     ++n;
   }
   return out + s.substr(prev);
+}
+
+// The items of `items` converted by str() (or `to_str`), separated by `sep`, within max_bytes.
+template <typename ToStr>
+std::string join_items(const List& items, const std::string& sep, int64_t max_bytes, ToStr to_str) {
+  std::string r;
+  bool first = true;
+  for (const auto& x : items) {
+    if (!first) r += sep;
+    r += to_str(x);
+    check_string_size(r.size(), max_bytes);
+    first = false;
+  }
+  return r;
 }
 
 std::string case_map(const std::string& s, int mode) {  // 0 lower, 1 upper, 2 title, 3 capitalize
@@ -114,6 +141,25 @@ int64_t to_int(const Value& v) {
     }
   }
   return 0;
+}
+
+// base ** exp for exp >= 0 by squaring; nullopt when it does not fit an int64.
+std::optional<int64_t> int_power(int64_t base, int64_t exp) {
+  int64_t result = 1;
+  for (;;) {
+    if (exp & 1)
+      if (__builtin_mul_overflow(result, base, &result)) return std::nullopt;
+    exp >>= 1;
+    if (exp == 0) return result;
+    if (__builtin_mul_overflow(base, base, &base)) return std::nullopt;
+  }
+}
+
+// Elements of Python's range(start, stop, step), step != 0 (no overflow for any int64 arguments).
+__int128 range_size(int64_t start, int64_t stop, int64_t step) {
+  const __int128 span = step > 0 ? __int128(stop) - start : __int128(start) - stop;
+  const __int128 st = step > 0 ? __int128(step) : -__int128(step);
+  return span <= 0 ? 0 : (span + st - 1) / st;
 }
 
 bool less(const Value& a, const Value& b) {
@@ -164,7 +210,7 @@ int64_t length(const Value& v) {
 
 class Renderer {
  public:
-  Renderer(const std::string& origin, const Value& ctx) : origin_(origin) {
+  Renderer(const std::string& origin, const Limits& limits, const Value& ctx) : origin_(origin), lim_(limits) {
     globals_ = Value::object();
     install_globals();
     for (const auto& kv : ctx.dict->items) globals_.dict->set(kv.first, kv.second);
@@ -176,14 +222,74 @@ class Renderer {
   std::vector<std::pair<size_t, size_t>> gen;
 
  private:
+  // ---------------- limits
+  // One level of render recursion (a statement or an expression being run): bounded by max_render_depth.
+  class Level {
+   public:
+    Level(Renderer& r, int line) : r_(r) {
+      LT_CHECK(++r.depth_ <= r.lim_.max_render_depth,
+               "{}:{}: the render nests deeper than {} levels (max_render_depth: macro calls, blocks and expressions "
+               "together)",
+               r.origin_, line, r.lim_.max_render_depth);
+    }
+    ~Level() { --r_.depth_; }
+    Level(const Level&) = delete;
+    Level& operator=(const Level&) = delete;
+
+   private:
+    Renderer& r_;
+  };
+  // A macro call in progress: bounded by max_call_depth.
+  class MacroCall {
+   public:
+    MacroCall(Renderer& r, const Node& macro) : r_(r) {
+      LT_CHECK(++r.calls_ <= r.lim_.max_call_depth,
+               "{}:{}: macro '{}' called inside {} macro calls (max_call_depth {}): a macro that calls itself "
+               "without end?",
+               r.origin_, macro.line, macro.targets[0], r.calls_ - 1, r.lim_.max_call_depth);
+    }
+    ~MacroCall() { --r_.calls_; }
+    MacroCall(const MacroCall&) = delete;
+    MacroCall& operator=(const MacroCall&) = delete;
+
+   private:
+    Renderer& r_;
+  };
+  void count_loop_iteration(int line) {
+    LT_CHECK(++iterations_ <= lim_.max_loop_iterations,
+             "{}:{}: more than {} for-loop iterations in one render (max_loop_iterations)", origin_, line,
+             lim_.max_loop_iterations);
+  }
+  void check_string(size_t bytes, int line) const {
+    LT_CHECK(bytes <= size_t(lim_.max_string_bytes),
+             "{}:{}: a string of {} bytes exceeds the limit of {} bytes (max_string_bytes)", origin_, line, bytes,
+             lim_.max_string_bytes);
+  }
+  void append_output(const std::string& s, int line) {
+    check_string(out.size() + s.size(), line);
+    out += s;
+  }
+  // Levels of lists, dicts and namespaces in v, counted up to max_nesting + 1; a value holding the dict
+  // `into` counts as max_nesting + 1 (setting it into that dict would make a cycle).
+  int64_t value_depth(const Value& v, const Dict* into, int64_t level = 1) const {
+    if (level > lim_.max_nesting || (v.kind == Value::Object && v.dict.get() == into)) return lim_.max_nesting + 1;
+    int64_t d = level;
+    if (v.kind == Value::Array)
+      for (const auto& x : *v.list) d = std::max(d, value_depth(x, into, level + 1));
+    if (v.kind == Value::Object)
+      for (const auto& kv : v.dict->items) d = std::max(d, value_depth(kv.second, into, level + 1));
+    return d;
+  }
+
   // ---------------- statements
   void exec(const Body& body) {
     for (const auto& n : body) exec(*n);
   }
   void exec(const Node& n) {
+    const Level level(*this, n.line);
     switch (n.kind) {
-      case Node::Text: out += n.text; return;
-      case Node::Output: out += str(eval(*n.expr)); return;
+      case Node::Text: append_output(n.text, n.line); return;
+      case Node::Output: append_output(str(eval(*n.expr)), n.line); return;
       case Node::If:
         for (const auto& [cond, body] : n.branches) {
           if (!cond || eval(*cond).truthy()) {
@@ -199,6 +305,11 @@ class Renderer {
           Value o = eval(*n.set_obj);
           LT_CHECK(o.kind == Value::Object && o.is_namespace, "{}:{}: cannot set attribute '{}' of a non-namespace",
                    origin_, n.line, n.attr);
+          // A namespace outlives loop iterations: values nested in it could grow without end, or hold it.
+          LT_CHECK(value_depth(v, o.dict.get()) + 1 <= lim_.max_nesting,
+                   "{}:{}: the value set to '{}' nests lists, dicts or namespaces deeper than {} levels, or holds "
+                   "the namespace itself (max_nesting)",
+                   origin_, n.line, n.attr, lim_.max_nesting);
           o.dict->set(n.attr, v);
         } else if (n.targets.size() == 1) {
           scopes_.back()->set(n.targets[0], v);
@@ -235,7 +346,7 @@ class Renderer {
         Args a;
         for (const auto& x : n.expr->items) a.pos.push_back(eval(*x));
         for (const auto& [k, x] : n.expr->kwargs) a.kw.emplace_back(k, eval(*x));
-        out += str(apply_filter(n.expr->name, Value(saved), a, n.line));
+        append_output(str(apply_filter(n.expr->name, Value(saved), a, n.line)), n.line);
         return;
       }
     }
@@ -247,6 +358,7 @@ class Renderer {
     if (n.filter) {
       List kept;
       for (auto& it : items) {
+        count_loop_iteration(n.line);
         auto scope = std::make_shared<Dict>();
         bind_targets(*scope, n, it);
         scopes_.push_back(scope);
@@ -264,6 +376,7 @@ class Renderer {
     scopes_.push_back(scope);
     const auto len = static_cast<int64_t>(items.size());
     for (int64_t k = 0; k < len; ++k) {
+      count_loop_iteration(n.line);
       scope->items.clear();
       bind_targets(*scope, n, items[k]);
       Value loop = Value::object();
@@ -305,6 +418,7 @@ class Renderer {
   void define_macro(const Node& n) {
     const Node* node = &n;
     Value f = Value::function([this, node](Args& a) {
+      const MacroCall call(*this, *node);
       auto scope = std::make_shared<Dict>();
       for (size_t k = 1; k < node->targets.size(); ++k) {
         const std::string& p = node->targets[k];
@@ -338,6 +452,7 @@ class Renderer {
   }
 
   Value eval(const Expr& e) {
+    const Level level(*this, e.line);
     switch (e.kind) {
       case Expr::Literal: return e.lit;
       case Expr::Name: return lookup(e.name);
@@ -417,10 +532,20 @@ class Renderer {
       else if (r.defined() && !r.is_none()) fail("{}:{}: 'in' needs a string, list or dict, got {}", origin_, e.line, repr(r));
       return Value(op == "in" ? in : !in);
     }
-    if (op == "~") return Value(str(l) + str(r));
+    if (op == "~") {
+      std::string a = str(l), b = str(r);
+      check_string(a.size() + b.size(), e.line);
+      return Value(a + b);
+    }
     if (op == "+") {
-      if (l.kind == Value::String && r.kind == Value::String) return Value(l.s + r.s);
+      if (l.kind == Value::String && r.kind == Value::String) {
+        check_string(l.s.size() + r.s.size(), e.line);
+        return Value(l.s + r.s);
+      }
       if (l.kind == Value::Array && r.kind == Value::Array) {
+        LT_CHECK(l.list->size() + r.list->size() <= size_t(lim_.max_list_items),
+                 "{}:{}: a list of {} items exceeds the limit of {} (max_list_items)", origin_, e.line,
+                 l.list->size() + r.list->size(), lim_.max_list_items);
         Value v = Value::array(*l.list);
         v.list->insert(v.list->end(), r.list->begin(), r.list->end());
         return v;
@@ -431,6 +556,10 @@ class Renderer {
     }
     if (op == "*") {
       if (l.kind == Value::String && r.kind == Value::Int) {
+        if (r.i > 0 && !l.s.empty())
+          LT_CHECK(r.i <= lim_.max_string_bytes / int64_t(l.s.size()),
+                   "{}:{}: a string of {} bytes repeated {} times exceeds the limit of {} bytes (max_string_bytes)",
+                   origin_, e.line, l.s.size(), r.i, lim_.max_string_bytes);
         std::string s;
         for (int64_t k = 0; k < r.i; ++k) s += l.s;
         return Value(s);
@@ -455,15 +584,17 @@ class Renderer {
         return op == "//" ? Value(q) : Value(l.num() - q * r.num());
       }
       const int64_t a = to_int(l), b = to_int(r);
+      LT_CHECK(!(a == std::numeric_limits<int64_t>::min() && b == -1), "{}:{}: integer overflow in {} {} {}", origin_,
+               e.line, a, op, b);
       int64_t q = a / b;
       if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
       return op == "//" ? Value(q) : Value(a - q * b);
     }
     if (op == "**") {
       if (l.kind == Value::Int && r.kind == Value::Int && r.i >= 0) {
-        int64_t p = 1;
-        for (int64_t k = 0; k < r.i; ++k) p *= l.i;
-        return Value(p);
+        const auto p = int_power(l.i, r.i);
+        LT_CHECK(p.has_value(), "{}:{}: integer overflow in {} ** {}", origin_, e.line, l.i, r.i);
+        return Value(*p);
       }
       return Value(std::pow(l.num(), r.num()));
     }
@@ -525,6 +656,7 @@ class Renderer {
   }
 
   Value method(const Value& o, const std::string& name) {
+    const int64_t max_bytes = lim_.max_string_bytes;
     if (o.kind == Value::String) {
       const std::string s = o.s;
       if (name == "strip" || name == "lstrip" || name == "rstrip")
@@ -547,9 +679,10 @@ class Renderer {
           }
           return Value(false);
         });
-      if (name == "replace") return Value::function([s](Args& a) {
+      if (name == "replace") return Value::function([s, max_bytes](Args& a) {
           const Value c = a.get(2, "count");
-          return Value(replace_all(s, str(a.get(0, "old")), str(a.get(1, "new")), c.kind == Value::Int ? c.i : -1));
+          return Value(replace_all(s, str(a.get(0, "old")), str(a.get(1, "new")), c.kind == Value::Int ? c.i : -1,
+                                   max_bytes));
         });
       if (name == "upper") return Value::function([s](Args&) { return Value(case_map(s, 1)); });
       if (name == "lower") return Value::function([s](Args&) { return Value(case_map(s, 0)); });
@@ -571,15 +704,8 @@ class Renderer {
           }
           return Value(static_cast<int64_t>(u32(s.substr(0, p)).size()));
         });
-      if (name == "join") return Value::function([s](Args& a) {
-          std::string r;
-          bool first = true;
-          for (const auto& x : iterate(a.get(0, "iterable"))) {
-            if (!first) r += s;
-            r += str(x);
-            first = false;
-          }
-          return Value(r);
+      if (name == "join") return Value::function([s, max_bytes](Args& a) {
+          return Value(join_items(iterate(a.get(0, "iterable")), s, max_bytes, [](const Value& x) { return str(x); }));
         });
       if (name == "splitlines") return Value::function([s](Args&) {
           Value out = Value::array();
@@ -690,24 +816,25 @@ class Renderer {
     if (f == "join") {
       const std::string sep = str(a.get(0, "d", Value("")));
       const Value attr = a.get(1, "attribute");
-      std::string r;
-      bool first = true;
-      for (const auto& x : iterate(v)) {
-        if (!first) r += sep;
-        r += str(attr.defined() ? get_attr(x, str(attr)) : x);
-        first = false;
-      }
-      return Value(r);
+      return Value(join_items(iterate(v), sep, lim_.max_string_bytes,
+                              [&](const Value& x) { return str(attr.defined() ? get_attr(x, str(attr)) : x); }));
     }
     if (f == "replace") return Value(replace_all(str(v), str(a.get(0, "old")), str(a.get(1, "new")),
-                                                 a.get(2, "count").kind == Value::Int ? a.get(2, "count").i : -1));
+                                                 a.get(2, "count").kind == Value::Int ? a.get(2, "count").i : -1,
+                                                 lim_.max_string_bytes));
     if (f == "tojson") {
       const Value ind = a.get(0, "indent");
-      return Value(to_json(v, ind.kind == Value::Int ? static_cast<int>(ind.i) : -1, a.get(3, "sort_keys").truthy()));
+      const int64_t indent = ind.kind == Value::Int ? std::max<int64_t>(ind.i, -1) : -1;
+      LT_CHECK(indent <= lim_.max_string_bytes, "{}:{}: tojson indent {}: expected at most {} (max_string_bytes)",
+               origin_, line, indent, lim_.max_string_bytes);
+      return Value(to_json(v, static_cast<int>(indent), a.get(3, "sort_keys").truthy(),
+                           static_cast<size_t>(lim_.max_string_bytes)));
     }
     if (f == "items") return method(v, "items").defined() ? (*method(v, "items").fn)(a) : Value::array();
     if (f == "dictsort") {
-      Value items = (*method(v, "items").fn)(a);
+      const Value items_of = method(v, "items");
+      LT_CHECK(items_of.defined(), "{}:{}: dictsort needs a dict, got {}", origin_, line, repr(v));
+      Value items = (*items_of.fn)(a);
       std::sort(items.list->begin(), items.list->end(), [](const Value& x, const Value& y) { return less((*x.list)[0], (*y.list)[0]); });
       return items;
     }
@@ -749,7 +876,10 @@ class Renderer {
     }
     if (f == "indent") {
       const Value w = a.get(0, "width", Value(int64_t{4}));
-      const std::string pad = w.kind == Value::String ? w.s : std::string(static_cast<size_t>(to_int(w)), ' ');
+      const int64_t width = w.kind == Value::String ? 0 : std::max<int64_t>(to_int(w), 0);  // Python: ' ' * -1 == ''
+      LT_CHECK(width <= lim_.max_string_bytes, "{}:{}: indent width {}: expected at most {} (max_string_bytes)", origin_,
+               line, width, lim_.max_string_bytes);
+      const std::string pad = w.kind == Value::String ? w.s : std::string(static_cast<size_t>(width), ' ');
       const bool first = a.get(1, "first").truthy(), blank = a.get(2, "blank").truthy();
       const std::string s = str(v);
       std::string r;
@@ -760,6 +890,7 @@ class Renderer {
         const std::string line = s.substr(prev, p == std::string::npos ? std::string::npos : p - prev);
         if ((!is_first || first) && (blank || !line.empty())) r += pad;
         r += line;
+        check_string_size(r.size(), lim_.max_string_bytes);
         if (p == std::string::npos) break;
         r += '\n';
         prev = p + 1;
@@ -864,7 +995,8 @@ class Renderer {
             const size_t n = std::strftime(buf, sizeof buf, str(a.get(0, "format")).c_str(), &tm);
             return Value(std::string(buf, n));
           }));
-    g.set("range", Value::function([](Args& a) {
+    const int64_t max_range = lim_.max_range;
+    g.set("range", Value::function([max_range](Args& a) {
             int64_t start = 0, stop, step = 1;
             if (a.pos.size() == 1) stop = to_int(a.pos[0]);
             else {
@@ -873,6 +1005,9 @@ class Renderer {
               if (a.pos.size() > 2) step = to_int(a.pos[2]);
             }
             LT_CHECK(step != 0, "range: step must not be zero");
+            const __int128 n = range_size(start, stop, step);
+            LT_CHECK(n <= max_range, "range({}, {}, {}) has {} elements, more than the limit of {} (max_range)", start,
+                     stop, step, uint64_t(n), max_range);
             Value v = Value::array();
             for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) v.list->push_back(Value(i));
             return v;
@@ -893,6 +1028,8 @@ class Renderer {
   }
 
   std::string origin_;
+  const Limits& lim_;
+  int64_t depth_ = 0, calls_ = 0, iterations_ = 0;  // render recursion, macro calls in progress, loop iterations
   Value globals_;
   std::vector<std::shared_ptr<Dict>> scopes_;
 };
@@ -909,20 +1046,31 @@ bool has_generation(const Body& b) {
 
 }  // namespace
 
-Template::Template(const std::string& source, const std::string& origin)
-    : source_(source), origin_(origin), body_(std::make_shared<Body>(parse_template(source, origin))) {
+Template::Template(const std::string& source, const std::string& origin, const Limits& limits)
+    : source_(source),
+      origin_(origin),
+      limits_(limits),
+      body_(std::make_shared<Body>(parse_template(source, origin, limits))) {
   has_gen_ = has_generation(*body_);
 }
 
 RenderResult Template::render(const Value& context) const {
   LT_CHECK(context.kind == Value::Object, "{}: the render context must be an object", origin_);
-  Renderer r(origin_, context);
+  Renderer r(origin_, limits_, context);
   try {
     r.run(*body_);
   } catch (const BreakSignal&) {
     fail("{}: break outside a loop", origin_);
   } catch (const ContinueSignal&) {
     fail("{}: continue outside a loop", origin_);
+  } catch (const Error& e) {
+    // Errors of the value helpers (comparisons, iteration, range, ...) do not know the template.
+    if (std::string_view(e.what()).substr(0, origin_.size()) == origin_) throw;
+    fail("{}: {}", origin_, e.what());
+  } catch (const std::bad_alloc&) {
+    fail("{}: rendering the chat template ran out of memory", origin_);
+  } catch (const std::length_error& e) {
+    fail("{}: rendering the chat template built a value too large to hold ({})", origin_, e.what());
   }
   return RenderResult{std::move(r.out), std::move(r.gen)};
 }

@@ -132,11 +132,14 @@ void json_str(std::string& out, const std::string& s) {
   out += '"';
 }
 
-void to_json_rec(std::string& out, const Value& v, int indent, int level, bool sort_keys) {
+void to_json_rec(std::string& out, const Value& v, int indent, int level, bool sort_keys, size_t max_bytes) {
   auto nl = [&](int lv) {
     if (indent >= 0) {
+      const size_t pad = static_cast<size_t>(indent) * static_cast<size_t>(lv);
+      if (out.size() + 1 + pad > max_bytes)
+        fail("tojson: the JSON text exceeds the limit of {} bytes (max_string_bytes)", max_bytes);
       out += '\n';
-      out.append(static_cast<size_t>(indent * lv), ' ');
+      out.append(pad, ' ');
     }
   };
   const char* item_sep = indent >= 0 ? "," : ", ";
@@ -154,7 +157,7 @@ void to_json_rec(std::string& out, const Value& v, int indent, int level, bool s
       for (size_t k = 0; k < v.list->size(); ++k) {
         if (k) out += item_sep;
         nl(level + 1);
-        to_json_rec(out, (*v.list)[k], indent, level + 1, sort_keys);
+        to_json_rec(out, (*v.list)[k], indent, level + 1, sort_keys, max_bytes);
       }
       nl(level);
       out += ']';
@@ -171,7 +174,7 @@ void to_json_rec(std::string& out, const Value& v, int indent, int level, bool s
         nl(level + 1);
         json_str(out, items[k]->first);
         out += ": ";
-        to_json_rec(out, items[k]->second, indent, level + 1, sort_keys);
+        to_json_rec(out, items[k]->second, indent, level + 1, sort_keys, max_bytes);
       }
       nl(level);
       out += '}';
@@ -216,9 +219,9 @@ std::string repr(const Value& v) {
   }
 }
 
-std::string to_json(const Value& v, int indent, bool sort_keys) {
+std::string to_json(const Value& v, int indent, bool sort_keys, size_t max_bytes) {
   std::string out;
-  to_json_rec(out, v, indent, 0, sort_keys);
+  to_json_rec(out, v, indent, 0, sort_keys, max_bytes);
   return out;
 }
 

@@ -1,6 +1,7 @@
 // Values of the Jinja interpreter, with Python's semantics where chat templates rely on them
 // (truthiness, ==, str() and repr() formatting, int/float arithmetic).
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -66,8 +67,9 @@ bool equal(const Value& a, const Value& b);
 // Python str() and repr().
 std::string str(const Value& v);
 std::string repr(const Value& v);
-// Python json.dumps(v, ensure_ascii=False, indent=indent (<0: None), separators default, sort_keys).
-std::string to_json(const Value& v, int indent, bool sort_keys = false);
+// Python json.dumps(v, ensure_ascii=False, indent=indent (<0: None), separators default, sort_keys);
+// lt::Error when the indented text would pass max_bytes.
+std::string to_json(const Value& v, int indent, bool sort_keys = false, size_t max_bytes = SIZE_MAX);
 // JSON -> Value. Use ordered_json for messages: dict keys then keep their input order, as in Python
 // (what `message|tojson` and `message.items()` show); nlohmann::json sorts them.
 Value from_json(const nlohmann::json& j);
