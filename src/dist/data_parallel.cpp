@@ -36,21 +36,11 @@ ShardedUpdateHook::ShardedUpdateHook(Communicator& comm, HostState& st, ShardLay
   }
 }
 
-void ShardedUpdateHook::begin_step(int64_t local_tokens, int64_t global_tokens) {
-  LT_CHECK(global_tokens >= local_tokens && local_tokens >= 0, "ShardedUpdateHook: tokens local {} global {}",
-           local_tokens, global_tokens);
-  // The executor normalised by max(1, local); the step's loss is normalised by the global count.
-  grad_scale_ = global_tokens > 0 ? float(double(std::max<int64_t>(1, local_tokens)) / double(global_tokens)) : 0.0f;
-  if (local_tokens == 0) grad_scale_ = 0.0f;  // this rank contributed no loss tokens (its gradient is 0)
-}
-
 void ShardedUpdateHook::grad_ready(int64_t u, double /*local sumsq: not the sharded one*/) {
   wait(u);  // a unit whose previous update was never waited for (no forward read it): gather it first
   float* g = st_.grad(u);
   const int64_t n = st_.numel(u);
   const auto& b = shards_.bounds[size_t(u)];
-  if (grad_scale_ != 1.0f)
-    for (int64_t i = 0; i < n; ++i) g[i] *= grad_scale_;
   const int r = comm_.rank();
   const int64_t lo = b[size_t(r)], hi = b[size_t(r) + 1];
   double s;
@@ -118,15 +108,14 @@ std::vector<MicroBatch> rank_share(const std::vector<MicroBatch>& g, int rank, i
   return {g.begin() + begin, g.begin() + begin + count};
 }
 
-DistStepResult data_parallel_step(Communicator& comm, Executor& ex, ShardedUpdateHook& hook, optim::CpuAdamW& opt,
-                                  const std::vector<MicroBatch>& mbs, float lr) {
+DistStepResult data_parallel_step(Communicator& comm, Executor& ex, [[maybe_unused]] ShardedUpdateHook& hook,
+                                  optim::CpuAdamW& opt, const std::vector<MicroBatch>& mbs, float lr) {
   const ExecPlan& p = ex.plan();
   const int64_t local = count_loss_tokens(mbs, p.batch * p.seq);
   DistStepResult r;
   r.n_tokens = comm.sum(local);
-  hook.begin_step(local, r.n_tokens);
   opt.begin_step(lr);
-  r.local = ex.train_step(mbs);
+  r.local = ex.train_step(mbs, r.n_tokens);
   r.step_s = r.local.step_s;
   // loss_r = (sum of rank r's token losses) / local tokens.
   r.loss = r.n_tokens > 0 ? comm.sum(r.local.loss * double(r.local.n_tokens)) / double(r.n_tokens) : comm.sum(0.0);

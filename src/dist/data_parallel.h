@@ -2,11 +2,14 @@
 //
 // Each rank holds the full fp32 master and streaming copy (HostState, as in a single-process run) but the
 // optimizer state of its shard only (shard.h): a CpuAdamW built from rank_unit_specs(). Per step:
-//   1. the global count of loss tokens is all-reduced, so the loss is normalised over the global batch;
-//   2. the executor runs forward/backward on this rank's micro-batches (its share of the global batch);
-//   3. ShardedUpdateHook::grad_ready(u): unit u's gradient is rescaled from the rank's token count to the
-//      global one, reduce-scattered (rank r receives the sum of range r), the shard's sum of squares is
-//      all-reduced (exact global-norm clipping needs the total), and the shard update is queued;
+//   1. the global count of loss tokens is all-reduced;
+//   2. the executor runs forward/backward on this rank's micro-batches (its share of the global batch),
+//      normalising the gradient by the global count (Executor::train_step's loss_tokens), as one process
+//      running the whole global batch normalises each of its micro-batches;
+//   3. ShardedUpdateHook::grad_ready(u): unit u's gradient is reduce-scattered (rank r receives the sum of
+//      range r, taken in rank order: with one micro-batch per rank, the order in which one process
+//      accumulates its micro-batches), the shard's sum of squares is all-reduced (exact global-norm
+//      clipping needs the total), and the shard update is queued;
 //   4. ShardedUpdateHook::wait(u) (the next forward needs unit u): the shard update finishes and the
 //      updated streaming copy is all-gathered: the fp32 master when it is the streaming copy (CPU
 //      backend), else the bf16 copy only. In the bf16 case each rank's master is then current only in
@@ -35,11 +38,11 @@ inline HostStateOptions dp_host_state() {
 class ShardedUpdateHook final : public UpdateHook {
  public:
   ShardedUpdateHook(Communicator& comm, HostState& st, ShardLayout shards, optim::CpuAdamW& shard_opt);
-  // Before each Executor::train_step: this rank's and the global number of loss tokens.
-  void begin_step(int64_t local_tokens, int64_t global_tokens);
+  // unit's host gradient is this rank's part of the global batch's gradient (normalised by the global
+  // batch's loss tokens): the ranks' parts are summed.
   void grad_ready(int64_t unit, double sumsq) override;
   void wait(int64_t unit) override;
-  bool rewrites_host_gradients() const override { return true; }  // scaled and reduce-scattered in place
+  bool rewrites_host_gradients() const override { return true; }  // reduce-scattered in place
   // Finishes every pending update and all-gather of the streaming copies.
   void sync();
   // sync(), then all-gathers the master ranges other ranks updated (bf16 streaming only): afterwards
@@ -54,7 +57,6 @@ class ShardedUpdateHook final : public UpdateHook {
   HostState& st_;
   ShardLayout shards_;
   optim::CpuAdamW& opt_;
-  float grad_scale_ = 1.0f;
   std::vector<char> pending_;  // unit's update submitted, all-gather not done yet
   std::vector<char> stale_;    // master outside this rank's range is out of date (bf16 streaming)
   double comm_s_ = 0;
@@ -76,7 +78,8 @@ int64_t count_loss_tokens(const std::vector<MicroBatch>& mbs, int64_t tokens_per
 // as even as possible (ranks [0, M mod W) get one more). Requires M >= W.
 std::vector<MicroBatch> rank_share(const std::vector<MicroBatch>& global_mbs, int rank, int world);
 
-// One optimizer step of the rank: token all-reduce, opt.begin_step(lr), executor step, global loss.
+// One optimizer step of the rank: token all-reduce, opt.begin_step(lr), executor step (normalised by the
+// global loss tokens; `hook` is the executor's update hook, which sums the ranks' gradients), global loss.
 DistStepResult data_parallel_step(Communicator& comm, Executor& ex, ShardedUpdateHook& hook, optim::CpuAdamW& opt,
                                   const std::vector<MicroBatch>& my_mbs, float lr);
 

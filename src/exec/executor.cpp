@@ -91,7 +91,7 @@ void Executor::prepare(const std::vector<MicroBatch>& mbs) {
 
 bool Executor::wants_next_step_ids() const { return hook_ && !impl_->emb_on_device; }
 
-StepResult Executor::train_step(const std::vector<MicroBatch>& mbs) {
+StepResult Executor::train_step(const std::vector<MicroBatch>& mbs, int64_t loss_tokens) {
   Impl& I = *impl_;
   LT_CHECK(!mbs.empty(), "train_step: no micro-batches");
   StepResult res;
@@ -102,7 +102,7 @@ StepResult Executor::train_step(const std::vector<MicroBatch>& mbs) {
     LT_CHECK(mb.ids && mb.targets, "train_step: micro-batch without ids or targets");
     for (int64_t t = 0; t < T; ++t) n_tok += mb.targets[t] != cpu::kIgnoreIndex;
   }
-  const float scale = 1.0f / float(std::max<int64_t>(1, n_tok));
+  const float scale = 1.0f / float(std::max<int64_t>(1, loss_tokens > 0 ? loss_tokens : n_tok));
   {
     std::lock_guard<std::mutex> g(I.trace_mu);
     I.trace.clear();

@@ -188,7 +188,10 @@ class Executor {
   // this step, so master weights and optimizer state are untouched (host gradients are undefined), this
   // step's NVMe files are removed, and the executor stays usable. The previous step's device-held
   // gradients are not lost: those not yet handed over stream again in the next step or flush_updates.
-  StepResult train_step(const std::vector<MicroBatch>& micro_batches);
+  // loss_tokens > 0: the gradients are normalised by this count instead (a data-parallel rank's share of
+  // a global batch: that batch's loss tokens, so that the ranks' gradients sum to one process's); the
+  // result's loss and n_tokens stay this call's own.
+  StepResult train_step(const std::vector<MicroBatch>& micro_batches, int64_t loss_tokens = 0);
   // Mean loss over non-ignored targets of one micro-batch (forward only, no gradients, no update). Its
   // forward waits for each unit's update like a step's (streaming device-held gradients as it goes).
   double eval_loss(const MicroBatch& mb, int64_t* n_tokens = nullptr);

@@ -17,22 +17,18 @@
 namespace lt::train {
 
 void check_data_parallel_config(const TrainConfig& cfg, const TrainingPlan& tp, int world) {
-  LT_CHECK(cfg.gradient_accumulation_steps >= world,
-           "data parallel: gradient_accumulation_steps is the number of micro-batches of the global batch, shared "
-           "by the ranks: expected at least {} (one per rank), got {}",
-           world, cfg.gradient_accumulation_steps);
   LT_CHECK(tp.placement.master == MasterMode::Fp32,
-           "data parallel: master_weights '{}' (the plan chose bf16-sr) is not supported over ranks: the ranks "
-           "all-gather fp32 masters; set master_weights=fp32",
-           cfg.master_weights);
+           "data parallel ({} ranks): master_weights '{}' (the plan chose bf16-sr) is not supported over ranks: the "
+           "ranks all-gather fp32 masters; set master_weights=fp32",
+           world, cfg.master_weights);
   LT_CHECK(tp.placement.grads == GradHome::Host,
-           "data parallel: gradients '{}' (the plan holds them on the device) is not supported over ranks: the "
-           "gradient is reduce-scattered on the host; set gradients=host",
-           cfg.gradients);
+           "data parallel ({} ranks): gradients '{}' (the plan holds them on the device) is not supported over "
+           "ranks: the gradient is reduce-scattered on the host; set gradients=host",
+           world, cfg.gradients);
   LT_CHECK(tp.placement.nvme_layers == 0 && cfg.optimizer_nvme != "all",
-           "data parallel: optimizer_nvme '{}' (optimizer moments on NVMe) is not supported over ranks yet; set "
-           "optimizer_nvme=none",
-           cfg.optimizer_nvme);
+           "data parallel ({} ranks): optimizer_nvme '{}' (optimizer moments on NVMe) is not supported over ranks "
+           "yet; set optimizer_nvme=none",
+           world, cfg.optimizer_nvme);
 }
 
 TrainConfig with_rank_threads(const TrainConfig& cfg) {

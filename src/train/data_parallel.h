@@ -1,9 +1,11 @@
 // `lazytrain train` as one rank of `lazytrain launch -n N` (docs/distributed.md, "Trainer"): the
 // trainer's side of src/dist. Internal to src/train (trainer.cpp).
 //
-// Every rank loads the same data and draws the same global batch of gradient_accumulation_steps
-// micro-batches; it runs its contiguous share (dist::rank_share) and the loss is normalised over the
-// global batch's loss tokens, so the global batch and the loss are those of one process. Each rank
+// per_device_train_batch_size is per rank (HF Trainer / DeepSpeed): the global batch is N x
+// gradient_accumulation_steps micro-batches of per_device_train_batch_size rows. Every rank loads the same
+// data and draws the same global batch; rank r runs its contiguous gradient_accumulation_steps
+// micro-batches (dist::rank_share), normalised by the global batch's loss tokens, so that the step is
+// that of one process with gradient_accumulation_steps x N (bit for bit with one micro-batch per rank). Each rank
 // holds the full host state and the optimizer state of its shard of every unit (ZeRO-1 on the host,
 // dist::ShardedUpdateHook); weights are all-gathered after each unit's update. Rank 0 alone writes the
 // output directory: metrics.jsonl (with every rank's figures), console lines and checkpoints (the
@@ -30,8 +32,8 @@ namespace lt::train {
 
 namespace fs = std::filesystem;
 
-// Refuses, naming the config field, what the data-parallel path does not run: fewer micro-batches
-// than ranks, master_weights bf16-sr, gradients held on the device, optimizer moments on NVMe.
+// Refuses, naming the config field, what the data-parallel path does not run: master_weights bf16-sr,
+// gradients held on the device, optimizer moments on NVMe.
 void check_data_parallel_config(const TrainConfig& cfg, const TrainingPlan& tp, int world);
 
 // threads: 0 (all cores) under `lazytrain launch` with several ranks on this host becomes this rank's

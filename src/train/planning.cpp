@@ -133,13 +133,13 @@ TrainingPlan make_training_plan(const TrainConfig& cfg, const ModelConfig& model
   }
   r.planner = canonical_planner(cfg.planner);  // one list of names: plan/heuristics.h
   r.optimizer = cfg.optimizer;
-  r.micro_batches = int(cfg.gradient_accumulation_steps);  // predictions per optimizer step, as measured
-  // Data parallel: this rank's share of the host and of the global batch's micro-batches (the largest
-  // share, dist::rank_share), the collectives on its lanes.
+  // Predictions per optimizer step, as measured: a process (a data-parallel rank too) runs
+  // gradient_accumulation_steps micro-batches per step.
+  r.micro_batches = int(cfg.gradient_accumulation_steps);
+  // Data parallel: this rank's share of the host, the collectives on its lanes.
   dist::plan_for_rank(r, topo);
   // The CPU backend's "device" is this host's memory too: its estimated budget is shared alike.
   if (!on_gpu && cfg.profile.empty() && cfg.gpu_mem.empty()) r.profile.hbm_bytes /= topo.ranks_per_host;
-  if (topo.world > 1) r.micro_batches = std::max(1, (r.micro_batches + topo.world - 1) / topo.world);
   // The model-state placement: what the config fixes, the rest the planner's choice (plan/placement.h).
   if (cfg.master_weights == "auto") r.allow_bf16_master = true;
   else r.master = parse_master_mode(cfg.master_weights);

@@ -40,8 +40,8 @@ struct TrainingPlan {
 
 // Throws lt::Error with the planner's "does not fit: <resource> short by <bytes>" when no plan fits.
 // topo: under `lazytrain launch -n N` this rank's place (rank_topology()); the plan is then one rank's:
-// its share of the host's DRAM (host_mem is the HOST's budget), its share of the micro-batches, the
-// collectives on its PCIe lanes (dist/rank_plan.h).
+// its share of the host's DRAM (host_mem is the HOST's budget), its gradient_accumulation_steps
+// micro-batches, the collectives on its PCIe lanes (dist/rank_plan.h).
 TrainingPlan make_training_plan(const TrainConfig& cfg, const ModelConfig& model, int64_t batch, int64_t seq,
                                 const std::string& device_name, bool on_gpu, const dist::Topology& topo = {});
 

@@ -88,7 +88,7 @@ class TrainSession {
         ms_(setup_model(cfg, resume_)),
         data_(load_training_data(cfg, ms_)),
         loader_(&data_.train, loader_options(cfg, sequence_length(cfg, data_), data_.tmpl.pad_id())),
-        shape_(step_shape(cfg, sequence_length(cfg, data_), loader_.batches_per_epoch())),
+        shape_(step_shape(cfg, sequence_length(cfg, data_), loader_.batches_per_epoch(), dp_ ? dp_->world() : 1)),
         probe_(hooks.probe_device ? hooks.probe_device(cfg) : DeviceProbe{}),
         tp_(make_training_plan(dp_ ? dp_->planning_config(cfg) : cfg, ms_.model, shape_.batch, shape_.seq,
                                probe_.name, probe_.gpu, dp_ ? rank_topology(dp_->world()) : dist::Topology{})),
@@ -109,7 +109,7 @@ class TrainSession {
     ExecOptions eo;
     eo.nvme_dir = cfg.nvme_dir.empty() ? fs::path() : fs::path(cfg.nvme_dir);
     eo.timing = true;
-    eo.micro_batches = int32_t(shape_.ga);
+    eo.micro_batches = int32_t(shape_.rank_ga);
     executor_ = std::make_unique<Executor>(ms_.model, *bc_.backend, tp_.exec, st_, eo);
     executor_->set_update_hook(dp_ ? &dp_->hook() : static_cast<UpdateHook*>(hook_.get()));
     if (hooks.install_signal_handlers) signals_ = std::make_unique<StopSignals>();
@@ -207,10 +207,10 @@ class TrainSession {
   void print_summary() const {
     std::printf("%s", tp_.summary.c_str());
     std::printf("%s", tp_.state_table.c_str());
-    std::printf("training: %s on %s | %lld samples, seq %lld, batch %lld x %lld accumulation | %lld steps "
+    std::printf("training: %s on %s | %lld samples, seq %lld, %s | %lld steps "
                 "(%lld per epoch) | %s %s, lr %.3g %s, warmup %lld\n",
                 ms_.model.name.c_str(), bc_.backend->name().c_str(), (long long)data_.train.size(),
-                (long long)shape_.seq, (long long)shape_.batch, (long long)shape_.ga, (long long)shape_.total_steps,
+                (long long)shape_.seq, batch_description(shape_).c_str(), (long long)shape_.total_steps,
                 (long long)shape_.updates_per_epoch, cfg_.optimizer.c_str(),
                 tp_.tensors_8bit.empty() ? "" : fmt::format("({} tensors 8-bit)", tp_.tensors_8bit.size()).c_str(),
                 cfg_.learning_rate, cfg_.lr_scheduler_type.c_str(), (long long)shape_.sched.warmup_steps);

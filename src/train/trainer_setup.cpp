@@ -88,11 +88,13 @@ data::LoaderOptions loader_options(const TrainConfig& cfg, int64_t seq, int32_t 
   return lo;
 }
 
-StepShape step_shape(const TrainConfig& cfg, int64_t seq, int64_t batches_per_epoch) {
+StepShape step_shape(const TrainConfig& cfg, int64_t seq, int64_t batches_per_epoch, int world) {
   StepShape s;
   s.seq = seq;
   s.batch = cfg.per_device_train_batch_size;
-  s.ga = cfg.gradient_accumulation_steps;
+  s.world = world;
+  s.rank_ga = cfg.gradient_accumulation_steps;
+  s.ga = s.rank_ga * world;
   s.batches_per_epoch = batches_per_epoch;
   s.updates_per_epoch = std::max<int64_t>(1, batches_per_epoch / s.ga);
   s.total_steps = cfg.max_steps > 0
@@ -102,6 +104,12 @@ StepShape step_shape(const TrainConfig& cfg, int64_t seq, int64_t batches_per_ep
                        resolve_warmup_steps(cfg.warmup_steps, cfg.warmup_ratio, s.total_steps), s.total_steps,
                        cfg.min_lr_ratio};
   return s;
+}
+
+std::string batch_description(const StepShape& s) {
+  std::string d = fmt::format("batch {} x {} accumulation", s.batch, s.rank_ga);
+  if (s.world > 1) d += fmt::format(" x {} ranks", s.world);
+  return d;
 }
 
 OptimizerSetup optimizer_setup(const TrainConfig& cfg, const TrainingPlan& tp, bool gpu) {
@@ -252,7 +260,7 @@ StepMetrics step_metrics(const TrainerState& ts, const StepShape& shape, const S
   m.exposed_optimizer_s = r.exposed_optimizer_s;
   m.exposed_optimizer_pred_s = tp.predicted_exposed_optimizer_s;
   m.optimizer_wait_s = r.update_wait_s;
-  m.breakdown = step_breakdown(r, shape.ga, f.step_time, tp.predicted_step_s, tp.predicted_exposed_transfer_s,
+  m.breakdown = step_breakdown(r, shape.rank_ga, f.step_time, tp.predicted_step_s, tp.predicted_exposed_transfer_s,
                                tp.predicted_exposed_optimizer_s);
   return m;
 }

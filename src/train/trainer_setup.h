@@ -33,16 +33,23 @@ std::optional<fs::path> prepare_output_dir(const TrainConfig& cfg, OutputLock& l
 // Tokenised train/validation data, every id checked against the model's vocabulary.
 data::PreparedData load_training_data(const TrainConfig& cfg, const ModelSetup& ms);
 
-// Micro-batch shape, steps and LR schedule of the run.
+// Micro-batch shape, steps and LR schedule of the run. Under `lazytrain launch -n N` the global batch is
+// per_device_train_batch_size x gradient_accumulation_steps x N rows (HF Trainer / DeepSpeed): each rank
+// runs rank_ga = gradient_accumulation_steps micro-batches of `batch` rows, ga = rank_ga x N.
 struct StepShape {
-  int64_t seq = 0, batch = 0, ga = 1;
+  int64_t seq = 0, batch = 0;
+  int64_t ga = 1;       // micro-batches of the global batch (drawn per optimizer step)
+  int64_t rank_ga = 1;  // of them, the micro-batches one process runs
+  int64_t world = 1;
   int64_t batches_per_epoch = 0, updates_per_epoch = 0, total_steps = 0;
   LrSchedule sched;
 };
 // seq: packing fills cutoff_len; padding needs only the longest sample (rounded up to 8).
 int64_t sequence_length(const TrainConfig& cfg, const data::PreparedData& data);
 data::LoaderOptions loader_options(const TrainConfig& cfg, int64_t seq, int32_t pad_id);
-StepShape step_shape(const TrainConfig& cfg, int64_t seq, int64_t batches_per_epoch);
+StepShape step_shape(const TrainConfig& cfg, int64_t seq, int64_t batches_per_epoch, int world = 1);
+// "batch 16 x 2 accumulation" (one process), "batch 16 x 1 accumulation x 2 ranks" (launch -n 2).
+std::string batch_description(const StepShape& s);
 
 OptimizerSetup optimizer_setup(const TrainConfig& cfg, const TrainingPlan& tp, bool gpu);
 // How the host state stores the model: the plan's placement (master mode, gradient home; core/model_state.h).

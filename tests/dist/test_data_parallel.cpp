@@ -1,10 +1,11 @@
 // Data-parallel steps (ranks as threads, CPU backend) against the single-process run with the same
 // global batch, and checkpoints across world sizes.
 //
-// Tolerance: N = 1 is bit-exact. For N > 1 the result differs from the single-process run only in fp32
-// rounding: the executor normalises each rank's gradient by the rank's token count and the hook rescales
-// it by n_rank / n_global (one extra rounding), and the gradient sum over micro-batches is associated
-// differently ((g0+g1)+(g2+g3) instead of ((g0+g1)+g2)+g3). AdamW divides by sqrt(v), which amplifies
+// Tolerance: N = 1 is bit-exact, and so is one micro-batch per rank: each rank's gradient is normalised by
+// the global batch's loss tokens (Executor::train_step's loss_tokens) and the ranks' gradients are summed
+// in rank order, the order in which one process accumulates its micro-batches. With several micro-batches
+// per rank the result differs from the single-process run only in fp32 rounding: the gradient sum over
+// micro-batches is associated differently ((g0+g1)+(g2+g3) instead of ((g0+g1)+g2)+g3). AdamW divides by sqrt(v), which amplifies
 // relative gradient differences in elements with tiny gradients, so weights are compared with an absolute
 // tolerance of a few lr * 1e-3. With 8-bit moments a last-bit difference can move a moment to the
 // neighbouring code, which changes that element's update by a few % of lr: tolerance 0.05 lr.
@@ -164,6 +165,21 @@ TEST_P(DataParallel, EqualsTheSingleProcessRunWithTheSameGlobalBatch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Dist, DataParallel, ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Bool()));
+
+// The global batch of `launch -n W` with gradient_accumulation_steps=1: W micro-batches, one per rank, equal
+// to one process accumulating W, bit for bit (losses, weights), fp32 and 8-bit moments.
+TEST(LaunchGlobalBatch, OneMicroBatchPerRankIsBitIdenticalToOneProcessAccumulatingThem) {
+  for (const bool q8 : {false, true})
+    for (int W : {2, 3, 6}) {
+      DpSetup S;
+      S.kind = q8 ? optim::OptimizerKind::AdamW8bit : optim::OptimizerKind::AdamW;
+      S.n_mb = W;
+      const DpRun ref = single_process(S, 3);
+      const DpRun dp = data_parallel(S, W, 0, 3);
+      EXPECT_EQ(dp.losses, ref.losses) << "W " << W << (q8 ? " 8-bit" : "");
+      EXPECT_EQ(max_abs_diff(dp, ref), 0.0) << "W " << W << (q8 ? " 8-bit" : "");
+    }
+}
 
 std::string slurp(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);

@@ -1,8 +1,13 @@
 // The trainer's plan under `lazytrain launch` (train/planning.h): one rank plans with its share of the
-// host's DRAM (host_mem is the host's budget), its share of the micro-batches and the collectives;
+// host's DRAM (host_mem is the host's budget), its gradient_accumulation_steps micro-batches and the collectives;
 // LT_LOCAL_WORLD_SIZE says how many ranks share the host.
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "../common/repo_path.h"
 #include "core/error.h"
@@ -12,6 +17,8 @@
 
 namespace lt::train {
 namespace {
+
+namespace fs = std::filesystem;
 
 TrainConfig rank_config() {
   TrainConfig c;
@@ -49,6 +56,23 @@ TEST(RankPlanning, TwoRanksOnAHostPlanWithHalfItsDram) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("dram short"), std::string::npos) << e.what();
   }
+}
+
+// per_device_train_batch_size and gradient_accumulation_steps are per rank (the global batch is N times
+// one rank's): a rank plans all of its gradient_accumulation_steps micro-batches, not a share of them.
+TEST(RankPlanning, ARankPlansItsGradientAccumulationSteps) {
+  const auto m = preset_config("tiny-qwen3");
+  TrainConfig c = rank_config();
+  const fs::path dir = fs::temp_directory_path() / ("lt_rank_planning_" + std::to_string(::getpid()));
+  c.output_dir = dir.string();
+  for (int world : {1, 2, 4}) {
+    fs::remove_all(dir);
+    make_training_plan(c, m, 1, 64, "test", true, dist::Topology{world, world, 1, 0});
+    std::ifstream in(dir / "plan.json");
+    const auto plan = nlohmann::json::parse(in);
+    EXPECT_EQ(plan.at("micro_batches").get<int64_t>(), c.gradient_accumulation_steps) << "world " << world;
+  }
+  fs::remove_all(dir);
 }
 
 TEST(RankPlanning, TopologyFromTheLauncherEnvironment) {
