@@ -9,6 +9,7 @@
 #include <string>
 
 #include "cli/gpu_decode.h"
+#include "core/error.h"
 #include "train/decode_device.h"
 #include "train/inference_model.h"
 
@@ -36,7 +37,11 @@ struct InferenceOptions {
         ->check(CLI::IsMember({"auto", "resident", "streamed"}));
   }
   // Checks the options that need no model (before loading one): lt::Error naming the flag.
-  void check() const { train::check_max_new_tokens(max_new_tokens, "--max-new-tokens"); }
+  void check() const {
+    LT_CHECK(batch_size >= 1, "--batch-size must be >= 1 (sequences decoded together), got {}", batch_size);
+    LT_CHECK(threads >= 0, "--threads must be >= 0 (0 = all cores), got {}", threads);
+    train::check_max_new_tokens(max_new_tokens, "--max-new-tokens");
+  }
   train::LoadedModel load() const { return train::load_model_for_inference(model, tokenizer, template_name, threads); }
 
   // Parsed and checked device options; the KV cache is sized for min(batch, n_prompts) sequences of
