@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -27,11 +29,17 @@ std::string shape_str(const std::vector<int64_t>& s) {
   return r + "]";
 }
 
+// Writes s and a newline to p. The bytes reach the file at the flush and close, so a full disk is an error
+// there (naming the OS reason), not a file left empty by a stream's destructor.
 void write_text(const fs::path& p, const std::string& s) {
-  std::ofstream out(p);
-  LT_CHECK(out.good(), "{}: cannot create", p.string());
-  out << s << "\n";
-  LT_CHECK(out.good(), "{}: write failed", p.string());
+  std::FILE* f = std::fopen(p.c_str(), "w");
+  LT_CHECK(f, "{}: cannot create: {}", p.string(), std::strerror(errno));
+  const bool written = std::fwrite(s.data(), 1, s.size(), f) == s.size() && std::fputc('\n', f) != EOF &&
+                       std::fflush(f) == 0;
+  const int write_errno = errno;
+  const int closed = std::fclose(f);
+  LT_CHECK(written, "{}: write failed: {}", p.string(), std::strerror(write_errno));
+  LT_CHECK(closed == 0, "{}: close failed: {}", p.string(), std::strerror(errno));
 }
 
 int pick_threads(int t) {
@@ -267,14 +275,20 @@ void save_model(const fs::path& dir, const ModelConfig& c, const ModelLayout& la
   LT_CHECK(opt.dtype == DType::F32 || opt.dtype == DType::BF16, "save_model: dtype must be F32 or BF16, got {}",
            dtype_name(opt.dtype));
   LT_CHECK(opt.max_shard_bytes > 0, "save_model: max_shard_bytes must be positive");
-  fs::create_directories(dir);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  LT_CHECK(!ec, "{}: cannot create the model directory: {}", dir.string(), ec.message());
   // Remove earlier weights so a stale index or shard cannot shadow the new ones.
-  for (auto& e : fs::directory_iterator(dir)) {
+  for (auto& e : fs::directory_iterator(dir, ec)) {
     auto n = e.path().filename().string();
     bool weights = n == kIndexName || (n.rfind("model", 0) == 0 && n.size() > 12 &&
                                        n.compare(n.size() - 12, 12, ".safetensors") == 0);
-    if (weights && e.is_regular_file()) fs::remove(e.path());
+    if (weights && e.is_regular_file()) {
+      fs::remove(e.path(), ec);
+      LT_CHECK(!ec, "{}: cannot remove the earlier weights: {}", e.path().string(), ec.message());
+    }
   }
+  LT_CHECK(!ec, "{}: cannot list the model directory: {}", dir.string(), ec.message());
 
   // HF order: embedding, layers, final norm, lm_head.
   std::vector<StWriteTensor> all;

@@ -37,6 +37,12 @@ uint64_t read_u64(const json& v, const std::string& src, const std::string& name
   return v.get<uint64_t>();
 }
 
+// Removes a partly written file; a failure to remove it does not hide the error being reported.
+void remove_quietly(const std::filesystem::path& p) {
+  std::error_code ec;
+  std::filesystem::remove(p, ec);
+}
+
 }  // namespace
 
 int64_t StTensor::numel() const {
@@ -230,7 +236,7 @@ void write_safetensors(const std::filesystem::path& path, const std::vector<StWr
     if (n && std::fwrite(p, 1, n, f) != n) {
       int e = errno;
       std::fclose(f);
-      std::filesystem::remove(tmp);
+      remove_quietly(tmp);
       fail("{}: write failed: {}", tmp.string(), std::strerror(e));
     }
   };
@@ -286,14 +292,17 @@ void write_safetensors(const std::filesystem::path& path, const std::vector<StWr
   if (std::fflush(f) != 0 || ::fsync(::fileno(f)) != 0) {
     int e = errno;
     std::fclose(f);
-    std::filesystem::remove(tmp);
+    remove_quietly(tmp);
     fail("{}: flush failed: {}", tmp.string(), std::strerror(e));
   }
   if (std::fclose(f) != 0) {
-    std::filesystem::remove(tmp);
-    fail("{}: close failed: {}", tmp.string(), std::strerror(errno));
+    const int e = errno;
+    remove_quietly(tmp);
+    fail("{}: close failed: {}", tmp.string(), std::strerror(e));
   }
-  std::filesystem::rename(tmp, path);
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  LT_CHECK(!ec, "{}: rename from {} failed: {}", path.string(), tmp.string(), ec.message());
 }
 
 }  // namespace lt

@@ -1,6 +1,8 @@
 #include "optim/state_io.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <system_error>
@@ -44,15 +46,31 @@ uint64_t StateHasher::done() {
   return r;
 }
 
+namespace {
+constexpr size_t kWriteBuffer = size_t(1) << 20;
+}  // namespace
+
 StateWriter::StateWriter(const std::filesystem::path& file)
-    : path_(file), tmp_(std::filesystem::path(file) += ".tmp"), out_(tmp_, std::ios::binary | std::ios::trunc) {
-  LT_CHECK(out_.good(), "optimizer state {}: cannot open for writing", tmp_.string());
+    : path_(file), tmp_(std::filesystem::path(file) += ".tmp"), out_(std::fopen(tmp_.c_str(), "wb")) {
+  LT_CHECK(out_, "optimizer state {}: cannot open for writing: {}", tmp_.string(), std::strerror(errno));
+  std::setvbuf(out_, nullptr, _IOFBF, kWriteBuffer);
+}
+
+StateWriter::~StateWriter() {
+  if (!out_) return;  // committed
+  std::fclose(out_);
+  std::error_code ec;
+  std::filesystem::remove(tmp_, ec);
+}
+
+void StateWriter::put(const void* p, size_t n) {
+  if (n && std::fwrite(p, 1, n, out_) != n)
+    fail("optimizer state {}: write failed: {}", tmp_.string(), std::strerror(errno));
 }
 
 void StateWriter::raw(const void* p, size_t n) {
   hash_.add(p, n);
-  out_.write(static_cast<const char*>(p), std::streamsize(n));
-  LT_CHECK(out_.good(), "optimizer state {}: write failed", tmp_.string());
+  put(p, n);
 }
 
 void StateWriter::header(const StateHeader& h, const std::vector<UnitSpec>& units) {
@@ -76,21 +94,28 @@ void StateWriter::header(const StateHeader& h, const std::vector<UnitSpec>& unit
     }
   }
   const uint64_t x = hash_.done();
-  out_.write(reinterpret_cast<const char*>(&x), 8);
+  put(&x, 8);
 }
 
 void StateWriter::commit() {
   const uint64_t x = hash_.done();
-  out_.write(reinterpret_cast<const char*>(&x), 8);
-  out_.close();
-  LT_CHECK(!out_.fail(), "optimizer state {}: close failed", tmp_.string());
+  put(&x, 8);
+  // The buffered bytes reach the file at the flush: a full disk shows here at the latest.
+  LT_CHECK(std::fflush(out_) == 0, "optimizer state {}: write failed: {}", tmp_.string(), std::strerror(errno));
+  const int closed = std::fclose(out_);
+  const int close_errno = errno;
+  out_ = nullptr;
   std::error_code ec;
+  if (closed != 0) {
+    std::filesystem::remove(tmp_, ec);
+    fail("optimizer state {}: close failed: {}", tmp_.string(), std::strerror(close_errno));
+  }
   std::filesystem::rename(tmp_, path_, ec);
   LT_CHECK(!ec, "optimizer state {}: rename from {} failed: {}", path_.string(), tmp_.string(), ec.message());
 }
 
 StateReader::StateReader(const std::filesystem::path& file) : path_(file), in_(file, std::ios::binary) {
-  LT_CHECK(in_.good(), "optimizer state {}: cannot open for reading", file.string());
+  LT_CHECK(in_.good(), "optimizer state {}: cannot open for reading: {}", file.string(), std::strerror(errno));
   std::error_code ec;
   size_ = uint64_t(std::filesystem::file_size(file, ec));
   LT_CHECK(!ec, "optimizer state {}: cannot stat: {}", file.string(), ec.message());

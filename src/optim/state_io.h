@@ -13,6 +13,7 @@
 // The hash is a 64-bit multiply-xor over 8-byte words (not cryptographic; it catches corruption).
 #pragma once
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <vector>
@@ -42,18 +43,24 @@ struct StateHeader {
   float beta1 = 0, beta2 = 0, eps = 0;
 };
 
-// Writes <file>.tmp; commit() adds the payload checksum and renames it to <file>.
+// Writes <file>.tmp; commit() adds the payload checksum and renames it to <file>. Every failure is an
+// lt::Error naming the file and the OS reason (strerror: "No space left on device"); a writer destroyed
+// without commit() removes <file>.tmp.
 class StateWriter {
  public:
   explicit StateWriter(const std::filesystem::path& file);
+  ~StateWriter();
+  StateWriter(const StateWriter&) = delete;
+  StateWriter& operator=(const StateWriter&) = delete;
   void header(const StateHeader& h, const std::vector<UnitSpec>& units);  // header + its checksum
   void raw(const void* p, size_t n);                                      // payload bytes, in file order
   void commit();
 
  private:
   template <typename T> void pod(const T& v) { raw(&v, sizeof(T)); }
+  void put(const void* p, size_t n);  // unhashed bytes (the checksums)
   std::filesystem::path path_, tmp_;
-  std::ofstream out_;
+  std::FILE* out_ = nullptr;
   StateHasher hash_;
 };
 

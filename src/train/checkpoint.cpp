@@ -132,7 +132,9 @@ fs::path save_checkpoint(const fs::path& output_dir, const CheckpointContents& c
   copy_tokenizer_files(c.tokenizer_dir, d);
   write_file_durable(d / "trainer_config.yaml", c.config_yaml);
   // Trainer state, kept apart from the model files.
-  fs::create_directories(d / "trainer_state");
+  std::error_code ec;
+  fs::create_directories(d / "trainer_state", ec);
+  LT_CHECK(!ec, "checkpoint: cannot create '{}': {}", (d / "trainer_state").string(), ec.message());
   SaveOptions master_opt;
   master_opt.dtype = DType::F32;
   save_model(d / "trainer_state" / "master", *c.model, *c.layout, c.masters, master_opt);

@@ -173,11 +173,13 @@ void fsync_path(const fs::path& p) {
 
 void write_file_durable(const fs::path& p, const std::string& bytes) {
   {
+    errno = 0;
     std::ofstream out(p, std::ios::binary | std::ios::trunc);
-    LT_CHECK(out.good(), "cannot open '{}' for writing", p.string());
+    LT_CHECK(out.good(), "cannot open '{}' for writing: {}", p.string(), std::strerror(errno));
     out.write(bytes.data(), std::streamsize(bytes.size()));
     out.flush();
-    LT_CHECK(out.good(), "write to '{}' failed (disk full?)", p.string());
+    const int err = errno;  // set by the failing write(2) inside the stream
+    LT_CHECK(out.good(), "write to '{}' failed: {}", p.string(), err ? std::strerror(err) : "unknown error");
   }
   fsync_path(p);
 }

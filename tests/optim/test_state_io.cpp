@@ -2,6 +2,8 @@
 // uninterrupted training, and bad files give clear errors.
 #include <gtest/gtest.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -125,4 +127,31 @@ TEST(StateIO, BadFilesAreRejectedClearly) {
   EXPECT_NE(e.find("format"), std::string::npos) << e;
   EXPECT_NE(error_of(fresh, tmpfile("missing.bin")).find("cannot open"), std::string::npos);
   fs::remove(file);
+}
+
+// A write that fails (here ENOSPC: the temporary file is a link to /dev/full, as on a full disk) names the file and
+// the OS reason, and leaves no optimizer.bin behind.
+TEST(StateIO, WriteFailureNamesTheFileAndTheReason) {
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
+  AdamWConfig cfg;
+  cfg.threads = 1;
+  Fixture a;
+  CpuAdamW opt(a.specs, cfg);
+  auto g = grads(1);
+  opt.step(1e-3f, a.bufs(g));
+  const fs::path dir = tmpfile("full");
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::create_symlink("/dev/full", dir / "optimizer.bin.tmp");
+  std::string e;
+  try {
+    opt.save(dir / "optimizer.bin");
+  } catch (const lt::Error& x) {
+    e = x.what();
+  }
+  EXPECT_NE(e.find("optimizer.bin.tmp"), std::string::npos) << e;
+  EXPECT_NE(e.find("write failed"), std::string::npos) << e;
+  EXPECT_NE(e.find(std::strerror(ENOSPC)), std::string::npos) << e;
+  EXPECT_FALSE(fs::exists(dir / "optimizer.bin"));
+  fs::remove_all(dir);
 }
