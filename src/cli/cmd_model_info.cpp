@@ -153,8 +153,8 @@ void print_table(const ModelConfig& c, const ModelLayout& lay, const Options& o,
   print_shape(c);
   std::string per_layer;
   for (auto& k : kinds)
-    per_layer += fmt::format("{}{} per {} layer", per_layer.empty() ? "" : ", ", grouped(k.cost.params),
-                             layer_kind_short_name(k.kind));
+    per_layer += fmt::format("{}{} per {}layer", per_layer.empty() ? "" : ", ", grouped(k.cost.params),
+                             hybrid ? std::string(layer_kind_short_name(k.kind)) + " " : std::string());
   fmt::print("parameters  {} total ({}), {}\n\n", grouped(N), format_bytes(double(N) * 4) + " fp32", per_layer);
 
   fmt::print("{:<24} {:>15} {:>12} {:>12} {:>12} {:>14} {:>14}\n", "bytes per unit", "params", "fp32 master",

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "core/error.h"
 #include "core/units.h"
 #include "plan/placement.h"
 
@@ -28,7 +29,29 @@ PlanRequest probe(PlanRequest q) {
 
 bool fits(const PlanRequest& q) {
   const PlanRequest x = probe(q);
-  return state_fits(x, placement_ladder(x).back()) && make_plan(x).feasible;
+  try {
+    return state_fits(x, placement_ladder(x).back()) && make_plan(x).feasible;
+  } catch (const Error&) {
+    return false;  // a change the rest of the request rules out
+  }
+}
+
+// Layers forced onto the GPU for their updates take HBM from the checkpoints: the most of them that fit.
+bool device_layers_change(const PlanRequest& r, Change& out) {
+  const int64_t forced = r.device_update_layers.value_or(0);
+  auto at = [&](int64_t k) {
+    PlanRequest q = r;
+    q.device_update_layers = k;
+    return q;
+  };
+  if (!fits(at(0))) return false;
+  int64_t lo = 0, hi = forced;  // fits with lo layers; does not with hi
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    (fits(at(mid)) ? lo : hi) = mid;
+  }
+  out = {lo > 0 ? fmt::format("device_update_layers <= {}", lo) : "device_update_layers: 0", at(lo)};
+  return true;
 }
 
 // Modes the planner was not allowed to choose, one at a time, then all of them together.
@@ -43,11 +66,13 @@ std::vector<Change> mode_changes(const PlanRequest& r) {
     v.push_back({label, q});
     labels.push_back(label);
   };
-  // Data parallelism runs host gradients and fp32 masters only (placement.h).
+  // Data parallelism runs host gradients and fp32 masters only (placement.h), and so do layers updated on the GPU.
   const bool dp = r.world > 1;
-  if (r.grads == GradHome::Host && !dp) add("gradients: device", [](PlanRequest& q) { q.grads = GradHome::Device; });
+  const bool device_layers = r.device_update_layers.value_or(0) > 0;
+  if (r.grads == GradHome::Host && !dp && !device_layers)
+    add("gradients: device", [](PlanRequest& q) { q.grads = GradHome::Device; });
   if (r.optimizer == "adamw") add("optimizer: hybrid", [](PlanRequest& q) { q.optimizer = "hybrid"; });
-  if (!dp && r.master != MasterMode::Bf16Sr && !(!r.master && r.allow_bf16_master))
+  if (!dp && !device_layers && r.master != MasterMode::Bf16Sr && !(!r.master && r.allow_bf16_master))
     add("master_weights: bf16-sr", [](PlanRequest& q) { q.master = MasterMode::Bf16Sr; });
   if (labels.size() >= 2) v.push_back({fmt::format("{}", fmt::join(labels, ", ")), all});
   return v;
@@ -105,11 +130,15 @@ FitAdvice fit_advice(const PlanRequest& r) {
     a.request.explain = r.explain;
     return a;
   };
-  for (auto& c : mode_changes(r)) {
-    a.tried.push_back(c.label);
-    if (fits(c.q)) return found(c);
-  }
   Change c;
+  if (r.device_update_layers.value_or(0) > 0) {
+    a.tried.push_back("fewer layers updated on the GPU");
+    if (device_layers_change(r, c)) return found(c);
+  }
+  for (auto& m : mode_changes(r)) {
+    a.tried.push_back(m.label);
+    if (fits(m.q)) return found(m);
+  }
   a.tried.push_back("more host memory");
   if (host_mem_change(r, c)) return found(c);
   a.tried.push_back("a smaller batch");

@@ -96,12 +96,20 @@ struct Prepared {
   double step = 1e300;  // simulated step of the DP's plan (hybrid 8-bit comparison)
 };
 
-// The simulated step of a prepared choice's DP plan (its tied traffic assigned); 1e300 when it has none or it does
-// not fit. opt_scale > 1: with the CPU optimizer that much slower (kOptimizerMargin).
+// The tiers the requested planner gives a prepared choice: a heuristic's own (its plan is the one that runs), else
+// the DP's (the MILP's plan is never worse than the DP's).
+std::vector<Tier> planner_tiers(const PlanRequest& r, const Prepared& pr) {
+  return is_heuristic(r.planner) ? heuristic_tiers(r.planner, pr.inst.L) : pr.dp.tier;
+}
+
+// The simulated step of the requested planner's plan for a prepared choice (planner_tiers, its tied traffic
+// assigned); 1e300 when the DP has none or the plan does not fit. opt_scale > 1: with the CPU optimizer that much
+// slower (kOptimizerMargin). The searches below (8-bit set, layers updated on the GPU, kept internals) score their
+// counts with it, so that what they take from the HBM leaves room for the requested planner's checkpoints.
 double simulated_step(const PlanRequest& r, const Prepared& pr, double opt_scale = 1.0) {
   if (!pr.dp.feasible) return 1e300;
   Plan p = plan_meta(r, pr.chunk, pr.st, pr.inst.kept);
-  p.tier = pr.dp.tier;
+  p.tier = planner_tiers(r, pr);
   assign_tied_traffic(pr.inst, p);
   Instance in = pr.inst;
   for (double& t : in.opt) t *= opt_scale;
@@ -303,8 +311,9 @@ void choose_kept(const PlanRequest& r, Prepared& best) {
   best.step = best_step;
 }
 
-// Nothing fits: name the tightest resource.
-std::string why_not(const PlanOutcome& out, const StateChoice& st, int64_t chunk) {
+// Nothing fits: name the tightest resource. For a heuristic planner its own plan's shortfall; else the plan space's
+// smallest HBM footprint.
+std::string why_not(const PlanRequest& r, const PlanOutcome& out, const StateChoice& st, int64_t chunk) {
   const Instance& in = out.inst;
   if (in.dram_fixed > in.dram_cap)
     return fmt::format("does not fit: dram short by {} (needs {} for the model state with {}, has {})",
@@ -314,8 +323,8 @@ std::string why_not(const PlanOutcome& out, const StateChoice& st, int64_t chunk
   std::string why;
   double least = 1e300;
   for (auto& cd : out.candidates)
-    if (!cd.why.empty() && cd.why.rfind("does not fit", 0) == 0 && cd.sim.pred.peak_hbm > 0 &&
-        double(cd.sim.pred.peak_hbm) < least) {
+    if ((!is_heuristic(r.planner) || cd.name == r.planner) && !cd.why.empty() && cd.why.rfind("does not fit", 0) == 0 &&
+        cd.sim.pred.peak_hbm > 0 && double(cd.sim.pred.peak_hbm) < least) {
       least = double(cd.sim.pred.peak_hbm);
       why = cd.why;
     }
@@ -426,7 +435,7 @@ PlanOutcome make_plan(const PlanRequest& r) {
   score_candidates(r, plan_meta(r, prep.chunk, prep.st, prep.inst.kept), out);
   const Candidate* best = choose_candidate(r, out);
   if (!best) {
-    out.why = why_not(out, prep.st, prep.chunk);
+    out.why = why_not(r, out, prep.st, prep.chunk);
     if (r.explain) out.why += fit_advice(r).text();
     return out;
   }

@@ -5,6 +5,7 @@
 
 #include "core/units.h"
 #include "model/accounting.h"
+#include "model/param_layout.h"
 #include "plan/state_report.h"
 
 namespace lt {
@@ -42,35 +43,49 @@ std::string xml_escape(const std::string& s) {
   return o;
 }
 
-// One line per layer kind: count, parameters and bf16 bytes of one layer, forward/backward time.
+// The layers: a dense model's in one line (count, parameters and bf16 bytes of one layer, forward/backward time); a
+// model mixing kinds gets a line per kind. The parameters are the layout's (the instance's P is what a step uploads:
+// 0 for the layers updated on the GPU).
 std::string kind_summary(const PlanRequest& r, const Instance& in) {
-  std::string s = "layers:";
+  const ModelLayout lay = model_layout(r.model);
+  std::vector<LayerKind> kinds;
   for (int k = 0; k < kNumLayerKinds; ++k)
-    if (r.model.count(LayerKind(k)) > 0)
-      s += fmt::format(" {} {}", r.model.count(LayerKind(k)), layer_kind_short_name(LayerKind(k)));
-  s += "\n";
-  for (int k = 0; k < kNumLayerKinds; ++k) {
-    const auto kind = LayerKind(k);
-    if (r.model.count(kind) == 0) continue;
+    if (r.model.count(LayerKind(k)) > 0) kinds.push_back(LayerKind(k));
+  auto first_of = [&](LayerKind kind) {
     int j = 0;
     while (in.kind_of(j) != kind) ++j;
+    return j;
+  };
+  auto params_of = [&](LayerKind kind) { return double(unit_param_count(lay.layer(first_of(kind)))); };
+  auto times_of = [&](LayerKind kind) {
+    const int j = first_of(kind);
     const auto t = layer_times(r.profile, r.model, kind, r.batch, r.seq, r.chunk);
-    s += fmt::format("  {:<9} x{:<3} {:.1f}M params each ({} bf16), fwd {} ms, bwd {} ms per layer ({})\n",
-                     layer_kind_short_name(kind), r.model.count(kind), in.P[size_t(j)] / 2e6, format_bytes(in.P[size_t(j)]),
-                     ms(in.rho[size_t(j)]), ms(bwd_only(in, j)), t.measured ? "measured" : "estimated");
-  }
+    return fmt::format("fwd {} ms, bwd {} ms per layer ({})", ms(in.rho[size_t(j)]), ms(bwd_only(in, j)),
+                       t.measured ? "measured" : "estimated");
+  };
+  if (kinds.size() == 1)
+    return fmt::format("layers: {} x {:.1f}M params ({} bf16 each), {}\n", r.model.layers, params_of(kinds[0]) / 1e6,
+                       format_bytes(2 * params_of(kinds[0])), times_of(kinds[0]));
+  std::string s = "layers:";
+  for (LayerKind kind : kinds) s += fmt::format(" {} {}", r.model.count(kind), layer_kind_short_name(kind));
+  s += "\n";
+  for (LayerKind kind : kinds)
+    s += fmt::format("  {:<9} x{:<3} {:.1f}M params each ({} bf16), {}\n", layer_kind_short_name(kind),
+                     r.model.count(kind), params_of(kind) / 1e6, format_bytes(2 * params_of(kind)), times_of(kind));
   return s;
 }
 
-// Per layer (models mixing kinds): kind, tier of its input boundary, its block, forward and backward time, weights.
-std::string layer_table(const Instance& in, const Plan& p) {
+// Per layer (models mixing kinds): kind, tier of its input boundary, its block, forward and backward time, weights
+// (bf16, the layout's: the layers updated on the GPU upload none).
+std::string layer_table(const ModelConfig& c, const Instance& in, const Plan& p) {
+  const ModelLayout lay = model_layout(c);
   std::string s = fmt::format("\n  {:>5}  {:<9} {:<5} {:<9} {:>9} {:>9} {:>11}\n", "layer", "kind", "input", "block",
                               "fwd ms", "bwd ms", "weights");
   for (const auto& b : p.blocks)
     for (int j = b.start; j < b.end; ++j)
       s += fmt::format("  {:>5}  {:<9} {:<5} {:<9} {:>9} {:>9} {:>11}\n", j, layer_kind_short_name(in.kind_of(j)),
                        tier_name(p.tier[size_t(j)]), fmt::format("({},{})", b.start, b.end), ms(in.rho[size_t(j)]),
-                       ms(bwd_only(in, j)), format_bytes(in.P[size_t(j)]));
+                       ms(bwd_only(in, j)), format_bytes(2 * double(unit_param_count(lay.layer(j)))));
   return s;
 }
 
@@ -124,7 +139,7 @@ std::string plan_report(const PlanRequest& r, const PlanOutcome& o) {
                    format_bytes(in.hbm_cap), format_bytes(double(q.peak_dram)), format_bytes(in.dram_cap),
                    format_bytes(double(q.nvme_bytes)), format_bytes(in.nvme_cap));
   s += "\n" + memory_table(o);
-  if (r.model.hybrid()) s += layer_table(in, p);
+  if (r.model.hybrid()) s += layer_table(r.model, in, p);
   s += "\ncandidates (same simulator):\n";
   s += fmt::format("  {:<14} {:>10} {:>8} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11}  {}\n", "planner", "step ms", "TFLOPS",
                    "recompute", "exp h2d", "exp d2h", "exp nvme", "exp opt", "peak gpu", "checkpoints g/c/n");
