@@ -332,7 +332,9 @@ std::string why_not(const PlanRequest& r, const PlanOutcome& out, const StateCho
   if (why.empty() || floor_hbm > in.hbm_cap)
     why = fmt::format("does not fit: gpu short by {} (needs {} for the {}weight ring, the largest layer's backward and 3 "
                       "boundaries at chunk {}, has {})", format_bytes(floor_hbm - in.hbm_cap), format_bytes(floor_hbm),
-                      in.hbm_fixed > 0 ? "held gradients, the " : "", chunk, format_bytes(in.hbm_cap));
+                      in.hbm_fixed > 0 ? fmt::format("model state held in HBM ({}), the ", format_bytes(in.hbm_fixed))
+                                       : std::string(),
+                      chunk, format_bytes(in.hbm_cap));
   return why;
 }
 
