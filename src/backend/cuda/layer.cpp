@@ -1,9 +1,12 @@
 #include "backend/cuda/layer.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 
 #include "backend/cuda/cuda_util.h"
+#include "backend/cuda/finite_check.h"
 #include "backend/cuda/kernels.h"
 #include "core/error.h"
 
@@ -161,6 +164,10 @@ void LayerEngine::layer_forward(const UnitLayout& lay, const void* w, const Geo&
   mlp_gate_up(L, w, lay, b.h2, b.gu, F, H);
   swiglu_fwd(b.gu, T, F, b.act, st);
   L.fwd(b.act, wptr(w, lay, "mlp.down_proj.weight"), nullptr, y, H, F, 0, 1.f, b.x1);  // y = x1 + act Wd^T
+  if (finite_checks_enabled()) {
+    check_finite_bf16(b.x1, T * H, fmt::format("layer {} forward: x + mixer(h)", lay.layer), st);
+    check_finite_bf16(y, T * H, fmt::format("layer {} forward: output", lay.layer), st);
+  }
 }
 
 void LayerEngine::layer_backward(const UnitLayout& lay, const void* w, const Geo& g, const void* x, const void* dy,
@@ -214,6 +221,13 @@ void LayerEngine::layer_backward(const UnitLayout& lay, const void* w, const Geo
   mx.backward(call, b.h, b.dx1, b.h2, dw);
   rmsnorm_bwd(x, ln1, b.h2, b.dx1, T, H, eps, dx, gptr(dw, lay, "input_layernorm.weight"), b.rstd, b.partial, st,
               norm_off_);
+  if (finite_checks_enabled()) {
+    check_finite_bf16(dy, T * H, fmt::format("layer {} backward: incoming gradient", lay.layer), st);
+    check_finite_bf16(b.dx1, T * H, fmt::format("layer {} backward: d(x + mixer(h)) after the MLP", lay.layer), st);
+    check_finite_bf16(b.h2, T * H, fmt::format("layer {} backward: d h after the mixer", lay.layer), st);
+    check_finite_bf16(dx, T * H, fmt::format("layer {} backward: output gradient", lay.layer), st);
+    check_finite_f32(dw, lay.numel, fmt::format("layer {} backward: weight gradients", lay.layer), st);
+  }
 }
 
 void LayerEngine::embed_forward(const void* emb, const int32_t* ids, int64_t T, void* x, int* err, cudaStream_t st) {

@@ -10,8 +10,11 @@
 // (attention.cu; head_dim 256 on sm_90 only, the generic kernels elsewhere: attention_supported()).
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "backend/cuda/attention_cudnn.h"
+#include "backend/cuda/finite_check.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/mixer.h"
 #include "core/error.h"
@@ -22,6 +25,11 @@ namespace lt::cuda {
 
 namespace {
 using u16 = uint16_t;
+
+bool env_is(const char* name, const char* value) {
+  const char* e = std::getenv(name);
+  return e && std::strcmp(e, value) == 0;
+}
 
 // Buffers, carved in the same order for the forward and the backward.
 struct AttnBufs {
@@ -95,10 +103,12 @@ class AttentionMixer final : public Mixer {
     bind(m);
     project_qkv(m, h);
     const PackedRows pr = packed(m.g);
-    if (on_cudnn(m.g))
+    if (on_cudnn(m.g)) {
       cudnn_attention_fwd(dims(m.g), m.g.segments ? &pr : nullptr, b_.q, b_.k, b_.v, b_.o, b_.lse, m.st);
-    else
+      if (m.g.segments) fwd_guard_.count(b_.o, T * c_.q_dim(), true, m.st);
+    } else
       attention_fwd(dims(m.g), b_.q, b_.k, b_.v, m.g.segments, b_.o, b_.lse, m.st);
+    if (finite_checks_enabled()) probe_forward(m);
     const u16* oin = b_.o;
     if (c_.attn_output_gate) {  // HF: attn_output * sigmoid(gate)
       sigmoid_gate_fwd(b_.o, b_.gate, T * c_.q_dim(), b_.ag, m.st);
@@ -125,12 +135,18 @@ class AttentionMixer final : public Mixer {
       dq = b_.dq16;
       cudnn_attention_bwd(ad, m.g.segments ? &pr : nullptr, b_.q, b_.k, b_.v, b_.o, b_.lse, b_.dout, dq, b_.dk, b_.dv, b_.ws,
                           b_.ws_bytes, m.st);
+      if (m.g.segments) {
+        bwd_guard_.count(dq, T * QD, true, m.st);
+        bwd_guard_.count(b_.dk, T * KD, true, m.st);
+        bwd_guard_.count(b_.dv, T * KD, true, m.st);
+      }
       rope_apply(dq, nullptr, T, nh, hd, m.g.positions, m.g.seq, inv_freq_, true, m.st, rot_);
     } else {
       attention_bwd_f32dq(ad, b_.q, b_.k, b_.v, m.g.segments, b_.o, b_.lse, b_.dout, b_.dk, b_.dv, b_.dq_acc, b_.delta,
                           b_.dkv_acc, m.st);
       rope_apply(dq, b_.dq_acc, T, nh, hd, m.g.positions, m.g.seq, inv_freq_, true, m.st, rot_);
     }
+    if (finite_checks_enabled()) probe_backward(m, dq);
     rope_apply(b_.dk, nullptr, T, nkv, hd, m.g.positions, m.g.seq, inv_freq_, true, m.st, rot_);
     u16* dk = b_.dk;
     if (c_.qk_norm) {
@@ -168,6 +184,7 @@ class AttentionMixer final : public Mixer {
   // layout) always agree.
   bool on_cudnn(const Geo& g) const {
     if (!cudnn_ || (g.segments && g.runs <= 0)) return false;
+    if (g.segments && (env_is("LT_ATTN_PACKED", "own") || guard_tripped(fwd_guard_, "forward"))) return false;
     const PackedRows pr = packed(g);
     return cudnn_attention_usable(dims(g), g.segments ? &pr : nullptr);
   }
@@ -185,8 +202,9 @@ class AttentionMixer final : public Mixer {
   }
   // The backward on cuDNN: after a cuDNN forward, unless packed rows want more workspace than the block holds.
   bool bwd_on_cudnn(const Geo& g) const {
-    if (!on_cudnn(g)) return false;
+    if (!on_cudnn(g) || env_is("LT_ATTN_BWD", "own")) return false;
     if (!g.segments) return true;
+    if (guard_tripped(bwd_guard_, "backward")) return false;
     const PackedRows pr = packed(g);
     const size_t need = cudnn_attention_bwd_workspace(dims(g), &pr);
     if (need <= b_.ws_bytes) return true;
@@ -197,6 +215,46 @@ class AttentionMixer final : public Mixer {
       warned_ws_ = true;
     }
     return false;
+  }
+
+  // LT_CHECK_FINITE=1: the attention core's inputs and outputs (finite_check.h), named with the path taken.
+  std::string probe_where(const MixerCall& m, bool bwd) const {
+    const bool cudnn = bwd ? bwd_on_cudnn(m.g) : on_cudnn(m.g);
+    return fmt::format("layer {} attention {} ({}; batch {} x {}, {} runs, longest {})", m.lay.layer,
+                       bwd ? "backward" : "forward", cudnn ? "cuDNN" : "own kernels", m.g.batch, m.g.seq, m.g.runs,
+                       m.g.longest_run);
+  }
+  void probe_forward(const MixerCall& m) const {
+    const int64_t T = m.g.tokens();
+    const std::string w = probe_where(m, false);
+    check_finite_bf16(b_.q, T * c_.q_dim(), w + ": q", m.st);
+    check_finite_bf16(b_.k, T * c_.kv_dim(), w + ": k", m.st);
+    check_finite_bf16(b_.v, T * c_.kv_dim(), w + ": v", m.st);
+    check_finite_bf16(b_.o, T * c_.q_dim(), w + ": o", m.st);
+    check_finite_f32(b_.lse, T * c_.heads, w + ": softmax statistics", m.st);
+  }
+  void probe_backward(const MixerCall& m, const u16* dq) const {
+    const int64_t T = m.g.tokens();
+    const std::string w = probe_where(m, true);
+    check_finite_bf16(b_.dout, T * c_.q_dim(), w + ": d o", m.st);
+    if (dq == b_.dq16) check_finite_bf16(dq, T * c_.q_dim(), w + ": d q", m.st);
+    else check_finite_f32(b_.dq_acc, T * c_.q_dim(), w + ": d q (fp32)", m.st);
+    check_finite_bf16(b_.dk, T * c_.kv_dim(), w + ": d k", m.st);
+    check_finite_bf16(b_.dv, T * c_.kv_dim(), w + ": d v", m.st);
+  }
+
+  // Packed rows: cuDNN's outputs are watched for non-finite values (NonFiniteGuard); once one is seen, that direction
+  // runs on our kernels for the rest of the process (the two read and write the same [T, heads] statistics, so either
+  // direction can switch alone). Unpacked rows are not watched: there the forward and backward must take one path.
+  bool guard_tripped(const NonFiniteGuard& guard, const char* direction) const {
+    if (!guard.tripped()) return false;
+    if (!guard_warned_[direction[0] == 'b']) {
+      log_warn("attention: cuDNN's {} produced non-finite values on packed rows (layer of {}/{} heads, head_dim {}); "
+               "lazytrain's own attention kernels run it from here on (the step where it happened is skipped)",
+               direction, c_.heads, c_.kv_heads, c_.head_dim);
+      guard_warned_[direction[0] == 'b'] = true;
+    }
+    return true;
   }
 
   AttnDims dims(const Geo& g) const { return dims(g.batch, g.seq); }
@@ -246,6 +304,8 @@ class AttentionMixer final : public Mixer {
   float noff_;
   AttnBufs b_{};  // this call's buffers (set by forward, used by the backward that follows)
   mutable bool warned_ws_ = false;
+  NonFiniteGuard fwd_guard_, bwd_guard_;     // cuDNN's packed-row outputs (guard_tripped)
+  mutable bool guard_warned_[2] = {false, false};  // forward, backward
 };
 
 }  // namespace

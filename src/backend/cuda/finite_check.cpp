@@ -1,0 +1,63 @@
+#include "backend/cuda/finite_check.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#include "backend/cuda/cuda_util.h"
+#include "core/log.h"
+
+namespace lt::cuda {
+
+namespace {
+int64_t count(const void* p, int64_t n, bool bf16, const std::string& what, cudaStream_t st) {
+  if (!p || n <= 0) return 0;
+  static unsigned long long* counter = nullptr;  // mapped host memory, read after the stream syncs
+  static unsigned long long* counter_dev = nullptr;
+  if (!counter) {
+    LT_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&counter), sizeof(*counter), cudaHostAllocMapped));
+    LT_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&counter_dev), counter, 0));
+  }
+  LT_CUDA(cudaStreamSynchronize(st));
+  *counter = 0;
+  count_nonfinite_async(p, n, bf16, counter_dev, st);
+  LT_CUDA(cudaStreamSynchronize(st));
+  const int64_t bad = int64_t(*counter);
+  static std::atomic<int> reported{0};
+  if (bad > 0 && reported.fetch_add(1) < 32) log_warn("finite check: {} has {} non-finite values of {}", what, bad, n);
+  return bad;
+}
+}  // namespace
+
+NonFiniteGuard::~NonFiniteGuard() {
+  if (host_) cudaFreeHost(const_cast<unsigned long long*>(host_));
+}
+
+void NonFiniteGuard::count(const void* p, int64_t n, bool bf16, cudaStream_t st) {
+  if (!p || n <= 0) return;
+  if (!host_) {
+    unsigned long long* h = nullptr;
+    LT_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&h), sizeof(*h), cudaHostAllocMapped));
+    *h = 0;
+    LT_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&dev_), h, 0));
+    host_ = h;
+  }
+  count_nonfinite_async(p, n, bf16, dev_, st);
+}
+
+bool finite_checks_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("LT_CHECK_FINITE");
+    return e && std::strcmp(e, "1") == 0;
+  }();
+  return on;
+}
+
+int64_t check_finite_bf16(const void* p, int64_t n, const std::string& what, cudaStream_t st) {
+  return count(p, n, true, what, st);
+}
+int64_t check_finite_f32(const float* p, int64_t n, const std::string& what, cudaStream_t st) {
+  return count(p, n, false, what, st);
+}
+
+}  // namespace lt::cuda
