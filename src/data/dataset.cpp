@@ -118,6 +118,8 @@ std::vector<Record> read_jsonl(const std::string& path, const ReadOptions& opt, 
   int64_t lineno = 0;
   while (std::getline(f, line)) {
     ++lineno;
+    if (opt.stop_requested && lineno % kStopCheckLines == 0 && opt.stop_requested())
+      throw StopRequested(fmt::format("while reading {} (line {})", path, lineno));
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     ++st.lines;
     const std::string where = fmt::format("{}:{}", path, lineno);

@@ -4,11 +4,13 @@
 // Built-in data sets: "builtin:math" (train split) and "builtin:math-test" (held-out split).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "core/error.h"
 #include "data/chat_template.h"
 
 namespace lt::data {
@@ -29,13 +31,25 @@ struct Record {
   std::vector<Message> prompt_messages() const;
 };
 
+// Thrown by data preparation when its stop_requested callback says so (a SIGINT/SIGTERM before training):
+// the message says where it stopped.
+class StopRequested : public Error {
+ public:
+  using Error::Error;
+};
+
+// Polled every few thousand lines or records; true stops the work with StopRequested. Empty: never.
+using StopCheck = std::function<bool()>;
+
 struct ReadOptions {
   RecordFormat format = RecordFormat::Auto;
   bool malformed_fatal = false;  // throw on the first malformed record instead of skipping it
   int64_t max_samples = 0;       // 0 = all (for builtin: how many records to generate)
   int max_reported = 5;          // how many malformed records are logged with their line numbers
   uint64_t seed = 42;            // builtin generators
+  StopCheck stop_requested;      // checked every kStopCheckLines lines of a JSONL file
 };
+constexpr int64_t kStopCheckLines = 4096;
 
 struct ReadStats {
   int64_t lines = 0;      // non-empty lines

@@ -17,6 +17,10 @@ PreparedData prepare_data(const DataConfig& cfg, const LoadedTokenizer& tok) {
   ro.malformed_fatal = cfg.on_malformed == "fatal";
   ro.max_samples = cfg.max_samples;
   ro.seed = cfg.seed;
+  ro.stop_requested = cfg.stop_requested;
+  const auto check_stop = [&](const char* before) {
+    if (cfg.stop_requested && cfg.stop_requested()) throw StopRequested(fmt::format("before {}", before));
+  };
   std::vector<Record> all = load_records(cfg.dataset, ro, &d.read);
   std::vector<Record> train, val;
   if (!cfg.eval_dataset.empty()) {
@@ -30,11 +34,13 @@ PreparedData prepare_data(const DataConfig& cfg, const LoadedTokenizer& tok) {
   } else {
     split_train_val(std::move(all), cfg.val_size, cfg.seed, train, val);
   }
+  check_stop("tokenising the records");
   TokenizeOptions to;
   to.cutoff_len = cfg.cutoff_len;
   to.overlong = parse_overlong(cfg.overlong);
   to.train_on_inputs = cfg.train_on_inputs;
   to.threads = cfg.threads;
+  to.stop_requested = cfg.stop_requested;
   const auto t0 = std::chrono::steady_clock::now();
   d.train = tokenize_records(train, d.tmpl, to, &d.train_stats);
   if (!val.empty()) d.val = tokenize_records(val, d.tmpl, to, &d.val_stats);

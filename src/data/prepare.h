@@ -24,6 +24,9 @@ struct DataConfig {
   int64_t max_samples = 0;
   uint64_t seed = 42;
   int threads = 0;  // tokenisation threads; 0 = every core
+  // Polled while files are read and records tokenised (and between those phases): true stops the
+  // preparation with StopRequested (dataset.h). The trainer passes its SIGINT/SIGTERM flag.
+  StopCheck stop_requested;
 };
 
 struct PreparedData {
@@ -33,6 +36,7 @@ struct PreparedData {
   TokenizeStats train_stats, val_stats;
 };
 
+// Throws StopRequested when cfg.stop_requested says so.
 PreparedData prepare_data(const DataConfig& cfg, const LoadedTokenizer& tok);
 
 }  // namespace lt::data

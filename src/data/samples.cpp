@@ -43,17 +43,30 @@ int encode_threads(int requested, size_t n_records) {
 // records in increasing order. On errors: every block before the failing one is finished, and the
 // error of the lowest failing record is rethrown, so the outcome is the single-thread one.
 void encode_all(const std::vector<Record>& records, const ChatTemplate& tmpl, bool train_on_inputs, int threads,
-                std::vector<Sample>& out) {
+                const StopCheck& stop_requested, std::vector<Sample>& out) {
   out.assign(records.size(), Sample{});
   auto encode_one = [&](size_t i) {
     const Record& r = records[i];
     out[i] = make_sample(r.is_text ? tmpl.encode_text(r.text) : tmpl.encode(r.messages, train_on_inputs));
   };
+  constexpr size_t kBlock = 64;
+  std::atomic<bool> stopped{false};
+  // Polled once per block; the first true is kept so that every thread stops.
+  auto stop_now = [&] {
+    if (stopped.load(std::memory_order_relaxed)) return true;
+    if (stop_requested && stop_requested()) stopped = true;
+    return stopped.load(std::memory_order_relaxed);
+  };
+  auto stop_error = [&] {
+    return StopRequested(fmt::format("while tokenising {} records", records.size()));
+  };
   if (threads <= 1) {
-    for (size_t i = 0; i < records.size(); ++i) encode_one(i);
+    for (size_t i = 0; i < records.size(); ++i) {
+      if (i % kBlock == 0 && stop_now()) throw stop_error();
+      encode_one(i);
+    }
     return;
   }
-  constexpr size_t kBlock = 64;
   std::atomic<size_t> next{0};
   std::atomic<bool> failed{false};
   std::mutex mu;
@@ -61,6 +74,7 @@ void encode_all(const std::vector<Record>& records, const ChatTemplate& tmpl, bo
   std::exception_ptr err;
   auto worker = [&] {
     while (!failed.load(std::memory_order_relaxed)) {
+      if (stop_now()) return;
       const size_t b = next.fetch_add(kBlock);
       if (b >= records.size()) return;
       const size_t e = std::min(records.size(), b + kBlock);
@@ -80,6 +94,7 @@ void encode_all(const std::vector<Record>& records, const ChatTemplate& tmpl, bo
   for (int t = 1; t < threads; ++t) pool.emplace_back(worker);
   worker();
   for (auto& t : pool) t.join();
+  if (stopped) throw stop_error();
   if (err) std::rethrow_exception(err);
 }
 }  // namespace
@@ -91,7 +106,7 @@ std::vector<Sample> tokenize_records(const std::vector<Record>& records, const C
   TokenizeStats& st = stats ? *stats : local;
   st = TokenizeStats{};
   std::vector<Sample> out;
-  encode_all(records, tmpl, opt.train_on_inputs, encode_threads(opt.threads, records.size()), out);
+  encode_all(records, tmpl, opt.train_on_inputs, encode_threads(opt.threads, records.size()), opt.stop_requested, out);
   // The cutoff policy and the stats, in record order.
   size_t kept = 0;
   for (size_t i = 0; i < out.size(); ++i) {

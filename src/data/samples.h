@@ -29,6 +29,8 @@ struct TokenizeOptions {
   // Threads encoding records at once: 0 = every core (std::thread::hardware_concurrency()). The
   // result (samples, their order, stats, the error thrown for a bad record) does not depend on it.
   int threads = 0;
+  // Checked before each block of records: true stops the encoding with StopRequested (dataset.h).
+  StopCheck stop_requested;
 };
 
 struct TokenizeStats {
@@ -43,7 +45,7 @@ struct TokenizeStats {
 Sample make_sample(const Encoded& e);
 // Records are rendered and encoded in parallel (opt.threads), in blocks taken in order; samples keep
 // the records' order. A record that cannot be encoded (unknown role, a template's raise_exception)
-// throws the error of the first such record, as one thread would.
+// throws the error of the first such record, as one thread would; a stop request throws StopRequested.
 std::vector<Sample> tokenize_records(const std::vector<Record>& records, const ChatTemplate& tmpl,
                                      const TokenizeOptions& opt, TokenizeStats* stats = nullptr);
 

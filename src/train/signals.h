@@ -1,6 +1,7 @@
 // SIGINT/SIGTERM handling for training: the first signal sets a flag that the loop checks after each
-// optimizer step (finish the step, save, exit with a message saying how to resume); a second signal
-// restores the default action so that a user can still force-quit.
+// optimizer step (finish the step, save, exit with a message saying how to resume) and the setup checks
+// while it reads and tokenises the data and initialises the weights (stop there: nothing trained); a
+// second signal restores the default action so that a user can still force-quit.
 #pragma once
 
 namespace lt::train {

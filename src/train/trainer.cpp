@@ -112,7 +112,9 @@ class TrainSession {
     eo.micro_batches = int32_t(shape_.rank_ga);
     executor_ = std::make_unique<Executor>(ms_.model, *bc_.backend, tp_.exec, st_, eo);
     executor_->set_update_hook(dp_ ? &dp_->hook() : static_cast<UpdateHook*>(hook_.get()));
-    if (hooks.install_signal_handlers) signals_ = std::make_unique<StopSignals>();
+    // One process installs the handlers in run_training, before the setup; a data-parallel rank here, once set up
+    // (its ranks agree after each step whether to stop).
+    if (hooks.install_signal_handlers && dp_) signals_ = std::make_unique<StopSignals>();
     if (cfg.eval_steps > 0 && !data_.val.empty())
       val_batches_ = data::make_batches(data_.val, shape_.batch, shape_.seq, cfg.packing, data_.tmpl.pad_id());
   }
@@ -533,6 +535,24 @@ class TrainSession {
   bool saved_at_current_ = false;
 };
 
+// Under `lazytrain launch -n N` (N > 1) this process is one rank of a data-parallel run.
+bool data_parallel_rank() {
+  const dist::DistEnv env = dist::dist_env_from_environment();
+  return env.launched && env.world > 1;
+}
+
+// A stop asked for (SIGINT/SIGTERM) before the first step: nothing trained, nothing to save.
+TrainResult stopped_during_setup(const std::string& where) {
+  const int sig = StopSignals::signal_number();
+  const char* by = sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a stop request";
+  std::printf("training stopped by %s %s, before the first step: nothing was trained, nothing saved\n", by,
+              where.c_str());
+  std::fflush(stdout);
+  TrainResult r;
+  r.interrupted = true;
+  return r;
+}
+
 }  // namespace
 
 TrainResult run_training(const TrainConfig& config, const TrainHooks& hooks) {
@@ -541,11 +561,22 @@ TrainResult run_training(const TrainConfig& config, const TrainHooks& hooks) {
     openblas_set_num_threads(int(cfg.threads));
     omp_set_num_threads(int(cfg.threads));
   }
+  // One process takes SIGINT/SIGTERM from the start: a stop during the setup (reading and tokenising the data,
+  // initialising the weights) ends the run there instead of after its first step.
+  const bool rank = data_parallel_rank();
+  std::unique_ptr<StopSignals> signals;
+  if (hooks.install_signal_handlers && !rank) signals = std::make_unique<StopSignals>();
   std::optional<NonFiniteStopped> stopped;
   {
-    TrainSession session(cfg, hooks);
+    std::optional<TrainSession> session;
     try {
-      return session.run();
+      session.emplace(cfg, hooks);
+    } catch (const data::StopRequested& e) {
+      return stopped_during_setup(e.what());
+    }
+    if (!rank && StopSignals::requested()) return stopped_during_setup("during the setup");
+    try {
+      return session->run();
     } catch (const NonFiniteStopped& e) {
       stopped = e;
     }

@@ -10,6 +10,7 @@
 #include "model/init.h"
 #include "train/checkpoint_dir.h"
 #include "train/evaluate.h"
+#include "train/signals.h"
 
 namespace lt::train {
 
@@ -48,6 +49,12 @@ std::optional<fs::path> prepare_output_dir(const TrainConfig& cfg, OutputLock& l
 }
 
 data::PreparedData load_training_data(const TrainConfig& cfg, const ModelSetup& ms) {
+  // Positions past max_position_embeddings have no trained RoPE range (generate refuses them too).
+  LT_CHECK(cfg.cutoff_len <= ms.model.max_position,
+           "config: cutoff_len {} exceeds the model's max_position_embeddings {} ({}): a sample that long would be "
+           "trained at positions the model does not have; set cutoff_len <= {} (longer records are then truncated or "
+           "skipped as `overlong` says)",
+           cfg.cutoff_len, ms.model.max_position, ms.model.name, ms.model.max_position);
   data::DataConfig dc;
   dc.dataset = cfg.dataset;
   dc.eval_dataset = cfg.eval_dataset;
@@ -60,6 +67,7 @@ data::PreparedData load_training_data(const TrainConfig& cfg, const ModelSetup& 
   dc.val_size = cfg.val_size;
   dc.max_samples = cfg.max_samples;
   dc.seed = uint64_t(cfg.seed);
+  dc.stop_requested = [] { return StopSignals::requested(); };
   data::PreparedData data = data::prepare_data(dc, ms.tokenizer);
   LT_CHECK(!data.train.empty(), "dataset '{}': no training samples left after tokenisation", cfg.dataset);
   for (const auto& s : data.train)
@@ -160,6 +168,7 @@ void write_initial_weights(const ModelSetup& ms, HostState& st, int threads) {
   }
   std::vector<float> buf;
   for (int64_t u = 0; u < st.units(); ++u) {
+    if (StopSignals::requested()) throw data::StopRequested("while initialising the weights");
     buf.resize(size_t(st.numel(u)));
     init_unit(ms.model, ms.layout.units[size_t(u)], buf.data(), iw.seed, threads);
     to_state(u, buf.data());

@@ -4,7 +4,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <csignal>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -14,6 +17,7 @@
 #include "train/checkpoint.h"
 #include "train/checkpoint_dir.h"
 #include "train/config.h"
+#include "train/signals.h"
 #include "train/trainer.h"
 
 using namespace lt;
@@ -150,4 +154,64 @@ TEST(GradientDtype, Bf16WithHostGradientsFromThePlanIsAnError) {
                          quiet())
                 .global_step,
             3);
+}
+
+// cutoff_len longer than the model's max_position_embeddings would train positions the model has no RoPE range for
+// (generate refuses them): an error naming both, before any data is tokenised.
+TEST(CutoffLen, LongerThanMaxPositionIsAnError) {
+  TmpDir d;
+  const auto e = run_error(tiny_run(d.p, {"model_overrides={hidden_size: 64, num_hidden_layers: 2, "
+                                          "max_position_embeddings: 64}",
+                                          "cutoff_len=96"}));
+  EXPECT_NE(e.find("cutoff_len 96"), std::string::npos) << e;
+  EXPECT_NE(e.find("max_position_embeddings 64"), std::string::npos) << e;
+  EXPECT_EQ(run_training(tiny_run(d.p / "ok", {"model_overrides={hidden_size: 64, num_hidden_layers: 2, "
+                                               "max_position_embeddings: 96}",
+                                        "cutoff_len=96"}),
+                         quiet())
+                .global_step,
+            3);
+}
+
+// A record far longer than cutoff_len (24k tokens) is truncated or skipped by `overlong`, and no batch is wider than
+// cutoff_len (it made every batch 23,912 wide).
+TEST(CutoffLen, OverlongRecordsNeverWidenTheBatch) {
+  TmpDir d;
+  const fs::path data = d.p / "long.jsonl";
+  {
+    std::ofstream f(data);
+    for (int i = 0; i < 12; ++i) f << "{\"query\": \"What is " << i << " + 1?\", \"response\": \"" << i + 1 << "\"}\n";
+    std::string long_text;
+    for (int i = 0; i < 12000; ++i) long_text += std::to_string(i % 10) + " ";
+    f << "{\"query\": \"" << long_text << "\", \"response\": \"ok\"}\n";
+  }
+  for (const char* policy : {"truncate", "skip"}) {
+    int64_t widest = 0;
+    TrainHooks h = quiet();
+    h.on_step = [&](const StepMetrics& m) { widest = std::max(widest, m.tokens / 4); };  // rows = batch 4 x seq
+    const fs::path out = d.p / policy;
+    run_training(tiny_run(out, {"dataset=" + data.string(), "cutoff_len=64", std::string("overlong=") + policy,
+                                "max_samples=0"}),
+                 h);
+    EXPECT_GT(widest, 0) << policy;
+    EXPECT_LE(widest, 64) << policy;
+  }
+}
+
+// A stop request (SIGINT/SIGTERM) that arrives before the first step (here before the run starts, as during data
+// preparation) stops the run during its setup: nothing trained, nothing saved, the run says it was interrupted.
+TEST(StopSignal, BeforeTheFirstStepStopsDuringSetup) {
+  TmpDir d;
+  TrainResult r;
+  {
+    StopSignals outer;  // the test's own handler: raise() sets the flag instead of ending the test binary
+    std::raise(SIGTERM);
+    TrainHooks h;
+    h.install_signal_handlers = true;
+    r = run_training(tiny_run(d.p), h);
+  }
+  StopSignals::reset();
+  EXPECT_TRUE(r.interrupted);
+  EXPECT_EQ(r.global_step, 0);
+  EXPECT_FALSE(latest_checkpoint(d.p).has_value());
 }
