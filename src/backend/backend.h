@@ -229,7 +229,7 @@ class Backend {
   virtual void layer_backward(int64_t layer, const void* w, const DevGeometry& g, const void* x,
                               const void* dy, void* dx, void* dw, OpLabel l) = 0;
   // ---- kept internals (ExecPlan::kept_layers): a layer's forward leaves what its backward needs in a buffer of
-  // the caller's, and the backward reads it instead of re-running the forward (issue 17: the re-run is ~1/5 of a
+  // the caller's, and the backward reads it instead of re-running the forward (the re-run is ~1/5 of a
   // dense layer's training FLOPs).
   // Bytes that buffer needs for one call of layer `layer` on batch x seq rows; 0: this backend keeps nothing and
   // the two calls below are plain layer_forward / layer_backward.

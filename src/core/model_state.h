@@ -1,4 +1,4 @@
-// How the model state is stored and where each part lives (issue 15, docs/memory.md). Shared by the
+// How the model state is stored and where each part lives (docs/memory.md). Shared by the
 // optimizer (what its kernels read and write), the host state (what is allocated), the planner (what
 // each mode costs in bytes) and the trainer (the config keys `master_weights` and `gradients`).
 //
@@ -62,8 +62,8 @@ inline GradDType parse_grad_dtype(const std::string& s) {
 
 // The pinned ring through which gradients held on the device reach the optimizer (exec/grad_stream.h),
 // in elements: kGradRingDepth median held units, at most all of them, at least the largest (an untied
-// LM head, which then streams with the ring to itself). Depth measured on the H200 with Qwen2.5-14B
-// (run 29-32): 3 layers in flight left 1.8-2.0 s of the optimizer exposed per step, 8 about 1.0-1.2 s.
+// LM head, which then streams with the ring to itself). Depth measured on the H200 with Qwen2.5-14B:
+// 3 layers in flight left 1.8-2.0 s of the optimizer exposed per step, 8 about 1.0-1.2 s.
 // The executor allocates it and the planner (plan/state_bytes.cpp) counts it from this one function.
 constexpr int kGradRingDepth = 8;
 inline int64_t grad_ring_elems(std::vector<int64_t> unit_sizes) {

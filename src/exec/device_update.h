@@ -1,4 +1,4 @@
-// A unit whose optimizer update runs on the device (issue 17): the embedding table when it is on the device anyway
+// A unit whose optimizer update runs on the device: the embedding table when it is on the device anyway
 // (tied to the LM head; HostStateOptions::embedding_update_device), and the first decoder layers
 // (HostStateOptions::device_update_layers). Its master weights (the device copy the layers read, plus the split
 // master's remainders) and its moments (fp32, or 8-bit codes with block scales, as the CPU optimizer keeps that

@@ -1,5 +1,5 @@
 // Layer-streaming executor: runs one training step (forward, loss, backward, gradient offload) of an
-// ExecPlan on a Backend, with the model state in host memory (DESIGN §2). The trainer owns an Executor.
+// ExecPlan on a Backend, with the model state in host memory. The trainer owns an Executor.
 //
 //   lt::CpuBackend be(cfg);                       // or the CUDA backend
 //   lt::HostState st(be);                         // fp32 master, streaming copy, gradients per unit
@@ -176,7 +176,7 @@ class Executor {
   void set_update_hook(UpdateHook* hook);
   // The token ids of the next train_step (all its micro-batches), before this one: with the embedding looked up on
   // the host, this step's embedding update runs those rows first (UpdateHook::prioritize), and the next step's
-  // lookup waits only for them (issue 17: the whole table's update was ~95 ms of Qwen2.5-7B's step, exposed).
+  // lookup waits only for them (measured: the whole table's update was ~95 ms of Qwen2.5-7B's step, exposed).
   void set_next_step_ids(std::vector<int32_t> ids) { next_ids_ = std::move(ids); }
   bool wants_next_step_ids() const;  // the embedding is looked up on the host and an update hook is set
 

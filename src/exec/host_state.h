@@ -1,4 +1,4 @@
-// Host-side model state (DESIGN §2, core/model_state.h), one entry per unit (0 = embedding, 1..L =
+// Host-side model state (the master copy lives in host memory; core/model_state.h), one entry per unit (0 = embedding, 1..L =
 // layers, L+1 = head):
 //  * the master weights, the source of truth, in one of four storages (MasterStorage below);
 //  * stream(u): the streaming copy in pinned memory, in the backend's weight dtype, uploaded to the

@@ -321,7 +321,7 @@ json model_config_to_json(const ModelConfig& c) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Presets. Real shapes from DESIGN §6 (+ 64/80-layer shapes for planner benchmarks) and tiny
+// Presets. Real shapes of the supported model families (+ 64/80-layer shapes for planner benchmarks) and tiny
 // ones for tests and the demo.
 
 namespace {

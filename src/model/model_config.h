@@ -89,7 +89,7 @@ ModelConfig model_config_from_json(const nlohmann::json& j, const std::string& s
 // HF-style config.json content (loads in transformers unchanged).
 nlohmann::json model_config_to_json(const ModelConfig& c);
 
-// Presets for DESIGN §6 shapes ("qwen2.5-0.5b", "qwen2.5-3b", "qwen2.5-7b", "qwen2.5-14b", "qwen3-8b", ...).
+// Presets for the supported real model shapes ("qwen2.5-0.5b", "qwen2.5-3b", "qwen2.5-7b", "qwen2.5-14b", "qwen3-8b", ...).
 std::vector<std::string> preset_names();
 bool is_preset(const std::string& name);
 ModelConfig preset_config(const std::string& name);

@@ -160,7 +160,7 @@ class CpuAdamW {
   void wait(int unit);
   void wait_all();
   // Element ranges of unit u (its flat buffer) that its next update runs before the rest of it, the rest after
-  // every other unit's (issue 17: the next step's embedding lookup needs only its batch's rows, and the forward
+  // every other unit's (the next step's embedding lookup needs only its batch's rows, and the forward
   // the layers' weights next). Rounded out to kQ8Block elements; for the next update only (before its submit or
   // before the norm is known); not for units with NVMe moments. The arithmetic is the same, element by element.
   void set_first_ranges(int unit, std::vector<std::pair<int64_t, int64_t>> ranges);

@@ -29,7 +29,7 @@ double measure_adamw_rate(bool q8, int threads, int64_t n) {
   // The trainer's exact fp32 masters are stored split (bf16 streaming copy + 16-bit remainder: 4 B a parameter
   // instead of fp32 + copy's 6) and updated by the fused kernels where the ISA has them: time that path, else the
   // fp32-master one. (Both read below the ~8.5 Gparams/s training reaches on the H200 host: 6.5 with the fp32 path
-  // in run 66, 5.2 with this one in run 67, a slower hour; docs/notes.md 0z.)
+  // and 5.2 with this one, measured in different hours.)
   const bool fused = q8 ? q8_avx512_kernel_available() && isa == Isa::Avx512 : isa == Isa::Avx512;
   AlignedBuffer<float> p, g, m, v, ms, vs;
   AlignedBuffer<uint8_t> mq, vq;

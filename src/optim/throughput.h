@@ -10,7 +10,7 @@ namespace lt::optim {
 // per second.
 double measure_adamw_rate(bool eight_bit, int threads, int64_t n);
 
-// The optimizer as training runs it (issue 17: the kernel-only figure above read 6.3-6.8 Gparams/s for 8-bit moments
+// The optimizer as training runs it (measured: the kernel-only figure above read 6.3-6.8 Gparams/s for 8-bit moments
 // on the H200 host while training's updates ran at 7.9-8.5): a CpuAdamW with `threads` workers over n parameters in
 // units of a decoder layer's order of size (one tensor each), split fp32 masters and pinned-style buffers, every
 // unit submitted, then the norm reported; the time from the norm to the last update's end, median of 5 steps after

@@ -80,7 +80,7 @@ struct ResourceProfile {
   // The head (final norm, LM head and loss, forward and backward) measured at `tokens` rows of a model with this
   // hidden size and vocabulary (the GPU profiler; its time is linear in the rows: chunks of a fixed size). Its
   // GEMMs' FLOPs at gemm_flops undercount it by ~25 % (the logits' and the fp32 LM-head gradient's traffic per
-  // chunk, run 65). tokens 0: not measured.
+  // chunk). tokens 0: not measured.
   struct HeadTiming {
     int64_t hidden = 0, vocab = 0, tokens = 0;
     double seconds = 0;
@@ -91,7 +91,7 @@ struct ResourceProfile {
   int64_t workspace_bytes = 0, workspace_tokens = 0;
   // The same buffer at smaller sizes, (tokens, bytes) ascending (the GPU profiler: 1, 2, 4, ... samples): it is
   // not linear in the rows (the head's logits chunk grows up to the backend's own chunk rows, then stays), so
-  // scaling workspace_bytes down to a small chunk undercounts it (run 53: 5.75 GiB at 4 samples of Qwen3.5-9B
+  // scaling workspace_bytes down to a small chunk undercounts it (measured: 5.75 GiB at 4 samples of Qwen3.5-9B
   // against ~2.4 scaled from 67). Empty: not given.
   std::vector<std::pair<int64_t, int64_t>> workspace_points;
   bool gpu_measured = false;               // GPU fields came from a measurement on this machine

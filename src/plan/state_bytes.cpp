@@ -66,8 +66,8 @@ StateBytes model_state_bytes(const ModelConfig& c, const std::vector<std::string
   // The executor's per-micro-batch fp32 gradient buffers (exec/executor_setup.cpp grad_memory): with host
   // gradients two layers', the head's and (tied: on the device) the embedding's, which the backward writes and
   // the D2H reads; with bf16 held ones the same, an untied head and the resident embedding sharing one
-  // (shared_head_embedding_grad). Until run 52 the planner counted them in bf16 and only in the backward and
-  // head slots: a Qwen3.5-9B plan at its largest batch came out 6 GiB short of what the executor allocated.
+  // (shared_head_embedding_grad). Counting them in bf16 and only in the backward and head slots left a Qwen3.5-9B
+  // plan at its largest batch 6 GiB short of what the executor allocated.
   if (s.grads == GradHome::Host)
     b.grad_scratch = 4.0 * (2.0 * largest_layer + head + (c.tied ? emb : 0.0));
   else if (s.grad_dtype == GradDType::Bf16)

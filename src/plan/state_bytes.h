@@ -1,4 +1,4 @@
-// Bytes and home of each part of the model state for one placement (issue 15; docs/memory.md).
+// Bytes and home of each part of the model state for one placement (docs/memory.md).
 // Per parameter, on the bf16-streaming (CUDA) backend:
 //   master + streaming copy  fp32: 4 B (bf16 copy + 16-bit remainder); bf16-sr: 2 B         DRAM
 //   gradients                host: fp32 4 B, pinned                                       DRAM

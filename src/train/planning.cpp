@@ -63,7 +63,7 @@ ResourceProfile default_profile(const TrainConfig& cfg, const ModelConfig& m, in
   ResourceProfile p;
   // Without host_mem the plan may use what is available less a reserve for the process itself (CUDA
   // context, data, allocator slack, page cache): planning to MemAvailable got a 7B run with fp32
-  // moments killed for memory on the 125 GiB H200 host (run 29); 15 % (at least 2 GiB) left it at
+  // moments killed for memory on the 125 GiB H200 host; 15 % (at least 2 GiB) left it at
   // 102 GiB RSS with a 104 GiB plan.
   const int64_t avail = available_or_default();
   const int64_t reserve = std::max<int64_t>(int64_t(2) << 30, avail * 15 / 100);
@@ -89,7 +89,7 @@ ResourceProfile default_profile(const TrainConfig& cfg, const ModelConfig& m, in
     // At most 1/32 of the available memory (18 B per parameter for the fp32 run).
     const int64_t rate_n = std::clamp<int64_t>(avail / 32 / 18, 8 * MiB, 128 * MiB);
     // The optimizer itself (its pool, work items and split masters), not its kernels alone: the kernel-only figure
-    // read 6.3-6.8 Gparams/s (8-bit) on the H200 host against 7.9-8.5 in training (run 71), 2-3x the exposed time.
+    // read 6.3-6.8 Gparams/s (8-bit) on the H200 host against 7.9-8.5 in training, 2-3x the exposed time.
     p.opt_fp32_params_per_s = optim::measure_optimizer_rate(false, threads, rate_n);
     p.opt_8bit_params_per_s = optim::measure_optimizer_rate(true, threads, rate_n);
     log_info("profile: host memory {:.1f} GB/s (copy), CPU AdamW {:.0f} Mparams/s fp32, {:.0f} Mparams/s 8-bit ({} threads)",

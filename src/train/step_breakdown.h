@@ -1,4 +1,4 @@
-// Where one optimizer step's wall time went (issue 17), measured beside the plan's prediction, from the
+// Where one optimizer step's wall time went, measured beside the plan's prediction, from the
 // executor's per-window figures:
 //   layers      compute of the decoder layers' forward and backward windows, the embedding's ops excepted
 //   embedding   the embedding's lookup and backward on the device (in window 0 and the last backward window;

@@ -240,7 +240,7 @@ int64_t pow2_at_least(int64_t n) {
 
 // Packed rows: the runs rounded up to a multiple of 1/16 of their power of two (at least 8; <= the rows) and the
 // longest run to a power of two (>= 128, <= seq), so that a few graphs serve every batch of a run: each new key costs
-// a build (run 76: 1.3 s for the first, 0.2 s for the next, in the step that meets it), and a multiple of 8 made
+// a build (measured: 1.3 s for the first, 0.2 s for the next, in the step that meets it), and a multiple of 8 made
 // Qwen2.5-3B's 632 and 640 runs two keys. cuDNN 9.19 sizes the ragged backward's fp32 dQ accumulator by slots x
 // longest, not by the rows: the rounding adds at most 1/16 of the slots for that.
 Key key_of(const AttnDims& d, const PackedRows* p) {

@@ -148,7 +148,7 @@ __device__ __forceinline__ void conv_pre8(const float (&wr)[K][8], const float (
 
 // Row s's 8 channels at c0 as raw bf16 (zero when !ok): the vectorised kernels load rows two ahead of their use,
 // so that a row's global latency overlaps the two rows before it (one load at a time per thread kept the conv
-// backward at ~4x its bytes' time, run 57).
+// backward at ~4x its bytes' time).
 __device__ __forceinline__ uint4 row8(const bf16* p, bool ok) {
   return ok ? *reinterpret_cast<const uint4*>(p) : make_uint4(0u, 0u, 0u, 0u);
 }
@@ -185,7 +185,7 @@ __global__ void conv_fwd_vec8_kernel(const bf16* x, int64_t ldx, const bf16* w, 
 
 // As conv_bwd_kernel (block = row chunk of a sample, walking rows with windows of x, dpre and chains), with a
 // thread per 8 channels. (196 registers at K = 4, 10 warps per SM; capping them for 16 or 24 warps measured
-// slower, run 62: 0.455 -> 0.56 / 1.79 ms.)
+// slower: 0.455 -> 0.56 / 1.79 ms.)
 template <int K>
 __global__ void conv_bwd_vec8_kernel(const bf16* x, int64_t ldx, const bf16* w, const bf16* dy, const int32_t* seg,
                                      int64_t seq, int64_t C, int64_t n_rc, bf16* dx, float* partial) {
@@ -269,7 +269,7 @@ __global__ void partial_finish_kernel(const float* partial, int64_t nsplit, int6
 
 // Same sums for few outputs over many splits: one block per output, a fixed strided split per thread and a fixed
 // tree (deterministic). The one-thread-per-output kernel above spent 0.62 ms on the gated norm's 128 outputs x 6,144
-// splits at the 27B shape (run 42).
+// splits at the 27B shape.
 __global__ void partial_finish_wide_kernel(const float* partial, int64_t nsplit, int64_t n, float* out) {
   __shared__ float red[256];
   const int64_t i = blockIdx.x;
@@ -373,7 +373,7 @@ __global__ void gates_finish_kernel(const float* partial, int64_t nblk, int Hv, 
 
 // ------------------------------------------------------------------------------------------ gated norm
 // Vector vec = t Hv + h of z (and dz): row t of stride ldz, head h. 32-bit division (the host checks
-// nvec < 2^31): the 64-bit one cost the forward ~20 % (run 62).
+// nvec < 2^31): the 64-bit one cost the forward ~20 %.
 __device__ __forceinline__ int64_t zoff(int64_t vec, int Hv, int Dv, int64_t ldz) {
   const unsigned v = unsigned(vec), t = v / unsigned(Hv);
   return int64_t(t) * ldz + int64_t(v - t * unsigned(Hv)) * Dv;
@@ -427,7 +427,7 @@ __global__ void gnorm_bwd_kernel(const bf16* o, const bf16* z, int Hv, int64_t l
 }
 
 // The same two kernels with each lane holding 4 consecutive entries of a vector (8-byte loads and stores, every
-// input read once; Dv a multiple of 4, at most 128 * NV). The scalar ones read 2 bytes a lane a load (run 56:
+// input read once; Dv a multiple of 4, at most 128 * NV). The scalar ones read 2 bytes a lane a load (measured:
 // 0.17 / 0.45 ms at the 27B shape, several times their bytes' time).
 __device__ __forceinline__ void ld4(const bf16* p, float (&x)[4]) {
   const uint2 u = *reinterpret_cast<const uint2*>(p);
@@ -536,7 +536,7 @@ __global__ void gnorm_bwd_vec4_kernel(const bf16* o, const bf16* z, int Hv, int6
 }
 // prep_fwd_kernel with 4-entry loads and stores of the q/k vectors (a lane per 4 entries) and 16-byte copies of v
 // (Dk, Dv multiples of 8; y, qn, kn, v 16-byte aligned). The 2-byte accesses kept the scalar kernel at ~1.8x its
-// bytes' time (0.18 ms at the 27B shape, run 58).
+// bytes' time (0.18 ms at the 27B shape).
 __global__ void prep_fwd_vec_kernel(const bf16* y, const bf16* a, const bf16* b, int64_t ldab, const bf16* A_log,
                                     const bf16* dt_bias, int Hk, int Hv, int Dk, int Dv, bf16* qn, bf16* kn, bf16* v,
                                     float* g, float* beta) {

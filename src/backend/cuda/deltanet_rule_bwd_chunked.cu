@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(kThreads) ds_pass_kernel(ChunkedArgs p) {
   const bf16* osrc = p.dout + int64_t(h) * Dv + e0;
   const float scale = p.scale;
   for (int i = threadIdx.x; i < Dk * ldt; i += blockDim.x) dS[i] = 0.f;
-  __syncthreads();  // the first chunk's store below reads dS in another thread-to-element order (racecheck, run 42)
+  __syncthreads();  // the first chunk's store below reads dS in another thread-to-element order (found by racecheck)
   tl[0].issue(p, b, p.nck - 1, h, kh, osrc, sv, nt);
   for (int64_t it = 0; it < p.nck; ++it) {
     const int64_t c = p.nck - 1 - it;
@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(kThreads) ds_pass_kernel(ChunkedArgs p) {
 // Shared memory: every operand of a product is staged there first (cp.async); the [Dk, Dv] states S0 and dS
 // go through the [64, max(Dk, Dv)] staging tile G in blocks of 64 rows.
 // The [kC, kC] tiles KM, P, dP have rows kLa floats apart: with 64 the fragment loads of a warp hit one group of
-// banks (run 52, ncu: a third of the kernel's shared-memory wavefronts were conflict excess).
+// banks (ncu: a third of the kernel's shared-memory wavefronts were conflict excess).
 constexpr int kLa = kC + kPad;
 int64_t grads_smem_bytes(int Dk, int Dv) {
   const int ldg = std::max(Dk, Dv) + kPad;
@@ -223,7 +223,7 @@ template <bool kDot = false>
 __device__ __forceinline__ void stage_state_bf16(const float* M, int Dk, int Dv, bf16* Sb, const float* Wt = nullptr,
                                                  float* dot = nullptr) {
   // A row per warp (no division by Dv), kRows rows' loads in flight per lane before their converted stores: one
-  // load at a time stalled on global latency (run 52, ncu: 8 % of the kernel's stall samples at the packs). The
+  // load at a time stalled on global latency (ncu: 8 % of the kernel's stall samples at the packs). The
   // dot product rides on the staging's loads (it was a pass of its own over both states).
   constexpr int kRows = 4;
   const int lds = Dv + kPad, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarp = blockDim.x >> 5;

@@ -57,7 +57,7 @@ struct Chunk {
 };
 
 // Tile loads are cp.async (16-byte pieces, all in flight at once): with one CTA of 8 warps per SM, plain
-// load-then-store loops kept one global load per thread in flight and the loads dominated (run 39).
+// load-then-store loops kept one global load per thread in flight and the loads dominated.
 // dst [rows, ld] <- rows [0, valid) of src (row stride sstride, n columns), rows in [valid, rows) zeroed.
 // n, ld, sstride times sizeof(T) and both bases must be multiples of 16 bytes. Complete with async_done().
 template <typename T>

@@ -181,7 +181,7 @@ const char* gdn_rule_impl_name(GdnRuleImpl impl) {
 }
 void gdn_set_rule_impl(GdnRuleImpl impl) { g_rule_impl.store(int(impl), std::memory_order_relaxed); }
 
-// Bf16 by default: measured faster at the same HF parity (run 42).
+// Bf16 by default: measured faster at the same HF parity.
 GdnRulePrecision gdn_rule_precision() {
   return GdnRulePrecision(
       cached_choice(g_rule_precision,
@@ -190,7 +190,7 @@ GdnRulePrecision gdn_rule_precision() {
 const char* gdn_rule_precision_name(GdnRulePrecision p) { return p == GdnRulePrecision::Split ? "split" : "bf16"; }
 void gdn_set_rule_precision(GdnRulePrecision p) { g_rule_precision.store(int(p), std::memory_order_relaxed); }
 bool gdn_split_products() { return gdn_rule_precision() == GdnRulePrecision::Split; }
-// The register passes unless LT_GDN_PASS=tile (run 46: rule 2.27 / 10.88 ms against the tile passes' 4.66 / 12.97).
+// The register passes unless LT_GDN_PASS=tile (measured: rule 2.27 / 10.88 ms against the tile passes' 4.66 / 12.97).
 bool gdn_warp_passes_allowed() {
   return cached_choice(g_warp_passes, [] { return env_choice("LT_GDN_PASS", {"tile", "warp"}, 1); }) == 1;
 }

@@ -55,7 +55,7 @@ double median_s(cudaStream_t st, int reps, const std::function<void()>& f) {
 }
 
 // Runs f back to back for at least `seconds` of GPU time: training keeps the GPU busy for the whole step, and under
-// sustained load the H200 runs its layers slower than in a short burst after idling (run 78: Qwen2.5-3B's forward
+// sustained load the H200 runs its layers slower than in a short burst after idling (measured: Qwen2.5-3B's forward
 // 8.6 ms per layer in a step without optimizer waits against 7.7 ms profiled cold), so layers are timed warm.
 void heat_up(cudaStream_t st, double seconds, const std::function<void()>& f) {
   const auto t0 = std::chrono::steady_clock::now();

@@ -92,7 +92,7 @@ __global__ void rmsnorm_bwd_dx_kernel(const bf16* x, const bf16* w, const bf16* 
 // The same dx, with the weight gradient's column sums fused: block b takes rows [b rpb, (b + 1) rpb) one after
 // another, all its threads on one row (thread t: columns 8 t + 2048 p), and keeps its columns' sums of
 // dy x rstd in registers: x and dy are read once (the two-kernel path reads them twice; at 8,192 x 5,120, ncu:
-// 129 + 54 + 6 us in run 58, 140 + 12 us in run 62). partial[b, c] for colsum_finish_kernel.
+// 129 + 54 + 6 us against 140 + 12 us). partial[b, c] for colsum_finish_kernel.
 template <int NP>
 __global__ void __launch_bounds__(kFusedThreads) rmsnorm_bwd_fused_kernel(const bf16* x, const bf16* w,
                                                                           const bf16* dy, const bf16* dres,
