@@ -1,7 +1,7 @@
 // Micro-batches for the executor, built from tokenised samples by padding (one sample per row) or
 // packing (consecutive samples share a row without cross-contamination: each sample is its own
 // segment with positions restarting at 0; padding at the end of a row is one more segment).
-// Field conventions match backend/cpu/reference.h's SeqGeometry.
+// Field conventions match model/sequence.h's SeqGeometry.
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -9,8 +9,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "backend/cpu/reference.h"
 #include "data/samples.h"
+#include "model/sequence.h"
 
 namespace lt::data {
 
@@ -25,7 +25,7 @@ struct Batch {
   int64_t n_samples = 0;
 
   int64_t tokens() const { return batch * seq; }
-  cpu::SeqGeometry geometry() const { return {batch, seq, positions.data(), segments.data()}; }
+  SeqGeometry geometry() const { return {batch, seq, positions.data(), segments.data()}; }
 };
 
 // Fills rows of `seq` tokens. pack=false: one sample per row; pack=true: as many consecutive

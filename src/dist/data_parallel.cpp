@@ -1,8 +1,8 @@
 #include "dist/data_parallel.h"
 
-#include "backend/cpu/reference.h"
 #include "core/error.h"
 #include "core/timer.h"
+#include "model/sequence.h"
 
 namespace lt::dist {
 
@@ -94,7 +94,7 @@ int64_t count_loss_tokens(const std::vector<MicroBatch>& mbs, int64_t T) {
   int64_t n = 0;
   for (const auto& mb : mbs) {
     LT_CHECK(mb.targets, "count_loss_tokens: micro-batch without targets");
-    for (int64_t t = 0; t < T; ++t) n += mb.targets[t] != cpu::kIgnoreIndex;
+    for (int64_t t = 0; t < T; ++t) n += mb.targets[t] != kIgnoreIndex;
   }
   return n;
 }

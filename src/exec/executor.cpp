@@ -6,13 +6,13 @@
 #include <cmath>
 #include <cstring>
 
-#include "backend/cpu/reference.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/timer.h"
 #include "core/units.h"
 #include "exec/executor_impl.h"
 #include "exec/micro_batch_run.h"
+#include "model/sequence.h"
 
 namespace lt {
 
@@ -100,7 +100,7 @@ StepResult Executor::train_step(const std::vector<MicroBatch>& mbs, int64_t loss
   int64_t n_tok = 0;
   for (auto& mb : mbs) {
     LT_CHECK(mb.ids && mb.targets, "train_step: micro-batch without ids or targets");
-    for (int64_t t = 0; t < T; ++t) n_tok += mb.targets[t] != cpu::kIgnoreIndex;
+    for (int64_t t = 0; t < T; ++t) n_tok += mb.targets[t] != kIgnoreIndex;
   }
   const float scale = 1.0f / float(std::max<int64_t>(1, loss_tokens > 0 ? loss_tokens : n_tok));
   {

@@ -6,7 +6,6 @@
 #include <cstring>
 #include <iterator>
 
-#include "backend/cpu/reference.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/units.h"

@@ -5,10 +5,10 @@
 #include <algorithm>
 #include <cstring>
 
-#include "backend/cpu/reference.h"
 #include "core/error.h"
 #include "core/timer.h"
 #include "exec/gather_rows.h"
+#include "model/sequence.h"
 
 namespace lt {
 
@@ -58,7 +58,7 @@ void MicroBatchRun::stage_inputs() {
   const int64_t T = I.T, ib = T * 4;
   std::memcpy(I.p_ids.data(), mb_.ids, size_t(ib));
   if (mb_.targets) std::memcpy(I.p_tgt.data(), mb_.targets, size_t(ib));
-  else std::fill_n(I.p_tgt.as<int32_t>(), T, cpu::kIgnoreIndex);
+  else std::fill_n(I.p_tgt.as<int32_t>(), T, kIgnoreIndex);
   if (mb_.positions) std::memcpy(I.p_pos.data(), mb_.positions, size_t(ib));
   if (mb_.segments) std::memcpy(I.p_seg.data(), mb_.segments, size_t(ib));
   be.copy(Lane::H2D, I.d_ids.data(), I.p_ids.data(), ib, lab("inputs.h2d", -1));

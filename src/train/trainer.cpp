@@ -20,6 +20,7 @@
 #include "exec/optim_hook.h"
 #include "io/model_io.h"
 #include "model/init.h"
+#include "model/sequence.h"
 #include "train/checkpoint.h"
 #include "train/checkpoint_dir.h"
 #include "train/data_parallel.h"
@@ -38,8 +39,8 @@ namespace {
 
 MicroBatch micro_batch_of(const data::Batch& b, std::vector<int32_t>& targets_storage, bool packed) {
   targets_storage.resize(b.input_ids.size());
-  cpu::SeqGeometry g = b.geometry();
-  cpu::shift_labels(b.labels.data(), g, targets_storage.data());
+  SeqGeometry g = b.geometry();
+  shift_labels(b.labels.data(), g, targets_storage.data());
   MicroBatch mb;
   mb.ids = b.input_ids.data();
   mb.targets = targets_storage.data();

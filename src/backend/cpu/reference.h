@@ -2,36 +2,25 @@
 // embedding, one decoder layer, and the head (final norm + LM head + cross-entropy).
 // The CPU backend runs these; the CUDA kernels are tested against them.
 //
-// Conventions (shared by every backend):
-//  * Activations are row-major [T, hidden], T = batch * seq, sample-major (sample b's tokens are rows b*seq..).
+// Conventions (shared by every backend; the sequence ones are in model/sequence.h):
 //  * Weights of a unit are one flat fp32 buffer laid out by model/param_layout.h (UnitLayout offsets).
 //  * layer_backward recomputes the layer's internals from its input x (no saved internals needed)
 //    and ACCUMULATES weight gradients into dw (+=). Cross-sample reductions (weight gradients,
 //    loss sums) are accumulated sample by sample in sample order, so results are bit-identical
 //    however the executor groups samples into chunks.
-//  * targets are already shifted: targets[t] is the token predicted at row t, or -100 (ignored).
-//    shift_labels() turns HF-style labels into targets (last row of each sample becomes -100;
-//    with packing, the last row of each segment too).
 #pragma once
 #include <cstdint>
 
 #include "model/model_config.h"
 #include "model/param_layout.h"
+#include "model/sequence.h"
 
 namespace lt::cpu {
 
-constexpr int32_t kIgnoreIndex = -100;
-
-struct SeqGeometry {
-  int64_t batch = 0;
-  int64_t seq = 0;
-  const int32_t* positions = nullptr;  // [batch*seq] RoPE positions; nullptr means 0..seq-1 per sample
-  const int32_t* segments = nullptr;   // [batch*seq] packed-sequence segment ids; nullptr means one segment per sample
-  int64_t tokens() const { return batch * seq; }
-};
-
-// Labels [B*S] in HF convention (labels[t] is token t itself, -100 ignored) to shifted targets.
-void shift_labels(const int32_t* labels, const SeqGeometry& g, int32_t* targets);
+// The sequence conventions (model/sequence.h), under the names the backends use.
+using lt::kIgnoreIndex;
+using lt::SeqGeometry;
+using lt::shift_labels;
 
 void embed_forward(const ModelConfig& c, const float* emb, const int32_t* ids, int64_t T, float* x);
 void embed_backward(const ModelConfig& c, const int32_t* ids, int64_t T, const float* dx, float* demb);

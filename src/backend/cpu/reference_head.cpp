@@ -1,4 +1,4 @@
-// Embedding unit, label shifting, and the head (final norm + LM head + cross-entropy) of reference.h.
+// Embedding unit and the head (final norm + LM head + cross-entropy) of reference.h.
 #include <algorithm>
 #include <atomic>
 #include <memory>
@@ -9,16 +9,6 @@
 #include "core/error.h"
 
 namespace lt::cpu {
-
-void shift_labels(const int32_t* labels, const SeqGeometry& g, int32_t* targets) {
-  for (int64_t b = 0; b < g.batch; ++b) {
-    for (int64_t s = 0; s < g.seq; ++s) {
-      const int64_t t = b * g.seq + s;
-      const bool last = s + 1 == g.seq || (g.segments && g.segments[t + 1] != g.segments[t]);
-      targets[t] = last ? kIgnoreIndex : labels[t + 1];
-    }
-  }
-}
 
 void embed_forward(const ModelConfig& c, const float* emb, const int32_t* ids, int64_t T, float* x) {
   embedding_fwd(emb, c.vocab, c.hidden, ids, T, x);
