@@ -142,9 +142,22 @@ struct Model {
     return e;
   }
 
+  // The whole MILP, section by section; the order of variables and rows is the solver's input order.
   void build() {
-    const double A = in.A;
-    // ---- binaries
+    add_binaries();
+    add_path_and_tier_links();
+    add_cumulative_transfers();
+    add_inner_boundary_counters();
+    add_slot_times_and_chain();
+    for (int w = 0; w < S; ++w) {
+      add_slot_time_lanes(w);
+      add_slot_hbm(w);
+    }
+    add_dram_and_nvme();
+  }
+
+  // ---- binaries: block choice x[s][e] and each boundary's tier (g device, c CPU, n NVMe)
+  void add_binaries() {
     x.assign(size_t(L + 1), std::vector<int>(size_t(L + 1), -1));
     for (int s = 0; s < L; ++s)
       for (int e = s + 1; e <= L; ++e) {
@@ -152,6 +165,7 @@ struct Model {
         if (in.block_floor(s, e) > in.hbm_room()) continue;
         x[size_t(s)][size_t(e)] = lp.var(0, 1, 0, true, fmt::format("x_{}_{}", s, e));
       }
+    const double A = in.A;
     const double cpu_room = in.dram_cap - in.dram_fixed;
     const bool cpu_ok = cpu_room >= A;
     const bool nv_ok = in.allow_nvme && in.nvme_cap >= A && cpu_room >= 2.0 * in.staging * A;
@@ -163,95 +177,115 @@ struct Model {
       if (cpu_ok) c[size_t(i)] = lp.var(0, 1, 0, true, fmt::format("c_{}", i));
       if (nv_ok && i + 2 <= 2 * L - i - 1) n[size_t(i)] = lp.var(0, 1, 0, true, fmt::format("n_{}", i));
     }
-    // ---- path (paper eq. 3) and tier link (eq. 2)
-    {
-      Expr e0, eL;
-      for (int e = 1; e <= L; ++e)
-        if (x[0][size_t(e)] >= 0) e0.emplace_back(x[0][size_t(e)], 1);
-      for (int s = 0; s < L; ++s)
-        if (x[size_t(s)][size_t(L)] >= 0) eL.emplace_back(x[size_t(s)][size_t(L)], 1);
-      lp.label = "path";
-      lp.row(e0, 1, 1);
-      lp.row(eL, 1, 1);
-      for (int i = 1; i < L; ++i) {
-        Expr in_e = z(i), out_e = z(i);
-        for (int s = 0; s < i; ++s)
-          if (x[size_t(s)][size_t(i)] >= 0) in_e.emplace_back(x[size_t(s)][size_t(i)], -1);
-        for (int e = i + 1; e <= L; ++e)
-          if (x[size_t(i)][size_t(e)] >= 0) out_e.emplace_back(x[size_t(i)][size_t(e)], -1);
-        lp.label = fmt::format("link z_{}", i);
-        lp.row(in_e, 0, 0);
-        lp.row(out_e, 0, 0);
-      }
+  }
+
+  // ---- path (paper eq. 3) and tier link (eq. 2)
+  void add_path_and_tier_links() {
+    Expr e0, eL;
+    for (int e = 1; e <= L; ++e)
+      if (x[0][size_t(e)] >= 0) e0.emplace_back(x[0][size_t(e)], 1);
+    for (int s = 0; s < L; ++s)
+      if (x[size_t(s)][size_t(L)] >= 0) eL.emplace_back(x[size_t(s)][size_t(L)], 1);
+    lp.label = "path";
+    lp.row(e0, 1, 1);
+    lp.row(eL, 1, 1);
+    for (int i = 1; i < L; ++i) {
+      Expr in_e = z(i), out_e = z(i);
+      for (int s = 0; s < i; ++s)
+        if (x[size_t(s)][size_t(i)] >= 0) in_e.emplace_back(x[size_t(s)][size_t(i)], -1);
+      for (int e = i + 1; e <= L; ++e)
+        if (x[size_t(i)][size_t(e)] >= 0) out_e.emplace_back(x[size_t(i)][size_t(e)], -1);
+      lp.label = fmt::format("link z_{}", i);
+      lp.row(in_e, 0, 0);
+      lp.row(out_e, 0, 0);
     }
-    // ---- cumulative transfer fractions
+  }
+
+  // ---- cumulative transfer fractions
+  void add_cumulative_transfers() {
     D.assign(size_t(L + 1), {});
     W = Rd = H = D;
     Dlo.assign(size_t(L + 1), -1);
     Dhi = Wlo = Whi = Rlo = Rhi = Hlo = Hhi = Dlo;
-    auto make = [&](std::vector<std::vector<int>>& V, std::vector<int>& lo, std::vector<int>& hi, int i, int a, int b,
-                    const char* nm) {
-      lo[size_t(i)] = a;
-      hi[size_t(i)] = b;
-      V[size_t(i)].assign(size_t(S), -1);
-      for (int w = a; w <= b; ++w) V[size_t(i)][size_t(w)] = lp.var(0, 1, 0, false, fmt::format("{}_{}_{}", nm, i, w));
-      lp.label = fmt::format("monotone {}_{}", nm, i);
-      for (int w = a + 1; w <= b; ++w) lp.row({{V[size_t(i)][size_t(w)], 1}, {V[size_t(i)][size_t(w - 1)], -1}}, 0, kInf);
-    };
     for (int i = 1; i < L; ++i) {
       if (off(i).empty()) continue;
-      make(D, Dlo, Dhi, i, i, L, "D");
-      make(H, Hlo, Hhi, i, L, 2 * L - i - 1, "H");
-      {
-        Expr e = {{D[size_t(i)][size_t(L)], 1}};
-        add(e, off(i), -1);
-        lp.label = fmt::format("totals {}", i);
-        lp.row(e, 0, 0);
-        Expr h = {{H[size_t(i)][size_t(2 * L - i - 1)], 1}};
-        add(h, off(i), -1);
-        lp.row(h, 0, 0);
-      }
+      add_offload_and_reload_totals(i);
       const bool nv = n[size_t(i)] >= 0;
-      if (nv) {
-        make(W, Wlo, Whi, i, i + 1, L, "W");
-        make(Rd, Rlo, Rhi, i, i + 2, 2 * L - i - 1, "R");
-        lp.row({{W[size_t(i)][size_t(L)], 1}, {n[size_t(i)], -1}}, 0, 0);
-        lp.row({{Rd[size_t(i)][size_t(2 * L - i - 1)], 1}, {n[size_t(i)], -1}}, 0, 0);
-        lp.label = fmt::format("order nvme {}", i);
-        for (int w = i + 1; w <= L; ++w) {  // write after offload
-          Expr e = Wc(i, w);
-          add(e, Dc(i, w - 1), -1);
-          lp.row(e, -kInf, 0);
-        }
-        // read after write (from slot L+1 on the write is complete: W_{i,L} = n_i >= R)
-        for (int w = i + 2; w <= std::min(L, 2 * L - i - 1); ++w) {
-          Expr e = Rc(i, w);
-          add(e, Wc(i, w - 1), -1);
-          lp.row(e, -kInf, 0);
-        }
-      }
-      lp.label = fmt::format("reload order/deadline {}", i);
-      for (int w = L; w <= 2 * L - i - 1; ++w) {
-        if (w == L) {  // reload after offload (from slot L+1 on, D_{i,L} = c_i + n_i bounds H already)
-          Expr e = Hc(i, w);
-          add(e, Dc(i, w - 1), -1);
-          lp.row(e, -kInf, 0);
-        }
-        if (nv) {  // and after the NVMe read (cpu-tier: bounded by c_i)
-          Expr f = Hc(i, w);
-          add(f, Rc(i, w - 1), -1);
-          if (c[size_t(i)] >= 0) f.emplace_back(c[size_t(i)], -1);
-          lp.row(f, -kInf, 0);
-        }
-        // Deadline: complete before the block starting at i begins (its first slot is 2L-e+1).
-        Expr d = Hc(i, w);
-        for (int e = i + 1; e <= L && e < 2 * L - w; ++e)
-          if (x[size_t(i)][size_t(e)] >= 0) d.emplace_back(x[size_t(i)][size_t(e)], 1);
-        add(d, off(i), -1);
-        lp.row(d, 0, kInf);
-      }
+      if (nv) add_nvme_write_and_read(i);
+      add_reload_order_and_deadline(i, nv);
     }
-    // ---- inner-boundary counter u_j (boundaries regenerated in the block containing layer j)
+  }
+
+  // Monotone cumulative fractions V[i][a..b], named nm_i_w.
+  void add_cumulative(std::vector<std::vector<int>>& V, std::vector<int>& lo, std::vector<int>& hi, int i, int a, int b,
+                      const char* nm) {
+    lo[size_t(i)] = a;
+    hi[size_t(i)] = b;
+    V[size_t(i)].assign(size_t(S), -1);
+    for (int w = a; w <= b; ++w) V[size_t(i)][size_t(w)] = lp.var(0, 1, 0, false, fmt::format("{}_{}_{}", nm, i, w));
+    lp.label = fmt::format("monotone {}_{}", nm, i);
+    for (int w = a + 1; w <= b; ++w) lp.row({{V[size_t(i)][size_t(w)], 1}, {V[size_t(i)][size_t(w - 1)], -1}}, 0, kInf);
+  }
+
+  // Boundary i's offload D and reload H, each complete by its last slot.
+  void add_offload_and_reload_totals(int i) {
+    add_cumulative(D, Dlo, Dhi, i, i, L, "D");
+    add_cumulative(H, Hlo, Hhi, i, L, 2 * L - i - 1, "H");
+    Expr e = {{D[size_t(i)][size_t(L)], 1}};
+    add(e, off(i), -1);
+    lp.label = fmt::format("totals {}", i);
+    lp.row(e, 0, 0);
+    Expr h = {{H[size_t(i)][size_t(2 * L - i - 1)], 1}};
+    add(h, off(i), -1);
+    lp.row(h, 0, 0);
+  }
+
+  // Boundary i's NVMe write W (after its offload) and read R (after the write).
+  void add_nvme_write_and_read(int i) {
+    add_cumulative(W, Wlo, Whi, i, i + 1, L, "W");
+    add_cumulative(Rd, Rlo, Rhi, i, i + 2, 2 * L - i - 1, "R");
+    lp.row({{W[size_t(i)][size_t(L)], 1}, {n[size_t(i)], -1}}, 0, 0);
+    lp.row({{Rd[size_t(i)][size_t(2 * L - i - 1)], 1}, {n[size_t(i)], -1}}, 0, 0);
+    lp.label = fmt::format("order nvme {}", i);
+    for (int w = i + 1; w <= L; ++w) {  // write after offload
+      Expr e = Wc(i, w);
+      add(e, Dc(i, w - 1), -1);
+      lp.row(e, -kInf, 0);
+    }
+    // read after write (from slot L+1 on the write is complete: W_{i,L} = n_i >= R)
+    for (int w = i + 2; w <= std::min(L, 2 * L - i - 1); ++w) {
+      Expr e = Rc(i, w);
+      add(e, Wc(i, w - 1), -1);
+      lp.row(e, -kInf, 0);
+    }
+  }
+
+  // Boundary i's reload after its offload (and NVMe read, nv), complete before its backward block needs it.
+  void add_reload_order_and_deadline(int i, bool nv) {
+    lp.label = fmt::format("reload order/deadline {}", i);
+    for (int w = L; w <= 2 * L - i - 1; ++w) {
+      if (w == L) {  // reload after offload (from slot L+1 on, D_{i,L} = c_i + n_i bounds H already)
+        Expr e = Hc(i, w);
+        add(e, Dc(i, w - 1), -1);
+        lp.row(e, -kInf, 0);
+      }
+      if (nv) {  // and after the NVMe read (cpu-tier: bounded by c_i)
+        Expr f = Hc(i, w);
+        add(f, Rc(i, w - 1), -1);
+        if (c[size_t(i)] >= 0) f.emplace_back(c[size_t(i)], -1);
+        lp.row(f, -kInf, 0);
+      }
+      // Deadline: complete before the block starting at i begins (its first slot is 2L-e+1).
+      Expr d = Hc(i, w);
+      for (int e = i + 1; e <= L && e < 2 * L - w; ++e)
+        if (x[size_t(i)][size_t(e)] >= 0) d.emplace_back(x[size_t(i)][size_t(e)], 1);
+      add(d, off(i), -1);
+      lp.row(d, 0, kInf);
+    }
+  }
+
+  // ---- inner-boundary counter u_j (boundaries regenerated in the block containing layer j)
+  void add_inner_boundary_counters() {
     u.assign(size_t(L), -1);
     for (int j = 1; j < L; ++j) {
       u[size_t(j)] = lp.var(0, j, 0, false, fmt::format("u_{}", j));
@@ -261,7 +295,11 @@ struct Model {
       lp.label = fmt::format("inner u_{}", j);
       lp.row(e, 1, kInf);
     }
-    // ---- slots: traffic, time, memory
+  }
+
+  // ---- slots: traffic, time, memory
+  // Slot durations T_w, start times st_w (after the optimizer has finished what the slot reads) and the step's end.
+  void add_slot_times_and_chain() {
     T.assign(size_t(S), -1);
     st.assign(size_t(S), -1);
     const auto O = in.opt_done();
@@ -275,110 +313,115 @@ struct Model {
     lp.label = "start chain";
     for (int w = 1; w < S; ++w)
       lp.row({{st[size_t(w)], 1}, {st[size_t(w - 1)], -1}, {T[size_t(w - 1)], -1}}, 0, kInf);
-    {
-      // end >= first micro-batch's end + (m-1) * (prologue + sum of slot times + epilogue)
-      const double pro = in.prologue(), epi = in.epilogue();
-      const double k = double(in.micro_batches - 1);
-      Expr e = {{end, 1}, {st[size_t(S - 1)], -1}, {T[size_t(S - 1)], -1}};
-      if (k > 0)
-        for (int w = 0; w < S; ++w) e.emplace_back(T[size_t(w)], -k);
-      lp.row(e, epi + k * (pro + epi) + in.step_epilogue(), kInf);
-    }
+    // end >= first micro-batch's end + (m-1) * (prologue + sum of slot times + epilogue)
+    const double pro = in.prologue(), epi = in.epilogue();
+    const double k = double(in.micro_batches - 1);
+    Expr e = {{end, 1}, {st[size_t(S - 1)], -1}, {T[size_t(S - 1)], -1}};
+    if (k > 0)
+      for (int w = 0; w < S; ++w) e.emplace_back(T[size_t(w)], -k);
+    lp.row(e, epi + k * (pro + epi) + in.step_epilogue(), kInf);
+  }
 
-    for (int w = 0; w < S; ++w) {
-      double Cc = 0, hc = 0, dc = 0;
-      Expr Ce, he, de, re, we;
-      for (int i = 1; i < L; ++i) {
-        if (Dlo[size_t(i)] >= 0) {
-          add(de, delta(Dc(i, w), Dc(i, w - 1)), A);
-          add(he, delta(Hc(i, w), Hc(i, w - 1)), A);
-        }
-        if (Wlo[size_t(i)] >= 0) {
-          add(we, delta(Wc(i, w), Wc(i, w - 1)), A);
-          add(re, delta(Rc(i, w), Rc(i, w - 1)), A);
-        }
+  // Slot w's duration bounds each lane's time: compute, host link, device link, both links, NVMe read and write.
+  void add_slot_time_lanes(int w) {
+    const double A = in.A;
+    double Cc = 0, hc = 0, dc = 0;
+    Expr Ce, he, de, re, we;
+    for (int i = 1; i < L; ++i) {
+      if (Dlo[size_t(i)] >= 0) {
+        add(de, delta(Dc(i, w), Dc(i, w - 1)), A);
+        add(he, delta(Hc(i, w), Hc(i, w - 1)), A);
       }
-      if (w < L) {
-        Cc = in.rho[size_t(w)];
-        hc = in.h_F(w);
-      } else if (w == L) {
-        Cc = in.head_s;
-        hc = in.h_H();
-      } else {
-        const int j = 2 * L - w;
-        Cc = in.beta[size_t(j)];
-        hc = in.h_B(j);
-        dc = in.d_B(j);
-        for (int s = 0; s < j; ++s)
-          if (x[size_t(s)][size_t(j + 1)] >= 0) {
-            Ce.emplace_back(x[size_t(s)][size_t(j + 1)], in.R(s, j + 1));
-            he.emplace_back(x[size_t(s)][size_t(j + 1)], in.R_bytes(s, j + 1));
-          }
+      if (Wlo[size_t(i)] >= 0) {
+        add(we, delta(Wc(i, w), Wc(i, w - 1)), A);
+        add(re, delta(Rc(i, w), Rc(i, w - 1)), A);
       }
-      const int t = T[size_t(w)];
-      auto lane = [&](double bw, const Expr& e1, double k1, const Expr* e2, double k2, double scale) {
-        Expr r = {{t, bw}};
-        add(r, e1, -1);
-        if (e2) add(r, *e2, -1);
-        lp.row(r, k1 + k2, kInf, scale);
-      };
-      lp.label = fmt::format("slot {} time", w);
-      lane(1.0, Ce, Cc, nullptr, 0, 1.0);
-      lane(in.bh, he, hc, nullptr, 0, 1.0 / A);
-      lane(in.bd, de, dc, nullptr, 0, 1.0 / A);
-      lane(in.bb, he, hc, &de, dc, 1.0 / A);
-      if (!re.empty()) lane(in.bnr, re, 0, nullptr, 0, 1.0 / A);
-      if (!we.empty()) lane(in.bnw, we, 0, nullptr, 0, 1.0 / A);
+    }
+    if (w < L) {
+      Cc = in.rho[size_t(w)];
+      hc = in.h_F(w);
+    } else if (w == L) {
+      Cc = in.head_s;
+      hc = in.h_H();
+    } else {
+      const int j = 2 * L - w;
+      Cc = in.beta[size_t(j)];
+      hc = in.h_B(j);
+      dc = in.d_B(j);
+      for (int s = 0; s < j; ++s)
+        if (x[size_t(s)][size_t(j + 1)] >= 0) {
+          Ce.emplace_back(x[size_t(s)][size_t(j + 1)], in.R(s, j + 1));
+          he.emplace_back(x[size_t(s)][size_t(j + 1)], in.R_bytes(s, j + 1));
+        }
+    }
+    const int t = T[size_t(w)];
+    auto lane = [&](double bw, const Expr& e1, double k1, const Expr* e2, double k2, double scale) {
+      Expr r = {{t, bw}};
+      add(r, e1, -1);
+      if (e2) add(r, *e2, -1);
+      lp.row(r, k1 + k2, kInf, scale);
+    };
+    lp.label = fmt::format("slot {} time", w);
+    lane(1.0, Ce, Cc, nullptr, 0, 1.0);
+    lane(in.bh, he, hc, nullptr, 0, 1.0 / A);
+    lane(in.bd, de, dc, nullptr, 0, 1.0 / A);
+    lane(in.bb, he, hc, &de, dc, 1.0 / A);
+    if (!re.empty()) lane(in.bnr, re, 0, nullptr, 0, 1.0 / A);
+    if (!we.empty()) lane(in.bnw, we, 0, nullptr, 0, 1.0 / A);
+  }
 
-      // HBM during slot w (same accounting as the simulator).
-      Expr m;
-      double mc = in.ring + A;  // boundary 0 is always resident
-      if (w < L) {
-        const int j = w;
-        if (j == 0) mc -= A;  // boundary 0 is the input, counted below
-        for (int i = 1; i < j; ++i) {
-          add(m, z(i), A);
-          add(m, Dc(i, j - 1), -A);
-        }
-        mc += 2 * A + in.ws_fwd[size_t(j)];
-      } else if (w == L) {
-        for (int i = 1; i < L; ++i) {
-          add(m, z(i), A);
-          add(m, Dc(i, L - 1), -A);
-          add(m, Hc(i, L), A);
-        }
-        mc += A + in.ws_head;
-      } else {
-        const int j = 2 * L - w;
-        for (int i = 1; i <= j; ++i) {
-          if (g[size_t(i)] >= 0 && i < L) m.emplace_back(g[size_t(i)], A);
-          if (i < L) add(m, Hc(i, w), A);
-        }
-        if (j >= 1) m.emplace_back(u[size_t(j)], A);
-        mc += in.ws_bwd[size_t(j)];
+  // HBM during slot w (same accounting as the simulator).
+  void add_slot_hbm(int w) {
+    const double A = in.A;
+    Expr m;
+    double mc = in.ring + A;  // boundary 0 is always resident
+    if (w < L) {
+      const int j = w;
+      if (j == 0) mc -= A;  // boundary 0 is the input, counted below
+      for (int i = 1; i < j; ++i) {
+        add(m, z(i), A);
+        add(m, Dc(i, j - 1), -A);
       }
-      lp.label = fmt::format("hbm slot {}", w);
-      lp.row(m, -kInf, in.hbm_room() - mc, 1.0 / A);
-    }
-    // ---- DRAM and NVMe
-    {
-      Expr dr;
-      y = -1;
-      Expr nv;
+      mc += 2 * A + in.ws_fwd[size_t(j)];
+    } else if (w == L) {
       for (int i = 1; i < L; ++i) {
-        if (c[size_t(i)] >= 0) dr.emplace_back(c[size_t(i)], A);
-        if (n[size_t(i)] >= 0) nv.emplace_back(n[size_t(i)], A);
+        add(m, z(i), A);
+        add(m, Dc(i, L - 1), -A);
+        add(m, Hc(i, L), A);
       }
-      if (!nv.empty()) {
-        y = lp.var(0, 1, 0, false, "any_nvme");
-        for (int i = 1; i < L; ++i)
-          if (n[size_t(i)] >= 0) lp.row({{y, 1}, {n[size_t(i)], -1}}, 0, kInf);
-        dr.emplace_back(y, 2.0 * in.staging * A);
-        lp.row(nv, -kInf, in.nvme_cap, 1.0 / A);
+      mc += A + in.ws_head;
+    } else {
+      const int j = 2 * L - w;
+      for (int i = 1; i <= j; ++i) {
+        if (g[size_t(i)] >= 0 && i < L) m.emplace_back(g[size_t(i)], A);
+        if (i < L) add(m, Hc(i, w), A);
       }
-      lp.label = "dram/nvme";
-      if (!dr.empty()) lp.row(dr, -kInf, in.dram_cap - in.dram_fixed, 1.0 / A);
+      if (j >= 1) m.emplace_back(u[size_t(j)], A);
+      mc += in.ws_bwd[size_t(j)];
     }
+    lp.label = fmt::format("hbm slot {}", w);
+    lp.row(m, -kInf, in.hbm_room() - mc, 1.0 / A);
+  }
+
+  // ---- DRAM and NVMe
+  void add_dram_and_nvme() {
+    const double A = in.A;
+    Expr dr;
+    y = -1;
+    Expr nv;
+    for (int i = 1; i < L; ++i) {
+      if (c[size_t(i)] >= 0) dr.emplace_back(c[size_t(i)], A);
+      if (n[size_t(i)] >= 0) nv.emplace_back(n[size_t(i)], A);
+    }
+    if (!nv.empty()) {
+      y = lp.var(0, 1, 0, false, "any_nvme");
+      for (int i = 1; i < L; ++i)
+        if (n[size_t(i)] >= 0) lp.row({{y, 1}, {n[size_t(i)], -1}}, 0, kInf);
+      dr.emplace_back(y, 2.0 * in.staging * A);
+      lp.row(nv, -kInf, in.nvme_cap, 1.0 / A);
+    }
+    lp.label = "dram/nvme";
+    if (!dr.empty()) lp.row(dr, -kInf, in.dram_cap - in.dram_fixed, 1.0 / A);
   }
 };
 
