@@ -7,6 +7,7 @@
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -115,11 +116,10 @@ ResourceProfile default_profile(const TrainConfig& cfg, const ModelConfig& m, in
   return p;
 }
 
-}  // namespace
-
-TrainingPlan make_training_plan(const TrainConfig& cfg, const ModelConfig& model, int64_t batch, int64_t seq,
-                                const std::string& device_name, bool on_gpu, const dist::Topology& topo) {
-  TrainingPlan tp;
+// The planner's request from the config: its memory, planner and placement strings parsed, this rank's share of the
+// host (topo) applied.
+PlanRequest plan_request_from_config(const TrainConfig& cfg, const ModelConfig& model, int64_t batch, int64_t seq,
+                                     bool on_gpu, const dist::Topology& topo) {
   PlanRequest r;
   r.model = model;
   r.batch = batch;
@@ -157,17 +157,56 @@ TrainingPlan make_training_plan(const TrainConfig& cfg, const ModelConfig& model
   r.device_update_layers = device_update_layers_of(cfg);
   if (!r.device_update_layers && (!on_gpu || cfg.optimizer_nvme == "all")) r.device_update_layers = 0;
   r.compare = false;
+  return r;
+}
+
+struct SolvedPlan {
+  PlanOutcome outcome;
+  double seconds = 0;  // the planner's wall time
+};
+
+// Runs the planner; throws when no plan fits or the plan contradicts the config.
+SolvedPlan solve_plan(const TrainConfig& cfg, const PlanRequest& r) {
   const double t0 = now_seconds();
-  PlanOutcome o = make_plan(r);
-  const double plan_s = now_seconds() - t0;
-  if (!o.feasible) fail("{} (planner {}, batch {}, seq {}; profile {})", o.why, r.planner, batch, seq, r.profile.name);
+  SolvedPlan s{make_plan(r), 0};
+  s.seconds = now_seconds() - t0;
+  const PlanOutcome& o = s.outcome;
+  if (!o.feasible)
+    fail("{} (planner {}, batch {}, seq {}; profile {})", o.why, r.planner, r.batch, r.seq, r.profile.name);
   // gradient_dtype: bf16 is the dtype of gradients held on the device; host gradients are fp32 accumulators.
   LT_CHECK(!(cfg.gradient_dtype == "bf16" && o.placement.grads == GradHome::Host),
            "config: gradient_dtype=bf16 applies to gradients held on the device, but the plan keeps the gradients on "
            "the host (gradients: {}, the {} planner's choice for this model, batch {} and seq {}); set "
            "gradients=device to hold them on the device in bf16, or gradient_dtype=auto",
-           cfg.gradients, o.chosen.empty() ? r.planner : o.chosen, batch, seq);
+           cfg.gradients, o.chosen.empty() ? r.planner : o.chosen, r.batch, r.seq);
+  return s;
+}
 
+// Over the units the CPU optimizer updates (those updated on the GPU have no CPU time); -1 when there are none.
+double predicted_optimizer_params_per_s(const ModelConfig& model, const PlanOutcome& o) {
+  const auto lay = model_layout(model);
+  double t = 0, n = 0;
+  for (size_t u = 0; u < o.inst.opt.size(); ++u) {
+    if (o.inst.opt[u] <= 0) continue;
+    t += o.inst.opt[u];
+    n += double(unit_param_count(u < size_t(o.inst.L) ? lay.layer(int64_t(u)) : u == size_t(o.inst.L) ? lay.head()
+                                                                                                   : lay.embedding()));
+  }
+  return t > 0 ? n / t : -1;
+}
+
+// Layer forwards per micro-batch beyond the forward pass: each layer's backward re-runs its forward, except the kept
+// layers' (Plan::kept_layers), plus the recompute blocks'.
+double extra_layer_forwards(const ModelConfig& model, const Plan& plan) {
+  double block_recompute = 0;
+  for (const auto& b : plan.blocks) block_recompute += double(b.end - b.start - 1);
+  return double(model.layers - plan.kept_layers) + block_recompute;
+}
+
+// The TrainingPlan's fields from the planner's outcome (all but the summary).
+TrainingPlan derive_training_plan(const TrainConfig& cfg, const ModelConfig& model, const PlanRequest& r,
+                                  const PlanOutcome& o) {
+  TrainingPlan tp;
   tp.exec = exec_plan_from(o.plan, model);  // o.plan.predicted is the chosen candidate's o.sim.pred
   tp.tensors_8bit.insert(o.plan.optimizer_8bit.begin(), o.plan.optimizer_8bit.end());
   tp.placement = o.placement;
@@ -178,61 +217,111 @@ TrainingPlan make_training_plan(const TrainConfig& cfg, const ModelConfig& model
   tp.predicted_tflops = o.sim.pred.tflops;
   tp.predicted_exposed_transfer_s = o.sim.pred.exposed_h2d_s + o.sim.pred.exposed_d2h_s + o.sim.pred.exposed_nvme_s;
   tp.predicted_exposed_optimizer_s = o.sim.pred.exposed_optimizer_s;
-  {
-    // Over the units the CPU optimizer updates (those updated on the GPU have no CPU time).
-    const auto lay = model_layout(model);
-    double t = 0, n = 0;
-    for (size_t u = 0; u < o.inst.opt.size(); ++u) {
-      if (o.inst.opt[u] <= 0) continue;
-      t += o.inst.opt[u];
-      n += double(unit_param_count(u < size_t(o.inst.L) ? lay.layer(int64_t(u)) : u == size_t(o.inst.L) ? lay.head()
-                                                                                                     : lay.embedding()));
-    }
-    if (t > 0) tp.predicted_optimizer_params_per_s = n / t;
-  }
+  tp.predicted_optimizer_params_per_s = predicted_optimizer_params_per_s(model, o);
   // The device budget the executor enforces: the profile's (the CPU backend's is twice the planner's view).
   tp.device_budget = cfg.gpu_mem.empty() ? -1 : parse_bytes(cfg.gpu_mem);
   tp.host_budget = cfg.host_mem.empty() ? -1 : parse_bytes(cfg.host_mem);
   tp.planned_dram = r.profile.dram_bytes;
-  double block_recompute = 0;
-  for (const auto& b : o.plan.blocks) block_recompute += double(b.end - b.start - 1);
-  // Each layer's backward re-runs its forward, except the kept layers' (Plan::kept_layers).
-  tp.extra_layer_forwards = double(model.layers - o.plan.kept_layers) + block_recompute;
+  tp.extra_layer_forwards = extra_layer_forwards(model, o.plan);
+  return tp;
+}
 
-  int n_gpu = 0, n_cpu = 0, n_nvme = 0, n_none = 0;
-  for (Tier t : o.plan.tier) (t == Tier::Gpu ? n_gpu : t == Tier::Cpu ? n_cpu : t == Tier::Nvme ? n_nvme : n_none)++;
-  tp.summary = fmt::format(
+// What the console summary of a plan says, gathered from the request, the outcome and the derived plan.
+struct PlanSummary {
+  std::string requested_planner, chosen_planner, profile, device;
+  double plan_s = 0;
+  int n_gpu = 0, n_cpu = 0, n_nvme = 0, n_none = 0;  // boundaries per tier
+  int64_t blocks = 0, chunk = 0, batch = 0;
+  int32_t ring = 0;
+  std::string kept;  // " | kept ..." or empty
+  std::string tiers, optimizer;
+  int64_t eight_bit_tensors = 0, eight_bit_params = 0;
+  std::string master, grads, state_notes;  // state_notes: the gradients' dtype, what updates on the GPU
+  double step_s = 0, tflops = 0, exposed_transfer_ms = 0, exposed_optimizer_ms = 0;
+  std::string hbm_peak, hbm_room, dram_peak, dram_room, nvme_used, nvme_room;
+  std::optional<std::string> rank_memory;  // data parallel: this rank's memory line
+};
+
+std::string placement_notes(const StatePlacement& p) {
+  return (p.grads == GradHome::Device ? fmt::format(" ({})", grad_dtype_name(p.grad_dtype)) : std::string()) +
+         (p.embedding_update_device ? ", the embedding's update on the GPU" : "") +
+         (p.device_update_layers > 0
+              ? fmt::format(", the first {} layers' updates on the GPU", p.device_update_layers)
+              : std::string());
+}
+
+PlanSummary plan_summary_of(const TrainConfig& cfg, const PlanRequest& r, const SolvedPlan& solved,
+                            const TrainingPlan& tp, const std::string& device_name) {
+  const PlanOutcome& o = solved.outcome;
+  PlanSummary s;
+  s.requested_planner = r.planner;
+  s.chosen_planner = tp.planner;
+  s.plan_s = solved.seconds;
+  s.profile = r.profile.name;
+  s.device = device_name;
+  for (Tier t : o.plan.tier)
+    (t == Tier::Gpu ? s.n_gpu : t == Tier::Cpu ? s.n_cpu : t == Tier::Nvme ? s.n_nvme : s.n_none)++;
+  s.blocks = int64_t(o.plan.blocks.size());
+  s.chunk = o.plan.chunk;
+  s.batch = o.plan.batch;
+  s.ring = o.plan.ring;
+  if (o.plan.kept_layers > 0)
+    s.kept = fmt::format(" | kept {} (the last layers' internals, {})", o.plan.kept_layers, format_bytes(kept_hbm(o.inst)));
+  s.tiers = describe_tiers(o.plan);
+  s.optimizer = cfg.optimizer;
+  s.eight_bit_tensors = o.eight_bit_tensors;
+  s.eight_bit_params = o.eight_bit_params;
+  s.master = master_mode_name(o.placement.master);
+  s.grads = grad_home_name(o.placement.grads);
+  s.state_notes = placement_notes(o.placement);
+  s.step_s = tp.predicted_step_s;
+  s.tflops = tp.predicted_tflops;
+  s.exposed_transfer_ms = 1e3 * tp.predicted_exposed_transfer_s;
+  s.exposed_optimizer_ms = 1e3 * tp.predicted_exposed_optimizer_s;
+  s.hbm_peak = format_bytes(double(o.sim.pred.peak_hbm));
+  s.hbm_room = format_bytes(double(r.profile.hbm_bytes - r.profile.hbm_reserve));
+  s.dram_peak = format_bytes(double(o.sim.pred.peak_dram));
+  s.dram_room = format_bytes(double(r.profile.dram_bytes));
+  s.nvme_used = format_bytes(double(o.sim.pred.nvme_bytes));
+  s.nvme_room = format_bytes(double(r.profile.nvme_bytes));
+  if (r.world > 1) s.rank_memory = dist::rank_memory_line(r, o);
+  return s;
+}
+
+std::string format_plan_summary(const PlanSummary& s) {
+  std::string out = fmt::format(
       "plan: {} planner chose '{}' in {:.2f} s (profile '{}', device {})\n"
       "  boundaries: {} gpu, {} cpu, {} nvme, {} recomputed | {} recompute blocks | chunk {} of {} samples | ring {}{}\n"
       "  tiers: {}\n"
       "  optimizer: {} ({} tensors / {} params with 8-bit moments); master weights {}, gradients on the {}{}\n"
       "  predicted: {:.3f} s/step, {:.3f} TFLOPS, exposed transfer {:.1f} ms, exposed optimizer {:.1f} ms\n"
       "  memory: device peak {} of {}, host {} of {}, nvme {} of {}\n",
-      r.planner, tp.planner, plan_s, r.profile.name, device_name, n_gpu, n_cpu, n_nvme, n_none,
-      o.plan.blocks.size(), o.plan.chunk, o.plan.batch, o.plan.ring,
-      o.plan.kept_layers > 0
-          ? fmt::format(" | kept {} (the last layers' internals, {})", o.plan.kept_layers, format_bytes(kept_hbm(o.inst)))
-          : std::string(),
-      describe_tiers(o.plan), cfg.optimizer,
-      o.eight_bit_tensors, o.eight_bit_params, master_mode_name(o.placement.master), grad_home_name(o.placement.grads),
-      (o.placement.grads == GradHome::Device ? fmt::format(" ({})", grad_dtype_name(o.placement.grad_dtype)) : std::string()) +
-          (o.placement.embedding_update_device ? ", the embedding's update on the GPU" : "") +
-          (o.placement.device_update_layers > 0
-               ? fmt::format(", the first {} layers' updates on the GPU", o.placement.device_update_layers)
-               : std::string()),
-      tp.predicted_step_s, tp.predicted_tflops,
-      1e3 * tp.predicted_exposed_transfer_s, 1e3 * tp.predicted_exposed_optimizer_s,
-      format_bytes(double(o.sim.pred.peak_hbm)), format_bytes(double(r.profile.hbm_bytes - r.profile.hbm_reserve)),
-      format_bytes(double(o.sim.pred.peak_dram)), format_bytes(double(r.profile.dram_bytes)),
-      format_bytes(double(o.sim.pred.nvme_bytes)), format_bytes(double(r.profile.nvme_bytes)));
-  if (r.world > 1) tp.summary += "  " + dist::rank_memory_line(r, o);
-  if (!cfg.output_dir.empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(cfg.output_dir, ec);
-    save_plan(o.plan, std::filesystem::path(cfg.output_dir) / "plan.json");
-    std::ofstream rep(std::filesystem::path(cfg.output_dir) / "plan_report.txt");
-    rep << plan_report(r, o);
-  }
+      s.requested_planner, s.chosen_planner, s.plan_s, s.profile, s.device, s.n_gpu, s.n_cpu, s.n_nvme, s.n_none,
+      s.blocks, s.chunk, s.batch, s.ring, s.kept, s.tiers, s.optimizer, s.eight_bit_tensors, s.eight_bit_params,
+      s.master, s.grads, s.state_notes, s.step_s, s.tflops, s.exposed_transfer_ms, s.exposed_optimizer_ms,
+      s.hbm_peak, s.hbm_room, s.dram_peak, s.dram_room, s.nvme_used, s.nvme_room);
+  if (s.rank_memory) out += "  " + *s.rank_memory;
+  return out;
+}
+
+// plan.json and plan_report.txt in the output directory.
+void write_plan_files(const std::string& output_dir, const PlanRequest& r, const PlanOutcome& o) {
+  std::error_code ec;
+  std::filesystem::create_directories(output_dir, ec);
+  save_plan(o.plan, std::filesystem::path(output_dir) / "plan.json");
+  std::ofstream rep(std::filesystem::path(output_dir) / "plan_report.txt");
+  rep << plan_report(r, o);
+}
+
+}  // namespace
+
+TrainingPlan make_training_plan(const TrainConfig& cfg, const ModelConfig& model, int64_t batch, int64_t seq,
+                                const std::string& device_name, bool on_gpu, const dist::Topology& topo) {
+  const PlanRequest r = plan_request_from_config(cfg, model, batch, seq, on_gpu, topo);
+  const SolvedPlan solved = solve_plan(cfg, r);
+  TrainingPlan tp = derive_training_plan(cfg, model, r, solved.outcome);
+  tp.summary = format_plan_summary(plan_summary_of(cfg, r, solved, tp, device_name));
+  if (!cfg.output_dir.empty()) write_plan_files(cfg.output_dir, r, solved.outcome);
   return tp;
 }
 
