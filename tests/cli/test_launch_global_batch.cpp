@@ -20,47 +20,19 @@
 
 #include "../common/repo_path.h"
 #include "cli_process.h"
+#include "run_results.h"
 #include "io/safetensors.h"
 
 namespace fs = std::filesystem;
 using lt::testing::finish_process;
 using lt::testing::start_lazytrain;
 using lt::testing::train_records;
+using lt::testing::slurp;
+using lt::testing::run_lazytrain;
+using lt::testing::losses_by_step;
+using lt::testing::checkpoint_masters;
 
 namespace {
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-int run(const std::vector<std::string>& args, const fs::path& log) {
-  const int st = finish_process(start_lazytrain(args, log));
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
-std::map<int64_t, double> losses(const fs::path& out) {
-  std::map<int64_t, double> m;
-  for (const auto& j : train_records(out)) m[j["step"].get<int64_t>()] = j["loss"].get<double>();
-  return m;
-}
-
-// The fp32 master weights of a checkpoint, by tensor name.
-std::map<std::string, std::vector<float>> masters(const fs::path& ckpt) {
-  std::map<std::string, std::vector<float>> m;
-  for (const auto& e : fs::directory_iterator(ckpt / "trainer_state" / "master")) {
-    if (e.path().extension() != ".safetensors") continue;
-    lt::SafetensorsFile f(e.path());
-    for (const auto& t : f.header().tensors) {
-      auto& v = m[t.name];
-      v.resize(size_t(t.numel()));
-      f.read_f32(t, v.data());
-    }
-  }
-  return m;
-}
 
 class LaunchGlobalBatch : public ::testing::Test {
  protected:
@@ -75,9 +47,15 @@ class LaunchGlobalBatch : public ::testing::Test {
   // The demo config for 12 steps, a checkpoint at the end, no evaluation.
   std::vector<std::string> demo(const std::string& out, const std::vector<std::string>& extra) const {
     const fs::path root = lt::testing::repo_root();
-    std::vector<std::string> a = {(root / "configs" / "demo.yaml").string(), "tokenizer=" + (root / "configs" / "demo").string(),
-                                  "output_dir=" + (dir_ / out).string(), "max_steps=12", "logging_steps=1",
-                                  "save_steps=0", "do_eval_dataset=", "progress_bar=false", "backend=cpu"};
+    std::vector<std::string> a = {(root / "configs" / "demo.yaml").string(),
+                                  "tokenizer=" + (root / "configs" / "demo").string(),
+                                  "output_dir=" + (dir_ / out).string(),
+                                  "max_steps=12",
+                                  "logging_steps=1",
+                                  "save_steps=0",
+                                  "do_eval_dataset=",
+                                  "progress_bar=false",
+                                  "backend=cpu"};
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
   }
@@ -88,9 +66,9 @@ class LaunchGlobalBatch : public ::testing::Test {
     for (const auto& a : demo(tag + "_two", extra)) two.push_back(a);
     one.push_back("gradient_accumulation_steps=2");
     two.push_back("gradient_accumulation_steps=1");
-    EXPECT_EQ(run(one, dir_ / (tag + "_one.log")), 0) << slurp(dir_ / (tag + "_one.log"));
-    EXPECT_EQ(run(two, dir_ / (tag + "_two.log")), 0) << slurp(dir_ / (tag + "_two.log"));
-    const auto a = losses(dir_ / (tag + "_one")), b = losses(dir_ / (tag + "_two"));
+    EXPECT_EQ(run_lazytrain(one, dir_ / (tag + "_one.log")), 0) << slurp(dir_ / (tag + "_one.log"));
+    EXPECT_EQ(run_lazytrain(two, dir_ / (tag + "_two.log")), 0) << slurp(dir_ / (tag + "_two.log"));
+    const auto a = losses_by_step(dir_ / (tag + "_one")), b = losses_by_step(dir_ / (tag + "_two"));
     EXPECT_EQ(a.size(), 12u);
     EXPECT_EQ(b.size(), 12u);
     if (!a.count(12) || !b.count(12)) return {NAN, NAN};
@@ -98,7 +76,8 @@ class LaunchGlobalBatch : public ::testing::Test {
     // 2 ranks x 1 micro-batch of 16 rows: each rank's tokens are half of the step's.
     EXPECT_EQ(recs.back()["ranks"].size(), 2u);
     EXPECT_EQ(2 * recs.back()["ranks"][0]["tokens"].get<int64_t>(), recs.back()["tokens"].get<int64_t>());
-    EXPECT_EQ(recs.back()["tokens"].get<int64_t>(), train_records(dir_ / (tag + "_one")).back()["tokens"].get<int64_t>());
+    EXPECT_EQ(recs.back()["tokens"].get<int64_t>(),
+              train_records(dir_ / (tag + "_one")).back()["tokens"].get<int64_t>());
     std::printf("%s: step-12 loss, 1 process (accumulation 2) %.17g, 2 ranks (accumulation 1) %.17g, relative "
                 "difference %.3g\n",
                 tag.c_str(), a.at(12), b.at(12), std::fabs(a.at(12) - b.at(12)) / a.at(12));
@@ -115,9 +94,10 @@ TEST_F(LaunchGlobalBatch, TwoRanksOfOneMicroBatchEqualOneProcessAccumulatingTwo)
 TEST_F(LaunchGlobalBatch, TwoRanksOfOneMicroBatchAreBitIdenticalWithTheSameThreads) {
   const auto [one, two] = run_pair("threads1", {"threads=1"});
   EXPECT_EQ(one, two);
-  const auto a = losses(dir_ / "threads1_one"), b = losses(dir_ / "threads1_two");
+  const auto a = losses_by_step(dir_ / "threads1_one"), b = losses_by_step(dir_ / "threads1_two");
   for (const auto& [step, loss] : a) EXPECT_EQ(loss, b.count(step) ? b.at(step) : NAN) << "step " << step;
-  const auto wa = masters(dir_ / "threads1_one" / "checkpoint-12"), wb = masters(dir_ / "threads1_two" / "checkpoint-12");
+  const auto wa = checkpoint_masters(dir_ / "threads1_one" / "checkpoint-12"),
+             wb = checkpoint_masters(dir_ / "threads1_two" / "checkpoint-12");
   ASSERT_EQ(wa.size(), wb.size());
   size_t differ = 0, n = 0;
   for (const auto& [name, va] : wa) {

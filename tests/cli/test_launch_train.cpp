@@ -23,6 +23,7 @@
 
 #include "../common/repo_path.h"
 #include "cli_process.h"
+#include "run_results.h"
 #include "core/timer.h"
 #include "io/safetensors.h"
 #include "train/checkpoint_dir.h"
@@ -31,6 +32,10 @@ namespace fs = std::filesystem;
 using lt::testing::finish_process;
 using lt::testing::start_lazytrain;
 using lt::testing::train_records;
+using lt::testing::slurp;
+using lt::testing::run_lazytrain;
+using lt::testing::losses_by_step;
+using lt::testing::checkpoint_masters;
 
 namespace {
 
@@ -52,47 +57,13 @@ fs::path write_config(const fs::path& dir) {
 // The override that gives n ranks the global batch of 4 micro-batches.
 std::string accumulation(int n) { return "gradient_accumulation_steps=" + std::to_string(4 / n); }
 
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-// Runs lazytrain to the end; returns its exit code (128 + signal if killed). Output appended to log.
-int run(const std::vector<std::string>& args, const fs::path& log) {
-  const int st = finish_process(start_lazytrain(args, log));
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
-std::map<int64_t, double> losses(const fs::path& out) {
-  std::map<int64_t, double> m;
-  for (const auto& j : train_records(out)) m[j["step"].get<int64_t>()] = j["loss"].get<double>();
-  return m;
-}
-
-// The fp32 master weights of a checkpoint, by tensor name.
-std::map<std::string, std::vector<float>> masters(const fs::path& ckpt) {
-  std::map<std::string, std::vector<float>> m;
-  for (const auto& e : fs::directory_iterator(ckpt / "trainer_state" / "master")) {
-    if (e.path().extension() != ".safetensors") continue;
-    lt::SafetensorsFile f(e.path());
-    for (const auto& t : f.header().tensors) {
-      auto& v = m[t.name];
-      v.resize(size_t(t.numel()));
-      f.read_f32(t, v.data());
-    }
-  }
-  return m;
-}
-
 struct WeightDiff {
   double max = 0;        // largest |a - b|
   double frac_over = 0;  // fraction of the weights with |a - b| > `over`
 };
 // Over every weight of two checkpoints (the tensor sets must be equal).
 WeightDiff weight_diff(const fs::path& a, const fs::path& b, double over) {
-  const auto wa = masters(a), wb = masters(b);
+  const auto wa = checkpoint_masters(a), wb = checkpoint_masters(b);
   EXPECT_EQ(wa.size(), wb.size());
   EXPECT_FALSE(wa.empty());
   WeightDiff d;
@@ -134,9 +105,10 @@ class LaunchTrain : public ::testing::Test {
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     cfg_ = write_config(dir_).string();
-    single_rc_ = run({"train", cfg_, "output_dir=" + (dir_ / "single").string()}, dir_ / "single.log");
-    dp2_rc_ = run({"launch", "-n", "2", "--", "train", cfg_, accumulation(2), "output_dir=" + (dir_ / "dp2").string()},
-                  dir_ / "dp2.log");
+    single_rc_ = run_lazytrain({"train", cfg_, "output_dir=" + (dir_ / "single").string()}, dir_ / "single.log");
+    dp2_rc_ = run_lazytrain(
+        {"launch", "-n", "2", "--", "train", cfg_, accumulation(2), "output_dir=" + (dir_ / "dp2").string()},
+        dir_ / "dp2.log");
   }
   static void TearDownTestSuite() {
     if (!::testing::UnitTest::GetInstance()->Failed()) fs::remove_all(dir_);  // kept to look into
@@ -151,7 +123,7 @@ class LaunchTrain : public ::testing::Test {
 };
 
 TEST_F(LaunchTrain, TwoRanksEqualOneProcess) {
-  const auto ref = losses(dir_ / "single"), dp = losses(dir_ / "dp2");
+  const auto ref = losses_by_step(dir_ / "single"), dp = losses_by_step(dir_ / "dp2");
   ASSERT_EQ(ref.size(), 4u);
   ASSERT_EQ(dp.size(), 4u);
   expect_losses_match(ref, dp, "2 ranks");
@@ -178,7 +150,11 @@ TEST_F(LaunchTrain, FourRanksAndEightBitMomentsEqualOneProcess) {
   };
   const std::string opt8 = "optimizer=adamw8bit";
   const std::vector<Case> cases = {
-      {"4 ranks", {}, {"launch", "-n", "4", "--", "train", cfg_, accumulation(4), "output_dir=" + (dir_ / "dp4").string()}, 0, 0},
+      {"4 ranks",
+       {},
+       {"launch", "-n", "4", "--", "train", cfg_, accumulation(4), "output_dir=" + (dir_ / "dp4").string()},
+       0,
+       0},
       {"2 ranks, adamw8bit",
        {"train", cfg_, opt8, "output_dir=" + (dir_ / "single8").string()},
        {"launch", "-n", "2", "--", "train", cfg_, opt8, accumulation(2), "output_dir=" + (dir_ / "dp2_8").string()},
@@ -189,14 +165,14 @@ TEST_F(LaunchTrain, FourRanksAndEightBitMomentsEqualOneProcess) {
     fs::path ref = dir_ / "single";
     if (!c.single.empty()) {
       ref = c.single.back().substr(std::string("output_dir=").size());
-      ASSERT_EQ(run(c.single, ref.string() + ".log"), 0) << c.name << ": " << slurp(ref.string() + ".log");
+      ASSERT_EQ(run_lazytrain(c.single, ref.string() + ".log"), 0) << c.name << ": " << slurp(ref.string() + ".log");
     }
     const fs::path out = c.ranks.back().substr(std::string("output_dir=").size());
-    ASSERT_EQ(run(c.ranks, out.string() + ".log"), 0) << c.name << ": " << slurp(out.string() + ".log");
-    const auto got = losses(out);
+    ASSERT_EQ(run_lazytrain(c.ranks, out.string() + ".log"), 0) << c.name << ": " << slurp(out.string() + ".log");
+    const auto got = losses_by_step(out);
     EXPECT_EQ(got.size(), 4u) << c.name;
-    expect_losses_match(losses(ref), got, c.name);
-    if (c.max_lr == 0) EXPECT_EQ(got, losses(ref)) << c.name;
+    expect_losses_match(losses_by_step(ref), got, c.name);
+    if (c.max_lr == 0) EXPECT_EQ(got, losses_by_step(ref)) << c.name;
     const WeightDiff d = weight_diff(ref / "checkpoint-4", out / "checkpoint-4", 0.01 * kLr);
     std::printf("%s vs 1 process after 4 steps: max |w_dp - w_single| = %.3g (%.3g lr), %.2g of the weights beyond "
                 "0.01 lr\n",
@@ -239,21 +215,22 @@ TEST_F(LaunchTrain, RankZeroAloneWritesTheOutputWithEveryRanksFigures) {
 }
 
 TEST_F(LaunchTrain, ResumesWithAnotherNumberOfRanks) {
-  const auto ref = losses(dir_ / "single");
+  const auto ref = losses_by_step(dir_ / "single");
   const std::string from = "resume_from_checkpoint=" + (dir_ / "dp2" / "checkpoint-2").string();
   struct Case {
     const char* name;
     std::vector<std::string> args;
   };
   const std::vector<Case> cases = {
-      {"4 ranks", {"launch", "-n", "4", "--", "train", cfg_, from, accumulation(4), "output_dir=" + (dir_ / "r4").string()}},
+      {"4 ranks",
+       {"launch", "-n", "4", "--", "train", cfg_, from, accumulation(4), "output_dir=" + (dir_ / "r4").string()}},
       {"1 process", {"train", cfg_, from, "output_dir=" + (dir_ / "r1").string()}},
   };
   for (const auto& c : cases) {
     const fs::path out = c.args.back().substr(std::string("output_dir=").size());
     const fs::path log = out.string() + ".log";
-    ASSERT_EQ(run(c.args, log), 0) << c.name << ": " << slurp(log);
-    const auto got = losses(out);
+    ASSERT_EQ(run_lazytrain(c.args, log), 0) << c.name << ": " << slurp(log);
+    const auto got = losses_by_step(out);
     EXPECT_EQ(got.size(), 2u) << c.name;  // steps 3 and 4
     expect_losses_match(ref, got, c.name);
     const double d = max_weight_diff(dir_ / "single" / "checkpoint-4", out / "checkpoint-4");
@@ -265,7 +242,8 @@ TEST_F(LaunchTrain, ResumesWithAnotherNumberOfRanks) {
 // The pids of the launcher's children, by LT_RANK.
 std::map<int, pid_t> rank_pids(pid_t launcher) {
   std::map<int, pid_t> m;
-  std::istringstream kids(slurp(fs::path("/proc") / std::to_string(launcher) / "task" / std::to_string(launcher) / "children"));
+  std::istringstream kids(
+      slurp(fs::path("/proc") / std::to_string(launcher) / "task" / std::to_string(launcher) / "children"));
   for (pid_t k; kids >> k;) {
     const std::string env = slurp(fs::path("/proc") / std::to_string(k) / "environ");
     const size_t p = env.find("LT_RANK=");
@@ -277,8 +255,8 @@ std::map<int, pid_t> rank_pids(pid_t launcher) {
 // Starts a long 2-rank run (a checkpoint every step), waits for its third step, calls `hurt` with the
 // launcher's and rank 1's pids, then waits for the launcher. Returns its exit code; *seconds: from
 // `hurt` to the launcher's end.
-int hurt_run(const std::string& cfg, const fs::path& out, const fs::path& log, const std::vector<std::string>& launch_opts,
-             void (*hurt)(pid_t launcher, pid_t rank1), double* seconds) {
+int hurt_run(const std::string& cfg, const fs::path& out, const fs::path& log,
+             const std::vector<std::string>& launch_opts, void (*hurt)(pid_t launcher, pid_t rank1), double* seconds) {
   std::vector<std::string> args = {"launch", "-n", "2"};
   args.insert(args.end(), launch_opts.begin(), launch_opts.end());
   for (const char* a : {"--", "train"}) args.push_back(a);
@@ -366,9 +344,9 @@ TEST_F(LaunchTrain, SigtermToTheLauncherStopsEveryRankAfterTheSameStepWithACheck
 // dram_cap, the start-up line), one process with all of it.
 TEST_F(LaunchTrain, EachRankPlansWithItsShareOfTheHostMemory) {
   const fs::path out = dir_ / "budget", log = dir_ / "budget.log";
-  const int rc = run({"launch", "-n", "2", "--", "train", cfg_, accumulation(2), "host_mem=1GiB", "max_steps=1",
-                      "output_dir=" + out.string()},
-                     log);
+  const int rc = run_lazytrain({"launch", "-n", "2", "--", "train", cfg_, accumulation(2), "host_mem=1GiB",
+                                "max_steps=1", "output_dir=" + out.string()},
+                               log);
   const std::string text = slurp(log);
   ASSERT_EQ(rc, 0) << text;
   const auto plan = nlohmann::json::parse(slurp(out / "plan.json"));
@@ -378,7 +356,9 @@ TEST_F(LaunchTrain, EachRankPlansWithItsShareOfTheHostMemory) {
             std::string::npos)
       << text;
   const fs::path one = dir_ / "budget1";
-  ASSERT_EQ(run({"train", cfg_, "host_mem=1GiB", "max_steps=1", "output_dir=" + one.string()}, dir_ / "budget1.log"), 0)
+  ASSERT_EQ(run_lazytrain({"train", cfg_, "host_mem=1GiB", "max_steps=1", "output_dir=" + one.string()},
+                          dir_ / "budget1.log"),
+            0)
       << slurp(dir_ / "budget1.log");
   EXPECT_EQ(nlohmann::json::parse(slurp(one / "plan.json")).at("dram_cap").get<int64_t>(), int64_t(1) << 30);
 }
@@ -391,8 +371,8 @@ TEST_F(LaunchTrain, RefusesWhatCannotRunDataParallelNamingTheField) {
                         Case{"gradients=device", "gradients 'device'"}}) {
     const fs::path log = dir_ / "refused.log";
     fs::remove(log);
-    const int rc = run({"launch", "-n", "2", "--", "train", cfg_, c.override_, "output_dir=" + (dir_ / "refused").string()},
-                       log);
+    const int rc = run_lazytrain(
+        {"launch", "-n", "2", "--", "train", cfg_, c.override_, "output_dir=" + (dir_ / "refused").string()}, log);
     const std::string text = slurp(log);
     EXPECT_NE(rc, 0) << c.override_;
     EXPECT_NE(text.find(c.needle), std::string::npos) << c.override_ << ":\n" << text;
