@@ -4,19 +4,13 @@
 
 #include "core/error.h"
 #include "train/checkpoint_dir.h"
+#include "../common/test_dir.h"
 
 using namespace lt::train;
 
 namespace {
-struct TmpDir {
-  fs::path p;
-  TmpDir() {
-    p = fs::temp_directory_path() / ("lt_ckpt_test_" + std::to_string(::getpid()) + "_" +
-                                     ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(p);
-    fs::create_directories(p);
-  }
-  ~TmpDir() { fs::remove_all(p); }
+struct TmpDir : lt::testing::TestDir {
+  TmpDir() : TestDir("lt_ckpt_test_") {}
 };
 
 void save(const fs::path& out, int64_t step, const std::string& payload) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "../common/repo_path.h"
+#include "../common/test_dir.h"
 #include "data/chat_template.h"
 #include "io/model_io.h"
 #include "model/init.h"
@@ -49,15 +50,8 @@ std::string slurp(const fs::path& p) {
   return ss.str();
 }
 
-struct TmpDir {
-  fs::path p;
-  TmpDir() {
-    p = fs::temp_directory_path() / ("lt_ckpt_tok_" + std::to_string(::getpid()) + "_" +
-                                     ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(p);
-    fs::create_directories(p);
-  }
-  ~TmpDir() { fs::remove_all(p); }
+struct TmpDir : lt::testing::TestDir {
+  TmpDir() : TestDir("lt_ckpt_tok_") {}
 };
 
 // A model directory as current transformers saves it: weights (vocab of the demo tokenizer), and the

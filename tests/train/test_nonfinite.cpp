@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../common/repo_path.h"
+#include "../common/test_dir.h"
 #include "core/error.h"
 #include "exec/host_state.h"
 #include "model/model_config.h"
@@ -37,15 +38,8 @@ namespace {
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 const char* const kBadTensor = "model.layers.1.mlp.down_proj.weight";  // unit 2 of tiny-qwen2 (2 layers)
 
-struct TmpDir {
-  fs::path p;
-  explicit TmpDir(const std::string& tag = "") {
-    p = fs::temp_directory_path() / ("lt_nonfinite_test_" + std::to_string(::getpid()) + "_" +
-                                     ::testing::UnitTest::GetInstance()->current_test_info()->name() + tag);
-    fs::remove_all(p);
-    fs::create_directories(p);
-  }
-  ~TmpDir() { fs::remove_all(p); }
+struct TmpDir : lt::testing::TestDir {
+  explicit TmpDir(const std::string& tag = "") : TestDir("lt_nonfinite_test_", tag) {}
 };
 
 TrainConfig tiny_config(const fs::path& out, std::vector<std::string> extra = {}) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "../common/repo_path.h"
+#include "../common/test_dir.h"
 #include "core/error.h"
 #include "train/checkpoint.h"
 #include "train/checkpoint_dir.h"
@@ -25,15 +26,8 @@ using namespace lt::train;
 
 namespace {
 
-struct TmpDir {
-  fs::path p;
-  TmpDir() {
-    p = fs::temp_directory_path() / ("lt_run_checks_" + std::to_string(::getpid()) + "_" +
-                                     ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(p);
-    fs::create_directories(p);
-  }
-  ~TmpDir() { fs::remove_all(p); }
+struct TmpDir : lt::testing::TestDir {
+  TmpDir() : TestDir("lt_run_checks_") {}
 };
 
 TrainConfig tiny_run(const fs::path& out, std::vector<std::string> extra = {}) {

@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "../common/repo_path.h"
+#include "../common/test_dir.h"
 #include "train/signals.h"
 #include <nlohmann/json.hpp>
 
@@ -23,15 +24,8 @@ using namespace lt::train;
 
 namespace {
 
-struct TmpDir {
-  fs::path p;
-  explicit TmpDir(const std::string& tag = "") {
-    p = fs::temp_directory_path() / ("lt_trainer_test_" + std::to_string(::getpid()) + "_" +
-                                     ::testing::UnitTest::GetInstance()->current_test_info()->name() + tag);
-    fs::remove_all(p);
-    fs::create_directories(p);
-  }
-  ~TmpDir() { fs::remove_all(p); }
+struct TmpDir : lt::testing::TestDir {
+  explicit TmpDir(const std::string& tag = "") : TestDir("lt_trainer_test_", tag) {}
 };
 
 TrainConfig tiny_config(const fs::path& out, std::vector<std::string> extra = {}) {
