@@ -5,7 +5,7 @@
 #include "cli/inference_options.h"
 #include "core/error.h"
 #include "data/dataset.h"
-#include "train/evaluate.h"
+#include "infer/evaluate.h"
 
 namespace lt::cli {
 

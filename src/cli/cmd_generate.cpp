@@ -6,7 +6,7 @@
 #include "cli/commands.h"
 #include "cli/inference_options.h"
 #include "core/error.h"
-#include "train/generate.h"
+#include "infer/generate.h"
 
 namespace lt::cli {
 

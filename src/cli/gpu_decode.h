@@ -2,7 +2,7 @@
 // that decode (`generate`, `eval`, and `train`'s final evaluation). Empty hooks when this lazytrain
 // was built without the CUDA backend.
 #pragma once
-#include "train/decode_device.h"
+#include "infer/decode_device.h"
 
 namespace lt::cli {
 train::GpuDecodeHooks gpu_decode_hooks();

@@ -10,8 +10,8 @@
 
 #include "cli/gpu_decode.h"
 #include "core/error.h"
-#include "train/decode_device.h"
-#include "train/inference_model.h"
+#include "infer/decode_device.h"
+#include "infer/inference_model.h"
 
 namespace lt::cli {
 

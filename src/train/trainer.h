@@ -11,8 +11,8 @@
 
 #include "backend/backend.h"
 #include "dist/communicator.h"
+#include "infer/decode_device.h"
 #include "train/config.h"
-#include "train/decode_device.h"
 #include "train/metrics.h"
 
 namespace lt {

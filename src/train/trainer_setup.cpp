@@ -7,9 +7,9 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "infer/evaluate.h"
 #include "model/init.h"
 #include "train/checkpoint_dir.h"
-#include "train/evaluate.h"
 #include "train/signals.h"
 
 namespace lt::train {

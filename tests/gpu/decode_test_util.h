@@ -11,8 +11,8 @@
 
 #include "backend/cuda/cuda_decoder.h"
 #include "gpu_test_util.h"
+#include "infer/generate.h"
 #include "model/weights.h"
-#include "train/generate.h"
 
 namespace lt::gputest {
 

@@ -1,5 +1,5 @@
 // GPU decoding: the decode kernels (decode.h) against the CPU reference ops, and the CUDA decoder
-// (cuda_decoder.h) against the CPU decoder (train/generate.h) on small random models whose weights are
+// (cuda_decoder.h) against the CPU decoder (infer/generate.h) on small random models whose weights are
 // rounded to bf16 first, so that both sides see the same weights.
 //
 // Tolerances. The GPU keeps activations in bf16 (8 significant bits: each rounding is a relative error
@@ -24,8 +24,8 @@
 #include "core/error.h"
 #include "decode_test_util.h"
 #include "gpu_test_util.h"
+#include "infer/generate.h"
 #include "model/weights.h"
-#include "train/generate.h"
 
 using namespace lt;
 using namespace lt::gputest;

@@ -225,7 +225,7 @@ TEST(HybridBackend, WorkspaceCoversBothKinds) {
 
 // GPU decoding supports the hybrid shapes the Gated DeltaNet kernels run (test_hybrid_decode.cpp); a
 // shape they lack is refused with a message naming it (the callers then decode on the CPU under --device
-// auto; see train/decode_device.cpp).
+// auto; see infer/decode_device.cpp).
 TEST(HybridDecode, RefusesOnlyShapesTheKernelsLack) {
   REQUIRE_GPU();
   for (const char* k : {"hd64", "hd128", "hd256"}) EXPECT_EQ(cuda::decoder_unsupported(hybrid_config(k)), "") << k;

@@ -3,7 +3,7 @@
 //    QK-norm and partial RoPE: KV cache) against the CPU reference mixer: a packed prefill of prompts of
 //    different lengths (outputs and, for Gated DeltaNet, the conv windows and recurrent states it leaves),
 //    then batched decode steps whose rows map to permuted batch slots;
-//  * the whole decoder against the CPU decoder (train/generate.h) on bf16-rounded weights: logits of every
+//  * the whole decoder against the CPU decoder (infer/generate.h) on bf16-rounded weights: logits of every
 //    pass, tokens on well-separated models (batch > 1, prompts of different lengths, several prefill passes),
 //    resident == streamed == eager bit for bit, and the HF fixtures (tests/fixtures/hf/qwen35_*) compared
 //    token for token up to the first position where the CPU's top-2 margin is a near tie.
@@ -21,10 +21,10 @@
 #include "backend/cpu/ops.h"
 #include "backend/cuda/decode.h"
 #include "backend/cuda/decode_mixer.h"
-#include "backend/decode_state.h"
 #include "decode_test_util.h"
 #include "gpu_test_util.h"
 #include "hybrid_test_util.h"
+#include "infer/decode_state.h"
 #include "io/model_io.h"
 #include "io/safetensors.h"
 

@@ -15,11 +15,11 @@
 #include "../common/repo_path.h"
 #include "../common/test_dir.h"
 #include "data/chat_template.h"
+#include "infer/inference_model.h"
 #include "io/model_io.h"
 #include "model/init.h"
 #include "train/checkpoint_dir.h"
 #include "train/config.h"
-#include "train/inference_model.h"
 #include "train/trainer.h"
 
 using namespace lt;

@@ -11,9 +11,9 @@
 #include <string>
 
 #include "core/error.h"
+#include "infer/generate.h"
 #include "model/init.h"
 #include "train/config.h"
-#include "train/generate.h"
 
 using namespace lt;
 using namespace lt::train;

@@ -17,7 +17,7 @@ struct SampleGeo {
   const int32_t* seg;
 };
 
-// Greedy-decoding state of one sequence in one layer (train/generate.cpp).
+// Greedy-decoding state of one sequence in one layer (infer/generate.cpp).
 struct MixerCache {
   std::vector<float> k, v;         // attention: keys after norm + RoPE and values, [capacity, kv_dim]
   std::vector<float> conv, state;  // Gated DeltaNet: conv window [conv_dim, K-1], recurrent state [Hv, Dk, Dv]

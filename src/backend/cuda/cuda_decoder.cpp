@@ -16,14 +16,14 @@
 #include "backend/cuda/deltanet.h"
 #include "backend/cuda/device_arena.h"
 #include "backend/cuda/gemm.h"
-#include "backend/cuda/mixer.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/mixer.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/timer.h"
 #include "core/units.h"
-#include "backend/decode_state.h"
+#include "infer/decode_state.h"
 
 namespace lt::cuda {
 

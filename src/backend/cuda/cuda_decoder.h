@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/decode_plan.h"
+#include "infer/decode_plan.h"
 #include "model/model_config.h"
 #include "model/param_layout.h"
 

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "backend/decode_split.h"
+#include "infer/decode_split.h"
 
 namespace lt::cuda {
 

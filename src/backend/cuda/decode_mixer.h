@@ -16,7 +16,7 @@
 #include <memory>
 
 #include "backend/cuda/gemm.h"
-#include "backend/decode_plan.h"
+#include "infer/decode_plan.h"
 #include "model/model_config.h"
 #include "model/param_layout.h"
 

@@ -12,8 +12,8 @@
 #include "backend/cuda/decode_mixer.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/mixer.h"
-#include "backend/decode_state.h"
 #include "core/error.h"
+#include "infer/decode_state.h"
 
 namespace lt::cuda {
 namespace {

@@ -9,8 +9,8 @@
 #include "backend/cuda/decode_mixer.h"
 #include "backend/cuda/deltanet.h"
 #include "backend/cuda/mixer.h"
-#include "backend/decode_state.h"
 #include "core/error.h"
+#include "infer/decode_state.h"
 
 namespace lt::cuda {
 namespace {

@@ -1,4 +1,4 @@
-#include "train/inference_model.h"
+#include "infer/inference_model.h"
 
 #include <omp.h>
 

@@ -3,13 +3,13 @@
 // the CPU Generator wrapper (same tokens as greedy_generate, counted statistics).
 #include <gtest/gtest.h>
 
-#include "backend/decode_plan.h"
-#include "backend/decode_state.h"
 #include "core/error.h"
 #include "core/units.h"
+#include "infer/decode_device.h"
+#include "infer/decode_plan.h"
+#include "infer/decode_state.h"
+#include "infer/generate.h"
 #include "model/init.h"
-#include "train/decode_device.h"
-#include "train/generate.h"
 
 using namespace lt;
 using namespace lt::train;

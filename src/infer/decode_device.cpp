@@ -1,4 +1,4 @@
-#include "train/decode_device.h"
+#include "infer/decode_device.h"
 
 #include "core/error.h"
 #include "core/log.h"

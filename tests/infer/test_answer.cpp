@@ -1,6 +1,6 @@
 #include <gtest/gtest.h>
 
-#include "train/answer.h"
+#include "infer/answer.h"
 
 using namespace lt::train;
 

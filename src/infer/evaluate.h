@@ -8,7 +8,7 @@
 
 #include "data/chat_template.h"
 #include "data/dataset.h"
-#include "train/generate.h"
+#include "infer/generate.h"
 
 namespace lt::train {
 

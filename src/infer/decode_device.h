@@ -10,8 +10,8 @@
 #include <string>
 
 #include "backend/backend.h"
-#include "backend/decode_plan.h"
-#include "train/generate.h"
+#include "infer/decode_plan.h"
+#include "infer/generate.h"
 
 namespace lt::train {
 

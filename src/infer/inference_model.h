@@ -4,8 +4,8 @@
 #include <string>
 
 #include "data/chat_template.h"
+#include "infer/generate.h"
 #include "model/weights.h"
-#include "train/generate.h"
 
 namespace lt::train {
 

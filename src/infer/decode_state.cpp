@@ -1,8 +1,8 @@
-#include "backend/decode_state.h"
+#include "infer/decode_state.h"
 
 #include <algorithm>
 
-#include "backend/decode_plan.h"
+#include "infer/decode_plan.h"
 #include "model/mixer.h"
 
 namespace lt {

@@ -1,4 +1,4 @@
-#include "train/evaluate.h"
+#include "infer/evaluate.h"
 
 #include <algorithm>
 #include <fstream>
@@ -7,7 +7,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/timer.h"
-#include "train/answer.h"
+#include "infer/answer.h"
 
 namespace lt::train {
 

@@ -1,11 +1,11 @@
-#include "backend/decode_plan.h"
+#include "infer/decode_plan.h"
 
 #include <algorithm>
 
-#include "backend/decode_split.h"
-#include "backend/decode_state.h"
 #include "core/error.h"
 #include "core/units.h"
+#include "infer/decode_split.h"
+#include "infer/decode_state.h"
 
 namespace lt {
 namespace {

@@ -11,10 +11,10 @@
 #include "backend/cpu/reference.h"
 #include "data/bpe.h"
 #include "data/chat_template.h"
+#include "infer/generate.h"
 #include "io/model_io.h"
 #include "io/safetensors.h"
 #include "model/init.h"
-#include "train/generate.h"
 
 using namespace lt;
 using namespace lt::train;

@@ -1,4 +1,4 @@
-#include "train/answer.h"
+#include "infer/answer.h"
 
 #include <algorithm>
 #include <cctype>
