@@ -9,26 +9,6 @@
 
 namespace lt::cuda {
 
-namespace {
-int64_t count(const void* p, int64_t n, bool bf16, const std::string& what, cudaStream_t st) {
-  if (!p || n <= 0) return 0;
-  static unsigned long long* counter = nullptr;  // mapped host memory, read after the stream syncs
-  static unsigned long long* counter_dev = nullptr;
-  if (!counter) {
-    LT_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&counter), sizeof(*counter), cudaHostAllocMapped));
-    LT_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&counter_dev), counter, 0));
-  }
-  LT_CUDA(cudaStreamSynchronize(st));
-  *counter = 0;
-  count_nonfinite_async(p, n, bf16, counter_dev, st);
-  LT_CUDA(cudaStreamSynchronize(st));
-  const int64_t bad = int64_t(*counter);
-  static std::atomic<int> reported{0};
-  if (bad > 0 && reported.fetch_add(1) < 32) log_warn("finite check: {} has {} non-finite values of {}", what, bad, n);
-  return bad;
-}
-}  // namespace
-
 NonFiniteGuard::~NonFiniteGuard() {
   if (host_) cudaFreeHost(const_cast<unsigned long long*>(host_));
 }
@@ -44,6 +24,21 @@ void NonFiniteGuard::count(const void* p, int64_t n, bool bf16, cudaStream_t st)
   }
   count_nonfinite_async(p, n, bf16, dev_, st);
 }
+
+namespace {
+int64_t count(const void* p, int64_t n, bool bf16, const std::string& what, cudaStream_t st) {
+  if (!p || n <= 0) return 0;
+  static NonFiniteGuard counter;  // its mapped count, read after the stream syncs
+  LT_CUDA(cudaStreamSynchronize(st));
+  counter.reset();
+  counter.count(p, n, bf16, st);
+  LT_CUDA(cudaStreamSynchronize(st));
+  const int64_t bad = int64_t(counter.seen());
+  static std::atomic<int> reported{0};
+  if (bad > 0 && reported.fetch_add(1) < 32) log_warn("finite check: {} has {} non-finite values of {}", what, bad, n);
+  return bad;
+}
+}  // namespace
 
 bool finite_checks_enabled() {
   static const bool on = [] {

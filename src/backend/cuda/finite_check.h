@@ -28,6 +28,10 @@ class NonFiniteGuard {
   ~NonFiniteGuard();
   void count(const void* p, int64_t n, bool bf16, cudaStream_t st);
   bool tripped() const { return host_ && *host_ > 0; }
+  unsigned long long seen() const { return host_ ? *host_ : 0; }  // finished work's count so far
+  void reset() {
+    if (host_) *host_ = 0;
+  }
 
  private:
   volatile unsigned long long* host_ = nullptr;

@@ -184,7 +184,7 @@ class AttentionMixer final : public Mixer {
   // layout) always agree.
   bool on_cudnn(const Geo& g) const {
     if (!cudnn_ || (g.segments && g.runs <= 0)) return false;
-    if (g.segments && (env_is("LT_ATTN_PACKED", "own") || guard_tripped(fwd_guard_, "forward"))) return false;
+    if (g.segments && (packed_own_ || guard_tripped(fwd_guard_, "forward"))) return false;
     const PackedRows pr = packed(g);
     return cudnn_attention_usable(dims(g), g.segments ? &pr : nullptr);
   }
@@ -202,7 +202,7 @@ class AttentionMixer final : public Mixer {
   }
   // The backward on cuDNN: after a cuDNN forward, unless packed rows want more workspace than the block holds.
   bool bwd_on_cudnn(const Geo& g) const {
-    if (!on_cudnn(g) || env_is("LT_ATTN_BWD", "own")) return false;
+    if (!on_cudnn(g) || bwd_own_) return false;
     if (!g.segments) return true;
     if (guard_tripped(bwd_guard_, "backward")) return false;
     const PackedRows pr = packed(g);
@@ -298,6 +298,8 @@ class AttentionMixer final : public Mixer {
 
   const ModelConfig c_;
   const bool cudnn_ = cudnn_attention_enabled();  // carve cuDNN's bf16 dQ (the path itself: on_cudnn)
+  const bool packed_own_ = env_is("LT_ATTN_PACKED", "own");  // our kernels on packed rows (a check by hand)
+  const bool bwd_own_ = env_is("LT_ATTN_BWD", "own");        // cuDNN's forward, our backward (a check by hand)
   Gemm& gemm_;
   const float* inv_freq_;
   int64_t rot_;
