@@ -1,4 +1,4 @@
-// Greedy decoding with a KV cache on the GPU (src/backend/cuda/cuda_decoder.h): tokens/s of the decode
+// Greedy decoding with a KV cache on the GPU (src/infer/cuda/cuda_decoder.h): tokens/s of the decode
 // steps and of the prefill, weights resident vs streamed, for real model shapes with random bf16
 // weights (nothing stops early: every sequence generates --new tokens).
 //
@@ -19,7 +19,7 @@
 #include <sstream>
 #include <thread>
 
-#include "backend/cuda/cuda_decoder.h"
+#include "infer/cuda/cuda_decoder.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/units.h"

@@ -17,6 +17,7 @@
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/attention_cudnn.h"
 #include "backend/cuda/attention_variants.h"
+#include "backend/cuda/kernel_options.h"
 #include "backend/cuda/kernels.h"
 #include "core/dtype.h"
 #include "model/model_config.h"
@@ -140,6 +141,14 @@ PackedDocs math_like_packed_rows(int64_t B, int64_t S, int64_t hd_total) {
   return p;
 }
 
+// The installed kernel options with `f` applied (for a KernelOptionsScope).
+template <typename F>
+cuda::KernelOptions with_options(F f) {
+  cuda::KernelOptions o = cuda::kernel_options();
+  f(o);
+  return o;
+}
+
 void bench_attention(cudaStream_t st, int64_t B, int64_t S, int64_t H, int64_t KV, int64_t D) {
   const int64_t T = B * S;
   void* q = dev_random_bf16(size_t(T * H * D), 3);
@@ -157,11 +166,11 @@ void bench_attention(cudaStream_t st, int64_t B, int64_t S, int64_t H, int64_t K
   const cuda::AttnDims d{B, S, H, KV, D, float(1.0 / std::sqrt(double(D)))};
   // Our kernels' fp32 dQ, or cuDNN's backward workspace (both of its backward algorithms), whichever is larger.
   size_t ws = size_t(T * H * D) * 4;
-  for (int det : {1, 0}) {
-    cuda::cudnn_attention_set_deterministic(det);
+  for (const bool det : {true, false}) {
+    const cuda::KernelOptionsScope scope(
+        with_options([&](cuda::KernelOptions& o) { o.attention_deterministic = det; }));
     if (cuda::cudnn_attention_usable(d)) ws = std::max(ws, cuda::cudnn_attention_bwd_workspace(d));
   }
-  cuda::cudnn_attention_set_deterministic(-1);
   BC(cudaMalloc(&acc, ws));
   const double fwd_flops = 4.0 * B * S * S * H * D / 2;  // causal
   const std::string shape = "B" + std::to_string(B) + "_S" + std::to_string(S) + "_H" + std::to_string(H) + "_KV" +
@@ -204,9 +213,9 @@ void bench_attention(cudaStream_t st, int64_t B, int64_t S, int64_t H, int64_t K
   time_path("attn", cudnn, false);
   if (cudnn) {
     time_path("attn_own", false, false);
-    cuda::cudnn_attention_set_deterministic(0);
+    const cuda::KernelOptionsScope scope(
+        with_options([](cuda::KernelOptions& o) { o.attention_deterministic = false; }));
     if (cuda::cudnn_attention_usable(d)) time_path("attn_atomic", true, false);
-    cuda::cudnn_attention_set_deterministic(-1);
   }
   // Packed rows (the training runs' case): cuDNN's ragged graphs against our kernels with segments.
   std::printf("packed rows: %lld documents, longest %lld\n", (long long)pr.runs, (long long)pr.longest);
@@ -222,18 +231,19 @@ void bench_attention(cudaStream_t st, int64_t B, int64_t S, int64_t H, int64_t K
   cudaFree(index);
   // Every kernel variant of the same shape (attention_variants.h), to pick the defaults.
   for (int fv = 0; fv < cuda::attention_fwd_variant_count(); ++fv) {
-    cuda::attention_set_variants(fv, -1);
+    const cuda::KernelOptionsScope scope(
+        with_options([&](cuda::KernelOptions& o) { o.attention_fwd_variant = fv; }));
     emit("attn_fwd_v" + std::to_string(fv), shape,
          time_median([&] { cuda::attention_fwd(d, q, k, v, nullptr, o, lse, st); }, st), fwd_flops);
   }
   for (int bv = 0; bv < cuda::attention_bwd_variant_count(); ++bv) {
-    cuda::attention_set_variants(-1, bv);
+    const cuda::KernelOptionsScope scope(
+        with_options([&](cuda::KernelOptions& o) { o.attention_bwd_variant = bv; }));
     const double t = time_median(
         [&] { cuda::attention_bwd(d, q, k, v, nullptr, o, lse, dO, dq, dk, dv, acc, delta, nullptr, st); }, st);
     std::printf("           bwd variant %d (%s): %.3f ms\n", bv, cuda::attention_bwd_variant_name(bv), t * 1e3);
     emit("attn_bwd_v" + std::to_string(bv), shape, t, 2.5 * fwd_flops);
   }
-  cuda::attention_set_variants(-1, -1);
   for (void* p : {q, k, v, dO, o, dq, dk, dv}) cudaFree(p);
   for (float* p : {lse, acc, delta}) cudaFree(p);
 }

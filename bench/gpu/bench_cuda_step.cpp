@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "backend/cuda/cuda_backend.h"
+#include "plan/cuda/gpu_profiler.h"
 #include "core/error.h"
 #include "core/units.h"
 #include "exec/executor.h"

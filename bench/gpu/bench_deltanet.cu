@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backend/cuda/deltanet.h"
+#include "backend/cuda/kernel_options.h"
 #include "core/dtype.h"
 
 using namespace lt;
@@ -76,6 +77,20 @@ float* dev_f32(size_t n, std::mt19937& rng, float scale, float mean = 0.f) {
   void* p = dev_alloc(n * 4);
   BC(cudaMemcpy(p, h.data(), n * 4, cudaMemcpyHostToDevice));
   return static_cast<float*>(p);
+}
+
+// One variant of the rule timed below: `base` with the implementation and precision; -1 keeps base's choice of the
+// rest (warp_passes 0: the tile passes; grads_b16 0: the fragment path; grads_cta: threads a CTA; grads_wide 1:
+// 16 x 32 warp tiles, 0: 16 x 16).
+cuda::KernelOptions variant_options(cuda::KernelOptions o, cuda::GdnRuleImpl impl, cuda::GdnRulePrecision prec,
+                                    int warp_passes, int grads_b16, int grads_cta, int grads_wide) {
+  o.gdn_rule = impl;
+  o.gdn_precision = prec;
+  if (warp_passes >= 0) o.gdn_passes = warp_passes ? cuda::GdnPasses::Warp : cuda::GdnPasses::Tile;
+  if (grads_b16 >= 0) o.gdn_grads = grads_b16 ? cuda::GdnGrads::Bf16 : cuda::GdnGrads::Frag;
+  if (grads_cta >= 0) o.gdn_grads_cta = grads_cta;
+  if (grads_wide >= 0) o.gdn_grads_tile = grads_wide ? 32 : 16;
+  return o;
 }
 
 }  // namespace
@@ -175,7 +190,7 @@ int main(int argc, char** argv) {
                                (double(cuda::kGdnChunk) * (3.0 * double(d.Dk) + 2.0 * double(d.Dv)) +
                                 6.0 * double(d.Dk) * double(d.Dv));
   std::printf("  rule per implementation (FLOP fwd %.3g, bwd %.3g):\n", rule_flop_fwd, 2 * rule_flop_fwd);
-  const cuda::GdnRulePrecision def_prec = cuda::gdn_rule_precision();
+  const cuda::KernelOptions base = cuda::kernel_options();
   struct Variant {
     cuda::GdnRuleImpl impl;
     cuda::GdnRulePrecision prec;
@@ -196,12 +211,8 @@ int main(int argc, char** argv) {
                       Variant{cuda::GdnRuleImpl::Chunked, cuda::GdnRulePrecision::Bf16, -1, -1, 512, 1},
                       Variant{cuda::GdnRuleImpl::Mma, cuda::GdnRulePrecision::Split, -1},
                       Variant{cuda::GdnRuleImpl::Simt, cuda::GdnRulePrecision::Split, -1}}) {
-    cuda::gdn_set_rule_impl(var.impl);
-    cuda::gdn_set_rule_precision(var.prec);
-    cuda::gdn_set_warp_passes(var.warp_passes);
-    cuda::gdn_set_grads_b16(var.grads_b16);
-    cuda::gdn_set_grads_cta(var.grads_cta);
-    cuda::gdn_set_grads_wide(var.grads_wide);
+    const cuda::KernelOptionsScope scope(variant_options(base, var.impl, var.prec, var.warp_passes, var.grads_b16,
+                                                        var.grads_cta, var.grads_wide));
     const double f = time_median_ms([&] { cuda::gdn_rule_fwd(d, qn, kn, v, g, beta, nullptr, o, states, st, ws); }, st);
     const double bw = time_median_ms(
         [&] { cuda::gdn_rule_bwd(d, qn, kn, v, g, beta, nullptr, states, dO, dq, dk, dv, dg, dbeta, ws, st); }, st);
@@ -215,12 +226,6 @@ int main(int argc, char** argv) {
     std::printf("    %-18s fwd %8.3f ms (%6.1f TFLOP/s)  bwd %8.3f ms (%6.1f TFLOP/s)  fwd+bwd %8.3f ms\n",
                 name.c_str(), f, rule_flop_fwd / (f * 1e9), bw, 2 * rule_flop_fwd / (bw * 1e9), f + bw);
   }
-  cuda::gdn_set_rule_precision(def_prec);
-  cuda::gdn_set_rule_impl(def_impl);
-  cuda::gdn_set_warp_passes(-1);
-  cuda::gdn_set_grads_b16(-1);
-  cuda::gdn_set_grads_cta(-1);
-  cuda::gdn_set_grads_wide(-1);
   std::printf("  workspace: rule states %.1f MiB, bwd workspace %.1f MiB\n",
               double(cuda::gdn_rule_state_bytes(d)) / 1048576.0, double(ws_bytes) / 1048576.0);
   for (void* p : g_bufs) cudaFree(p);

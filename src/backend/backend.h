@@ -161,6 +161,8 @@ class Backend {
   Backend& operator=(const Backend&) = delete;
 
   virtual std::string name() const = 0;  // "cpu", "cuda:0 (NVIDIA H200)", ...
+  // The kernel variants this backend runs, one line for the run header ("kernels: ..."); empty: no choices.
+  virtual std::string describe_kernels() const { return {}; }
   virtual BackendDTypes dtypes() const = 0;
   const ModelConfig& config() const { return cfg_; }
   const ModelLayout& layout() const { return layout_; }

@@ -14,7 +14,7 @@
 #include "optim/throughput.h"
 #include "plan/profile.h"
 #ifdef LT_HAVE_CUDA
-#include "backend/cuda/cuda_backend.h"
+#include "plan/cuda/gpu_profiler.h"
 #endif
 
 namespace lt::cli {
@@ -75,7 +75,7 @@ void add_profile(CLI::App& app) {
     }
 
 #ifdef LT_HAVE_CUDA
-    cuda::install_gpu_profiler();  // idempotent; makes sure the hook is registered in this binary
+    cuda::install_gpu_profiler();
 #endif
     if (auto gp = gpu_profiler()) {
       say(fmt::format("GPU: measuring through the CUDA backend ({} batch {} seq {})", o->model, o->batch, o->seq));

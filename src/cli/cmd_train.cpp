@@ -2,7 +2,7 @@
 #include <cstdio>
 
 #include "cli/commands.h"
-#include "cli/gpu_decode.h"
+#include "infer/gpu_decode.h"
 #include "core/error.h"
 #include "train/config.h"
 #include "train/trainer.h"
@@ -11,6 +11,7 @@
 #include <cuda_runtime_api.h>
 
 #include "backend/cuda/cuda_backend.h"
+#include "plan/cuda/gpu_profiler.h"
 #include "core/units.h"
 #endif
 #ifdef LT_HAVE_NCCL
@@ -24,9 +25,9 @@ namespace {
 train::BackendChoice make_backend(const ModelConfig& m, const train::TrainConfig& c, int64_t device_budget,
                                   int64_t host_budget) {
 #ifdef LT_HAVE_CUDA
-  const bool have_gpu = cuda_device_visible();
-  if (c.backend == "cuda") LT_CHECK(have_gpu, "backend: 'cuda' requested but no CUDA device is visible");
-  if (have_gpu && c.backend != "cpu") {
+  const bool have_gpu = infer::cuda_device_visible();
+  if (c.placement.backend == train::BackendKind::Cuda) LT_CHECK(have_gpu, "backend: 'cuda' requested but no CUDA device is visible");
+  if (have_gpu && c.placement.backend != train::BackendKind::Cpu) {
     CudaBackendOptions o;
     o.gpu_mem_cap = device_budget > 0 ? device_budget : 0;
     train::BackendChoice b;
@@ -42,9 +43,9 @@ train::BackendChoice make_backend(const ModelConfig& m, const train::TrainConfig
 train::DeviceProbe probe_device(const train::TrainConfig& c) {
   train::DeviceProbe p;
 #ifdef LT_HAVE_CUDA
-  const bool have_gpu = cuda_device_visible();
-  if (c.backend == "cuda") LT_CHECK(have_gpu, "backend: 'cuda' requested but no CUDA device is visible");
-  if (have_gpu && c.backend != "cpu") {
+  const bool have_gpu = infer::cuda_device_visible();
+  if (c.placement.backend == train::BackendKind::Cuda) LT_CHECK(have_gpu, "backend: 'cuda' requested but no CUDA device is visible");
+  if (have_gpu && c.placement.backend != train::BackendKind::Cpu) {
     cudaDeviceProp prop{};
     cudaGetDeviceProperties(&prop, 0);
     p.gpu = true;
@@ -61,7 +62,7 @@ train::DeviceProbe probe_device(const train::TrainConfig& c) {
 // A data-parallel rank on a GPU: NCCL over this host's GPUs (the rank uses GPU env.local_rank);
 // on the CPU backend the shared-memory communicator.
 std::unique_ptr<dist::Communicator> make_communicator(const dist::DistEnv& env, const train::TrainConfig& c) {
-  if (cuda_device_visible() && c.backend != "cpu") return dist::NcclCommunicator::create(env);
+  if (infer::cuda_device_visible() && c.placement.backend != train::BackendKind::Cpu) return dist::NcclCommunicator::create(env);
   dist::ShmCommOptions o;
   o.timeout_s = dist::comm_timeout_from_environment();
   return dist::ShmCommunicator::create(env, o);
@@ -91,7 +92,7 @@ void add_train(CLI::App& app) {
     train::TrainHooks hooks;
     hooks.make_backend = make_backend;
     hooks.probe_device = probe_device;
-    hooks.gpu_decode = gpu_decode_hooks();
+    hooks.gpu_decode = infer::gpu_decode_hooks();
 #ifdef LT_HAVE_NCCL
     hooks.make_communicator = make_communicator;
 #endif

@@ -8,7 +8,7 @@
 #include <memory>
 #include <string>
 
-#include "cli/gpu_decode.h"
+#include "infer/gpu_decode.h"
 #include "core/error.h"
 #include "infer/decode_device.h"
 #include "infer/inference_model.h"
@@ -57,7 +57,7 @@ struct InferenceOptions {
   std::unique_ptr<train::Generator> make_generator(const train::LoadedModel& m, int64_t longest_prompt,
                                                    int64_t n_prompts) const {
     train::check_fits_max_position(m.weights.config, longest_prompt, max_new_tokens, "--max-new-tokens");
-    return train::make_generator(m.view(), decode_options(longest_prompt, n_prompts), gpu_decode_hooks());
+    return train::make_generator(m.view(), decode_options(longest_prompt, n_prompts), infer::gpu_decode_hooks());
   }
 };
 

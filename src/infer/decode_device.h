@@ -1,5 +1,5 @@
 // Where `lazytrain generate/eval` (and the trainer's final evaluation) decode: the CPU, or the GPU
-// through the CUDA decoder (src/backend/cuda/cuda_decoder.h). The train module never sees CUDA: the
+// through the CUDA decoder (src/infer/cuda/cuda_decoder.h). The train module never sees CUDA: the
 // CLI hands in GpuDecodeHooks when the build has the CUDA backend (as it does for the training
 // backend, trainer.h), and this file only decides.
 #pragma once

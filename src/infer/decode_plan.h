@@ -1,4 +1,4 @@
-// Memory plan of the GPU decoder (src/backend/cuda/cuda_decoder.h), kept free of CUDA so that the
+// Memory plan of the GPU decoder (src/infer/cuda/cuda_decoder.h), kept free of CUDA so that the
 // CPU build and its tests see it: what lives on the device for greedy decoding with a KV cache, and
 // whether the bf16 weights stay resident or stream through two device slots.
 //

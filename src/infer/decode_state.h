@@ -1,4 +1,4 @@
-// Per-kind memory of the GPU decoder (src/backend/cuda/decode_mixer.h), kept free of CUDA so that the
+// Per-kind memory of the GPU decoder (src/infer/cuda/decode_mixer.h), kept free of CUDA so that the
 // memory plan (decode_plan.h) and the CPU tests see it. Each layer kind (model/layer_kind.h) has
 //   * a decoding STATE per layer, kept across the passes of a batch: the attention layers' K and V
 //     caches, the Gated DeltaNet layers' conv windows and fp32 recurrent states (one slot per sequence);

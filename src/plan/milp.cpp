@@ -6,13 +6,13 @@
 #include <OsiClpSolverInterface.hpp>
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <map>
 
 #include "core/error.h"
 #include "core/log.h"
 #include "core/timer.h"
 #include "plan/heuristics.h"
+#include "plan/plan_env.h"
 #include "plan/simulator.h"
 
 namespace lt {
@@ -509,7 +509,7 @@ MilpSolution solve_milp(const Instance& in, const MilpOptions& o, const Plan* wa
   OsiClpSolverInterface solver;
   M.lp.load(solver);
   solver.setObjSense(1.0);
-  if (const char* f = std::getenv("LT_MILP_MPS")) solver.writeMps(f);  // debugging aid
+  if (const std::string& f = plan_env().milp_mps; !f.empty()) solver.writeMps(f.c_str());  // debugging aid
   CbcModel model(solver);
   if (warm) {
     // The warm plan as a complete incumbent (cheaper than a MIP start, which CBC completes with an

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -12,6 +11,7 @@
 #include "core/error.h"
 #include "core/units.h"
 #include "model/accounting.h"
+#include "plan/plan_env.h"
 
 namespace lt {
 
@@ -262,7 +262,7 @@ void save_profile(const ResourceProfile& p, const std::filesystem::path& path) {
 namespace {
 std::vector<std::filesystem::path> profile_dirs() {
   std::vector<std::filesystem::path> d;
-  if (const char* e = std::getenv("LT_PROFILE_DIR")) d.emplace_back(e);
+  if (const std::string& e = plan_env().profile_dir; !e.empty()) d.emplace_back(e);
   d.emplace_back("configs/profiles");
   // Beside the binary's source tree: <repo>/build-*/bin/lazytrain -> <repo>/configs/profiles.
   std::error_code ec;

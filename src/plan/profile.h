@@ -102,7 +102,7 @@ nlohmann::json profile_to_json(const ResourceProfile& p);
 ResourceProfile profile_from_json(const nlohmann::json& j, const std::string& source);
 ResourceProfile load_profile_file(const std::filesystem::path& path);
 void save_profile(const ResourceProfile& p, const std::filesystem::path& path);
-// A preset name (configs/profiles/<name>.json, searched in LT_PROFILE_DIR, ./configs/profiles and
+// A preset name (configs/profiles/<name>.json, searched in LT_PROFILE_DIR (plan_env.h), ./configs/profiles and
 // the source tree) or a path to a JSON file.
 ResourceProfile resolve_profile(const std::string& name_or_path);
 std::vector<std::string> profile_preset_names();

@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <cstdlib>
 #include <thread>
 
 #include "core/error.h"
@@ -16,29 +15,29 @@
 
 namespace lt::train {
 
-void check_data_parallel_config(const TrainConfig& cfg, const TrainingPlan& tp, int world) {
+void check_data_parallel_config(const PlacementSection& cfg, const TrainingPlan& tp, int world) {
   LT_CHECK(tp.placement.master == MasterMode::Fp32,
            "data parallel ({} ranks): master_weights '{}' (the plan chose bf16-sr) is not supported over ranks: the "
            "ranks all-gather fp32 masters; set master_weights=fp32",
-           world, cfg.master_weights);
+           world, name_of(cfg.master_weights));
   LT_CHECK(tp.placement.grads == GradHome::Host,
            "data parallel ({} ranks): gradients '{}' (the plan holds them on the device) is not supported over "
            "ranks: the gradient is reduce-scattered on the host; set gradients=host",
-           world, cfg.gradients);
-  LT_CHECK(tp.placement.nvme_layers == 0 && cfg.optimizer_nvme != "all",
+           world, name_of(cfg.gradients));
+  LT_CHECK(tp.placement.nvme_layers == 0 && cfg.optimizer_nvme != OptimizerNvme::All,
            "data parallel ({} ranks): optimizer_nvme '{}' (optimizer moments on NVMe) is not supported over ranks "
            "yet; set optimizer_nvme=none",
-           world, cfg.optimizer_nvme);
+           world, name_of(cfg.optimizer_nvme));
 }
 
 TrainConfig with_rank_threads(const TrainConfig& cfg) {
   TrainConfig c = cfg;
-  const char* v = std::getenv("LT_LOCAL_WORLD_SIZE");
-  const int local = v ? std::atoi(v) : 1;
-  if (c.threads == 0 && local > 1) {
+  const int local = local_world_size().value_or(1);
+  int64_t& threads = c.placement.threads;
+  if (threads == 0 && local > 1) {
     const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
-    c.threads = std::max(1, cores / local);
-    log_info("data parallel: {} ranks on this host, {} threads each (threads: 0)", local, c.threads);
+    threads = std::max(1, cores / local);
+    log_info("data parallel: {} ranks on this host, {} threads each (threads: 0)", local, threads);
   }
   return c;
 }
@@ -57,7 +56,7 @@ DataParallel::DataParallel(const dist::DistEnv& env, const TrainConfig& cfg, con
            "data parallel: the communicator is not rank {} of {}", env.rank, env.world);
 }
 
-std::optional<fs::path> DataParallel::prepare_output_dir(const TrainConfig& cfg, OutputLock& lock) {
+std::optional<fs::path> DataParallel::prepare_output_dir(const OutputSection& cfg, OutputLock& lock) {
   std::optional<fs::path> resume;
   on_leader([&] { resume = train::prepare_output_dir(cfg, lock); }, "preparing the output directory");
   // Rank 0 reported the checkpoints it skipped.
@@ -88,7 +87,7 @@ void DataParallel::check_same_plan(const TrainingPlan& tp) {
 
 TrainConfig DataParallel::planning_config(const TrainConfig& cfg) const {
   TrainConfig c = cfg;
-  if (!leader()) c.output_dir.clear();
+  if (!leader()) c.output.output_dir.clear();
   return c;
 }
 

@@ -34,7 +34,7 @@ namespace fs = std::filesystem;
 
 // Refuses, naming the config field, what the data-parallel path does not run: master_weights bf16-sr,
 // gradients held on the device, optimizer moments on NVMe.
-void check_data_parallel_config(const TrainConfig& cfg, const TrainingPlan& tp, int world);
+void check_data_parallel_config(const PlacementSection& cfg, const TrainingPlan& tp, int world);
 
 // threads: 0 (all cores) under `lazytrain launch` with several ranks on this host becomes this rank's
 // share of the cores (LT_LOCAL_WORLD_SIZE), so that the ranks do not oversubscribe the CPU.
@@ -53,7 +53,7 @@ class DataParallel {
   // Rank 0 prepares the output directory (prepare_output_dir: it alone takes the directory's lock, into
   // `lock`; the others' stays empty and they fail with it when it cannot), then every rank resolves the
   // same resume point.
-  std::optional<fs::path> prepare_output_dir(const TrainConfig& cfg, OutputLock& lock);
+  std::optional<fs::path> prepare_output_dir(const OutputSection& cfg, OutputLock& lock);
 
   // Every rank must have planned the same optimizer state formats and placement (each rank runs the
   // planner on its own measurements): a clear error on every rank when they differ.

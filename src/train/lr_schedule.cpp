@@ -3,22 +3,18 @@
 #include <algorithm>
 #include <cmath>
 
-#include "core/error.h"
-
 namespace lt::train {
 
 double LrSchedule::factor(int64_t step) const {
   if (step < warmup_steps) return double(step) / double(std::max<int64_t>(1, warmup_steps));
-  if (type == "constant") return 1.0;
+  if (type == LrSchedulerType::Constant) return 1.0;
   double progress = double(step - warmup_steps) / double(std::max<int64_t>(1, total_steps - warmup_steps));
   double f;
-  if (type == "linear") {
+  if (type == LrSchedulerType::Linear) {
     f = std::max(0.0, double(total_steps - step) / double(std::max<int64_t>(1, total_steps - warmup_steps)));
-  } else if (type == "cosine") {
-    // num_cycles = 0.5: one half cosine from 1 to 0 over the decay steps.
-    f = std::max(0.0, 0.5 * (1.0 + std::cos(M_PI * 2.0 * 0.5 * progress)));
   } else {
-    fail("lr_scheduler_type '{}' is not valid; expected constant, linear or cosine", type);
+    // cosine, num_cycles = 0.5: one half cosine from 1 to 0 over the decay steps.
+    f = std::max(0.0, 0.5 * (1.0 + std::cos(M_PI * 2.0 * 0.5 * progress)));
   }
   return min_lr_ratio + (1.0 - min_lr_ratio) * f;
 }

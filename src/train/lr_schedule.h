@@ -3,12 +3,13 @@
 // lr_lambda(0) for the first update, so with warmup the first update has lr 0.
 #pragma once
 #include <cstdint>
-#include <string>
+
+#include "train/config_choices.h"
 
 namespace lt::train {
 
 struct LrSchedule {
-  std::string type = "linear";  // constant | linear | cosine
+  LrSchedulerType type = LrSchedulerType::Linear;
   double base_lr = 0;
   int64_t warmup_steps = 0;
   int64_t total_steps = 1;

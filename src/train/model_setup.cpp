@@ -26,7 +26,7 @@ bool has_weights(const fs::path& dir) {
   return false;
 }
 
-fs::path find_tokenizer(const TrainConfig& cfg, const std::optional<fs::path>& resume) {
+fs::path find_tokenizer(const ModelSection& cfg, const std::optional<fs::path>& resume) {
   auto has_tok = [](const fs::path& p) {
     std::error_code ec;
     return fs::is_regular_file(p, ec) || fs::is_regular_file(p / "tokenizer.json", ec);
@@ -37,9 +37,9 @@ fs::path find_tokenizer(const TrainConfig& cfg, const std::optional<fs::path>& r
     return cfg.tokenizer;
   }
   if (resume && has_tok(*resume)) return *resume;
-  if (has_tok(cfg.model_name_or_path)) return cfg.model_name_or_path;
+  if (has_tok(cfg.name_or_path)) return cfg.name_or_path;
   fail("no tokenizer: '{}' has no tokenizer.json; set `tokenizer:` to a tokenizer.json or its directory",
-       cfg.model_name_or_path);
+       cfg.name_or_path);
 }
 
 namespace {
@@ -133,20 +133,21 @@ void check_resume_keys(const TrainConfig& cfg, const fs::path& ckpt) {
   std::vector<std::string> changed;
   if (const auto saved = checkpoint_config(ckpt)) {
     const auto json_of = [](const std::string& s) { return s.empty() ? nlohmann::json::object() : nlohmann::json::parse(s); };
-    if (json_of(saved->model_overrides) != json_of(cfg.model_overrides))
+    if (json_of(saved->model.overrides) != json_of(cfg.model.overrides))
       changed.push_back(fmt::format("model_overrides ({} trained {}, this run sets {}: the model's shape and weights "
                                     "come from the checkpoint)",
-                                    name, shown_overrides(saved->model_overrides), shown_overrides(cfg.model_overrides)));
-    if (saved->model_name_or_path != cfg.model_name_or_path)
+                                    name, shown_overrides(saved->model.overrides),
+                                    shown_overrides(cfg.model.overrides)));
+    if (saved->model.name_or_path != cfg.model.name_or_path)
       log_warn("resume: model_name_or_path '{}' is ignored: {} continues the model it was trained from ('{}'), whose "
                "config and weights it holds",
-               cfg.model_name_or_path, name, saved->model_name_or_path);
+               cfg.model.name_or_path, name, saved->model.name_or_path);
   }
   const TrainerState state = read_trainer_state(ckpt);
-  if (state.seed != uint64_t(cfg.seed))
+  if (state.seed != uint64_t(cfg.schedule.seed))
     changed.push_back(fmt::format("seed ({} trained with {}, this run sets {}: the data order and the rounding stream "
                                   "continue the checkpoint's)",
-                                  name, state.seed, cfg.seed));
+                                  name, state.seed, cfg.schedule.seed));
   if (changed.empty()) return;
   fail("resume from {}: {} cannot change on resume: {}. Restore the checkpoint's value{}, or start a new run (another "
        "output_dir, or overwrite_output_dir=true)",
@@ -163,7 +164,7 @@ long double model_parameter_count(const ModelConfig& c) {
   return n;
 }
 
-void check_model_fits_host(const ModelConfig& c, const TrainConfig& cfg) {
+void check_model_fits_host(const ModelConfig& c, const PlacementSection& cfg) {
   // The smallest host state any plan keeps: the bf16 master of every parameter (master_weights: bf16-sr,
   // moments on NVMe, gradients on the device); the largest per-parameter byte count any part uses is 16
   // (fp32 AdamW: master, gradient, two moments), which 64-bit byte counts must hold.
@@ -190,14 +191,14 @@ void check_model_fits_host(const ModelConfig& c, const TrainConfig& cfg) {
        countable ? "" : "; its byte counts would not even fit 64-bit integers");
 }
 
-ModelConfig configured_model(const TrainConfig& cfg) {
-  ModelConfig base = resolve_model(cfg.model_name_or_path);
-  if (cfg.model_overrides.empty()) return base;
-  const std::string source = "model_overrides on " + cfg.model_name_or_path;
+ModelConfig configured_model(const ModelSection& cfg) {
+  ModelConfig base = resolve_model(cfg.name_or_path);
+  if (cfg.overrides.empty()) return base;
+  const std::string source = "model_overrides on " + cfg.name_or_path;
   nlohmann::json j = model_config_to_json(base);
   nlohmann::json ov;
   try {
-    ov = nlohmann::json::parse(cfg.model_overrides);
+    ov = nlohmann::json::parse(cfg.overrides);
   } catch (const nlohmann::json::exception& e) {
     fail("model_overrides: invalid: {}", e.what());
   }
@@ -216,42 +217,42 @@ ModelConfig configured_model(const TrainConfig& cfg) {
 }
 
 ModelSetup setup_model(const TrainConfig& cfg, const std::optional<fs::path>& resume) {
-  fs::path tok_path = find_tokenizer(cfg, resume);
+  fs::path tok_path = find_tokenizer(cfg.model, resume);
   ModelSetup ms{data::load_tokenizer(tok_path.string()), tok_path, {}, {}, {}, false, {}};
   const auto& tok = ms.tokenizer.tokenizer;
   if (resume) {
     check_resume_keys(cfg, *resume);
     ms.model = load_model_config(*resume);
-    check_model_fits_host(ms.model, cfg);
+    check_model_fits_host(ms.model, cfg.placement);
     ms.layout = model_layout(ms.model);
     ms.initial.source = InitialWeights::Source::Checkpoint;
     ms.weights_source = *resume;
     return ms;
   }
-  ModelConfig c = configured_model(cfg);
-  const bool pretrained = has_weights(cfg.model_name_or_path);
+  ModelConfig c = configured_model(cfg.model);
+  const bool pretrained = has_weights(cfg.model.name_or_path);
   if (pretrained) {
-    LT_CHECK(cfg.model_overrides.empty(),
+    LT_CHECK(cfg.model.overrides.empty(),
              "model_overrides: '{}' has weights; overriding its shape is only allowed for random initialisation",
-             cfg.model_name_or_path);
+             cfg.model.name_or_path);
     LT_CHECK(tok.vocab_size() <= c.vocab, "tokenizer '{}' has {} ids but the model's vocab_size is {}",
              tok_path.string(), tok.vocab_size(), c.vocab);
-    ms.initial = {InitialWeights::Source::Pretrained, cfg.model_name_or_path, 0};
-    ms.model = load_model_config(cfg.model_name_or_path);
-    check_model_fits_host(ms.model, cfg);
+    ms.initial = {InitialWeights::Source::Pretrained, cfg.model.name_or_path, 0};
+    ms.model = load_model_config(cfg.model.name_or_path);
+    check_model_fits_host(ms.model, cfg.placement);
     ms.pretrained = true;
-    ms.weights_source = cfg.model_name_or_path;
+    ms.weights_source = cfg.model.name_or_path;
   } else {
     // Random initialisation: the vocabulary follows the tokenizer unless model_overrides sets it.
-    bool vocab_given = !cfg.model_overrides.empty() &&
-                       nlohmann::json::parse(cfg.model_overrides).contains("vocab_size");
+    bool vocab_given = !cfg.model.overrides.empty() &&
+                       nlohmann::json::parse(cfg.model.overrides).contains("vocab_size");
     if (!vocab_given && c.vocab != tok.vocab_size()) {
       log_info("model: vocab_size {} -> {} (the tokenizer's) for random initialisation", c.vocab, tok.vocab_size());
       c.vocab = tok.vocab_size();
     }
     LT_CHECK(tok.vocab_size() <= c.vocab, "tokenizer '{}' has {} ids but model_overrides sets vocab_size {}",
              tok_path.string(), tok.vocab_size(), c.vocab);
-    check_model_fits_host(c, cfg);
+    check_model_fits_host(c, cfg.placement);
     auto id_of = [&](const std::string& t) -> int64_t {
       if (t.empty()) return -1;
       auto id = tok.token_to_id(t);
@@ -262,8 +263,8 @@ ModelSetup setup_model(const TrainConfig& cfg, const std::optional<fs::path>& re
     if (id_of(tc.bos_token) >= 0) c.bos_token_id = id_of(tc.bos_token);
     if (id_of(tc.pad_token) >= 0) c.pad_token_id = id_of(tc.pad_token);
     ms.model = c;
-    ms.initial = {InitialWeights::Source::Random, {}, uint64_t(cfg.seed)};
-    log_info("model: {} initialised at random (seed {}), {} parameters", c.name, cfg.seed,
+    ms.initial = {InitialWeights::Source::Random, {}, uint64_t(cfg.schedule.seed)};
+    log_info("model: {} initialised at random (seed {}), {} parameters", c.name, cfg.schedule.seed,
              model_layout(c).parameter_count());
   }
   ms.layout = model_layout(ms.model);

@@ -38,11 +38,11 @@ struct ModelSetup {
 
 // Where the tokenizer is: `tokenizer` if set, else the checkpoint being resumed, else the model
 // directory. Throws lt::Error saying what to set when none has a tokenizer.json.
-std::filesystem::path find_tokenizer(const TrainConfig& cfg, const std::optional<std::filesystem::path>& resume);
+std::filesystem::path find_tokenizer(const ModelSection& cfg, const std::optional<std::filesystem::path>& resume);
 // model_name_or_path (+ model_overrides, a JSON object of config.json fields). An overridden field that the
 // config.json parser does not read for the model's architecture (a typo, or a field without effect) is an
 // error, with the nearest field it reads.
-ModelConfig configured_model(const TrainConfig& cfg);
+ModelConfig configured_model(const ModelSection& cfg);
 // The parameter count of model_layout(c) (tied embedding counted once), computed in long double so that it
 // cannot overflow for any config.
 long double model_parameter_count(const ModelConfig& c);
@@ -50,7 +50,7 @@ long double model_parameter_count(const ModelConfig& c);
 // the plan: its parameters need at least 2 bytes each in host memory (bf16 masters), against host_mem or
 // else MemAvailable; and when its byte counts would not fit 64-bit integers. Runs before anything is sized
 // from the model (profile, plan, host state).
-void check_model_fits_host(const ModelConfig& c, const TrainConfig& cfg);
+void check_model_fits_host(const ModelConfig& c, const PlacementSection& cfg);
 bool has_weights(const std::filesystem::path& dir);
 
 // Resuming from `ckpt`: the keys a resume cannot change (model_overrides: the checkpoint holds the model; seed:

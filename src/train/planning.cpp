@@ -59,7 +59,7 @@ double measure_cpu_gemm_flops(const ModelConfig& m) {
 
 // The resource profile used when the config names none: the CPU backend's "device" is host memory,
 // its PCIe is memcpy; figures are measured quickly here rather than assumed.
-ResourceProfile default_profile(const TrainConfig& cfg, const ModelConfig& m, int64_t batch, int64_t seq,
+ResourceProfile default_profile(const PlacementSection& cfg, const ModelConfig& m, int64_t batch, int64_t seq,
                                 bool on_gpu) {
   ResourceProfile p;
   // Without host_mem the plan may use what is available less a reserve for the process itself (CUDA
@@ -118,44 +118,53 @@ ResourceProfile default_profile(const TrainConfig& cfg, const ModelConfig& m, in
 
 // The planner's request from the config: its memory, planner and placement strings parsed, this rank's share of the
 // host (topo) applied.
+// The model-state placement: what the config fixes, the rest the planner's choice (plan/placement.h).
+void place_state(PlanRequest& r, const PlacementSection& p, bool on_gpu) {
+  if (p.master_weights == MasterWeights::Auto) r.allow_bf16_master = true;
+  else r.master = p.master_weights == MasterWeights::Bf16Sr ? MasterMode::Bf16Sr : MasterMode::Fp32;
+  if (p.gradients != GradientHome::Auto) r.grads = p.gradients == GradientHome::Device ? GradHome::Device : GradHome::Host;
+  if (p.gradient_dtype != GradientDtype::Auto)
+    r.grad_dtype = p.gradient_dtype == GradientDtype::Bf16 ? GradDType::Bf16 : GradDType::F32;
+  r.allow_nvme_moments = p.optimizer_nvme == OptimizerNvme::Auto;  // config_sections.cpp: needs nvme_dir
+  // Kept internals (Plan::kept_layers): only on the GPU (the CPU backend's kept backward still re-runs the forward).
+  r.keep_internals = p.keep_internals && on_gpu;
+  r.embedding_rows_first = p.embedding_rows_first;
+  // The tied embedding's update on the GPU (exec/device_update.h): auto only on a GPU (the CPU backend's "device" is
+  // one compute thread, slower than the multi-threaded CPU optimizer).
+  if (p.embedding_update != EmbeddingUpdate::Auto)
+    r.embedding_update_device = p.embedding_update == EmbeddingUpdate::Device;
+  else if (!on_gpu) r.embedding_update_device = false;
+  // The first layers' updates on the GPU: auto only on a GPU, and not with every layer's moments on NVMe.
+  r.device_update_layers = p.device_update_layers;
+  if (!r.device_update_layers && (!on_gpu || p.optimizer_nvme == OptimizerNvme::All)) r.device_update_layers = 0;
+}
+
+// The planner's request from the config: its memory budgets, planner and placement, this rank's share of the host
+// (topo) applied.
 PlanRequest plan_request_from_config(const TrainConfig& cfg, const ModelConfig& model, int64_t batch, int64_t seq,
                                      bool on_gpu, const dist::Topology& topo) {
+  const PlacementSection& p = cfg.placement;
   PlanRequest r;
   r.model = model;
   r.batch = batch;
   r.seq = seq;
-  r.profile = cfg.profile.empty() ? default_profile(cfg, model, batch, seq, on_gpu) : resolve_profile(cfg.profile);
-  if (!cfg.profile.empty()) {
-    if (!cfg.gpu_mem.empty()) r.profile.hbm_bytes = parse_bytes(cfg.gpu_mem);
-    if (!cfg.host_mem.empty()) r.profile.dram_bytes = parse_bytes(cfg.host_mem);
-    if (!cfg.nvme_mem.empty()) r.profile.nvme_bytes = parse_bytes(cfg.nvme_mem);
-    if (!cfg.nvme_dir.empty()) r.profile.nvme_dir = cfg.nvme_dir;
+  r.profile = p.profile.empty() ? default_profile(p, model, batch, seq, on_gpu) : resolve_profile(p.profile);
+  if (!p.profile.empty()) {
+    if (!p.gpu_mem.empty()) r.profile.hbm_bytes = parse_bytes(p.gpu_mem);
+    if (!p.host_mem.empty()) r.profile.dram_bytes = parse_bytes(p.host_mem);
+    if (!p.nvme_mem.empty()) r.profile.nvme_bytes = parse_bytes(p.nvme_mem);
+    if (!p.nvme_dir.empty()) r.profile.nvme_dir = p.nvme_dir;
   }
-  r.planner = canonical_planner(cfg.planner);  // one list of names: plan/heuristics.h
-  r.optimizer = cfg.optimizer;
+  r.planner = canonical_planner(p.planner);  // one list of names: plan/heuristics.h
+  r.optimizer = name_of(cfg.optimizer.type);
   // Predictions per optimizer step, as measured: a process (a data-parallel rank too) runs
   // gradient_accumulation_steps micro-batches per step.
-  r.micro_batches = int(cfg.gradient_accumulation_steps);
+  r.micro_batches = int(cfg.schedule.gradient_accumulation_steps);
   // Data parallel: this rank's share of the host, the collectives on its lanes.
   dist::plan_for_rank(r, topo);
   // The CPU backend's "device" is this host's memory too: its estimated budget is shared alike.
-  if (!on_gpu && cfg.profile.empty() && cfg.gpu_mem.empty()) r.profile.hbm_bytes /= topo.ranks_per_host;
-  // The model-state placement: what the config fixes, the rest the planner's choice (plan/placement.h).
-  if (cfg.master_weights == "auto") r.allow_bf16_master = true;
-  else r.master = parse_master_mode(cfg.master_weights);
-  if (cfg.gradients != "auto") r.grads = parse_grad_home(cfg.gradients);
-  if (cfg.gradient_dtype != "auto") r.grad_dtype = parse_grad_dtype(cfg.gradient_dtype);
-  r.allow_nvme_moments = cfg.optimizer_nvme == "auto";  // config.cpp: needs nvme_dir
-  // Kept internals (Plan::kept_layers): only on the GPU (the CPU backend's kept backward still re-runs the forward).
-  r.keep_internals = cfg.keep_internals && on_gpu;
-  r.embedding_rows_first = cfg.embedding_rows_first;
-  // The tied embedding's update on the GPU (exec/device_update.h): auto only on a GPU (the CPU backend's "device" is
-  // one compute thread, slower than the multi-threaded CPU optimizer).
-  if (cfg.embedding_update != "auto") r.embedding_update_device = cfg.embedding_update == "device";
-  else if (!on_gpu) r.embedding_update_device = false;
-  // The first layers' updates on the GPU: auto only on a GPU, and not with every layer's moments on NVMe.
-  r.device_update_layers = device_update_layers_of(cfg);
-  if (!r.device_update_layers && (!on_gpu || cfg.optimizer_nvme == "all")) r.device_update_layers = 0;
+  if (!on_gpu && p.profile.empty() && p.gpu_mem.empty()) r.profile.hbm_bytes /= topo.ranks_per_host;
+  place_state(r, p, on_gpu);
   r.compare = false;
   return r;
 }
@@ -166,7 +175,7 @@ struct SolvedPlan {
 };
 
 // Runs the planner; throws when no plan fits or the plan contradicts the config.
-SolvedPlan solve_plan(const TrainConfig& cfg, const PlanRequest& r) {
+SolvedPlan solve_plan(const PlacementSection& cfg, const PlanRequest& r) {
   const double t0 = now_seconds();
   SolvedPlan s{make_plan(r), 0};
   s.seconds = now_seconds() - t0;
@@ -174,11 +183,11 @@ SolvedPlan solve_plan(const TrainConfig& cfg, const PlanRequest& r) {
   if (!o.feasible)
     fail("{} (planner {}, batch {}, seq {}; profile {})", o.why, r.planner, r.batch, r.seq, r.profile.name);
   // gradient_dtype: bf16 is the dtype of gradients held on the device; host gradients are fp32 accumulators.
-  LT_CHECK(!(cfg.gradient_dtype == "bf16" && o.placement.grads == GradHome::Host),
+  LT_CHECK(!(cfg.gradient_dtype == GradientDtype::Bf16 && o.placement.grads == GradHome::Host),
            "config: gradient_dtype=bf16 applies to gradients held on the device, but the plan keeps the gradients on "
            "the host (gradients: {}, the {} planner's choice for this model, batch {} and seq {}); set "
            "gradients=device to hold them on the device in bf16, or gradient_dtype=auto",
-           cfg.gradients, o.chosen.empty() ? r.planner : o.chosen, r.batch, r.seq);
+           name_of(cfg.gradients), o.chosen.empty() ? r.planner : o.chosen, r.batch, r.seq);
   return s;
 }
 
@@ -204,7 +213,7 @@ double extra_layer_forwards(const ModelConfig& model, const Plan& plan) {
 }
 
 // The TrainingPlan's fields from the planner's outcome (all but the summary).
-TrainingPlan derive_training_plan(const TrainConfig& cfg, const ModelConfig& model, const PlanRequest& r,
+TrainingPlan derive_training_plan(const PlacementSection& cfg, const ModelConfig& model, const PlanRequest& r,
                                   const PlanOutcome& o) {
   TrainingPlan tp;
   tp.exec = exec_plan_from(o.plan, model);  // o.plan.predicted is the chosen candidate's o.sim.pred
@@ -250,7 +259,7 @@ std::string placement_notes(const StatePlacement& p) {
               : std::string());
 }
 
-PlanSummary plan_summary_of(const TrainConfig& cfg, const PlanRequest& r, const SolvedPlan& solved,
+PlanSummary plan_summary_of(const PlanRequest& r, const SolvedPlan& solved,
                             const TrainingPlan& tp, const std::string& device_name) {
   const PlanOutcome& o = solved.outcome;
   PlanSummary s;
@@ -268,7 +277,7 @@ PlanSummary plan_summary_of(const TrainConfig& cfg, const PlanRequest& r, const 
   if (o.plan.kept_layers > 0)
     s.kept = fmt::format(" | kept {} (the last layers' internals, {})", o.plan.kept_layers, format_bytes(kept_hbm(o.inst)));
   s.tiers = describe_tiers(o.plan);
-  s.optimizer = cfg.optimizer;
+  s.optimizer = r.optimizer;
   s.eight_bit_tensors = o.eight_bit_tensors;
   s.eight_bit_params = o.eight_bit_params;
   s.master = master_mode_name(o.placement.master);
@@ -318,25 +327,30 @@ void write_plan_files(const std::string& output_dir, const PlanRequest& r, const
 TrainingPlan make_training_plan(const TrainConfig& cfg, const ModelConfig& model, int64_t batch, int64_t seq,
                                 const std::string& device_name, bool on_gpu, const dist::Topology& topo) {
   const PlanRequest r = plan_request_from_config(cfg, model, batch, seq, on_gpu, topo);
-  const SolvedPlan solved = solve_plan(cfg, r);
-  TrainingPlan tp = derive_training_plan(cfg, model, r, solved.outcome);
-  tp.summary = format_plan_summary(plan_summary_of(cfg, r, solved, tp, device_name));
-  if (!cfg.output_dir.empty()) write_plan_files(cfg.output_dir, r, solved.outcome);
+  const SolvedPlan solved = solve_plan(cfg.placement, r);
+  TrainingPlan tp = derive_training_plan(cfg.placement, model, r, solved.outcome);
+  tp.summary = format_plan_summary(plan_summary_of(r, solved, tp, device_name));
+  if (!cfg.output.output_dir.empty()) write_plan_files(cfg.output.output_dir, r, solved.outcome);
   return tp;
+}
+
+std::optional<int> local_world_size(int world) {
+  const char* v = std::getenv("LT_LOCAL_WORLD_SIZE");
+  if (!v) return std::nullopt;
+  char* end = nullptr;
+  const long k = std::strtol(v, &end, 10);
+  const bool number = end != v && *end == 0 && k >= 1 && k <= (1 << 20);
+  if (world <= 0) LT_CHECK(number, "LT_LOCAL_WORLD_SIZE must be a number of ranks on this host, got '{}'", v);
+  LT_CHECK(world <= 0 || (number && k <= world && world % k == 0),
+           "LT_LOCAL_WORLD_SIZE must be a number of ranks on this host in [1, {}] dividing the world size {}, "
+           "got '{}'", world, world, v);
+  return int(k);
 }
 
 dist::Topology rank_topology(int world) {
   dist::Topology t;
   t.world = world;
-  t.ranks_per_host = world;
-  if (const char* v = std::getenv("LT_LOCAL_WORLD_SIZE")) {
-    char* end = nullptr;
-    const long k = std::strtol(v, &end, 10);
-    LT_CHECK(end != v && *end == 0 && k >= 1 && k <= world && world % k == 0,
-             "LT_LOCAL_WORLD_SIZE must be a number of ranks on this host in [1, {}] dividing the world size {}, "
-             "got '{}'", world, world, v);
-    t.ranks_per_host = int(k);
-  }
+  t.ranks_per_host = local_world_size(world).value_or(world);
   return t;
 }
 

@@ -3,6 +3,7 @@
 // of the config, converted to the executor's ExecPlan, and summarised for the console.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <set>
 
 #include "core/model_state.h"
@@ -45,8 +46,11 @@ struct TrainingPlan {
 TrainingPlan make_training_plan(const TrainConfig& cfg, const ModelConfig& model, int64_t batch, int64_t seq,
                                 const std::string& device_name, bool on_gpu, const dist::Topology& topo = {});
 
-// The topology of a rank: world ranks in all, LT_LOCAL_WORLD_SIZE of them on this host (`launch` sets
-// it; unset: all of them). A clear error for a malformed or inconsistent value.
+// The ranks on this host from LT_LOCAL_WORLD_SIZE (`launch` sets it; the one reader of the variable): nullopt when
+// unset. A clear error unless it is a whole number >= 1, and with world > 0 also <= world and dividing it.
+std::optional<int> local_world_size(int world = 0);
+
+// The topology of a rank: world ranks in all, local_world_size(world) of them on this host (unset: all of them).
 dist::Topology rank_topology(int world);
 
 }  // namespace lt::train

@@ -55,7 +55,8 @@ MicroBatch micro_batch_of(const data::Batch& b, std::vector<int32_t>& targets_st
 
 BackendChoice make_cpu_backend(const ModelConfig& m, const TrainConfig& c, int64_t device_budget, int64_t host_budget) {
   (void)host_budget;
-  LT_CHECK(c.backend != "cuda", "backend: 'cuda' requested but this lazytrain was built without the CUDA backend");
+  LT_CHECK(c.placement.backend != BackendKind::Cuda,
+           "backend: 'cuda' requested but this lazytrain was built without the CUDA backend");
   CpuBackendOptions o;
   o.device_budget = device_budget;
   BackendChoice b;
@@ -82,14 +83,15 @@ class TrainSession {
   TrainSession(const TrainConfig& cfg, const TrainHooks& hooks)
       : cfg_(cfg),
         hooks_(hooks),
-        out_(cfg.output_dir),
+        out_(cfg.output.output_dir),
         dp_(make_data_parallel(cfg, hooks)),
         leader_(!dp_ || dp_->leader()),
-        resume_(dp_ ? dp_->prepare_output_dir(cfg, output_lock_) : prepare_output_dir(cfg, output_lock_)),
+        resume_(dp_ ? dp_->prepare_output_dir(cfg.output, output_lock_) : prepare_output_dir(cfg.output, output_lock_)),
         ms_(setup_model(cfg, resume_)),
         data_(load_training_data(cfg, ms_)),
-        loader_(&data_.train, loader_options(cfg, sequence_length(cfg, data_), data_.tmpl.pad_id())),
-        shape_(step_shape(cfg, sequence_length(cfg, data_), loader_.batches_per_epoch(), dp_ ? dp_->world() : 1)),
+        loader_(&data_.train, loader_options(cfg, sequence_length(cfg.data, data_), data_.tmpl.pad_id())),
+        shape_(step_shape(cfg.schedule, sequence_length(cfg.data, data_), loader_.batches_per_epoch(),
+                          dp_ ? dp_->world() : 1)),
         probe_(hooks.probe_device ? hooks.probe_device(cfg) : DeviceProbe{}),
         tp_(make_training_plan(dp_ ? dp_->planning_config(cfg) : cfg, ms_.model, shape_.batch, shape_.seq,
                                probe_.name, probe_.gpu, dp_ ? rank_topology(dp_->world()) : dist::Topology{})),
@@ -97,9 +99,9 @@ class TrainSession {
         st_(*bc_.backend, state_options()),
         hook_(make_update_hook()),
         ts_(initial_trainer_state(cfg, shape_, tp_, ms_)),
-        logger_(leader_ ? out_ / "metrics.jsonl" : fs::path(), cfg.progress_bar && leader_, bool(resume_)),
+        logger_(leader_ ? out_ / "metrics.jsonl" : fs::path(), cfg.output.progress_bar && leader_, bool(resume_)),
         flops_(flop_model(ms_.model, shape_.batch, shape_.seq, shape_.ga, tp_.extra_layer_forwards)),
-        peak_(cfg.peak_tflops > 0 ? cfg.peak_tflops : device_peak_tflops(bc_.device_name)),
+        peak_(cfg.output.peak_tflops > 0 ? cfg.output.peak_tflops : device_peak_tflops(bc_.device_name)),
         config_yaml_(config_to_yaml(cfg)) {
     if (!leader_) logger_.mute_console();
     if (leader_) print_summary();
@@ -108,7 +110,7 @@ class TrainSession {
                   ts_);
     st_.refresh_all_streams();
     ExecOptions eo;
-    eo.nvme_dir = cfg.nvme_dir.empty() ? fs::path() : fs::path(cfg.nvme_dir);
+    eo.nvme_dir = cfg.placement.nvme_dir.empty() ? fs::path() : fs::path(cfg.placement.nvme_dir);
     eo.timing = true;
     eo.micro_batches = int32_t(shape_.rank_ga);
     executor_ = std::make_unique<Executor>(ms_.model, *bc_.backend, tp_.exec, st_, eo);
@@ -116,8 +118,8 @@ class TrainSession {
     // One process installs the handlers in run_training, before the setup; a data-parallel rank here, once set up
     // (its ranks agree after each step whether to stop).
     if (hooks.install_signal_handlers && dp_) signals_ = std::make_unique<StopSignals>();
-    if (cfg.eval_steps > 0 && !data_.val.empty())
-      val_batches_ = data::make_batches(data_.val, shape_.batch, shape_.seq, cfg.packing, data_.tmpl.pad_id());
+    if (cfg.eval.eval_steps > 0 && !data_.val.empty())
+      val_batches_ = data::make_batches(data_.val, shape_.batch, shape_.seq, cfg.data.packing, data_.tmpl.pad_id());
   }
 
   TrainResult run() {
@@ -139,7 +141,7 @@ class TrainSession {
     wait_updates();
     logger_.finish();
     if (!result_.interrupted && streak_.length() > 0) stop_nonfinite(true);  // no final save of that state
-    if (!result_.interrupted && cfg_.save_final && !saved_at_current_ && steps_this_run_ > 0) save();
+    if (!result_.interrupted && cfg_.output.save_final && !saved_at_current_ && steps_this_run_ > 0) save();
     result_.train_seconds = now_seconds() - t_start;
     result_.global_step = ts_.global_step;
     result_.total_steps = shape_.total_steps;
@@ -149,7 +151,7 @@ class TrainSession {
     if (!result_.interrupted && steps_this_run_ > 0 && leader_)
       std::printf("training done: %lld steps in %.1f s, final loss %.4f%s\n", (long long)ts_.global_step,
                   result_.train_seconds, ts_.losses.empty() ? 0.0 : ts_.losses.back(), skipped_summary().c_str());
-    if (!result_.interrupted && !cfg_.do_eval_dataset.empty() && leader_)
+    if (!result_.interrupted && !cfg_.eval.do_eval_dataset.empty() && leader_)
       final_evaluation(cfg_, hooks_, ms_, data_, st_, *bc_.backend, bc_.gpu, executor_, logger_, ts_.global_step,
                        result_);
     return result_;
@@ -157,10 +159,10 @@ class TrainSession {
 
   BackendChoice make_backend() {
     BackendFactory factory = hooks_.make_backend ? hooks_.make_backend : BackendFactory(make_cpu_backend);
-    const int64_t dev_budget = cfg_.gpu_mem.empty() ? -1 : parse_bytes(cfg_.gpu_mem);
-    const int64_t host_budget = cfg_.host_mem.empty() ? -1 : parse_bytes(cfg_.host_mem);
+    const int64_t dev_budget = cfg_.placement.gpu_mem.empty() ? -1 : parse_bytes(cfg_.placement.gpu_mem);
+    const int64_t host_budget = cfg_.placement.host_mem.empty() ? -1 : parse_bytes(cfg_.placement.host_mem);
     if (dp_) {
-      check_data_parallel_config(cfg_, tp_, dp_->world());
+      check_data_parallel_config(cfg_.placement, tp_, dp_->world());
       dp_->check_same_plan(tp_);
     }
     BackendChoice bc = factory(ms_.model, cfg_, dev_budget, host_budget);
@@ -203,7 +205,7 @@ class TrainSession {
   }
 
   HostState& load_weights_into(HostState& st) {
-    write_initial_weights(ms_, st, int(cfg_.threads));
+    write_initial_weights(ms_, st, int(cfg_.placement.threads));
     return st;
   }
 
@@ -214,9 +216,11 @@ class TrainSession {
                 "(%lld per epoch) | %s %s, lr %.3g %s, warmup %lld\n",
                 ms_.model.name.c_str(), bc_.backend->name().c_str(), (long long)data_.train.size(),
                 (long long)shape_.seq, batch_description(shape_).c_str(), (long long)shape_.total_steps,
-                (long long)shape_.updates_per_epoch, cfg_.optimizer.c_str(),
+                (long long)shape_.updates_per_epoch, name_of(cfg_.optimizer.type),
                 tp_.tensors_8bit.empty() ? "" : fmt::format("({} tensors 8-bit)", tp_.tensors_8bit.size()).c_str(),
-                cfg_.learning_rate, cfg_.lr_scheduler_type.c_str(), (long long)shape_.sched.warmup_steps);
+                cfg_.schedule.learning_rate, name_of(cfg_.schedule.lr_scheduler_type),
+                (long long)shape_.sched.warmup_steps);
+    if (const std::string k = bc_.backend->describe_kernels(); !k.empty()) std::printf("%s\n", k.c_str());
     std::fflush(stdout);
   }
 
@@ -243,12 +247,12 @@ class TrainSession {
     cc.tokenizer_dir = ms_.tokenizer_dir;
     // The newest checkpoint holds the pass-through tensors too (and survives rotation, unlike older ones).
     cc.passthrough_from = result_.last_checkpoint.empty() ? ms_.weights_source : result_.last_checkpoint;
-    cc.save_fp32_model = cfg_.save_dtype == "fp32";
+    cc.save_fp32_model = cfg_.output.save_dtype == SaveDtype::Fp32;
     const double t0 = now_seconds();
-    fs::path p = save_checkpoint(out_, cc, cfg_.save_total_limit);
+    fs::path p = save_checkpoint(out_, cc, cfg_.output.save_total_limit);
     result_.last_checkpoint = p;
     logger_.message(fmt::format("saved checkpoint {} ({:.2f} s; model weights {}, trainer state fp32)", p.string(),
-                                now_seconds() - t0, cfg_.save_dtype));
+                                now_seconds() - t0, name_of(cfg_.output.save_dtype)));
     logger_.event(nlohmann::json{{"type", "checkpoint"}, {"step", ts_.global_step}, {"path", p.string()}}.dump());
   }
 
@@ -265,7 +269,7 @@ class TrainSession {
     std::vector<int32_t> tgt;
     for (const auto& b : val_batches_) {
       int64_t k = 0;
-      const double l = executor_->eval_loss(micro_batch_of(b, tgt, cfg_.packing), &k);
+      const double l = executor_->eval_loss(micro_batch_of(b, tgt, cfg_.data.packing), &k);
       sum += l * double(k);
       n += k;
     }
@@ -291,7 +295,7 @@ class TrainSession {
     for (int64_t i = 0; i < ga; ++i) {
       batches_[size_t(i)] = loader_.next();
       nonpad += batches_[size_t(i)].n_real_tokens;
-      mbs.push_back(micro_batch_of(batches_[size_t(i)], targets_[size_t(i)], cfg_.packing));
+      mbs.push_back(micro_batch_of(batches_[size_t(i)], targets_[size_t(i)], cfg_.data.packing));
     }
     if (!geometry_prepared_) {  // one-time builds for the batch shape (cuDNN's graphs) outside the step's time
       const double p0 = now_seconds();
@@ -312,7 +316,8 @@ class TrainSession {
       r = dp_->step(*executor_, mbs, float(lr), &local);
     } else {
       hook_->begin_step(float(lr));
-      if (cfg_.embedding_rows_first && executor_->wants_next_step_ids()) {  // the next step's rows updated first
+      // The next step's rows updated first.
+      if (cfg_.placement.embedding_rows_first && executor_->wants_next_step_ids()) {
         std::vector<int32_t> next;
         for (const auto& b : loader_.peek(ga)) next.insert(next.end(), b.input_ids.begin(), b.input_ids.end());
         executor_->set_next_step_ids(std::move(next));
@@ -336,13 +341,13 @@ class TrainSession {
                                         dp_->comm_seconds() - comm0});
     log_step(m);
     if (streak_.reached_limit()) stop_nonfinite(false);
-    if (cfg_.eval_steps > 0 && !val_batches_.empty() && ts_.global_step % cfg_.eval_steps == 0) eval_loss();
+    if (cfg_.eval.eval_steps > 0 && !val_batches_.empty() && ts_.global_step % cfg_.eval.eval_steps == 0) eval_loss();
     bool stop =
         StopSignals::requested() || (hooks_.stop_after_steps >= 0 && steps_this_run_ >= hooks_.stop_after_steps);
     if (dp_) stop = dp_->any(stop);  // every rank stops after the same step
     // A checkpoint is never made of the state after non-finite steps: the last good one stays the newest.
     const bool savable = streak_.length() == 0;
-    if (((cfg_.save_steps > 0 && ts_.global_step % cfg_.save_steps == 0) || stop) && savable) {
+    if (((cfg_.output.save_steps > 0 && ts_.global_step % cfg_.output.save_steps == 0) || stop) && savable) {
       save();
       saved_at_current_ = true;
     }
@@ -361,7 +366,7 @@ class TrainSession {
     ++(skipped ? ts_.skipped_steps : ts_.nonfinite_loss_steps);
     const NonFiniteStep s = diagnose(info.grad_norm, loss, skipped);
     if (streak_.length() == 1) streak_first_ = s;
-    logger_.message(nonfinite_step_message(s, ms_.layout, streak_.length(), cfg_.max_skipped_steps));
+    logger_.message(nonfinite_step_message(s, ms_.layout, streak_.length(), cfg_.schedule.max_skipped_steps));
     logger_.event(nlohmann::json{{"type", "nonfinite"},
                                  {"step", s.step},
                                  {"grad_norm", s.grad_norm},
@@ -384,7 +389,7 @@ class TrainSession {
     s.grad_norm = grad_norm;
     s.loss = loss;
     s.skipped = skipped;
-    s.parameter = first_nonfinite_parameter(st_, ms_.layout, int(cfg_.threads));
+    s.parameter = first_nonfinite_parameter(st_, ms_.layout, int(cfg_.placement.threads));
     s.units = optimizer().nonfinite_units();
     return s;
   }
@@ -401,15 +406,15 @@ class TrainSession {
     NonFiniteStop s;
     s.step = ts_.global_step;
     s.first_step = streak_.first_step();
-    s.max_skipped_steps = cfg_.max_skipped_steps;
+    s.max_skipped_steps = cfg_.schedule.max_skipped_steps;
     s.run_ended = run_ended;
     s.all_skipped = streak_.all_skipped();
     s.first_nonfinite = first_nonfinite_text(streak_first_, ms_.layout);
     s.in_weights = streak_first_.parameter.has_value();
-    s.learning_rate = cfg_.learning_rate;
+    s.learning_rate = cfg_.schedule.learning_rate;
     s.gpu = bc_.gpu;
     const fs::path last = last_good_checkpoint();
-    s.weights_source = resume_ ? resume_->string() : cfg_.model_name_or_path;
+    s.weights_source = resume_ ? resume_->string() : cfg_.model.name_or_path;
     s.last_checkpoint = last.string();
     // Resumed from it and non-finite from this run's first step on: its weights are the non-finite ones.
     s.checkpoint_has_them = resume_ && result_.last_checkpoint.empty() && streak_.length() == steps_this_run_;
@@ -455,18 +460,19 @@ class TrainSession {
 
   // --trace: one step as a Chrome/Perfetto trace (a later step than the first, which warms up).
   void write_trace_if_asked() {
-    if (cfg_.trace.empty()) return;
-    if (ts_.global_step == cfg_.trace_step ||
-        (ts_.global_step == shape_.total_steps && shape_.total_steps < cfg_.trace_step)) {
-      executor_->write_trace(cfg_.trace);
+    if (cfg_.output.trace.empty()) return;
+    if (ts_.global_step == cfg_.output.trace_step ||
+        (ts_.global_step == shape_.total_steps && shape_.total_steps < cfg_.output.trace_step)) {
+      executor_->write_trace(cfg_.output.trace);
       logger_.message(fmt::format("step {}: trace written to {} (open in chrome://tracing or ui.perfetto.dev)",
-                                  ts_.global_step, cfg_.trace));
+                                  ts_.global_step, cfg_.output.trace));
     }
   }
 
   void log_step(const StepMetrics& m) {
     if (hooks_.on_step) hooks_.on_step(m);
-    if (ts_.global_step % cfg_.logging_steps == 0 || ts_.global_step == shape_.total_steps || ts_.global_step == 1)
+    const int64_t done = ts_.global_step;
+    if (done % cfg_.output.logging_steps == 0 || done == shape_.total_steps || done == 1)
       logger_.log(m);
     else
       logger_.event(to_json_line(m));
@@ -530,7 +536,7 @@ class TrainSession {
   std::vector<data::Batch> val_batches_, batches_;
   std::vector<std::vector<int32_t>> targets_;
   TrainResult result_;
-  NonFiniteStreak streak_{cfg_.max_skipped_steps};  // consecutive non-finite steps (gradient norm or loss)
+  NonFiniteStreak streak_{cfg_.schedule.max_skipped_steps};  // consecutive non-finite steps (gradient norm or loss)
   NonFiniteStep streak_first_;                      // the diagnosis of the streak's first step
   int64_t steps_this_run_ = 0;
   bool saved_at_current_ = false;
@@ -558,9 +564,9 @@ TrainResult stopped_during_setup(const std::string& where) {
 
 TrainResult run_training(const TrainConfig& config, const TrainHooks& hooks) {
   const TrainConfig cfg = with_rank_threads(config);
-  if (cfg.threads > 0) {
-    openblas_set_num_threads(int(cfg.threads));
-    omp_set_num_threads(int(cfg.threads));
+  if (cfg.placement.threads > 0) {
+    openblas_set_num_threads(int(cfg.placement.threads));
+    omp_set_num_threads(int(cfg.placement.threads));
   }
   // One process takes SIGINT/SIGTERM from the start: a stop during the setup (reading and tokenising the data,
   // initialising the weights) ends the run there instead of after its first step.

@@ -18,6 +18,15 @@ namespace {
 
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
+optim::OptimizerKind optimizer_kind(OptimizerType t) {
+  switch (t) {
+    case OptimizerType::AdamW8bit: return optim::OptimizerKind::AdamW8bit;
+    case OptimizerType::Hybrid: return optim::OptimizerKind::Hybrid;
+    case OptimizerType::AdamW: break;
+  }
+  return optim::OptimizerKind::AdamW;
+}
+
 // Removes what a previous run left in output_dir when overwrite_output_dir is set (only our files).
 void clear_output_dir(const fs::path& out) {
   std::error_code ec;
@@ -31,7 +40,7 @@ void clear_output_dir(const fs::path& out) {
 
 }  // namespace
 
-std::optional<fs::path> prepare_output_dir(const TrainConfig& cfg, OutputLock& lock) {
+std::optional<fs::path> prepare_output_dir(const OutputSection& cfg, OutputLock& lock) {
   const fs::path out = cfg.output_dir;
   lock = OutputLock::acquire(out);  // before the resume point is chosen or anything removed
   std::optional<fs::path> resume = resolve_resume(cfg.resume_from_checkpoint, out);
@@ -48,7 +57,8 @@ std::optional<fs::path> prepare_output_dir(const TrainConfig& cfg, OutputLock& l
   return resume;
 }
 
-data::PreparedData load_training_data(const TrainConfig& cfg, const ModelSetup& ms) {
+data::PreparedData load_training_data(const TrainConfig& config, const ModelSetup& ms) {
+  const DataSection& cfg = config.data;
   // Positions past max_position_embeddings have no trained RoPE range (generate refuses them too).
   LT_CHECK(cfg.cutoff_len <= ms.model.max_position,
            "config: cutoff_len {} exceeds the model's max_position_embeddings {} ({}): a sample that long would be "
@@ -60,13 +70,13 @@ data::PreparedData load_training_data(const TrainConfig& cfg, const ModelSetup& 
   dc.eval_dataset = cfg.eval_dataset;
   dc.template_name = cfg.template_name;
   dc.format = cfg.dataset_format;
-  dc.on_malformed = cfg.on_malformed;
-  dc.overlong = cfg.overlong;
+  dc.on_malformed = name_of(cfg.on_malformed);
+  dc.overlong = name_of(cfg.overlong);
   dc.cutoff_len = cfg.cutoff_len;
   dc.train_on_inputs = cfg.train_on_inputs;
   dc.val_size = cfg.val_size;
   dc.max_samples = cfg.max_samples;
-  dc.seed = uint64_t(cfg.seed);
+  dc.seed = uint64_t(config.schedule.seed);
   dc.stop_requested = [] { return StopSignals::requested(); };
   data::PreparedData data = data::prepare_data(dc, ms.tokenizer);
   LT_CHECK(!data.train.empty(), "dataset '{}': no training samples left after tokenisation", cfg.dataset);
@@ -78,7 +88,7 @@ data::PreparedData load_training_data(const TrainConfig& cfg, const ModelSetup& 
   return data;
 }
 
-int64_t sequence_length(const TrainConfig& cfg, const data::PreparedData& data) {
+int64_t sequence_length(const DataSection& cfg, const data::PreparedData& data) {
   int64_t longest = 0;
   for (const auto& s : data.train) longest = std::max<int64_t>(longest, int64_t(s.ids.size()));
   for (const auto& s : data.val) longest = std::max<int64_t>(longest, int64_t(s.ids.size()));
@@ -87,16 +97,16 @@ int64_t sequence_length(const TrainConfig& cfg, const data::PreparedData& data) 
 
 data::LoaderOptions loader_options(const TrainConfig& cfg, int64_t seq, int32_t pad_id) {
   data::LoaderOptions lo;
-  lo.batch = cfg.per_device_train_batch_size;
+  lo.batch = cfg.schedule.per_device_train_batch_size;
   lo.seq = seq;
-  lo.packing = cfg.packing;
+  lo.packing = cfg.data.packing;
   lo.shuffle = true;
-  lo.seed = uint64_t(cfg.seed);
+  lo.seed = uint64_t(cfg.schedule.seed);
   lo.pad_id = pad_id;
   return lo;
 }
 
-StepShape step_shape(const TrainConfig& cfg, int64_t seq, int64_t batches_per_epoch, int world) {
+StepShape step_shape(const ScheduleSection& cfg, int64_t seq, int64_t batches_per_epoch, int world) {
   StepShape s;
   s.seq = seq;
   s.batch = cfg.per_device_train_batch_size;
@@ -121,21 +131,22 @@ std::string batch_description(const StepShape& s) {
 }
 
 OptimizerSetup optimizer_setup(const TrainConfig& cfg, const TrainingPlan& tp, bool gpu) {
+  const OptimizerSection& o = cfg.optimizer;
   OptimizerSetup os;
-  os.weight_decay = float(cfg.weight_decay);
-  os.beta1 = float(cfg.adam_beta1);
-  os.beta2 = float(cfg.adam_beta2);
-  os.eps = float(cfg.adam_epsilon);
-  os.max_grad_norm = float(cfg.max_grad_norm);
-  os.kind = optim::parse_optimizer_kind(cfg.optimizer);
+  os.weight_decay = float(o.weight_decay);
+  os.beta1 = float(o.adam_beta1);
+  os.beta2 = float(o.adam_beta2);
+  os.eps = float(o.adam_epsilon);
+  os.max_grad_norm = float(o.max_grad_norm);
+  os.kind = optimizer_kind(o.type);
   os.tensors_8bit = tp.tensors_8bit;
   // On the CPU backend the compute lane needs the cores; one optimizer thread overlaps with it.
-  os.threads = gpu ? int(cfg.threads) : 1;
-  os.sr_seed = rounding_seed(uint64_t(cfg.seed));
+  os.threads = gpu ? int(cfg.placement.threads) : 1;
+  os.sr_seed = rounding_seed(uint64_t(cfg.schedule.seed));
   // optimizer_nvme: all = every layer unit's moments on NVMe; auto = the plan's (the last
   // placement.nvme_layers layers, units L - k + 1 .. L).
-  os.nvme_dir = cfg.nvme_dir;
-  os.nvme_all_layers = cfg.optimizer_nvme == "all";
+  os.nvme_dir = cfg.placement.nvme_dir;
+  os.nvme_all_layers = cfg.placement.optimizer_nvme == OptimizerNvme::All;
   const int64_t L = tp.model.layers;
   for (int64_t j = L - tp.placement.nvme_layers; j < L; ++j) os.nvme_units.insert(j + 1);
   return os;
@@ -180,11 +191,11 @@ TrainerState initial_trainer_state(const TrainConfig& cfg, const StepShape& shap
   TrainerState ts;
   ts.batches_per_epoch = shape.batches_per_epoch;
   ts.total_steps = shape.total_steps;
-  ts.seed = uint64_t(cfg.seed);
-  ts.lr_scheduler_type = cfg.lr_scheduler_type;
-  ts.base_lr = cfg.learning_rate;
+  ts.seed = uint64_t(cfg.schedule.seed);
+  ts.lr_scheduler_type = name_of(cfg.schedule.lr_scheduler_type);
+  ts.base_lr = cfg.schedule.learning_rate;
   ts.warmup_steps = shape.sched.warmup_steps;
-  ts.optimizer = cfg.optimizer;
+  ts.optimizer = name_of(cfg.optimizer.type);
   ts.master_weights = master_mode_name(tp.placement.master);
   ts.tensors_8bit.assign(tp.tensors_8bit.begin(), tp.tensors_8bit.end());
   ts.model_name = ms.model.name;
@@ -199,11 +210,12 @@ void resume_from(const fs::path& ckpt, const TrainConfig& cfg, const ModelSetup&
            "resume: checkpoint '{}' was made with {} micro-batches per epoch, this run has {} (dataset, "
            "batch size, cutoff_len or packing changed)",
            ckpt.string(), saved.batches_per_epoch, ts.batches_per_epoch);
-  LT_CHECK(saved.optimizer == cfg.optimizer, "resume: checkpoint '{}' used optimizer '{}', the config says '{}'",
-           ckpt.string(), saved.optimizer, cfg.optimizer);
+  LT_CHECK(saved.optimizer == name_of(cfg.optimizer.type),
+           "resume: checkpoint '{}' used optimizer '{}', the config says '{}'", ckpt.string(), saved.optimizer,
+           name_of(cfg.optimizer.type));
   LT_CHECK(saved.master_weights == ts.master_weights,
            "resume: checkpoint '{}' trained with master_weights '{}', this run's is '{}' (master_weights: {})",
-           ckpt.string(), saved.master_weights, ts.master_weights, cfg.master_weights);
+           ckpt.string(), saved.master_weights, ts.master_weights, name_of(cfg.placement.master_weights));
   // bf16-sr: the rounding continues the checkpoint's random stream.
   opt.set_sr_seed(rounding_seed(saved.seed));
   if (saved.total_steps != ts.total_steps)
@@ -223,10 +235,10 @@ void resume_from(const fs::path& ckpt, const TrainConfig& cfg, const ModelSetup&
   if (!saved.model_name.empty()) ts.model_name = saved.model_name;
   loader.restore({saved.data_epoch, saved.data_index});
   std::printf("resumed from %s at step %lld\n", ckpt.string().c_str(), (long long)ts.global_step);
-  if (ts.global_step >= ts.total_steps) std::printf("%s\n", nothing_to_do_message(ckpt, cfg, ts).c_str());
+  if (ts.global_step >= ts.total_steps) std::printf("%s\n", nothing_to_do_message(ckpt, cfg.schedule, ts).c_str());
 }
 
-std::string nothing_to_do_message(const fs::path& ckpt, const TrainConfig& cfg, const TrainerState& ts) {
+std::string nothing_to_do_message(const fs::path& ckpt, const ScheduleSection& cfg, const TrainerState& ts) {
   const std::string name = ckpt.filename().string();
   const auto step = (long long)ts.global_step, total = (long long)ts.total_steps;
   if (cfg.max_steps > 0)
@@ -278,9 +290,9 @@ void final_evaluation(const TrainConfig& cfg, const TrainHooks& hooks, const Mod
                       const data::PreparedData& data, HostState& st, Backend& be, bool gpu,
                       std::unique_ptr<Executor>& executor, MetricsLogger& logger, int64_t step, TrainResult& result) {
   data::ReadOptions ro;
-  ro.max_samples = cfg.eval_max_samples;
-  ro.seed = uint64_t(cfg.seed) + 7;
-  auto records = data::load_records(cfg.do_eval_dataset, ro);
+  ro.max_samples = cfg.eval.eval_max_samples;
+  ro.seed = uint64_t(cfg.schedule.seed) + 7;
+  auto records = data::load_records(cfg.eval.do_eval_dataset, ro);
   ModelWeightsView v{&ms.model, &ms.layout, {}};
   // The decoder reads fp32 units: the master itself where it is an fp32 array, else a rebuilt copy.
   std::vector<std::vector<float>> rebuilt;
@@ -294,9 +306,9 @@ void final_evaluation(const TrainConfig& cfg, const TrainHooks& hooks, const Mod
     v.units.push_back(rebuilt.back().data());
   }
   EvalOptions eopt;
-  eopt.batch_size = cfg.per_device_eval_batch_size > 0 ? cfg.per_device_eval_batch_size : 64;
-  eopt.max_new_tokens = cfg.max_new_tokens;
-  eopt.output_jsonl = (fs::path(cfg.output_dir) / "eval_results.jsonl").string();
+  eopt.batch_size = cfg.eval.per_device_eval_batch_size > 0 ? cfg.eval.per_device_eval_batch_size : 64;
+  eopt.max_new_tokens = cfg.eval.max_new_tokens;
+  eopt.output_jsonl = (fs::path(cfg.output.output_dir) / "eval_results.jsonl").string();
   const int64_t longest_prompt = longest_prompt_tokens(data.tmpl, records);
   check_fits_max_position(ms.model, longest_prompt, eopt.max_new_tokens, "config: max_new_tokens");
   std::unique_ptr<Generator> gen;
@@ -319,12 +331,12 @@ void final_evaluation(const TrainConfig& cfg, const TrainHooks& hooks, const Mod
   result.exact_match = er.exact_match;
   result.eval_samples = er.samples;
   std::printf("eval: exact match %.2f%% (%lld/%lld) on %s in %.1f s; per-sample results in %s\n",
-              100.0 * er.exact_match, (long long)er.correct, (long long)er.samples, cfg.do_eval_dataset.c_str(),
+              100.0 * er.exact_match, (long long)er.correct, (long long)er.samples, cfg.eval.do_eval_dataset.c_str(),
               er.seconds, eopt.output_jsonl.c_str());
   std::printf("%s\n", format_decode_stats(gen->describe(), gen->stats()).c_str());
   logger.event(nlohmann::json{{"type", "exact_match"},
                               {"step", step},
-                              {"dataset", cfg.do_eval_dataset},
+                              {"dataset", cfg.eval.do_eval_dataset},
                               {"exact_match", er.exact_match},
                               {"correct", er.correct},
                               {"samples", er.samples},

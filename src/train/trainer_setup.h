@@ -28,7 +28,7 @@ namespace fs = std::filesystem;
 // Creates output_dir and takes its lock (the run keeps `lock` until it ends; a second run into the
 // same directory fails here naming this one), then returns the checkpoint to resume from
 // (resume_from_checkpoint), after clearing a previous run's files when overwrite_output_dir allows it.
-std::optional<fs::path> prepare_output_dir(const TrainConfig& cfg, OutputLock& lock);
+std::optional<fs::path> prepare_output_dir(const OutputSection& cfg, OutputLock& lock);
 
 // Tokenised train/validation data, every id checked against the model's vocabulary.
 data::PreparedData load_training_data(const TrainConfig& cfg, const ModelSetup& ms);
@@ -45,9 +45,9 @@ struct StepShape {
   LrSchedule sched;
 };
 // seq: packing fills cutoff_len; padding needs only the longest sample (rounded up to 8).
-int64_t sequence_length(const TrainConfig& cfg, const data::PreparedData& data);
+int64_t sequence_length(const DataSection& cfg, const data::PreparedData& data);
 data::LoaderOptions loader_options(const TrainConfig& cfg, int64_t seq, int32_t pad_id);
-StepShape step_shape(const TrainConfig& cfg, int64_t seq, int64_t batches_per_epoch, int world = 1);
+StepShape step_shape(const ScheduleSection& cfg, int64_t seq, int64_t batches_per_epoch, int world = 1);
 // "batch 16 x 2 accumulation" (one process), "batch 16 x 1 accumulation x 2 ranks" (launch -n 2).
 std::string batch_description(const StepShape& s);
 
@@ -72,7 +72,7 @@ void resume_from(const fs::path& ckpt, const TrainConfig& cfg, const ModelSetup&
                  optim::CpuAdamW& opt, const std::function<void(const fs::path&)>& load_optimizer,
                  data::DataLoader& loader, TrainerState& ts);
 // "nothing to do: checkpoint-N is at step N = max_steps; raise max_steps to train further" (or the epochs' count).
-std::string nothing_to_do_message(const fs::path& ckpt, const TrainConfig& cfg, const TrainerState& ts);
+std::string nothing_to_do_message(const fs::path& ckpt, const ScheduleSection& cfg, const TrainerState& ts);
 
 // The command that resumes a stopped run (printed when a signal stops it).
 std::string resume_command(const TrainConfig& cfg);

@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-#include "backend/cuda/cuda_decoder.h"
+#include "infer/cuda/cuda_decoder.h"
 #include "gpu_test_util.h"
 #include "infer/generate.h"
 #include "model/weights.h"

@@ -11,6 +11,7 @@
 
 #include "attn_test_util.h"
 #include "backend/cuda/attention_cudnn.h"
+#include "backend/cuda/kernel_options.h"
 #include "backend/cuda/kernels.h"
 #include "gpu_test_util.h"
 
@@ -74,8 +75,10 @@ TEST_P(CudnnAttnTest, ForwardBackwardMatchCpu) {
   if (!cuda::cudnn_attention_enabled()) GTEST_SKIP() << cuda::cudnn_attention_describe();
   const AttnCase ac = GetParam();
   const AttnRef r = attention_reference(ac);
-  for (const int det : {1, 0}) {
-    cuda::cudnn_attention_set_deterministic(det);
+  for (const bool det : {true, false}) {
+    cuda::KernelOptions ko = cuda::kernel_options();
+    ko.attention_deterministic = det;
+    const cuda::KernelOptionsScope scope(ko);
     const cuda::AttnDims d{ac.batch, ac.seq, ac.heads, ac.kv_heads, ac.hd, r.scale};
     const cuda::PackedRows pr = packed_rows(ac, r);
     const cuda::PackedRows* p = ac.segments ? &pr : nullptr;
@@ -97,7 +100,6 @@ TEST_P(CudnnAttnTest, ForwardBackwardMatchCpu) {
       EXPECT_EQ(std::memcmp(a.dv.data(), b.dv.data(), a.dv.size() * 4), 0) << ac;
     }
   }
-  cuda::cudnn_attention_set_deterministic(-1);
 }
 
 INSTANTIATE_TEST_SUITE_P(

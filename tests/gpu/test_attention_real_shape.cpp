@@ -12,6 +12,7 @@
 
 #include "backend/cpu/ops.h"
 #include "backend/cuda/attention_cudnn.h"
+#include "backend/cuda/kernel_options.h"
 #include "backend/cuda/kernels.h"
 #include "gpu_test_util.h"
 
@@ -91,7 +92,9 @@ TEST_P(CudnnAttnRealShape, FiniteInBoundsAndMatchesOwnKernels) {
   REQUIRE_GPU();
   if (!cuda::cudnn_attention_enabled()) GTEST_SKIP() << cuda::cudnn_attention_describe();
   const RealCase rc = GetParam();
-  cuda::cudnn_attention_set_deterministic(rc.deterministic ? 1 : 0);
+  cuda::KernelOptions ko = cuda::kernel_options();
+  ko.attention_deterministic = rc.deterministic;
+  const cuda::KernelOptionsScope scope(ko);
   const int64_t B = rc.batch, H = rc.heads, KV = rc.kv_heads, T = B * kSeq;
   const cuda::AttnDims d{B, kSeq, H, KV, kHd, float(1.0 / std::sqrt(double(kHd)))};
   std::mt19937 rng(uint32_t(B * 1000 + H));
@@ -155,7 +158,6 @@ TEST_P(CudnnAttnRealShape, FiniteInBoundsAndMatchesOwnKernels) {
     EXPECT_LE(rel_err(c.dv, rv), 2e-2) << "cuDNN dV against the CPU";
     EXPECT_LE(rel_err(own.dq, rq), 2e-2) << "our dQ against the CPU";
   }
-  cuda::cudnn_attention_set_deterministic(-1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Qwen35, CudnnAttnRealShape,

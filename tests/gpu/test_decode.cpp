@@ -19,8 +19,8 @@
 
 #include "backend/cpu/ops.h"
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/cuda_decoder.h"
-#include "backend/cuda/decode.h"
+#include "infer/cuda/cuda_decoder.h"
+#include "infer/cuda/decode.h"
 #include "core/error.h"
 #include "decode_test_util.h"
 #include "gpu_test_util.h"

@@ -230,11 +230,14 @@ RuleInputs rule_inputs(const GdnCase& gc, uint32_t seed) {
   return r;
 }
 
-// Sets the rule implementation for a scope (restores the previous one).
-struct RuleImplScope {
-  cuda::GdnRuleImpl prev;
-  explicit RuleImplScope(cuda::GdnRuleImpl impl) : prev(cuda::gdn_rule_impl()) { cuda::gdn_set_rule_impl(impl); }
-  ~RuleImplScope() { cuda::gdn_set_rule_impl(prev); }
+// Sets the rule implementation for a scope (restores the previous kernel options).
+cuda::KernelOptions with_rule(cuda::GdnRuleImpl impl) {
+  cuda::KernelOptions o = cuda::kernel_options();
+  o.gdn_rule = impl;
+  return o;
+}
+struct RuleImplScope : cuda::KernelOptionsScope {
+  explicit RuleImplScope(cuda::GdnRuleImpl impl) : cuda::KernelOptionsScope(with_rule(impl)) {}
 };
 const char* impl_name(cuda::GdnRuleImpl i) { return cuda::gdn_rule_impl_name(i); }
 constexpr cuda::GdnRuleImpl kImpls[3] = {cuda::GdnRuleImpl::Chunked, cuda::GdnRuleImpl::Mma,
@@ -245,48 +248,26 @@ struct RuleOut {
   std::vector<float> o, states, dq, dk, dv, dg, db;
   float ms_fwd = 0, ms_bwd = 0;
 };
-// Sets the Chunked implementation's operand precision for a scope (restores the previous one).
-struct RulePrecisionScope {
-  cuda::GdnRulePrecision prev;
-  explicit RulePrecisionScope(cuda::GdnRulePrecision p) : prev(cuda::gdn_rule_precision()) {
-    cuda::gdn_set_rule_precision(p);
-  }
-  ~RulePrecisionScope() { cuda::gdn_set_rule_precision(prev); }
-};
-
-// Forces the tile passes (0) or restores the default choice (-1: register passes where the shape allows).
-struct WarpPassScope {
-  explicit WarpPassScope(int on) { cuda::gdn_set_warp_passes(on); }
-  ~WarpPassScope() { cuda::gdn_set_warp_passes(-1); }
-};
-// Forces chunk_grads' fragment path (0) or restores the default (-1: the bf16 operand path with the register passes).
-struct GradsB16Scope {
-  explicit GradsB16Scope(int on) { cuda::gdn_set_grads_b16(on); }
-  ~GradsB16Scope() { cuda::gdn_set_grads_b16(-1); }
-};
-// Sets chunk_grads' CTA size (256 / 384 / 512) and warp tiles (1: 16 x 32) on the bf16 operand path, or restores
-// the defaults (-1).
-struct GradsCtaScope {
-  GradsCtaScope(int threads, int wide) {
-    cuda::gdn_set_grads_cta(threads);
-    cuda::gdn_set_grads_wide(wide);
-  }
-  ~GradsCtaScope() {
-    cuda::gdn_set_grads_cta(-1);
-    cuda::gdn_set_grads_wide(-1);
-  }
-};
+// The kernel options of one rule run: implementation and precision; -1 keeps the installed choice of the rest
+// (warp_passes 0: the tile passes; grads_b16 0: chunk_grads' fragment path; grads_shape: chunk_grads' threads a CTA
+// on the bf16 operand path and, 1, its 16 x 32 warp tiles).
+cuda::KernelOptions rule_options(cuda::GdnRuleImpl impl, cuda::GdnRulePrecision prec, int warp_passes, int grads_b16,
+                                 std::pair<int, int> grads_shape) {
+  cuda::KernelOptions o = with_rule(impl);
+  o.gdn_precision = prec;
+  if (warp_passes >= 0) o.gdn_passes = warp_passes ? cuda::GdnPasses::Warp : cuda::GdnPasses::Tile;
+  if (grads_b16 >= 0) o.gdn_grads = grads_b16 ? cuda::GdnGrads::Bf16 : cuda::GdnGrads::Frag;
+  if (grads_shape.first >= 0) o.gdn_grads_cta = grads_shape.first;
+  if (grads_shape.second >= 0) o.gdn_grads_tile = grads_shape.second ? 32 : 16;
+  return o;
+}
 // The bf16 grads variants the rule test runs beside the default one: (threads a CTA, 16 x 32 warp tiles).
 constexpr std::pair<int, int> kGradsShapes[] = {{256, 0}, {384, 0}, {512, 0}, {256, 1}, {384, 1}};
 
 void run_rule(const GdnCase& gc, const RuleInputs& in, const std::vector<int32_t>& seg, cuda::GdnRuleImpl impl,
               RuleOut& r, cuda::GdnRulePrecision prec = cuda::GdnRulePrecision::Split, int warp_passes = -1,
               int grads_b16 = -1, std::pair<int, int> grads_shape = {-1, -1}) {
-  RuleImplScope scope(impl);
-  RulePrecisionScope pscope(prec);
-  WarpPassScope wscope(warp_passes);
-  GradsB16Scope gscope(grads_b16);
-  GradsCtaScope cscope(grads_shape.first, grads_shape.second);
+  const cuda::KernelOptionsScope scope(rule_options(impl, prec, warp_passes, grads_b16, grads_shape));
   const auto d = dims_of(gc);
   const int64_t T = d.tokens(), KD = d.Hk * d.Dk, VD = d.Hv * d.Dv, NV = d.Hv;
   DevBuf q = up_bf16(in.q), k = up_bf16(in.k), v = up_bf16(in.v), g = up(in.g), beta = up(in.beta);

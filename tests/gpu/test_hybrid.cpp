@@ -10,7 +10,7 @@
 
 #include "backend/cpu/reference.h"
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/cuda_decoder.h"
+#include "infer/cuda/cuda_decoder.h"
 #include "core/error.h"
 #include "gpu_test_util.h"
 #include "hybrid_test_util.h"

@@ -9,6 +9,7 @@
 
 #include "backend/cpu/ops.h"
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/kernel_options.h"
 #include "backend/cuda/kernels.h"
 #include "attn_test_util.h"
 #include "gpu_test_util.h"
@@ -142,12 +143,14 @@ TEST(Attention, KeyValueGradientsAreDeterministic) {
 }
 
 // ------------------------------------------------------------------------------------------ norms
-// Both backward paths (rmsnorm_set_fused_bwd): the fused one takes dim >= 1024 in 1..4 passes of 2,048 columns
+// Both backward paths (KernelOptions::norm_bwd): the fused one takes dim >= 1024 in 1..4 passes of 2,048 columns
 // (1,024; 3,584 and 5,120 end in a partial pass; 8,192 in four), rows fewer than, equal to and more than its blocks.
 TEST(RmsNorm, ForwardBackwardMatchCpu) {
   REQUIRE_GPU();
-  for (const int fused : {1, 0}) {
-    cuda::rmsnorm_set_fused_bwd(fused);
+  for (const bool fused : {true, false}) {
+    cuda::KernelOptions ko = cuda::kernel_options();
+    ko.norm_bwd = fused ? cuda::NormBwd::Fused : cuda::NormBwd::Split;
+    const cuda::KernelOptionsScope scope(ko);
     for (auto [rows, dim] : {std::pair<int64_t, int64_t>{37, 264}, {1, 4096}, {300, 128}, {5, 8}, {613, 5120},
                              {1000, 1024}, {67, 8192}, {2051, 3584}}) {
       std::mt19937 rng{uint32_t(rows + dim)};
@@ -169,7 +172,6 @@ TEST(RmsNorm, ForwardBackwardMatchCpu) {
       EXPECT_LE(rel_err(down<float>(ddw.p, sz(dim)), dw_ref), 1e-4) << at;
     }
   }
-  cuda::rmsnorm_set_fused_bwd(-1);
 }
 
 TEST(ColumnSum, MatchesCpuAndIsDeterministic) {

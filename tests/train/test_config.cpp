@@ -29,23 +29,23 @@ TEST(TrainConfig, ParsesKnownKeysAndTypes) {
       "max_steps: 200\n"
       "gpu_mem: 24GiB\n",
       "t.yaml");
-  EXPECT_EQ(c.model_name_or_path, "tiny");
-  EXPECT_EQ(c.template_name, "chatml");
-  EXPECT_EQ(c.per_device_train_batch_size, 16);
-  EXPECT_DOUBLE_EQ(c.learning_rate, 3e-4);
-  EXPECT_EQ(c.lr_scheduler_type, "cosine");
-  EXPECT_TRUE(c.packing);
-  EXPECT_EQ(c.max_steps, 200);
-  EXPECT_EQ(c.gpu_mem, "24GiB");
+  EXPECT_EQ(c.model.name_or_path, "tiny");
+  EXPECT_EQ(c.data.template_name, "chatml");
+  EXPECT_EQ(c.schedule.per_device_train_batch_size, 16);
+  EXPECT_DOUBLE_EQ(c.schedule.learning_rate, 3e-4);
+  EXPECT_EQ(c.schedule.lr_scheduler_type, LrSchedulerType::Cosine);
+  EXPECT_TRUE(c.data.packing);
+  EXPECT_EQ(c.schedule.max_steps, 200);
+  EXPECT_EQ(c.placement.gpu_mem, "24GiB");
 }
 
 TEST(TrainConfig, OverridesApplyAfterFile) {
   auto c = parse_config("model_name_or_path: tiny\nmax_steps: 5\n", "t.yaml",
                         {"max_steps=7", "learning_rate=1e-3", "resume_from_checkpoint=auto", "packing=false"});
-  EXPECT_EQ(c.max_steps, 7);
-  EXPECT_DOUBLE_EQ(c.learning_rate, 1e-3);
-  EXPECT_EQ(c.resume_from_checkpoint, "auto");
-  EXPECT_FALSE(c.packing);
+  EXPECT_EQ(c.schedule.max_steps, 7);
+  EXPECT_DOUBLE_EQ(c.schedule.learning_rate, 1e-3);
+  EXPECT_EQ(c.output.resume_from_checkpoint, "auto");
+  EXPECT_FALSE(c.data.packing);
 }
 
 TEST(TrainConfig, UnknownKeySuggestsNearest) {
@@ -94,10 +94,10 @@ TEST(TrainConfig, ValidationErrors) {
 // max_skipped_steps: 3 by default (the third non-finite step in a row stops training), an integer >= 0 (0 and 1: the
 // first non-finite step stops training), and an error naming the key otherwise.
 TEST(TrainConfig, MaxSkippedSteps) {
-  EXPECT_EQ(parse_config("model_name_or_path: x\n", "t.yaml").max_skipped_steps, 3);
-  EXPECT_EQ(parse_config("model_name_or_path: x\nmax_skipped_steps: 0\n", "t.yaml").max_skipped_steps, 0);
-  EXPECT_EQ(parse_config("model_name_or_path: x\nmax_skipped_steps: 1\n", "t.yaml").max_skipped_steps, 1);
-  EXPECT_EQ(parse_config("model_name_or_path: x\n", "t.yaml", {"max_skipped_steps=10"}).max_skipped_steps, 10);
+  EXPECT_EQ(parse_config("model_name_or_path: x\n", "t.yaml").schedule.max_skipped_steps, 3);
+  EXPECT_EQ(parse_config("model_name_or_path: x\nmax_skipped_steps: 0\n", "t.yaml").schedule.max_skipped_steps, 0);
+  EXPECT_EQ(parse_config("model_name_or_path: x\nmax_skipped_steps: 1\n", "t.yaml").schedule.max_skipped_steps, 1);
+  EXPECT_EQ(parse_config("model_name_or_path: x\n", "t.yaml", {"max_skipped_steps=10"}).schedule.max_skipped_steps, 10);
   auto e = err_of("model_name_or_path: x\nmax_skipped_steps: -1\n");
   EXPECT_NE(e.find("max_skipped_steps must be an integer >= 0"), std::string::npos) << e;
   EXPECT_NE(e.find("got -1"), std::string::npos) << e;
@@ -106,15 +106,15 @@ TEST(TrainConfig, MaxSkippedSteps) {
   e = err_of("model_name_or_path: x\n", {"max_skipped_steps=1.5"});
   EXPECT_NE(e.find("'max_skipped_steps' expects an integer"), std::string::npos) << e;
   auto d = parse_config(config_to_yaml(parse_config("model_name_or_path: x\nmax_skipped_steps: 5\n", "t.yaml")), "dump");
-  EXPECT_EQ(d.max_skipped_steps, 5);
+  EXPECT_EQ(d.schedule.max_skipped_steps, 5);
 }
 
 TEST(TrainConfig, YamlRoundTrip) {
   auto c = parse_config("model_name_or_path: tiny\nlearning_rate: 0.00025\nseed: 7\n", "t.yaml");
   auto d = parse_config(config_to_yaml(c), "dump");
-  EXPECT_EQ(d.model_name_or_path, "tiny");
-  EXPECT_DOUBLE_EQ(d.learning_rate, 0.00025);
-  EXPECT_EQ(d.seed, 7);
+  EXPECT_EQ(d.model.name_or_path, "tiny");
+  EXPECT_DOUBLE_EQ(d.schedule.learning_rate, 0.00025);
+  EXPECT_EQ(d.schedule.seed, 7);
 }
 
 TEST(TrainConfig, EditDistance) {
@@ -157,8 +157,8 @@ TEST(TrainConfig, NonScalarKeyIsAClearError) {
 
 // threads: 0 = all cores, a count > 0, and a negative number is an error.
 TEST(TrainConfig, ThreadsMustBeNonNegative) {
-  EXPECT_EQ(parse_config("model_name_or_path: x\nthreads: 0\n", "t.yaml").threads, 0);
-  EXPECT_EQ(parse_config("model_name_or_path: x\nthreads: 4\n", "t.yaml").threads, 4);
+  EXPECT_EQ(parse_config("model_name_or_path: x\nthreads: 0\n", "t.yaml").placement.threads, 0);
+  EXPECT_EQ(parse_config("model_name_or_path: x\nthreads: 4\n", "t.yaml").placement.threads, 4);
   auto e = err_of("model_name_or_path: x\n", {"threads=-3"});
   EXPECT_NE(e.find("threads must be >= 0"), std::string::npos) << e;
   EXPECT_NE(e.find("got -3"), std::string::npos) << e;
@@ -180,7 +180,7 @@ TEST(TrainConfig, NonFiniteFloatsAreRejectedAsGiven) {
   EXPECT_EQ(e.find("nan"), std::string::npos) << e;
   // A config built in code is checked too, its value printed as inf / nan.
   TrainConfig c = parse_config("model_name_or_path: x\n", "t.yaml");
-  c.learning_rate = std::numeric_limits<double>::infinity();
+  c.schedule.learning_rate = std::numeric_limits<double>::infinity();
   try {
     validate_config(c);
     ADD_FAILURE() << "learning_rate inf accepted";
@@ -198,6 +198,112 @@ TEST(TrainConfig, ModelOverridesRoundTripThroughTheDump) {
       "false\n  layer_types: [full_attention, linear_attention]\n  name: \"x y\"\n",
       "t.yaml");
   auto d = parse_config(config_to_yaml(c), "dump");
-  EXPECT_EQ(nlohmann::json::parse(d.model_overrides), nlohmann::json::parse(c.model_overrides)) << config_to_yaml(c);
-  EXPECT_EQ(nlohmann::json::parse(d.model_overrides).at("hidden_size"), 64);
+  EXPECT_EQ(nlohmann::json::parse(d.model.overrides), nlohmann::json::parse(c.model.overrides)) << config_to_yaml(c);
+  EXPECT_EQ(nlohmann::json::parse(d.model.overrides).at("hidden_size"), 64);
+}
+
+// Every key with a fixed set of values is parsed once into its enum: a value outside the set is an error naming the
+// file and line (or the command line), the key, the value and every value the key accepts.
+TEST(TrainConfig, EnumKeysNameTheFieldAndTheAllowedValues) {
+  const std::vector<std::pair<std::string, std::string>> keys = {
+      {"on_malformed", "skip, fatal"},
+      {"overlong", "truncate, skip"},
+      {"lr_scheduler_type", "constant, linear, cosine"},
+      {"optimizer", "adamw, adamw8bit, hybrid"},
+      {"master_weights", "fp32, bf16-sr, auto"},
+      {"gradients", "host, device, auto"},
+      {"gradient_dtype", "fp32, bf16, auto"},
+      {"embedding_update", "host, device, auto"},
+      {"optimizer_nvme", "none, auto, all"},
+      {"backend", "auto, cpu, cuda"},
+      {"save_dtype", "bf16, fp32"},
+  };
+  for (const auto& [key, allowed] : keys) {
+    auto e = err_of("model_name_or_path: x\n" + key + ": bogus\n");
+    EXPECT_NE(e.find("t.yaml (line 2): " + key + " = 'bogus' is not valid; expected one of: " + allowed),
+              std::string::npos)
+        << e;
+    e = err_of("model_name_or_path: x\n", {key + "=Bogus"});
+    EXPECT_NE(e.find("command line override: " + key + " = 'Bogus' is not valid; expected one of: " + allowed),
+              std::string::npos)
+        << e;
+    e = err_of("model_name_or_path: x\n" + key + ": [a]\n");
+    EXPECT_NE(e.find("'" + key + "' expects a string, got 'a list'"), std::string::npos) << e;
+    e = err_of("model_name_or_path: x\n" + key + ":\n");
+    EXPECT_NE(e.find(key + " = '' is not valid"), std::string::npos) << e;
+  }
+}
+
+// The names map to the enums, the defaults are those documented, and the dump writes the names back.
+TEST(TrainConfig, EnumKeysParseAndRoundTrip) {
+  const TrainConfig def = parse_config("model_name_or_path: x\n", "t.yaml");
+  EXPECT_EQ(def.data.on_malformed, OnMalformed::Skip);
+  EXPECT_EQ(def.data.overlong, OverlongPolicy::Truncate);
+  EXPECT_EQ(def.schedule.lr_scheduler_type, LrSchedulerType::Linear);
+  EXPECT_EQ(def.optimizer.type, OptimizerType::AdamW);
+  EXPECT_EQ(def.placement.master_weights, MasterWeights::Fp32);
+  EXPECT_EQ(def.placement.gradients, GradientHome::Auto);
+  EXPECT_EQ(def.placement.gradient_dtype, GradientDtype::Auto);
+  EXPECT_EQ(def.placement.embedding_update, EmbeddingUpdate::Auto);
+  EXPECT_EQ(def.placement.optimizer_nvme, OptimizerNvme::None);
+  EXPECT_EQ(def.placement.backend, BackendKind::Auto);
+  EXPECT_EQ(def.output.save_dtype, SaveDtype::Bf16);
+  EXPECT_FALSE(def.placement.device_update_layers.has_value());
+
+  const TrainConfig c = parse_config(
+      "model_name_or_path: x\non_malformed: fatal\noverlong: skip\nlr_scheduler_type: constant\n"
+      "optimizer: adamw8bit\nmaster_weights: bf16-sr\ngradients: device\ngradient_dtype: bf16\n"
+      "embedding_update: host\noptimizer_nvme: all\nnvme_dir: /tmp\nbackend: cpu\nsave_dtype: fp32\n"
+      "device_update_layers: 3\n",
+      "t.yaml");
+  for (const TrainConfig& d : {c, parse_config(config_to_yaml(c), "dump")}) {
+    EXPECT_EQ(d.data.on_malformed, OnMalformed::Fatal);
+    EXPECT_EQ(d.data.overlong, OverlongPolicy::Skip);
+    EXPECT_EQ(d.schedule.lr_scheduler_type, LrSchedulerType::Constant);
+    EXPECT_EQ(d.optimizer.type, OptimizerType::AdamW8bit);
+    EXPECT_EQ(d.placement.master_weights, MasterWeights::Bf16Sr);
+    EXPECT_EQ(d.placement.gradients, GradientHome::Device);
+    EXPECT_EQ(d.placement.gradient_dtype, GradientDtype::Bf16);
+    EXPECT_EQ(d.placement.embedding_update, EmbeddingUpdate::Host);
+    EXPECT_EQ(d.placement.optimizer_nvme, OptimizerNvme::All);
+    EXPECT_EQ(d.placement.backend, BackendKind::Cpu);
+    EXPECT_EQ(d.output.save_dtype, SaveDtype::Fp32);
+    EXPECT_EQ(d.placement.device_update_layers, std::optional<int64_t>(3));
+  }
+  const std::string dump = config_to_yaml(c);
+  EXPECT_NE(dump.find("master_weights: \"bf16-sr\""), std::string::npos) << dump;
+  EXPECT_NE(dump.find("device_update_layers: \"3\""), std::string::npos) << dump;
+  EXPECT_NE(config_to_yaml(def).find("device_update_layers: \"auto\""), std::string::npos);
+  EXPECT_STREQ(name_of(MasterWeights::Bf16Sr), "bf16-sr");
+  EXPECT_EQ(choice_names<OptimizerNvme>(), (std::vector<std::string>{"none", "auto", "all"}));
+}
+
+// The value is parsed once the file and the command line are read: an override corrects a bad value in the file.
+TEST(TrainConfig, AnOverrideCorrectsAnEnumValueOfTheFile) {
+  const TrainConfig c = parse_config("model_name_or_path: x\noptimizer: sgd\ndevice_update_layers: many\n", "t.yaml",
+                                     {"optimizer=hybrid", "device_update_layers=auto"});
+  EXPECT_EQ(c.optimizer.type, OptimizerType::Hybrid);
+  EXPECT_FALSE(c.placement.device_update_layers.has_value());
+}
+
+// device_update_layers: "auto" or a count >= 0; anything else names the key, where it was set and the value.
+TEST(TrainConfig, DeviceUpdateLayersIsAutoOrACount) {
+  EXPECT_EQ(parse_config("model_name_or_path: x\ndevice_update_layers: 0\n", "t.yaml").placement.device_update_layers,
+            std::optional<int64_t>(0));
+  for (const char* bad : {"-1", "two", "1.5"}) {
+    auto e = err_of(std::string("model_name_or_path: x\ndevice_update_layers: ") + bad + "\n");
+    EXPECT_NE(e.find("t.yaml (line 2): device_update_layers must be auto or a count of layers >= 0, got '" +
+                     std::string(bad) + "'"),
+              std::string::npos)
+        << e;
+  }
+  TrainConfig c = parse_config("model_name_or_path: x\n", "t.yaml");
+  c.placement.device_update_layers = -2;  // built in code
+  try {
+    validate_config(c);
+    ADD_FAILURE() << "device_update_layers -2 accepted";
+  } catch (const lt::Error& x) {
+    EXPECT_NE(std::string(x.what()).find("device_update_layers must be auto or a count"), std::string::npos)
+        << x.what();
+  }
 }

@@ -14,7 +14,7 @@ namespace {
 
 std::string refusal(const TrainConfig& c, const TrainingPlan& tp, int world) {
   try {
-    check_data_parallel_config(c, tp, world);
+    check_data_parallel_config(c.placement, tp, world);
   } catch (const Error& e) {
     return e.what();
   }
@@ -23,20 +23,20 @@ std::string refusal(const TrainConfig& c, const TrainingPlan& tp, int world) {
 
 TEST(DataParallelConfig, RefusesWhatTheRanksCannotRunNamingTheField) {
   TrainConfig c;
-  c.gradient_accumulation_steps = 4;
+  c.schedule.gradient_accumulation_steps = 4;
   TrainingPlan tp;
   // gradient_accumulation_steps is per rank: any count runs on any number of ranks.
   for (int world : {2, 4, 5, 8}) EXPECT_EQ(refusal(c, tp, world), "") << world;
-  c.gradient_accumulation_steps = 1;
+  c.schedule.gradient_accumulation_steps = 1;
   EXPECT_EQ(refusal(c, tp, 8), "");
 
   TrainingPlan sr = tp;
   sr.placement.master = MasterMode::Bf16Sr;
-  c.master_weights = "auto";
+  c.placement.master_weights = MasterWeights::Auto;
   const std::string m = refusal(c, sr, 2);
   EXPECT_NE(m.find("master_weights 'auto'"), std::string::npos) << m;
   EXPECT_NE(m.find("set master_weights=fp32"), std::string::npos) << m;
-  c.master_weights = "fp32";
+  c.placement.master_weights = MasterWeights::Fp32;
 
   TrainingPlan dev = tp;
   dev.placement.grads = GradHome::Device;
@@ -48,21 +48,21 @@ TEST(DataParallelConfig, RefusesWhatTheRanksCannotRunNamingTheField) {
   nvme.placement.nvme_layers = 3;
   const std::string n = refusal(c, nvme, 2);
   EXPECT_NE(n.find("optimizer_nvme"), std::string::npos) << n;
-  c.optimizer_nvme = "all";
+  c.placement.optimizer_nvme = OptimizerNvme::All;
   EXPECT_NE(refusal(c, tp, 2).find("optimizer_nvme 'all'"), std::string::npos);
 }
 
 TEST(DataParallelConfig, AllCoresAreSharedByTheRanksOfTheHost) {
   TrainConfig c;
-  c.threads = 0;
+  c.placement.threads = 0;
   ::unsetenv("LT_LOCAL_WORLD_SIZE");
-  EXPECT_EQ(with_rank_threads(c).threads, 0);  // one process: all cores, as before
+  EXPECT_EQ(with_rank_threads(c).placement.threads, 0);  // one process: all cores, as before
   ::setenv("LT_LOCAL_WORLD_SIZE", "1024", 1);
-  EXPECT_EQ(with_rank_threads(c).threads, 1);  // at least one
+  EXPECT_EQ(with_rank_threads(c).placement.threads, 1);  // at least one
   ::setenv("LT_LOCAL_WORLD_SIZE", "2", 1);
-  EXPECT_GE(with_rank_threads(c).threads, 1);
-  c.threads = 3;
-  EXPECT_EQ(with_rank_threads(c).threads, 3);  // an explicit count is kept
+  EXPECT_GE(with_rank_threads(c).placement.threads, 1);
+  c.placement.threads = 3;
+  EXPECT_EQ(with_rank_threads(c).placement.threads, 3);  // an explicit count is kept
   ::unsetenv("LT_LOCAL_WORLD_SIZE");
 }
 

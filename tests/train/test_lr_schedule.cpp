@@ -8,7 +8,7 @@ using namespace lt::train;
 
 // Expected values follow transformers' get_*_schedule_with_warmup lambdas.
 TEST(LrSchedule, LinearWithWarmup) {
-  LrSchedule s{"linear", 1.0, 2, 10, 0};
+  LrSchedule s{LrSchedulerType::Linear, 1.0, 2, 10, 0};
   EXPECT_DOUBLE_EQ(s.lr(0), 0.0);
   EXPECT_DOUBLE_EQ(s.lr(1), 0.5);
   EXPECT_DOUBLE_EQ(s.lr(2), 1.0);
@@ -19,7 +19,7 @@ TEST(LrSchedule, LinearWithWarmup) {
 }
 
 TEST(LrSchedule, CosineWithWarmup) {
-  LrSchedule s{"cosine", 2.0, 4, 24, 0};
+  LrSchedule s{LrSchedulerType::Cosine, 2.0, 4, 24, 0};
   EXPECT_DOUBLE_EQ(s.lr(2), 1.0);
   EXPECT_DOUBLE_EQ(s.lr(4), 2.0);
   EXPECT_NEAR(s.lr(14), 1.0, 1e-12);  // halfway through decay
@@ -28,12 +28,12 @@ TEST(LrSchedule, CosineWithWarmup) {
 }
 
 TEST(LrSchedule, ConstantWithWarmupAndMinLr) {
-  LrSchedule c{"constant", 3.0, 3, 10, 0};
+  LrSchedule c{LrSchedulerType::Constant, 3.0, 3, 10, 0};
   EXPECT_DOUBLE_EQ(c.lr(0), 0.0);
   EXPECT_DOUBLE_EQ(c.lr(1), 1.0);
   EXPECT_DOUBLE_EQ(c.lr(3), 3.0);
   EXPECT_DOUBLE_EQ(c.lr(9), 3.0);
-  LrSchedule m{"cosine", 1.0, 0, 10, 0.1};
+  LrSchedule m{LrSchedulerType::Cosine, 1.0, 0, 10, 0.1};
   EXPECT_DOUBLE_EQ(m.lr(0), 1.0);
   EXPECT_NEAR(m.lr(10), 0.1, 1e-12);
 }

@@ -43,8 +43,8 @@ TEST(MaxNewTokens, TrainConfigKeyMustBeAtLeastOne) {
     const std::string e = error_of([&] { config_with(bad); });
     EXPECT_EQ(e, std::string("config: max_new_tokens must be > 0, got ") + bad);
   }
-  EXPECT_EQ(config_with("1").max_new_tokens, 1);
-  EXPECT_EQ(config_with("48").max_new_tokens, 48);
+  EXPECT_EQ(config_with("1").eval.max_new_tokens, 1);
+  EXPECT_EQ(config_with("48").eval.max_new_tokens, 48);
   // An override on the command line is checked the same way.
   const std::string e = error_of([] {
     parse_config("model_name_or_path: tiny-qwen2\nmax_steps: 1\n", "run.yaml", {"max_new_tokens=-1"});

@@ -25,7 +25,7 @@ TrainConfig with_overrides(const std::string& model, const std::string& override
 
 std::string configured_model_error(const std::string& model, const std::string& overrides_yaml) {
   try {
-    configured_model(with_overrides(model, overrides_yaml));
+    configured_model(with_overrides(model, overrides_yaml).model);
   } catch (const Error& e) {
     return e.what();
   }
@@ -57,13 +57,13 @@ TEST(ModelOverrides, UnknownFieldIsAnErrorWithDidYouMean) {
 
 // Fields lazytrain reads are accepted and applied, for every family.
 TEST(ModelOverrides, KnownFieldsApply) {
-  EXPECT_EQ(configured_model(with_overrides("tiny-qwen2", "{hidden_size: 128, num_hidden_layers: 3}")).hidden, 128);
-  EXPECT_EQ(configured_model(with_overrides("tiny-qwen3", "{head_dim: 16, rms_norm_eps: 1.0e-5}")).head_dim, 16);
-  EXPECT_EQ(configured_model(with_overrides("tiny-llama3", "{max_position_embeddings: 512}")).max_position, 512);
-  EXPECT_EQ(configured_model(with_overrides("tiny-qwen35", "{full_attention_interval: 2, num_hidden_layers: 4}"))
+  EXPECT_EQ(configured_model(with_overrides("tiny-qwen2", "{hidden_size: 128, num_hidden_layers: 3}").model).hidden, 128);
+  EXPECT_EQ(configured_model(with_overrides("tiny-qwen3", "{head_dim: 16, rms_norm_eps: 1.0e-5}").model).head_dim, 16);
+  EXPECT_EQ(configured_model(with_overrides("tiny-llama3", "{max_position_embeddings: 512}").model).max_position, 512);
+  EXPECT_EQ(configured_model(with_overrides("tiny-qwen35", "{full_attention_interval: 2, num_hidden_layers: 4}").model)
                 .count(LayerKind::Attention),
             2);
-  EXPECT_EQ(configured_model(with_overrides("tiny-qwen2", "{tie_word_embeddings: false}")).tied, false);
+  EXPECT_EQ(configured_model(with_overrides("tiny-qwen2", "{tie_word_embeddings: false}").model).tied, false);
 }
 
 // The shipped configs' model_overrides name only fields lazytrain reads.
@@ -72,8 +72,8 @@ TEST(ModelOverrides, ShippedConfigsAreAccepted) {
   for (const auto& e : std::filesystem::directory_iterator(lt::testing::repo_root() / "configs")) {
     if (e.path().extension() != ".yaml") continue;
     const TrainConfig c = load_config(e.path());
-    if (c.model_overrides.empty()) continue;
-    EXPECT_NO_THROW(configured_model(c)) << e.path();
+    if (c.model.overrides.empty()) continue;
+    EXPECT_NO_THROW(configured_model(c.model)) << e.path();
     ++n;
   }
   EXPECT_GE(n, 2);

@@ -22,10 +22,10 @@ namespace fs = std::filesystem;
 
 TrainConfig rank_config() {
   TrainConfig c;
-  c.profile = (lt::testing::repo_root() / "configs" / "profiles" / "h200.json").string();
-  c.host_mem = "64GiB";
-  c.planner = "dp";
-  c.gradient_accumulation_steps = 4;
+  c.placement.profile = (lt::testing::repo_root() / "configs" / "profiles" / "h200.json").string();
+  c.placement.host_mem = "64GiB";
+  c.placement.planner = "dp";
+  c.schedule.gradient_accumulation_steps = 4;
   return c;
 }
 
@@ -48,7 +48,7 @@ TEST(RankPlanning, TwoRanksOnAHostPlanWithHalfItsDram) {
   EXPECT_EQ(make_training_plan(c, m, 1, 64, "test", true, dist::Topology{4, 2, 1, 0}).planned_dram, 32 * GiB);
   // What does not fit the rank's share is an error naming the DRAM.
   TrainConfig small = c;
-  small.host_mem = "3MiB";  // one process: 2.3 MB of state; a rank of two: 2.0 MB in 1.5 MiB
+  small.placement.host_mem = "3MiB";  // one process: 2.3 MB of state; a rank of two: 2.0 MB in 1.5 MiB
   EXPECT_NO_THROW(make_training_plan(small, m, 1, 64, "test", true));
   try {
     make_training_plan(small, m, 1, 64, "test", true, dist::Topology{2, 2, 1, 0});
@@ -64,13 +64,13 @@ TEST(RankPlanning, ARankPlansItsGradientAccumulationSteps) {
   const auto m = preset_config("tiny-qwen3");
   TrainConfig c = rank_config();
   const fs::path dir = fs::temp_directory_path() / ("lt_rank_planning_" + std::to_string(::getpid()));
-  c.output_dir = dir.string();
+  c.output.output_dir = dir.string();
   for (int world : {1, 2, 4}) {
     fs::remove_all(dir);
     make_training_plan(c, m, 1, 64, "test", true, dist::Topology{world, world, 1, 0});
     std::ifstream in(dir / "plan.json");
     const auto plan = nlohmann::json::parse(in);
-    EXPECT_EQ(plan.at("micro_batches").get<int64_t>(), c.gradient_accumulation_steps) << "world " << world;
+    EXPECT_EQ(plan.at("micro_batches").get<int64_t>(), c.schedule.gradient_accumulation_steps) << "world " << world;
   }
   fs::remove_all(dir);
 }

@@ -22,6 +22,7 @@
 #include "backend/cuda/dev_common.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/attention_variants.h"
+#include "backend/cuda/kernel_options.h"
 
 namespace lt::cuda {
 namespace {
@@ -271,6 +272,7 @@ struct BwdCfg {
 // part of the group's query heads; their dK/dV partials are summed through distributed shared memory
 // in rank order (deterministic) and rank 0 writes them. Shortens the longest CTA (the first key tile
 // sees every query) by the split factor, which balances the causal triangle over the SMs.
+// The default launch is BC_ 64 without clusters; BC_ 128 and CL are comparison variants (kBwdVariants).
 template <int HD, int BC_, bool CL>
 __global__ void __launch_bounds__(BwdCfg<HD, BC_>::THREADS) attn_bwd_kernel(AttnParams p) {
   using C = BwdCfg<HD, BC_>;
@@ -534,6 +536,7 @@ __global__ void __launch_bounds__(BwdCfg<HD, BC_>::THREADS) attn_bwd_kernel(Attn
 // same fragment slot per lane), forms dS^T and accumulates dK. Each warp holds one HD-wide
 // accumulator instead of two, so registers per thread fall (~half the accumulators) and twice the
 // warps fit on an SM to hide the latency of the mma/ldmatrix chains.
+// The backward at head_dim 256; at 64 and 128 a comparison variant (kBwdVariants).
 template <int HD, int BC_>
 struct PairCfg {
   static constexpr int BC = BC_, NP = BC / 16, NW = 2 * NP, THREADS = NW * 32;
@@ -771,8 +774,9 @@ AttnParams make_params(const AttnDims& d) {
 }
 
 // ------------------------------------------------------------------------------------- variants
-// Kept selectable (LT_ATTN_FWD / LT_ATTN_BWD, attention_set_variants) so that one GPU run can time
-// them all; the defaults are the fastest measured on the H200 (docs/cuda.md).
+// Kept selectable (KernelOptions::attention_{fwd,bwd}_variant, env LT_ATTN_FWD / LT_ATTN_BWD) so that one GPU run
+// can time them all; the defaults are the fastest measured on the H200 (docs/cuda.md). Every variant but the
+// defaults (forward 1, backward 2) is a comparison variant: bench_cuda_kernels times them all.
 struct BwdVariant {
   int bc, split;
   bool lpt;
@@ -787,15 +791,17 @@ constexpr BwdVariant kBwdVariants[] = {
 constexpr int kNumBwd = int(sizeof(kBwdVariants) / sizeof(kBwdVariants[0]));
 constexpr int kNumFwd = 2;  // 0: grid (qb, h, b); 1: 1-D longest-first
 
-int env_variant(const char* name) {
-  const char* e = std::getenv(name);
-  return e && *e ? std::atoi(e) : -1;
-}
-int g_fwd_variant = env_variant("LT_ATTN_FWD");
-int g_bwd_variant = env_variant("LT_ATTN_BWD");
-
 int default_bwd(int) { return 2; }  // bc64 lpt: fastest for hd 64 and 128 (run 5)
 int default_fwd(int) { return 1; }
+// KernelOptions::attention_{fwd,bwd}_variant (validated there), else the default.
+int fwd_variant(int hd) {
+  const int v = kernel_options().attention_fwd_variant;
+  return v >= 0 ? v : default_fwd(hd);
+}
+int bwd_variant(int hd) {
+  const int v = kernel_options().attention_bwd_variant;
+  return v >= 0 ? v : default_bwd(hd);
+}
 
 bool has_clusters() {
   static const bool ok = [] {
@@ -815,8 +821,7 @@ void launch_fwd(AttnParams p, int64_t batch, cudaStream_t st) {
     LT_CUDA(cudaFuncSetAttribute(attn_fwd_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
     attr = true;
   }
-  const int v = g_fwd_variant >= 0 && g_fwd_variant < kNumFwd ? g_fwd_variant : default_fwd(HD);
-  p.lpt = v == 1;
+  p.lpt = fwd_variant(HD) == 1;
   const unsigned nqb = unsigned((p.S + C::BR - 1) / C::BR);
   const dim3 grid = p.lpt ? dim3(nqb * unsigned(p.heads) * unsigned(batch)) : dim3(nqb, unsigned(p.heads), unsigned(batch));
   attn_fwd_kernel<HD><<<grid, C::THREADS, C::kSmem, st>>>(p);
@@ -875,8 +880,7 @@ void launch_bwd(AttnParams p, int64_t batch, cudaStream_t st) {
   attn_delta_kernel<HD><<<unsigned((warps * 32 + 255) / 256), 256, 0, st>>>(p.o, p.dout, rows, p.heads,
                                                                           const_cast<float*>(p.delta));
   LT_CUDA_LAUNCH();
-  const BwdVariant& v =
-      kBwdVariants[g_bwd_variant >= 0 && g_bwd_variant < kNumBwd ? g_bwd_variant : default_bwd(HD)];
+  const BwdVariant& v = kBwdVariants[bwd_variant(HD)];
   p.lpt = v.lpt;
   p.split = v.lpt && has_clusters() ? std::min(v.split, p.heads / p.kv_heads) : 1;
   if (v.bc < 0) {  // warp-pair kernel: 1-D longest-first grid, no split
@@ -898,23 +902,17 @@ void launch_bwd(AttnParams p, int64_t batch, cudaStream_t st) {
 
 }  // namespace
 
-void attention_set_variants(int fwd, int bwd) {
-  g_fwd_variant = fwd;
-  g_bwd_variant = bwd;
-}
 int attention_fwd_variant_count() { return kNumFwd; }
 int attention_bwd_variant_count() { return kNumBwd; }
 const char* attention_bwd_variant_name(int v) { return v >= 0 && v < kNumBwd ? kBwdVariants[v].name : "default"; }
 
 namespace {
 // Head dim 256 (Qwen3.5/3.6): the forward kernel with 64 x 64 tiles and the warp-pair backward with
-// 64-key tiles, whose shared memory (225 KiB) needs sm_90's opt-in limit. LT_ATTN_HD256=generic forces
-// the generic kernels (for comparison).
+// 64-key tiles, whose shared memory (225 KiB) needs sm_90's opt-in limit. KernelOptions::attention_hd256 =
+// Generic (LT_ATTN_HD256=generic) forces the generic kernels (for comparison).
 constexpr int kHd256BwdSmem = PairCfg<256, 64>::kSmem;
-bool hd256_flash() {
+bool hd256_fits_device() {
   static const bool ok = [] {
-    const char* e = std::getenv("LT_ATTN_HD256");
-    if (e && std::string(e) == "generic") return false;
     int dev = 0, smem = 0;
     if (cudaGetDevice(&dev) != cudaSuccess) return false;
     if (cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) return false;
@@ -922,6 +920,7 @@ bool hd256_flash() {
   }();
   return ok;
 }
+bool hd256_flash() { return kernel_options().attention_hd256 == Hd256Attn::Flash && hd256_fits_device(); }
 
 void launch_bwd_hd256(AttnParams p, int64_t batch, cudaStream_t st) {
   const int64_t rows = batch * p.S;

@@ -5,10 +5,9 @@
 #include "backend/cuda/attention_cudnn.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 
 #include "backend/cuda/cuda_util.h"
+#include "backend/cuda/kernel_options.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/timer.h"
@@ -26,18 +25,6 @@
 #endif
 
 namespace lt::cuda {
-
-namespace {
-int g_force_det = -1;
-
-bool env_deterministic() {
-  if (g_force_det >= 0) return g_force_det == 1;
-  const char* e = std::getenv("LT_ATTN_DETERMINISTIC");
-  return !(e && std::strcmp(e, "0") == 0);
-}
-}  // namespace
-
-void cudnn_attention_set_deterministic(int on) { g_force_det = on; }
 
 int64_t packed_index_ints(int64_t tokens) { return 5 * (tokens + 2); }  // PackedIndex's five arrays
 
@@ -246,7 +233,7 @@ int64_t pow2_at_least(int64_t n) {
 Key key_of(const AttnDims& d, const PackedRows* p) {
   int dev = 0;
   LT_CUDA(cudaGetDevice(&dev));
-  Key k{dev, d.batch, d.seq, d.heads, d.kv_heads, d.head_dim, d.scale, env_deterministic()};
+  Key k{dev, d.batch, d.seq, d.heads, d.kv_heads, d.head_dim, d.scale, kernel_options().attention_deterministic};
   if (p) {
     k.rows = d.tokens();
     const int64_t granule = std::max<int64_t>(8, pow2_at_least(p->runs) / 16);
@@ -283,10 +270,8 @@ void run(State& s, const Key& k, const fe::graph::Graph& g, std::unordered_map<i
 }
 }  // namespace
 
-bool cudnn_attention_enabled() {
-  const char* e = std::getenv("LT_ATTN");
-  return !(e && std::strcmp(e, "own") == 0);
-}
+bool cudnn_attention_built() { return true; }
+bool cudnn_attention_enabled() { return kernel_options().attention == AttnPath::Cudnn; }
 
 bool cudnn_attention_usable(const AttnDims& d, const PackedRows* packed) {
   if (!cudnn_attention_enabled() || d.head_dim % 8 != 0 || d.head_dim > 256 || d.heads % d.kv_heads != 0) return false;
@@ -371,16 +356,17 @@ void cudnn_attention_bwd(const AttnDims& d, const PackedRows* packed, const void
 }
 
 std::string cudnn_attention_describe() {
-  if (!cudnn_attention_enabled()) return "own kernels (LT_ATTN=own)";
+  if (!cudnn_attention_enabled()) return "own kernels (attention=own)";
   const size_t v = cudnnGetVersion();
   return "cuDNN " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100) +
          " (frontend " + std::to_string(CUDNN_FRONTEND_MAJOR_VERSION) + "." +
          std::to_string(CUDNN_FRONTEND_MINOR_VERSION) + "." + std::to_string(CUDNN_FRONTEND_PATCH_VERSION) + "), " +
-         (env_deterministic() ? "deterministic" : "atomic") + " backward";
+         (kernel_options().attention_deterministic ? "deterministic" : "atomic") + " backward";
 }
 
 #else  // built without the cuDNN frontend: our kernels only
 
+bool cudnn_attention_built() { return false; }
 bool cudnn_attention_enabled() { return false; }
 bool cudnn_attention_usable(const AttnDims&, const PackedRows*) { return false; }
 size_t cudnn_attention_bwd_workspace(const AttnDims&, const PackedRows*) { return 0; }

@@ -15,9 +15,10 @@
 //     have length 0). The statistics are [T, heads] and mean what our kernels' lse means, so a packed forward
 //     on cuDNN may be followed by our backward (the mixer does so when a batch's graph wants more workspace
 //     than it carved: cuDNN 9.19 sizes that by the run slots x the longest run).
-// Selection (env LT_ATTN): "cudnn" (default where compiled) or "own". LT_ATTN_DETERMINISTIC=0 lets cuDNN's
-// backward accumulate dQ with atomics (faster, not bit-reproducible); the default is its deterministic
-// algorithm, so that a step, a kept-internals backward and a re-run give the same bits.
+// Selection (KernelOptions::attention, env LT_ATTN): "cudnn" (default where compiled) or "own".
+// KernelOptions::attention_deterministic = false (LT_ATTN_DETERMINISTIC=0) lets cuDNN's backward accumulate dQ with
+// atomics (faster, not bit-reproducible); the default is its deterministic algorithm, so that a step, a
+// kept-internals backward and a re-run give the same bits.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -38,7 +39,9 @@ struct PackedRows {
 };
 int64_t packed_index_ints(int64_t tokens);
 
-// True when this build has the cuDNN path and the environment does not turn it off.
+// True when this build has the cuDNN path.
+bool cudnn_attention_built();
+// True when this build has the cuDNN path and kernel_options() does not turn it off (attention=own).
 bool cudnn_attention_enabled();
 // True when the cuDNN forward and backward graphs for these dims (packed: nullptr for unpacked rows) build on
 // this device (cached per shape and device; a first build takes tens of ms).
@@ -58,8 +61,6 @@ void cudnn_attention_bwd(const AttnDims& d, const PackedRows* packed, const void
 
 // "cuDNN 9.x.y (frontend 1.a.b), deterministic backward" or why it is off; for logs and benchmarks.
 std::string cudnn_attention_describe();
-// For tests and benchmarks: 1 forces the deterministic backward, 0 the atomic one, -1 the environment's.
-void cudnn_attention_set_deterministic(int on);
 
 // ---- internal: the ragged index tensors (attention_packed.cu), in `index` as laid out by PackedIndex.
 struct PackedIndex {

@@ -7,6 +7,7 @@
 #include <iterator>
 
 #include "backend/cpu/ops.h"
+#include "backend/cuda/attention_cudnn.h"
 #include "backend/cuda/cuda_util.h"
 #include "backend/cuda/device_arena.h"
 #include "backend/cuda/gemm.h"
@@ -33,14 +34,11 @@ struct PendingSpan {
   cudaEvent_t e0, e1;
 };
 cuda::Geo geo(const DevGeometry& g) { return {g.batch, g.seq, g.positions, g.segments, g.runs, g.longest_run}; }
-// Any binary that uses the CUDA backend gets the GPU profiler hook of `lazytrain profile`.
-struct AutoInstallProfiler {
-  AutoInstallProfiler() { cuda::install_gpu_profiler(); }
-} g_auto_install_profiler;
 }  // namespace
 
 struct CudaBackend::Impl {
   CudaBackendOptions opt;
+  cuda::KernelOptions kernels;
   cudaDeviceProp prop{};
   std::unique_ptr<cuda::DeviceArena> arena;
   cudaStream_t streams[kNumLanes] = {};
@@ -65,6 +63,8 @@ struct CudaBackend::Impl {
 CudaBackend::CudaBackend(const ModelConfig& c, CudaBackendOptions o) : Backend(c), impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.opt = o;
+  m.kernels = o.kernels ? *o.kernels : cuda::kernel_options();
+  cuda::set_kernel_options(m.kernels);  // the kernels' launch functions read it there
   cuda::select_device(o.device, "CUDA backend");
   LT_CUDA(cudaGetDeviceProperties(&m.prop, o.device));
   LT_CUDA(cudaFree(nullptr));  // create the context before measuring free memory
@@ -101,7 +101,7 @@ CudaBackend::CudaBackend(const ModelConfig& c, CudaBackendOptions o) : Backend(c
   LT_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&m.err_host), sizeof(int), cudaHostAllocMapped));
   *m.err_host = 0;
   LT_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&m.err_dev), m.err_host, 0));
-  m.eng = std::make_unique<cuda::LayerEngine>(c, *m.gemm, m.inv_freq);
+  m.eng = std::make_unique<cuda::LayerEngine>(c, *m.gemm, m.inv_freq, m.kernels);
 }
 
 CudaBackend::~CudaBackend() {
@@ -124,6 +124,11 @@ CudaBackend::~CudaBackend() {
 std::string CudaBackend::name() const {
   return "cuda:" + std::to_string(impl_->opt.device) + " (" + impl_->prop.name + ")";
 }
+
+std::string CudaBackend::describe_kernels() const {
+  return impl_->kernels.describe() + (cuda::cudnn_attention_built() ? "" : " (built without cuDNN: own attention)");
+}
+const cuda::KernelOptions& CudaBackend::kernel_options() const { return impl_->kernels; }
 
 int64_t CudaBackend::arena_bytes() const { return impl_->arena->size(); }
 int64_t CudaBackend::arena_peak() const { return impl_->arena->peak(); }

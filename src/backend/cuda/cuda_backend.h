@@ -9,8 +9,10 @@
 //  * Ops run the kernels of kernels.h through LayerEngine (layer.h).
 #pragma once
 #include <memory>
+#include <optional>
 
 #include "backend/backend.h"
+#include "backend/cuda/kernel_options.h"
 
 namespace lt {
 
@@ -19,6 +21,9 @@ struct CudaBackendOptions {
   int64_t gpu_mem_cap = 0;  // bytes; 0: the GPU's free memory
   int64_t margin = int64_t(768) << 20;  // kept outside the arena: CUDA context growth, cuBLAS handles, modules
   int64_t pinned_budget = MemoryTracker::kUnlimited;
+  // The kernel variants; unset: cuda::kernel_options() (KernelOptions::from_environment() unless a test or
+  // benchmark installed others). The backend installs its value process-wide (kernel_options.h).
+  std::optional<cuda::KernelOptions> kernels;
 };
 
 class CudaBackend final : public Backend {
@@ -27,6 +32,8 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override;
 
   std::string name() const override;
+  std::string describe_kernels() const override;  // KernelOptions::describe()
+  const cuda::KernelOptions& kernel_options() const;
   BackendDTypes dtypes() const override { return {DType::BF16, DType::BF16, DType::F32}; }
 
   Allocation alloc(MemKind k, int64_t bytes, const std::string& tag) override;
@@ -87,11 +94,5 @@ class CudaBackend final : public Backend {
  private:
   std::unique_ptr<Impl> impl_;
 };
-
-namespace cuda {
-// Registers the GPU profiler (src/plan/profile.h) that measures PCIe bandwidths, GEMM and attention
-// rates and per-layer times with this backend. Also done automatically when this backend is linked.
-void install_gpu_profiler();
-}  // namespace cuda
 
 }  // namespace lt

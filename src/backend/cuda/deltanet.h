@@ -22,6 +22,8 @@
 
 #include <cstdint>
 
+#include "backend/cuda/kernel_options.h"
+
 namespace lt::cuda {
 
 constexpr int64_t kGdnChunk = 64;
@@ -76,41 +78,32 @@ void gdn_prep_bwd(const GdnDims& d, const void* y, const void* a, const void* b,
 // the `ws` argument of gdn_rule_fwd, without which the Mma forward runs),
 // Mma (one CTA per value tile walks a sample's chunks serially; tensor-core mma.sync bf16 with fp32 accumulation,
 // fp32 operands split into bf16 hi + lo, register-resident triangular solves) and Simt (Mma's kernels on fp32
-// CUDA cores). Env LT_GDN_RULE=chunked|mma|simt (or LT_GDN_SIMT=1; read at the first query) selects one
-// (LT_GDN_RULE_FWD=mma keeps Chunked's backward with the Mma forward);
-// gdn_set_rule_impl overrides it (tests, benchmarks). The choice is read at each launch; the workspace sizes
-// cover every implementation.
-enum class GdnRuleImpl { Chunked, Mma, Simt };
+// CUDA cores). KernelOptions::gdn_rule (kernel_options.h; env LT_GDN_RULE=chunked|mma|simt or LT_GDN_SIMT=1)
+// selects one (gdn_rule_fwd = Mma, LT_GDN_RULE_FWD=mma, keeps Chunked's backward with the Mma forward). The choice
+// is read at each launch; the workspace sizes cover every implementation. Mma and Simt, and the Mma forward under
+// Chunked, are comparison variants: the tests check them against each other and bench_deltanet times them.
 const char* gdn_rule_impl_name(GdnRuleImpl impl);
 GdnRuleImpl gdn_rule_impl();
-void gdn_set_rule_impl(GdnRuleImpl impl);
 // Operand precision of the Chunked implementation's tensor-core products (accumulation is fp32 in both, and the
 // state is carried in fp32): Bf16 (the default; fp32 operands such as the state, W, U, P rounded to bf16 once per
 // product, as flash-linear-attention's kernels do; one mma per fragment pair) or Split (fp32 operands as bf16 hi +
 // lo, ~16 mantissa bits, up to three mma). Run 42 at the 27B shape: Bf16 is within 3.3e-3 (rel.) of Split on
 // every output and gradient, rule fwd+bwd 17.5 vs 19.2 ms. Mma and Simt always split.
-// Env LT_GDN_PRECISION=bf16|split (read at the first query); gdn_set_rule_precision overrides it.
-enum class GdnRulePrecision { Split, Bf16 };
+// KernelOptions::gdn_precision (env LT_GDN_PRECISION=bf16|split); Split is a comparison variant under Chunked.
 const char* gdn_rule_precision_name(GdnRulePrecision p);
 GdnRulePrecision gdn_rule_precision();
-void gdn_set_rule_precision(GdnRulePrecision p);
 // The Chunked implementation's serial passes in Bf16 precision: register passes (the state in mma accumulators,
 // one CTA per value head and sample; deltanet_rule_pass_warp.cu) where the shape allows (Dk 64 or 128, Dv a
-// multiple of 16 up to 128), else the tile passes. Env LT_GDN_PASS=tile forces the tile passes;
-// gdn_set_warp_passes(0 / 1) overrides, -1 restores the default.
-void gdn_set_warp_passes(int on);
+// multiple of 16 up to 128), else the tile passes. KernelOptions::gdn_passes = Tile (env LT_GDN_PASS=tile) forces
+// the tile passes.
 // With the register passes, chunk_grads reads its product operands as bf16 through ldmatrix (S0 / dS staged whole
-// as bf16, W from the workspace's bf16 copy; the same rounding as the fragment path). Env LT_GDN_GRADS=frag
-// forces the fragment path (fp32 tiles, fragments assembled element by element); gdn_set_grads_b16(0 / 1)
-// overrides, -1 restores the default.
-void gdn_set_grads_b16(int on);
+// as bf16, W from the workspace's bf16 copy; the same rounding as the fragment path). KernelOptions::gdn_grads =
+// Frag (env LT_GDN_GRADS=frag) forces the fragment path (fp32 tiles, fragments assembled element by element).
 // chunk_grads' CTA size on the bf16 operand path: 256, 384 or 512 threads (255, 168, 128 registers a thread; one
-// CTA per SM either way, its shared memory), 512 by default. Env LT_GDN_GRADS_CTA; gdn_set_grads_cta(threads)
-// overrides, -1 restores the default.
-void gdn_set_grads_cta(int threads);
-// chunk_grads' bf16 products in 16 x 32 warp tiles (1, the default; env LT_GDN_GRADS_TILE=16|32) or 16 x 16 (0);
-// -1: the default.
-void gdn_set_grads_wide(int on);
+// CTA per SM either way, its shared memory), 512 by default (KernelOptions::gdn_grads_cta, env LT_GDN_GRADS_CTA),
+// and its bf16 products in 16 x 32 warp tiles (the default) or 16 x 16 (gdn_grads_tile, env LT_GDN_GRADS_TILE).
+// The tile passes, the fragment path and the other CTA sizes and tiles are comparison variants (the tests check
+// them, bench_deltanet times them).
 int64_t gdn_rule_num_chunks(const GdnDims& d);  // per sample: ceil(seq / kGdnChunk)
 int64_t gdn_rule_state_bytes(const GdnDims& d);
 // ws: gdn_rule_fwd_workspace_bytes(d) bytes of scratch for the Chunked forward (nullptr: the Mma forward runs).

@@ -401,16 +401,16 @@ namespace lt::cuda {
 struct GdnDims;
 // gdn_rule_precision() == Split: which instantiation (kSplit) of the Chunked kernels a launch takes.
 bool gdn_split_products();
-// LT_GDN_PASS / gdn_set_warp_passes allow the register passes (gdn::warp_passes adds the shape's conditions).
+// KernelOptions::gdn_passes allows the register passes (gdn::warp_passes adds the shape's conditions).
 bool gdn_warp_passes_allowed();
-// LT_GDN_GRADS / gdn_set_grads_b16 allow chunk_grads' bf16 operand path (with the register passes only).
+// KernelOptions::gdn_grads allows chunk_grads' bf16 operand path (with the register passes only).
 bool gdn_grads_b16_allowed();
-// LT_GDN_GRADS_CTA / gdn_set_grads_cta: chunk_grads' threads per CTA on the bf16 operand path.
+// KernelOptions::gdn_grads_cta: chunk_grads' threads per CTA on the bf16 operand path.
 int gdn_grads_cta();
-// LT_GDN_GRADS_TILE=32 / gdn_set_grads_wide: chunk_grads' bf16 products in 16 x 32 warp tiles (one A fragment for
+// KernelOptions::gdn_grads_tile = 32: chunk_grads' bf16 products in 16 x 32 warp tiles (one A fragment for
 // two mma chains) instead of 16 x 16.
 bool gdn_grads_wide();
-// LT_GDN_SCHED=all|none|prep|grads (default all): bit 1 the lean prep's ldmatrix products, bit 2 chunk_grads'
+// KernelOptions::gdn_sched (all, the default; none, prep, grads): bit 1 the lean prep's ldmatrix products, bit 2 chunk_grads'
 // prefetch of the next head (ChunkedArgs::prep_ldm, grads_prefetch; the same arithmetic either way).
 int gdn_sched_flags();
 int64_t gdn_rule_fwd_chunked_workspace_bytes(const GdnDims& d);

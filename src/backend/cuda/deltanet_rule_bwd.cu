@@ -51,6 +51,8 @@ int64_t bwd_smem_bytes(int Dk, int nt) {
          2 * carve_bytes(int64_t(kC) * Dk, 2) /*qs, ks*/ + carve_bytes(int64_t(kC) * nt, 2) /*dO*/;
 }
 
+// The Mma and Simt backward: comparison variants (GdnRuleImpl; the default Chunked backward is
+// deltanet_rule_bwd_chunked.cu).
 template <bool kMma>
 __global__ void __launch_bounds__(kThreads) rule_bwd_kernel(BwdArgs p) {
   extern __shared__ __align__(16) char smem[];

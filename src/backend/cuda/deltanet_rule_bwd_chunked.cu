@@ -254,6 +254,8 @@ inline bool grads_b16_fits(int Dk, int Dv) {
   return int64_t(Dk) * (Dv + kPad) * 2 <= int64_t(kC) * (std::max(Dk, Dv) + kPad) * 4;
 }
 
+// Default: <false, true, 512, true> with the register passes, <false, false, kThreads> without. kSplit and the
+// bf16 path's other CTA sizes and 16 x 16 tiles are comparison variants (KernelOptions::gdn_*).
 template <bool kSplit, bool kB16, int kNT, bool kWide = false>
 __global__ void __launch_bounds__(kNT) chunk_grads_kernel(ChunkedArgs p) {
   static_assert(!(kSplit && kB16), "the bf16 operand path is the Bf16 precision's");

@@ -36,7 +36,7 @@ struct ChunkedArgs {
   int64_t seq, nck;
   int Hk, Hv, Dk, Dv, nt;
   float scale;
-  // Schedule choices that leave the arithmetic as it is (LT_GDN_SCHED, gdn_sched_flags): the lean prep's KK/QK
+  // Schedule choices that leave the arithmetic as it is (KernelOptions::gdn_sched, gdn_sched_flags): the lean prep's KK/QK
   // products with ldmatrix fragments; chunk_grads loading the next value head's dO and Dl during step (8).
   bool prep_ldm, grads_prefetch;
 };
@@ -201,6 +201,7 @@ struct PassTiles {
 ChunkedArgs chunked_args(const GdnDims& d, const void* qn, const void* kn, const void* v, const float* g,
                          const float* beta, const int32_t* seg, const float* states, void* ws, int nt);
 // kern<true> or kern<false> as gdn_split_products() says: the precision of the products (GdnRulePrecision).
+// The Split instantiations (kern<true>) are comparison variants: Bf16 is the default.
 #define LT_GDN_SPLIT_KERNEL(kern) (gdn_split_products() ? kern<true> : kern<false>)
 // dst rows [0, L) (row stride dstride) <- bf16 of src rows (ld, n columns).
 __device__ __forceinline__ void store_rows_bf16(bf16* dst, int64_t dstride, const float* src, int ld, int n, int L) {
@@ -215,8 +216,8 @@ void launch_chunk_prep(const GdnDims& d, const ChunkedArgs& a, bool bwd, cudaStr
 int shared_optin();
 
 // The register passes (deltanet_rule_pass_warp.cu): whether they run for this shape and precision (Bf16 products,
-// Dk 64 or 128, Dv a multiple of 16 up to 128, their shared memory fits; env LT_GDN_PASS=tile forces the tile
-// passes, gdn_set_warp_passes overrides), and their launches over one group of samples (a.Wb, a.Pb set).
+// Dk 64 or 128, Dv a multiple of 16 up to 128, their shared memory fits; KernelOptions::gdn_passes = Tile forces
+// the tile passes), and their launches over one group of samples (a.Wb, a.Pb set).
 bool warp_passes(const GdnDims& d);
 void launch_state_pass_warp(const GdnDims& s, const ChunkedArgs& a, cudaStream_t st);
 void launch_ds_pass_warp(const GdnDims& s, const ChunkedArgs& a, cudaStream_t st);

@@ -10,15 +10,12 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <cstdlib>
-#include <initializer_list>
-#include <string>
 
 #include "backend/cuda/cuda_util.h"
 #include "backend/cuda/deltanet.h"
 #include "backend/cuda/deltanet_rule.cuh"
+#include "backend/cuda/kernel_options.h"
 
 namespace lt::cuda {
 namespace {
@@ -40,6 +37,7 @@ int64_t fwd_smem_bytes(int Dk, int nt) {
          2 * carve_bytes(int64_t(kC) * nt, 4) + 2 * carve_bytes(kC * kC, 4) + 2 * carve_bytes(int64_t(kC) * Dk, 2);
 }
 
+// kMma: the Mma forward (the decoder's prefill, which passes no workspace); !kMma: Simt, a comparison variant.
 template <bool kMma>
 __global__ void __launch_bounds__(kThreads) rule_fwd_kernel(FwdArgs p) {
   extern __shared__ __align__(16) char smem[];
@@ -128,100 +126,32 @@ __global__ void __launch_bounds__(kThreads) rule_fwd_kernel(FwdArgs p) {
 
 }  // namespace
 
-namespace {
-// The index of env `var`'s value among `names` (the enum's order), `def` when unset; any other value throws.
-int env_choice(const char* var, std::initializer_list<const char*> names, int def) {
-  const char* e = std::getenv(var);
-  if (!e) return def;
-  std::string all;
-  int i = 0;
-  for (const char* n : names) {
-    if (std::string(e) == n) return i;
-    all += (i++ ? ", " : "") + std::string(n);
-  }
-  LT_CUDA_REQUIRE(false, (std::string(var) + " must be one of " + all + ", got '" + e + "'").c_str());
-  return def;
-}
-// The choice held in `slot` (-1: not decided yet), decided once by `decide`; the setters overwrite it.
-template <typename F>
-int cached_choice(std::atomic<int>& slot, F decide) {
-  int v = slot.load(std::memory_order_relaxed);
-  if (v < 0) {
-    v = decide();
-    slot.store(v, std::memory_order_relaxed);
-  }
-  return v;
-}
-std::atomic<int> g_rule_impl{-1};
-std::atomic<int> g_rule_precision{-1};
-std::atomic<int> g_warp_passes{-1};
-std::atomic<int> g_grads_b16{-1};
-std::atomic<int> g_grads_cta{-1};
-std::atomic<int> g_grads_wide{-1};
-constexpr int kGradsCtas[] = {256, 384, 512};
-}  // namespace
-
-GdnRuleImpl gdn_rule_impl() {
-  return GdnRuleImpl(cached_choice(g_rule_impl, [] {
-    const char* simt = std::getenv("LT_GDN_SIMT");
-    const int def = int(simt && simt[0] && simt[0] != '0' ? GdnRuleImpl::Simt : GdnRuleImpl::Chunked);
-    return env_choice("LT_GDN_RULE", {"chunked", "mma", "simt"}, def);
-  }));
-}
-// LT_GDN_RULE_FWD=mma: the Chunked implementation runs the Mma forward (same chunk states) with its backward.
-static bool chunked_forward() {
-  static const bool v = [] {
-    const char* e = std::getenv("LT_GDN_RULE_FWD");
-    return !(e && std::string(e) == "mma");
-  }();
-  return v;
-}
+// The choices of KernelOptions (kernel_options.h), read at each launch.
+GdnRuleImpl gdn_rule_impl() { return kernel_options().gdn_rule; }
+// gdn_rule_fwd = Mma: the Chunked implementation runs the Mma forward (same chunk states) with its backward.
+static bool chunked_forward() { return kernel_options().gdn_rule_fwd == GdnRuleFwd::Chunked; }
 const char* gdn_rule_impl_name(GdnRuleImpl impl) {
   return impl == GdnRuleImpl::Chunked ? "chunked" : impl == GdnRuleImpl::Mma ? "mma" : "simt";
 }
-void gdn_set_rule_impl(GdnRuleImpl impl) { g_rule_impl.store(int(impl), std::memory_order_relaxed); }
 
 // Bf16 by default: measured faster at the same HF parity.
-GdnRulePrecision gdn_rule_precision() {
-  return GdnRulePrecision(
-      cached_choice(g_rule_precision,
-                    [] { return env_choice("LT_GDN_PRECISION", {"split", "bf16"}, int(GdnRulePrecision::Bf16)); }));
-}
+GdnRulePrecision gdn_rule_precision() { return kernel_options().gdn_precision; }
 const char* gdn_rule_precision_name(GdnRulePrecision p) { return p == GdnRulePrecision::Split ? "split" : "bf16"; }
-void gdn_set_rule_precision(GdnRulePrecision p) { g_rule_precision.store(int(p), std::memory_order_relaxed); }
 bool gdn_split_products() { return gdn_rule_precision() == GdnRulePrecision::Split; }
-// The register passes unless LT_GDN_PASS=tile (measured: rule 2.27 / 10.88 ms against the tile passes' 4.66 / 12.97).
-bool gdn_warp_passes_allowed() {
-  return cached_choice(g_warp_passes, [] { return env_choice("LT_GDN_PASS", {"tile", "warp"}, 1); }) == 1;
-}
-void gdn_set_warp_passes(int on) { g_warp_passes.store(on < 0 ? -1 : on ? 1 : 0, std::memory_order_relaxed); }
-bool gdn_grads_b16_allowed() {
-  return cached_choice(g_grads_b16, [] { return env_choice("LT_GDN_GRADS", {"frag", "bf16"}, 1); }) == 1;
-}
-void gdn_set_grads_b16(int on) { g_grads_b16.store(on < 0 ? -1 : on ? 1 : 0, std::memory_order_relaxed); }
-int gdn_grads_cta() {
-  return kGradsCtas[cached_choice(g_grads_cta,
-                                  [] { return env_choice("LT_GDN_GRADS_CTA", {"256", "384", "512"}, 2); })];
-}
+// The register passes unless gdn_passes = Tile (measured: rule 2.27 / 10.88 ms against the tile passes' 4.66 / 12.97).
+bool gdn_warp_passes_allowed() { return kernel_options().gdn_passes == GdnPasses::Warp; }
+bool gdn_grads_b16_allowed() { return kernel_options().gdn_grads == GdnGrads::Bf16; }
+int gdn_grads_cta() { return kernel_options().gdn_grads_cta; }
 // Run 57 at the 27B shape, batch 8: the rule's backward 7.34 ms at 256 threads and 16 x 16 tiles, 6.38 ms at 512 and
 // 16 x 32 (more warps to hide the latencies of a kernel that holds one CTA per SM by its shared memory).
-bool gdn_grads_wide() {
-  return cached_choice(g_grads_wide, [] { return env_choice("LT_GDN_GRADS_TILE", {"16", "32"}, 1); }) == 1;
-}
-void gdn_set_grads_wide(int on) { g_grads_wide.store(on < 0 ? -1 : on ? 1 : 0, std::memory_order_relaxed); }
+bool gdn_grads_wide() { return kernel_options().gdn_grads_tile == 32; }
 int gdn_sched_flags() {
-  static const int v = [] {
-    const int c = env_choice("LT_GDN_SCHED", {"all", "none", "prep", "grads"}, 0);
-    return c == 0 ? 3 : c == 1 ? 0 : c == 2 ? 1 : 2;
-  }();
-  return v;
-}
-void gdn_set_grads_cta(int threads) {
-  int v = -1;
-  for (int i = 0; i < 3; ++i)
-    if (threads == kGradsCtas[i]) v = i;
-  LT_CUDA_REQUIRE(threads < 0 || v >= 0, "gdn_set_grads_cta: 256, 384 or 512 threads");
-  g_grads_cta.store(v, std::memory_order_relaxed);
+  switch (kernel_options().gdn_sched) {
+    case GdnSched::None: return 0;
+    case GdnSched::Prep: return 1;
+    case GdnSched::Grads: return 2;
+    default: return 3;
+  }
 }
 
 int64_t gdn_rule_num_chunks(const GdnDims& d) { return (d.seq + kGdnChunk - 1) / kGdnChunk; }

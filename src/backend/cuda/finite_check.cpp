@@ -1,8 +1,6 @@
 #include "backend/cuda/finite_check.h"
 
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 
 #include "backend/cuda/cuda_util.h"
 #include "core/log.h"
@@ -39,14 +37,6 @@ int64_t count(const void* p, int64_t n, bool bf16, const std::string& what, cuda
   return bad;
 }
 }  // namespace
-
-bool finite_checks_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("LT_CHECK_FINITE");
-    return e && std::strcmp(e, "1") == 0;
-  }();
-  return on;
-}
 
 int64_t check_finite_bf16(const void* p, int64_t n, const std::string& what, cudaStream_t st) {
   return count(p, n, true, what, st);

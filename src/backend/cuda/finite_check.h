@@ -1,8 +1,8 @@
-// Finiteness probes for tracking down where NaN/Inf first appears on the GPU. Off unless the environment sets
-// LT_CHECK_FINITE=1 (read once): each probe then synchronizes its stream and counts the non-finite values of a
-// tensor, so a run is much slower; the first few non-finite findings are logged with the caller's context (layer,
-// tensor, geometry). A diagnostic, not a training path: the trainer's own check names the first non-finite
-// parameter or layer gradient without it.
+// Finiteness probes for tracking down where NaN/Inf first appears on the GPU. The layers and the attention mixer
+// call them when their KernelOptions::check_finite is on (kernel_options.h, env LT_CHECK_FINITE=1): each probe
+// then synchronizes its stream and counts the non-finite values of a tensor, so a run is much slower; the first
+// few non-finite findings are logged with the caller's context (layer, tensor, geometry). A diagnostic, not a
+// training path: the trainer's own check names the first non-finite parameter or layer gradient without it.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -11,7 +11,6 @@
 
 namespace lt::cuda {
 
-bool finite_checks_enabled();
 // Number of non-finite values among n bf16 (or fp32) values at p; synchronizes st. Logs a warning naming `what`
 // when there are any (the first 32 findings of the process).
 int64_t check_finite_bf16(const void* p, int64_t n, const std::string& what, cudaStream_t st);

@@ -50,9 +50,8 @@ void rmsnorm_fwd(const void* x, const void* w, int64_t rows, int64_t dim, float 
 void rmsnorm_bwd(const void* x, const void* w, const void* dy, const void* dres, int64_t rows, int64_t dim, float eps,
                  void* dx, float* dw, float* rstd, float* partial, cudaStream_t st, float w_offset = 0.f);
 int64_t norm_partial_floats(int64_t dim);
-// rmsnorm_bwd at dim >= 1024 fuses the dw column sums into the dx kernel; 0 forces the two-kernel path (as env
-// LT_NORM_BWD=split), 1 the default, -1 back to the environment's choice. For tests and benchmarks.
-void rmsnorm_set_fused_bwd(int on);
+// rmsnorm_bwd at dim >= 1024 fuses the dw column sums into the dx kernel; KernelOptions::norm_bwd = Split
+// (kernel_options.h, env LT_NORM_BWD=split) forces the two-kernel path, a comparison variant for the tests.
 // db (fp32 [dim]) += column sums of a (bf16 [rows, dim]), deterministic. Workspace as above.
 void colsum_accum(const void* a, int64_t rows, int64_t dim, float* db, float* partial, cudaStream_t st);
 

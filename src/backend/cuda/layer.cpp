@@ -92,14 +92,18 @@ void mlp_gate_up(const Linear& L, const void* w, const UnitLayout& lay, const u1
 
 }  // namespace
 
-LayerEngine::LayerEngine(const ModelConfig& c, Gemm& gemm, const float* inv_freq_dev)
-    : c_(c), gemm_(gemm), inv_freq_(inv_freq_dev), norm_off_(c.norm_plus_one ? 1.f : 0.f) {
+LayerEngine::LayerEngine(const ModelConfig& c, Gemm& gemm, const float* inv_freq_dev, const KernelOptions& ko)
+    : c_(c),
+      gemm_(gemm),
+      inv_freq_(inv_freq_dev),
+      norm_off_(c.norm_plus_one ? 1.f : 0.f),
+      check_finite_(ko.check_finite) {
   LT_CHECK(c.hidden % 8 == 0 && c.ffn % 2 == 0, "CUDA backend: hidden {} must be a multiple of 8, ffn {} even",
            c.hidden, c.ffn);
   for (int k = 0; k < kNumLayerKinds; ++k) {
     const auto kind = LayerKind(k);
     if (c.count(kind) == 0) continue;
-    mixers_[size_t(k)] = kind == LayerKind::Attention ? make_attention_mixer(c_, gemm_, inv_freq_)
+    mixers_[size_t(k)] = kind == LayerKind::Attention ? make_attention_mixer(c_, gemm_, inv_freq_, ko)
                                                       : make_deltanet_mixer(c_, gemm_);
   }
 }
@@ -164,7 +168,7 @@ void LayerEngine::layer_forward(const UnitLayout& lay, const void* w, const Geo&
   mlp_gate_up(L, w, lay, b.h2, b.gu, F, H);
   swiglu_fwd(b.gu, T, F, b.act, st);
   L.fwd(b.act, wptr(w, lay, "mlp.down_proj.weight"), nullptr, y, H, F, 0, 1.f, b.x1);  // y = x1 + act Wd^T
-  if (finite_checks_enabled()) {
+  if (check_finite_) {
     check_finite_bf16(b.x1, T * H, fmt::format("layer {} forward: x + mixer(h)", lay.layer), st);
     check_finite_bf16(y, T * H, fmt::format("layer {} forward: output", lay.layer), st);
   }
@@ -221,7 +225,7 @@ void LayerEngine::layer_backward(const UnitLayout& lay, const void* w, const Geo
   mx.backward(call, b.h, b.dx1, b.h2, dw);
   rmsnorm_bwd(x, ln1, b.h2, b.dx1, T, H, eps, dx, gptr(dw, lay, "input_layernorm.weight"), b.rstd, b.partial, st,
               norm_off_);
-  if (finite_checks_enabled()) {
+  if (check_finite_) {
     check_finite_bf16(dy, T * H, fmt::format("layer {} backward: incoming gradient", lay.layer), st);
     check_finite_bf16(b.dx1, T * H, fmt::format("layer {} backward: d(x + mixer(h)) after the MLP", lay.layer), st);
     check_finite_bf16(b.h2, T * H, fmt::format("layer {} backward: d h after the mixer", lay.layer), st);

@@ -13,6 +13,7 @@
 #include <memory>
 
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/kernel_options.h"
 #include "backend/cuda/mixer.h"
 #include "model/model_config.h"
 #include "model/param_layout.h"
@@ -23,8 +24,9 @@ class LayerEngine {
  public:
   // Needs a device fp32 array for inv_freq (rotary_dim/2 floats) and the GEMM object; workspace is
   // handed in per call (at least workspace_bytes(T) bytes, 256-byte aligned). Throws lt::Error naming
-  // the piece when a layer kind of c cannot run on the GPU.
-  LayerEngine(const ModelConfig& c, Gemm& gemm, const float* inv_freq_dev);
+  // the piece when a layer kind of c cannot run on the GPU. k: the backend's kernel options (its mixers' paths,
+  // the finiteness probes).
+  LayerEngine(const ModelConfig& c, Gemm& gemm, const float* inv_freq_dev, const KernelOptions& k);
   ~LayerEngine();
 
   // The largest over the layer kinds present, for batch x seq rows.
@@ -68,6 +70,7 @@ class LayerEngine {
   Gemm& gemm_;
   const float* inv_freq_;
   float norm_off_;  // 1 for (1 + w) norms (norm_plus_one), else 0
+  bool check_finite_;  // KernelOptions::check_finite: probe each layer's outputs (finite_check.h)
   std::array<std::unique_ptr<Mixer>, kNumLayerKinds> mixers_;  // of the kinds present
   int64_t head_chunk_ = 4096;
 };

@@ -18,6 +18,7 @@
 #include <memory>
 
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/kernel_options.h"
 #include "model/model_config.h"
 #include "model/param_layout.h"
 
@@ -99,7 +100,9 @@ class Mixer {
   virtual void prepare(const Geo& g) { (void)g; }
 };
 
-std::unique_ptr<Mixer> make_attention_mixer(const ModelConfig& c, Gemm& gemm, const float* inv_freq);
+// k: the backend's kernel options (the attention path, the finiteness probes).
+std::unique_ptr<Mixer> make_attention_mixer(const ModelConfig& c, Gemm& gemm, const float* inv_freq,
+                                            const KernelOptions& k);
 // Throws lt::Error naming what is unsupported when the Gated DeltaNet shape cannot run on the GPU.
 std::unique_ptr<Mixer> make_deltanet_mixer(const ModelConfig& c, Gemm& gemm);
 

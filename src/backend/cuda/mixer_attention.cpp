@@ -10,8 +10,6 @@
 // (attention.cu; head_dim 256 on sm_90 only, the generic kernels elsewhere: attention_supported()).
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 
 #include "backend/cuda/attention_cudnn.h"
 #include "backend/cuda/finite_check.h"
@@ -25,11 +23,6 @@ namespace lt::cuda {
 
 namespace {
 using u16 = uint16_t;
-
-bool env_is(const char* name, const char* value) {
-  const char* e = std::getenv(name);
-  return e && std::strcmp(e, value) == 0;
-}
 
 // Buffers, carved in the same order for the forward and the backward.
 struct AttnBufs {
@@ -75,8 +68,16 @@ AttnBufs carve_attn(C& keep, C& scratch, const ModelConfig& c, int64_t T, int64_
 
 class AttentionMixer final : public Mixer {
  public:
-  AttentionMixer(const ModelConfig& c, Gemm& gemm, const float* inv_freq)
-      : c_(c), gemm_(gemm), inv_freq_(inv_freq), rot_(c.rotary_dim()), noff_(c.norm_plus_one ? 1.f : 0.f) {
+  AttentionMixer(const ModelConfig& c, Gemm& gemm, const float* inv_freq, const KernelOptions& k)
+      : c_(c),
+        cudnn_(cudnn_attention_built() && k.attention == AttnPath::Cudnn),
+        packed_own_(k.attention_packed == AttnPath::Own),
+        bwd_own_(k.attention_bwd == AttnPath::Own),
+        check_finite_(k.check_finite),
+        gemm_(gemm),
+        inv_freq_(inv_freq),
+        rot_(c.rotary_dim()),
+        noff_(c.norm_plus_one ? 1.f : 0.f) {
     LT_CHECK(c.head_dim % 2 == 0 && c.head_dim % 8 == 0 && c.head_dim <= 256,
              "CUDA backend: head_dim {} is not supported (a multiple of 8 up to 256)", c.head_dim);
     LT_CHECK(rot_ > 0 && rot_ % 2 == 0 && rot_ <= c.head_dim,
@@ -108,7 +109,7 @@ class AttentionMixer final : public Mixer {
       if (m.g.segments) fwd_guard_.count(b_.o, T * c_.q_dim(), true, m.st);
     } else
       attention_fwd(dims(m.g), b_.q, b_.k, b_.v, m.g.segments, b_.o, b_.lse, m.st);
-    if (finite_checks_enabled()) probe_forward(m);
+    if (check_finite_) probe_forward(m);
     const u16* oin = b_.o;
     if (c_.attn_output_gate) {  // HF: attn_output * sigmoid(gate)
       sigmoid_gate_fwd(b_.o, b_.gate, T * c_.q_dim(), b_.ag, m.st);
@@ -146,7 +147,7 @@ class AttentionMixer final : public Mixer {
                           b_.dkv_acc, m.st);
       rope_apply(dq, b_.dq_acc, T, nh, hd, m.g.positions, m.g.seq, inv_freq_, true, m.st, rot_);
     }
-    if (finite_checks_enabled()) probe_backward(m, dq);
+    if (check_finite_) probe_backward(m, dq);
     rope_apply(b_.dk, nullptr, T, nkv, hd, m.g.positions, m.g.seq, inv_freq_, true, m.st, rot_);
     u16* dk = b_.dk;
     if (c_.qk_norm) {
@@ -297,9 +298,10 @@ class AttentionMixer final : public Mixer {
   }
 
   const ModelConfig c_;
-  const bool cudnn_ = cudnn_attention_enabled();  // carve cuDNN's bf16 dQ (the path itself: on_cudnn)
-  const bool packed_own_ = env_is("LT_ATTN_PACKED", "own");  // our kernels on packed rows (a check by hand)
-  const bool bwd_own_ = env_is("LT_ATTN_BWD", "own");        // cuDNN's forward, our backward (a check by hand)
+  const bool cudnn_;        // carve cuDNN's bf16 dQ (the path itself: on_cudnn)
+  const bool packed_own_;   // our kernels on packed rows (a check by hand)
+  const bool bwd_own_;      // cuDNN's forward, our backward (a check by hand)
+  const bool check_finite_;  // the finiteness probes (finite_check.h)
   Gemm& gemm_;
   const float* inv_freq_;
   int64_t rot_;
@@ -312,8 +314,9 @@ class AttentionMixer final : public Mixer {
 
 }  // namespace
 
-std::unique_ptr<Mixer> make_attention_mixer(const ModelConfig& c, Gemm& gemm, const float* inv_freq) {
-  return std::make_unique<AttentionMixer>(c, gemm, inv_freq);
+std::unique_ptr<Mixer> make_attention_mixer(const ModelConfig& c, Gemm& gemm, const float* inv_freq,
+                                            const KernelOptions& k) {
+  return std::make_unique<AttentionMixer>(c, gemm, inv_freq, k);
 }
 
 }  // namespace lt::cuda

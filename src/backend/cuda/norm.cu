@@ -3,11 +3,10 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <string>
 
 #include "backend/cuda/cuda_util.h"
 #include "backend/cuda/dev_common.cuh"
+#include "backend/cuda/kernel_options.h"
 #include "backend/cuda/kernels.h"
 
 namespace lt::cuda {
@@ -202,20 +201,11 @@ void colsum(const bf16* a, const bf16* x, const float* rstd, int64_t rows, int64
   LT_CUDA_LAUNCH();
 }
 
-// LT_NORM_BWD=split: the two-kernel path for every dim (to compare; the tests run both).
-int g_fused_override = -1;
-bool fused_norm_off() {
-  if (g_fused_override >= 0) return g_fused_override == 0;
-  static const bool off = [] {
-    const char* e = std::getenv("LT_NORM_BWD");
-    return e && std::string(e) == "split";
-  }();
-  return off;
-}
+// KernelOptions::norm_bwd = Split (LT_NORM_BWD=split): the two-kernel path for every dim (to compare; the tests
+// run both).
+bool fused_norm_off() { return kernel_options().norm_bwd == NormBwd::Split; }
 
 }  // namespace
-
-void rmsnorm_set_fused_bwd(int on) { g_fused_override = on; }
 
 int64_t norm_partial_floats(int64_t dim) { return std::max<int64_t>(kPartialCap, dim); }
 

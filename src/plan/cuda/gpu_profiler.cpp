@@ -19,13 +19,8 @@
 #include "core/units.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "plan/cuda/gpu_profiler.h"
 #include "plan/profile.h"
-
-// Weak: the backend library does not depend on lt_plan; binaries that link the profile code (the
-// lazytrain CLI) get the hook registered, others skip it.
-namespace lt {
-void register_gpu_profiler(GpuProfiler f) __attribute__((weak));
-}
 
 namespace lt::cuda {
 namespace {
@@ -321,8 +316,6 @@ void profile_gpu(ResourceProfile& p, const ModelConfig& c, int64_t batch, int64_
 
 }  // namespace
 
-void install_gpu_profiler() {
-  if (&lt::register_gpu_profiler != nullptr) lt::register_gpu_profiler(&profile_gpu);
-}
+void install_gpu_profiler() { lt::register_gpu_profiler(&profile_gpu); }
 
 }  // namespace lt::cuda

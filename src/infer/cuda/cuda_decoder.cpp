@@ -1,4 +1,4 @@
-#include "backend/cuda/cuda_decoder.h"
+#include "infer/cuda/cuda_decoder.h"
 
 #include <cuda_runtime.h>
 #include <fmt/format.h>
@@ -11,8 +11,8 @@
 
 #include "backend/cpu/ops.h"
 #include "backend/cuda/cuda_util.h"
-#include "backend/cuda/decode.h"
-#include "backend/cuda/decode_mixer.h"
+#include "infer/cuda/decode.h"
+#include "infer/cuda/decode_mixer.h"
 #include "backend/cuda/deltanet.h"
 #include "backend/cuda/device_arena.h"
 #include "backend/cuda/gemm.h"
@@ -460,8 +460,7 @@ CudaDecoder::CudaDecoder(const ModelConfig& c, const ModelLayout& layout, const 
       m.layer_dev.push_back(reinterpret_cast<const uint16_t*>(p + m.layer_off[size_t(l)]));
     }
   }
-  const char* env = std::getenv("LT_DECODE_GRAPHS");
-  m.use_graphs = o.cuda_graphs && !(env && std::string(env) == "0");
+  m.use_graphs = o.cuda_graphs;
   cuda::DecodeAttnDims ad;
   ad.heads = c.heads, ad.kv_heads = c.kv_heads, ad.head_dim = c.head_dim;
   decode_attention_setup(ad);  // shared-memory opt-in before any graph capture

@@ -1,19 +1,18 @@
-#include "cli/gpu_decode.h"
-
-#ifdef LT_HAVE_CUDA
+// The CUDA decoder as a train::Generator, and the hooks through which the decoding commands and the trainer's
+// final evaluation reach it.
 #include <cuda_runtime_api.h>
 
+#include <cstdlib>
 #include <map>
+#include <string>
 
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/cuda_decoder.h"
 #include "core/error.h"
 #include "core/units.h"
-#endif
+#include "infer/cuda/cuda_decoder.h"
+#include "infer/gpu_decode.h"
 
-namespace lt::cli {
-
-#ifdef LT_HAVE_CUDA
+namespace lt::infer {
 namespace {
 
 class CudaGenerator final : public train::Generator {
@@ -24,6 +23,9 @@ class CudaGenerator final : public train::Generator {
     d.weights = o.weights;
     d.max_batch = o.max_batch;
     d.max_seq = o.max_seq;
+    // The one environment switch of GPU decoding: LT_DECODE_GRAPHS=0 replays no CUDA graphs.
+    const char* graphs = std::getenv("LT_DECODE_GRAPHS");
+    d.cuda_graphs = !(graphs && std::string(graphs) == "0");
     if (borrow) {
       // Evaluation after CUDA training: the backend's arena holds (nearly) all device memory; the
       // decoder takes its share from it.
@@ -67,28 +69,21 @@ class CudaGenerator final : public train::Generator {
 };
 
 }  // namespace
-#endif
 
-bool cuda_device_visible() {
-#ifdef LT_HAVE_CUDA
+bool cuda_device_count_positive() {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-#else
-  return false;
-#endif
 }
 
-train::GpuDecodeHooks gpu_decode_hooks() {
+train::GpuDecodeHooks cuda_decode_hooks() {
   train::GpuDecodeHooks h;
-#ifdef LT_HAVE_CUDA
-  h.gpu_visible = cuda_device_visible;
+  h.gpu_visible = cuda_device_count_positive;
   h.make = [](const train::ModelWeightsView& w, const train::DecodeDeviceOptions& o,
               Backend* borrow) -> std::unique_ptr<train::Generator> {
     return std::make_unique<CudaGenerator>(w, o, borrow);
   };
   h.unsupported = [](const ModelConfig& c) { return cuda::decoder_unsupported(c); };
-#endif
   return h;
 }
 
-}  // namespace lt::cli
+}  // namespace lt::infer

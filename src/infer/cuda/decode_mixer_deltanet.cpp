@@ -6,7 +6,7 @@
 //   decode:  gdn_decode_step (conv update + SiLU, q/k L2 norm, gates, delta-rule update and output) on
 //            the slots of the live sequences;
 // then the gated RMSNorm with silu(z) and out_proj with the residual.
-#include "backend/cuda/decode_mixer.h"
+#include "infer/cuda/decode_mixer.h"
 #include "backend/cuda/deltanet.h"
 #include "backend/cuda/mixer.h"
 #include "core/error.h"

@@ -8,8 +8,8 @@
 //   partial rotary:   RoPE rotates the first rotary_dim() entries of each head.
 #include <cmath>
 
-#include "backend/cuda/decode.h"
-#include "backend/cuda/decode_mixer.h"
+#include "infer/cuda/decode.h"
+#include "infer/cuda/decode_mixer.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/mixer.h"
 #include "core/error.h"

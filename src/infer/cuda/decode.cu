@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "backend/cuda/cuda_util.h"
-#include "backend/cuda/decode.h"
+#include "infer/cuda/decode.h"
 #include "backend/cuda/dev_common.cuh"
 
 namespace lt::cuda {

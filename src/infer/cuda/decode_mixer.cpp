@@ -1,4 +1,4 @@
-#include "backend/cuda/decode_mixer.h"
+#include "infer/cuda/decode_mixer.h"
 
 namespace lt::cuda {
 

@@ -43,7 +43,7 @@ struct DecoderOptions {
   int64_t max_batch = 32, max_seq = 256;  // KV-cache capacity (grows on demand when it fits)
   DeviceMemorySource memory;             // optional borrowed device memory (then gpu_mem_cap is ignored)
   bool capture_logits = false;           // tests: keep every pass's logits (fp32) on the host
-  bool cuda_graphs = true;               // replay resident decode steps as CUDA graphs (env LT_DECODE_GRAPHS=0: off)
+  bool cuda_graphs = true;               // replay resident decode steps as CUDA graphs
 };
 
 // Fills dst (layout.units[unit].numel bf16 values, UnitLayout order) with that unit's weights.
