@@ -226,7 +226,7 @@ int main(int argc, char** argv) {
     const dist::DistEnv env = dist::dist_env_from_environment();
     a.init_threads = std::max(1, int(std::thread::hardware_concurrency()) / std::max(1, env.world));
     // A launched rank updates its optimizer shard with its share of the host's cores, as the trainer
-    // does; one thread made run 18's 7B steps optimizer-bound (docs/distributed.md).
+    // does; one thread made the 7B's data-parallel steps optimizer-bound (docs/distributed.md).
     if (a.opt_threads <= 0) a.opt_threads = env.launched ? a.init_threads : 1;
     if (env.launched) {
 #ifdef LT_HAVE_NCCL

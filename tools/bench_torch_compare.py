@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Sets lazytrain's kernel timings against PyTorch's (JSON lines from bench_cuda_kernels and
 bench_torch_kernels.py of the same run): speed ratio = torch time / lazytrain time, with the targets
-of issue 5 (GEMM >= 0.95, decoder layer fwd+bwd >= 1.2) and issue 17 (attention fwd+bwd >= 1.2x SDPA flash).
+(GEMM >= 0.95, decoder layer fwd+bwd >= 1.2, attention fwd+bwd >= 1.2x SDPA flash).
 Our attention rows: attn_* the layers' path (cuDNN's flash attention where usable), attn_own_* our kernels,
 attn_atomic_* cuDNN with its non-deterministic backward; each is set against torch's attn_* row."""
 import json

@@ -117,8 +117,8 @@ def randomize(model, gen, init):
     # Norms near their identity (Qwen3_5RMSNorm scales by 1 + w: w near 0; the gated norm by w: near 1),
     # the conv wide enough to matter, everything else small normal. With init.bf16 every weight is then
     # rounded to a bf16 value (kept in fp32), so that the GPU's bf16 step (HybridHfStepBf16) is measured
-    # without the weight rounding. The small fixtures keep full fp32 weights: with bf16 ones (run 29,
-    # --bf16-weights) they still miss the 0.99 gradient cosine (0.979, 0.924; docs/notes.md 0b).
+    # without the weight rounding. The small fixtures keep full fp32 weights: with bf16 ones
+    # (--bf16-weights) they still miss the 0.99 gradient cosine (0.979, 0.924; docs/notes.md 0b).
     with torch.no_grad():
         for name, p in model.named_parameters():
             r = torch.randn(p.shape, generator=gen)

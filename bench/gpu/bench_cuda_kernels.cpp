@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/gemm.h"
-#include "backend/cuda/attention_cudnn.h"
-#include "backend/cuda/attention_variants.h"
+#include "backend/cuda/gemm/gemm.h"
+#include "backend/cuda/attention/attention_cudnn.h"
+#include "backend/cuda/attention/attention_variants.h"
 #include "backend/cuda/kernel_options.h"
 #include "backend/cuda/kernels.h"
 #include "core/dtype.h"
@@ -289,7 +289,7 @@ void bench_layer(const std::string& preset, int64_t B, int64_t S) {
   auto st = static_cast<cudaStream_t>(be.stream(Lane::Compute));
   const double tf = time_median([&] { be.layer_forward(0, w, g, x, y, {}); }, st, 2, 5);
   const double tb = time_median([&] { be.layer_backward(0, w, g, x, dy, dx, dw, {}); }, st, 2, 5);
-  // Kept internals (issue 17): the forward keeps them, the backward does not re-run them.
+  // Kept internals: the forward keeps them, the backward does not re-run them.
   const int64_t kb = be.layer_keep_bytes(0, B, S);
   void* keep = A(kb);
   const double tk = time_median(

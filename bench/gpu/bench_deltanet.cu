@@ -1,4 +1,4 @@
-// Gated DeltaNet kernel timings (src/backend/cuda/deltanet.h) at a layer shape, default the Qwen3.5/3.6
+// Gated DeltaNet kernel timings (src/backend/cuda/deltanet/deltanet.h) at a layer shape, default the Qwen3.5/3.6
 // 27B layer: batch 8 x seq 1024, Hk 16, Hv 48, Dk = Dv = 128, conv kernel 4. Median of 10 runs (events).
 // The chunked rule is timed on every implementation (cuda::GdnRuleImpl Chunked in both precisions and, in Bf16, with
 // the register passes and the tile passes; Mma, Simt)
@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/deltanet.h"
+#include "backend/cuda/deltanet/deltanet.h"
 #include "backend/cuda/kernel_options.h"
 #include "core/dtype.h"
 

@@ -1,11 +1,11 @@
 // Does choosing among cuBLASLt's heuristic candidates pay over its first choice (what Gemm uses), and
 // what does the fp32 weight-gradient accumulation (beta = 1) cost over an overwrite (beta = 0)? For the
 // projection GEMMs of a decoder layer (forward Y = X W^T, dX = dY W, dW (+)= dY^T X), row-major shapes
-// as src/backend/cuda/gemm.cpp maps them. Defaults: the Qwen3.6-27B layer at batch 8 x 1024.
+// as src/backend/cuda/gemm/gemm.cpp maps them. Defaults: the Qwen3.6-27B layer at batch 8 x 1024.
 //
 //   bench_gemm_algos [--tokens 8192] [--hidden 5120] [--ffn 17408] [--candidates 16] [--iters 10]
 //
-// Run 62 (H200): alone, the best of 8 candidates was 4.5 % faster than the first over these GEMMs, and beta 0
+// Measured on the H200: alone, the best of 8 candidates was 4.5 % faster than the first over these GEMMs, and beta 0
 // against beta 1 ranged from -8 % to +3 % by shape (first choice); but the layer with each shape tuned at its
 // first call (timed the same way, in place) was slower, 35.17 against 34.54 ms (bench_qwen35_layer, median of
 // 9), so Gemm keeps the heuristic's first choice (docs/results.md).

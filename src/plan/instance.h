@@ -132,7 +132,7 @@ Instance make_instance(const ModelConfig& c, int64_t batch, int64_t seq, const R
 // the profile's rates (the optimizer alone) are divided by this factor, 1 - the share of the host's memory traffic
 // (2 x its copy bandwidth: each copied byte is read and written) the uploads take (sum P_j / sum rho_j, at most the
 // H2D bandwidth), at least 0.5. make_instance applies it to every unit but an embedding updated before the forward
-// (embedding_first). The forward's checkpoint D2H (the plan's choice) takes more; not counted. Run 73 (Qwen2.5-3B,
+// (embedding_first). The forward's checkpoint D2H (the plan's choice) takes more; not counted. Measured (H200, Qwen2.5-3B,
 // 8-bit, the embedding on the GPU): 9.5 Gparams/s alone, 7.8 beside the forward; factor 0.86, exposed optimizer
 // predicted 67.9 against 63-70 ms (22.0 without it).
 double optimizer_derate(const Instance& in, const ResourceProfile& prof);

@@ -86,7 +86,7 @@ ResourceProfile default_profile(const PlacementSection& cfg, const ModelConfig& 
     const int threads = cfg.threads > 0 ? int(cfg.threads) : int(std::max(1u, std::thread::hardware_concurrency()));
     p.host_mem_bw = measure_host_bandwidth(threads, 256 * MiB);
     // 128M parameters (~2 GB of buffers for a moment): with 32M the 8-bit rate read 4.3-7.1 Gparams/s
-    // over five runs on one H200 host (runs 16-21) against 7.5-9.0 from bench_optim on 268M.
+    // over five runs on one H200 host against 7.5-9.0 from bench_optim on 268M.
     // At most 1/32 of the available memory (18 B per parameter for the fp32 run).
     const int64_t rate_n = std::clamp<int64_t>(avail / 32 / 18, 8 * MiB, 128 * MiB);
     // The optimizer itself (its pool, work items and split masters), not its kernels alone: the kernel-only figure

@@ -95,7 +95,7 @@ TEST(ExecPlanAdapter, RejectsPlanForAnotherModel) {
 
 // The planner's predicted GPU peak covers what the executor allocates for the plan (outside the backend's one
 // workspace, which the slots' working sets hold): real shapes on the CUDA backend's dtypes (bf16 weights and
-// activations, fp32 gradients), up to the largest batch at the cap. Run 52: the Qwen3.5-9B plan at its largest
+// activations, fp32 gradients), up to the largest batch at the cap. Measured on the H200: the Qwen3.5-9B plan at its largest
 // batch (1,067) predicted 76.96 GiB where the executor asked 83.16 GiB (fp32 gradient buffers and the head's
 // weights outside the model), and the run failed at allocation.
 TEST(PlanAdapter, PredictedPeakCoversTheExecutorsDeviceMemory) {

@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "attn_test_util.h"
-#include "backend/cuda/attention_cudnn.h"
+#include "backend/cuda/attention/attention_cudnn.h"
 #include "backend/cuda/kernel_options.h"
 #include "backend/cuda/kernels.h"
 #include "gpu_test_util.h"

@@ -11,7 +11,7 @@
 #include <sstream>
 
 #include "backend/cpu/ops.h"
-#include "backend/cuda/attention_cudnn.h"
+#include "backend/cuda/attention/attention_cudnn.h"
 #include "backend/cuda/kernel_options.h"
 #include "backend/cuda/kernels.h"
 #include "gpu_test_util.h"

@@ -1,4 +1,4 @@
-// The Gated DeltaNet CUDA kernels (src/backend/cuda/deltanet.h) against the fp32 CPU reference
+// The Gated DeltaNet CUDA kernels (src/backend/cuda/deltanet/deltanet.h) against the fp32 CPU reference
 // (src/backend/cpu/ops_gdn.h), on bf16-rounded inputs, at edge shapes: seq not a multiple of the chunk
 // (37, 100, 130), packed segments (several per sample, a 1-token one, one starting exactly at a chunk
 // boundary), Hv = 3 Hk, Dk != Dv, batch 3.
@@ -20,7 +20,7 @@
 #include <utility>
 
 #include "backend/cpu/ops_gdn.h"
-#include "backend/cuda/deltanet.h"
+#include "backend/cuda/deltanet/deltanet.h"
 #include "gpu_test_util.h"
 
 using namespace lt;

@@ -117,7 +117,7 @@ TEST(HfStepBf16, Llama32MqaTied) { run_step("llama32_mqa_tied"); }
 // norms, partial RoPE; 2 x 80 tokens). The qwen35_bf16_* fixtures carry the features of qwen35_tied_3to1
 // and qwen35_untied_odd at hidden 256 with bf16-representable weights. Those two (hidden 64 and 48) are
 // not run here: bf16 activation rounding alone moves their gradients to cosine 0.979 / 0.924 even with
-// bf16 weights (run 29, docs/notes.md 0b); they stay for the exact fp32 CPU parity (HfParity.*).
+// bf16 weights (docs/notes.md 0b); they stay for the exact fp32 CPU parity (HfParity.*).
 TEST(HybridHfStepBf16, Qwen35Bf16Tied3to1) { run_step("qwen35_bf16_tied_3to1"); }
 TEST(HybridHfStepBf16, Qwen35Bf16OddHeads) { run_step("qwen35_bf16_odd_heads"); }
 TEST(HybridHfStepBf16, Qwen35HeadDim128Conv3) { run_step("qwen35_hd128"); }

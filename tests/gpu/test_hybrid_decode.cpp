@@ -318,7 +318,7 @@ TEST_P(HybridDecodeHf, GreedyTokensEqualCpuWhereWellSeparated) {
   int64_t compared = 0, total = 0;
   double worst_rel = 0;
   // The two fixtures with hidden 48/64 are ill-conditioned for bf16 (docs/notes.md 0b: their HF bf16 step
-  // parity misses 0.99 too); measured on the H200 (run 30) their worst logits rows were 0.16 relative and
+  // parity misses 0.99 too); measured on the H200 their worst logits rows were 0.16 relative and
   // 0.54 x RMS per entry while their tokens were exact wherever separated. Bounds for them: 0.25 and 0.8.
   const bool small = m.w.config.hidden < 128;
   const double row_bound = small ? 0.25 : kRowRelErr, entry_bound = small ? 0.8 : kEntryErr;

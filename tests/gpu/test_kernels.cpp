@@ -8,7 +8,7 @@
 #include <string>
 
 #include "backend/cpu/ops.h"
-#include "backend/cuda/gemm.h"
+#include "backend/cuda/gemm/gemm.h"
 #include "backend/cuda/kernel_options.h"
 #include "backend/cuda/kernels.h"
 #include "attn_test_util.h"

@@ -285,7 +285,7 @@ TEST(OptimThroughput, MeasuredRatesArePositive) {
     }
 }
 
-// The optimizer's own rate (its pool over split-master units, the profile's figure since issue 17): finite, positive,
+// The optimizer's own rate (its pool over split-master units, the figure the profile records): finite, positive,
 // and of the kernels' order (the pool adds scheduling, not a different amount of memory traffic).
 TEST(OptimThroughput, OptimizerRateIsOfTheKernelsOrder) {
   for (bool q8 : {false, true}) {

@@ -1,4 +1,4 @@
-// Data parallelism in the planner (issue 18 item 2): per-rank model-state bytes (moments sharded, fp32
+// Data parallelism in the planner: per-rank model-state bytes (moments sharded, fp32
 // master arrays), the placement ladder restricted to what the data-parallel trainer runs, and the
 // collectives' bytes once per step in the instance, the simulator and the DP.
 #include <gtest/gtest.h>

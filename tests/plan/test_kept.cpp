@@ -1,4 +1,4 @@
-// Kept internals (issue 17): the last k layers keep their forward internals in HBM for their backward
+// Kept internals: the last k layers keep their forward internals in HBM for their backward
 // (Plan::kept_layers). The profile's optional bwd_kept_s / keep_bytes, layer_times, the instance's beta_kept /
 // keep_bytes and with_kept, the planner's search over k, and the plan JSON.
 #include "../common/repo_path.h"

@@ -1,4 +1,4 @@
-// Model-state placement (issue 15): the byte model, the planner's choice of master mode / gradient
+// Model-state placement: the byte model, the planner's choice of master mode / gradient
 // home / 8-bit moments, forced modes, the "it fits with ..." advice, the plan JSON fields, and the
 // device-gradient accounting in the instance and the simulator.
 #include <gtest/gtest.h>

@@ -7,12 +7,12 @@
 #include <iterator>
 
 #include "backend/cpu/ops.h"
-#include "backend/cuda/attention_cudnn.h"
+#include "backend/cuda/attention/attention_cudnn.h"
 #include "backend/cuda/cuda_util.h"
 #include "backend/cuda/device_arena.h"
-#include "backend/cuda/gemm.h"
+#include "backend/cuda/gemm/gemm.h"
 #include "backend/cuda/kernels.h"
-#include "backend/cuda/layer.h"
+#include "backend/cuda/layer/layer.h"
 #include "core/error.h"
 #include "core/timer.h"
 #include "core/units.h"

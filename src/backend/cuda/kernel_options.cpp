@@ -9,7 +9,7 @@
 #include <deque>
 #include <mutex>
 
-#include "backend/cuda/attention_variants.h"
+#include "backend/cuda/attention/attention_variants.h"
 #include "core/error.h"
 
 namespace lt::cuda {

@@ -22,7 +22,7 @@ enum class GdnRulePrecision { Split, Bf16 };    // deltanet.h
 enum class GdnRuleFwd { Chunked, Mma };        // the Chunked implementation's forward: its own, or Mma's
 enum class GdnPasses { Tile, Warp };           // the Chunked serial passes: tile passes or register passes
 enum class GdnGrads { Frag, Bf16 };            // chunk_grads' operands (register passes): fragments or bf16
-enum class GdnSched { All, None, Prep, Grads };  // deltanet_rule.cuh, gdn_sched_flags
+enum class GdnSched { All, None, Prep, Grads };  // deltanet/rule.cuh, gdn_sched_flags
 enum class NormBwd { Fused, Split };           // rmsnorm_bwd at dim >= 1024: fused column sums, or two kernels
 
 struct KernelOptions {

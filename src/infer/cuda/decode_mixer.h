@@ -15,7 +15,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "backend/cuda/gemm.h"
+#include "backend/cuda/gemm/gemm.h"
 #include "infer/decode_plan.h"
 #include "model/model_config.h"
 #include "model/param_layout.h"

@@ -11,7 +11,7 @@
 #include "infer/cuda/decode.h"
 #include "infer/cuda/decode_mixer.h"
 #include "backend/cuda/kernels.h"
-#include "backend/cuda/mixer.h"
+#include "backend/cuda/layer/mixer.h"
 #include "core/error.h"
 #include "infer/decode_state.h"
 

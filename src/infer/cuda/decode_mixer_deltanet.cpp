@@ -7,8 +7,8 @@
 //            the slots of the live sequences;
 // then the gated RMSNorm with silu(z) and out_proj with the residual.
 #include "infer/cuda/decode_mixer.h"
-#include "backend/cuda/deltanet.h"
-#include "backend/cuda/mixer.h"
+#include "backend/cuda/deltanet/deltanet.h"
+#include "backend/cuda/layer/mixer.h"
 #include "core/error.h"
 #include "infer/decode_state.h"
 

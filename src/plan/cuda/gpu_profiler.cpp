@@ -10,10 +10,10 @@
 #include <functional>
 #include <vector>
 
-#include "backend/cuda/attention_cudnn.h"
+#include "backend/cuda/attention/attention_cudnn.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_util.h"
-#include "backend/cuda/gemm.h"
+#include "backend/cuda/gemm/gemm.h"
 #include "backend/cuda/kernels.h"
 #include "core/dtype.h"
 #include "core/units.h"

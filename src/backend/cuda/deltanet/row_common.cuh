@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "backend/cuda/cuda_util.h"
-#include "backend/cuda/deltanet.h"
+#include "backend/cuda/deltanet/deltanet.h"
 #include "backend/cuda/dev_common.cuh"
 
 namespace lt::cuda::gdn_rows {

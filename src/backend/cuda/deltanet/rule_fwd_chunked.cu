@@ -1,6 +1,6 @@
-// Chunked gated delta rule, forward, chunk-parallel (GdnRuleImpl::Chunked; deltanet_rule_chunked.cuh): chunk_prep
+// Chunked gated delta rule, forward, chunk-parallel (GdnRuleImpl::Chunked; deltanet/rule_chunked.cuh): chunk_prep
 // computes every chunk's W, U and P at once; state_pass then walks a sample's chunks per (value tile, value head,
-// sample) with only the state products left serial (the formulas of deltanet_rule_fwd.cu):
+// sample) with only the state products left serial (the formulas of deltanet/rule_fwd.cu):
 //   S0 -> state_ws;  Dl = U - W S0;  o_i = scale G_i S0^T q_i + sum_j P[i,j] Dl_j;  S_end = G_last S0 + K^T diag(Ge) Dl
 #include <cuda_bf16.h>
 
@@ -8,9 +8,9 @@
 #include <string>
 
 #include "backend/cuda/cuda_util.h"
-#include "backend/cuda/deltanet.h"
-#include "backend/cuda/deltanet_frag.cuh"
-#include "backend/cuda/deltanet_rule_chunked.cuh"
+#include "backend/cuda/deltanet/deltanet.h"
+#include "backend/cuda/deltanet/frag.cuh"
+#include "backend/cuda/deltanet/rule_chunked.cuh"
 
 namespace lt::cuda {
 namespace gdn {

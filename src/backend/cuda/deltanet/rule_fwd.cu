@@ -1,4 +1,4 @@
-// Chunked gated delta rule, forward (the CPU reference's ops_gdn_rule.cpp algorithm; see deltanet_rule.cuh
+// Chunked gated delta rule, forward (the CPU reference's ops_gdn_rule.cpp algorithm; see deltanet/rule.cuh
 // for the work split and the masks). Per chunk of L <= 64 rows, one CTA (value tile e0:e0+nt, head h,
 // sample b), state tile S [Dk, nt] fp32 in shared memory:
 //   A[i,j]  = b_i (k_i.k_j) M[i,j]  (j < i),     P[i,j] = scale (q_i.k_j) M[i,j]  (j <= i)
@@ -13,8 +13,8 @@
 #include <cmath>
 
 #include "backend/cuda/cuda_util.h"
-#include "backend/cuda/deltanet.h"
-#include "backend/cuda/deltanet_rule.cuh"
+#include "backend/cuda/deltanet/deltanet.h"
+#include "backend/cuda/deltanet/rule.cuh"
 #include "backend/cuda/kernel_options.h"
 
 namespace lt::cuda {
@@ -142,7 +142,7 @@ bool gdn_split_products() { return gdn_rule_precision() == GdnRulePrecision::Spl
 bool gdn_warp_passes_allowed() { return kernel_options().gdn_passes == GdnPasses::Warp; }
 bool gdn_grads_b16_allowed() { return kernel_options().gdn_grads == GdnGrads::Bf16; }
 int gdn_grads_cta() { return kernel_options().gdn_grads_cta; }
-// Run 57 at the 27B shape, batch 8: the rule's backward 7.34 ms at 256 threads and 16 x 16 tiles, 6.38 ms at 512 and
+// Measured at the 27B shape, batch 8 (H200): the rule's backward 7.34 ms at 256 threads and 16 x 16 tiles, 6.38 ms at 512 and
 // 16 x 32 (more warps to hide the latencies of a kernel that holds one CTA per SM by its shared memory).
 bool gdn_grads_wide() { return kernel_options().gdn_grads_tile == 32; }
 int gdn_sched_flags() {

@@ -3,7 +3,7 @@
 // one more). attention_cudnn.cpp hands the arrays to its ragged graphs.
 #include <cub/block/block_scan.cuh>
 
-#include "backend/cuda/attention_cudnn.h"
+#include "backend/cuda/attention/attention_cudnn.h"
 #include "backend/cuda/cuda_util.h"
 
 namespace lt::cuda {

@@ -1,13 +1,13 @@
-// Internal to the chunk-parallel rule kernels (GdnRuleImpl::Chunked: deltanet_rule_fwd_chunked.cu,
-// deltanet_rule_bwd_chunked.cu): their arguments, the chunk geometry, row loads and the per-chunk prep kernel.
+// Internal to the chunk-parallel rule kernels (GdnRuleImpl::Chunked: deltanet/rule_fwd_chunked.cu,
+// deltanet/rule_bwd_chunked.cu): their arguments, the chunk geometry, row loads and the per-chunk prep kernel.
 //   chunk_prep  (chunk, value head, sample): A (as KM = KK o M, j < i), P = scale QK o M (j <= i), the UT solves
 //               W = (I+A)^-1 diag(b G) K and U = (I+A)^-1 diag(b) V, written to the workspace; the backward's
 //               also KM and Dl = U - W S0 (S0 from the chunk states). The lean form (chunk_prep_lean_kernel,
-//               deltanet_rule_fwd_chunked.cu: no W/U/P shared tiles) is the forward's, and the backward's with the
+//               deltanet/rule_fwd_chunked.cu: no W/U/P shared tiles) is the forward's, and the backward's with the
 //               register passes; two CTAs per SM where the original fits one. Once per chunk: the per-tile kernels of the Mma implementation redo these per
 //               value tile.
 // Workspace (fp32): W [T,Hv,Dk], U, Dl, dDl [T,Hv,Dv], P, KM [batch,nck,Hv,64,64], dS [batch,nck,Hv,Dk,Dv]; the
-// forward uses W, U, P only. With the register passes (deltanet_rule_pass_warp.cu) chunk_prep also writes W and P
+// forward uses W, U, P only. With the register passes (deltanet/rule_pass_warp.cu) chunk_prep also writes W and P
 // as bf16 (Wb, Pb: the operands those passes read with ldmatrix).
 #pragma once
 #include <cuda_bf16.h>
@@ -16,8 +16,8 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "backend/cuda/deltanet.h"
-#include "backend/cuda/deltanet_rule.cuh"
+#include "backend/cuda/deltanet/deltanet.h"
+#include "backend/cuda/deltanet/rule.cuh"
 
 namespace lt::cuda::gdn {
 
@@ -92,7 +92,7 @@ __device__ __forceinline__ void copy_f32(float* dst, const float* src, int n) {
 }
 
 // out[m * ostride + n] += scale * (sum of the products) + extra(m, n) for m < M, n < N, in global memory: the
-// tensor-core block product of deltanet_rule.cuh with a load-all-then-store epilogue (a plain += would
+// tensor-core block product of deltanet/rule.cuh with a load-all-then-store epilogue (a plain += would
 // serialise each lane's loads and stores on their possible aliasing).
 struct NoExtra {
   __device__ float operator()(int, int) const { return 0.f; }
@@ -215,7 +215,7 @@ __device__ __forceinline__ void store_rows_bf16(bf16* dst, int64_t dstride, cons
 void launch_chunk_prep(const GdnDims& d, const ChunkedArgs& a, bool bwd, cudaStream_t st);
 int shared_optin();
 
-// The register passes (deltanet_rule_pass_warp.cu): whether they run for this shape and precision (Bf16 products,
+// The register passes (deltanet/rule_pass_warp.cu): whether they run for this shape and precision (Bf16 products,
 // Dk 64 or 128, Dv a multiple of 16 up to 128, their shared memory fits; KernelOptions::gdn_passes = Tile forces
 // the tile passes), and their launches over one group of samples (a.Wb, a.Pb set).
 bool warp_passes(const GdnDims& d);

@@ -1,6 +1,6 @@
 // The chunked rule's two serial passes with the state in registers (GdnRuleImpl::Chunked, Bf16 products): the
-// forward state pass (deltanet_rule_fwd_chunked.cu's state_pass) and the backward dS pass
-// (deltanet_rule_bwd_chunked.cu's ds_pass), same formulas and the same rounding (every product operand rounded to
+// forward state pass (deltanet/rule_fwd_chunked.cu's state_pass) and the backward dS pass
+// (deltanet/rule_bwd_chunked.cu's ds_pass), same formulas and the same rounding (every product operand rounded to
 // bf16 once, fp32 accumulation, the state carried in fp32).
 //
 // Why: the tile passes split the state S [Dk, Dv] into value tiles of 32 columns, one CTA each, every CTA loading
@@ -19,9 +19,9 @@
 #include <algorithm>
 
 #include "backend/cuda/cuda_util.h"
-#include "backend/cuda/deltanet.h"
-#include "backend/cuda/deltanet_frag.cuh"
-#include "backend/cuda/deltanet_rule_chunked.cuh"
+#include "backend/cuda/deltanet/deltanet.h"
+#include "backend/cuda/deltanet/frag.cuh"
+#include "backend/cuda/deltanet/rule_chunked.cuh"
 
 namespace lt::cuda {
 namespace gdn {

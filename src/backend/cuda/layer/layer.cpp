@@ -1,4 +1,4 @@
-#include "backend/cuda/layer.h"
+#include "backend/cuda/layer/layer.h"
 
 #include <fmt/format.h>
 

@@ -1,5 +1,5 @@
 // Chunked gated delta rule, backward: the CPU reference's steps (1)-(9) (ops_gdn_rule_bwd.cpp) per chunk,
-// chunks in reverse order, with the masks and work split of deltanet_rule.cuh. One CTA per (value tile
+// chunks in reverse order, with the masks and work split of deltanet/rule.cuh. One CTA per (value tile
 // e0:e0+nt, key head kh, sample b) walks the value heads of kh's group one after the other, carrying the
 // tile dS [Dk, nt] of dL/dS_end. Start states S0 are read from state_ws (global, fp32).
 //
@@ -23,8 +23,8 @@
 #include <cmath>
 
 #include "backend/cuda/cuda_util.h"
-#include "backend/cuda/deltanet.h"
-#include "backend/cuda/deltanet_rule.cuh"
+#include "backend/cuda/deltanet/deltanet.h"
+#include "backend/cuda/deltanet/rule.cuh"
 
 namespace lt::cuda {
 namespace {
@@ -52,7 +52,7 @@ int64_t bwd_smem_bytes(int Dk, int nt) {
 }
 
 // The Mma and Simt backward: comparison variants (GdnRuleImpl; the default Chunked backward is
-// deltanet_rule_bwd_chunked.cu).
+// deltanet/rule_bwd_chunked.cu).
 template <bool kMma>
 __global__ void __launch_bounds__(kThreads) rule_bwd_kernel(BwdArgs p) {
   extern __shared__ __align__(16) char smem[];

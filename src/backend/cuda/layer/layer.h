@@ -12,9 +12,9 @@
 #include <cstdint>
 #include <memory>
 
-#include "backend/cuda/gemm.h"
+#include "backend/cuda/gemm/gemm.h"
 #include "backend/cuda/kernel_options.h"
-#include "backend/cuda/mixer.h"
+#include "backend/cuda/layer/mixer.h"
 #include "model/model_config.h"
 #include "model/param_layout.h"
 

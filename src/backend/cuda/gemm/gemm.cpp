@@ -1,4 +1,4 @@
-#include "backend/cuda/gemm.h"
+#include "backend/cuda/gemm/gemm.h"
 
 #include <algorithm>
 

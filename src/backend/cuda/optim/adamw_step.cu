@@ -6,7 +6,7 @@
 
 #include "backend/cuda/cuda_util.h"
 #include "backend/cuda/kernels.h"
-#include "backend/cuda/split_master.cuh"
+#include "backend/cuda/optim/split_master.cuh"
 
 namespace lt::cuda {
 namespace {

@@ -17,7 +17,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "backend/cuda/gemm.h"
+#include "backend/cuda/gemm/gemm.h"
 #include "backend/cuda/kernel_options.h"
 #include "model/model_config.h"
 #include "model/param_layout.h"

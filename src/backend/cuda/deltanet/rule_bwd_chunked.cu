@@ -1,7 +1,7 @@
 // Chunked gated delta rule, backward, chunk-parallel (GdnRuleImpl::Chunked, the default). Same function and
-// formulas as rule_bwd_kernel (deltanet_rule_bwd.cu, steps (1)-(9) of the CPU reference), reorganised so that
+// formulas as rule_bwd_kernel (deltanet/rule_bwd.cu, steps (1)-(9) of the CPU reference), reorganised so that
 // only the dS recurrence is serial over chunks:
-//   1. chunk_prep   (deltanet_rule_chunked.cuh) with KM and Dl = U - W S0.
+//   1. chunk_prep   (deltanet/rule_chunked.cuh) with KM and Dl = U - W S0.
 //   2. ds_pass      (value tile, value head, sample), chunks in reverse: dDl = P^T dO + diag(Ge) K dS and
 //                    dS <- G_last dS + Q~^T diag(G) dO - W^T dDl; writes dDl and every chunk's dS (its end
 //                    state's gradient). Two small products per chunk: the only serial part.
@@ -15,9 +15,9 @@
 #include <string>
 
 #include "backend/cuda/cuda_util.h"
-#include "backend/cuda/deltanet.h"
-#include "backend/cuda/deltanet_frag.cuh"
-#include "backend/cuda/deltanet_rule_chunked.cuh"
+#include "backend/cuda/deltanet/deltanet.h"
+#include "backend/cuda/deltanet/frag.cuh"
+#include "backend/cuda/deltanet/rule_chunked.cuh"
 
 namespace lt::cuda {
 namespace {

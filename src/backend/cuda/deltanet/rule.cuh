@@ -1,4 +1,4 @@
-// Internal to deltanet_rule_fwd.cu / deltanet_rule_bwd.cu: the block-level GEMM helper and the per-chunk
+// Internal to deltanet/rule_fwd.cu / deltanet/rule_bwd.cu: the block-level GEMM helper and the per-chunk
 // scalars (cumulative log-decays, masks) of the chunked gated delta rule.
 //
 // Work split: one CTA per (value-column tile, head, sample); it walks the sample's fixed 64-row chunks in
@@ -396,7 +396,7 @@ __host__ __device__ inline int64_t carve_bytes(int64_t n, int64_t elem) { return
 }  // namespace lt::cuda::gdn
 
 namespace lt::cuda {
-// The chunk-parallel forward and backward (GdnRuleImpl::Chunked, deltanet_rule_{fwd,bwd}_chunked.cu);
+// The chunk-parallel forward and backward (GdnRuleImpl::Chunked, deltanet/rule_{fwd,bwd}_chunked.cu);
 // gdn_rule_fwd / gdn_rule_bwd dispatch.
 struct GdnDims;
 // gdn_rule_precision() == Split: which instantiation (kSplit) of the Chunked kernels a launch takes.

@@ -21,7 +21,7 @@
 #include "backend/cuda/cuda_util.h"
 #include "backend/cuda/dev_common.cuh"
 #include "backend/cuda/kernels.h"
-#include "backend/cuda/attention_variants.h"
+#include "backend/cuda/attention/attention_variants.h"
 #include "backend/cuda/kernel_options.h"
 
 namespace lt::cuda {

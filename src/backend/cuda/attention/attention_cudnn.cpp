@@ -2,7 +2,7 @@
 // one backward graph per (device, batch, seq, heads, kv_heads, head_dim, scale, deterministic; packed rows: also
 // the rounded run count and longest run), built on first use (~0.1 s a pair) and kept; executions bind the
 // caller's pointers by tensor uid.
-#include "backend/cuda/attention_cudnn.h"
+#include "backend/cuda/attention/attention_cudnn.h"
 
 #include <algorithm>
 

@@ -11,9 +11,9 @@
 // rate); else four GEMMs on the column slices.
 #include <algorithm>
 
-#include "backend/cuda/deltanet.h"
+#include "backend/cuda/deltanet/deltanet.h"
 #include "backend/cuda/kernels.h"
-#include "backend/cuda/mixer.h"
+#include "backend/cuda/layer/mixer.h"
 #include "core/error.h"
 
 namespace lt::cuda {

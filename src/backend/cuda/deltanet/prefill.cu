@@ -6,7 +6,7 @@
 #include <algorithm>
 
 #include "backend/cuda/cuda_util.h"
-#include "backend/cuda/deltanet.h"
+#include "backend/cuda/deltanet/deltanet.h"
 
 namespace lt::cuda {
 namespace {

@@ -74,7 +74,7 @@ void gdn_prep_bwd(const GdnDims& d, const void* y, const void* a, const void* b,
 // fixed-grid chunk (zero where the chunk starts a sample or a segment).
 //
 // Three implementations of the rule kernels, same semantics: Chunked (default; per-chunk kernels around serial
-// passes that carry only S forward and dL/dS backward, deltanet_rule_{fwd,bwd}_chunked.cu; its forward needs
+// passes that carry only S forward and dL/dS backward, deltanet/rule_{fwd,bwd}_chunked.cu; its forward needs
 // the `ws` argument of gdn_rule_fwd, without which the Mma forward runs),
 // Mma (one CTA per value tile walks a sample's chunks serially; tensor-core mma.sync bf16 with fp32 accumulation,
 // fp32 operands split into bf16 hi + lo, register-resident triangular solves) and Simt (Mma's kernels on fp32
@@ -87,13 +87,13 @@ GdnRuleImpl gdn_rule_impl();
 // Operand precision of the Chunked implementation's tensor-core products (accumulation is fp32 in both, and the
 // state is carried in fp32): Bf16 (the default; fp32 operands such as the state, W, U, P rounded to bf16 once per
 // product, as flash-linear-attention's kernels do; one mma per fragment pair) or Split (fp32 operands as bf16 hi +
-// lo, ~16 mantissa bits, up to three mma). Run 42 at the 27B shape: Bf16 is within 3.3e-3 (rel.) of Split on
+// lo, ~16 mantissa bits, up to three mma). Measured at the 27B shape (H200): Bf16 is within 3.3e-3 (rel.) of Split on
 // every output and gradient, rule fwd+bwd 17.5 vs 19.2 ms. Mma and Simt always split.
 // KernelOptions::gdn_precision (env LT_GDN_PRECISION=bf16|split); Split is a comparison variant under Chunked.
 const char* gdn_rule_precision_name(GdnRulePrecision p);
 GdnRulePrecision gdn_rule_precision();
 // The Chunked implementation's serial passes in Bf16 precision: register passes (the state in mma accumulators,
-// one CTA per value head and sample; deltanet_rule_pass_warp.cu) where the shape allows (Dk 64 or 128, Dv a
+// one CTA per value head and sample; deltanet/rule_pass_warp.cu) where the shape allows (Dk 64 or 128, Dv a
 // multiple of 16 up to 128), else the tile passes. KernelOptions::gdn_passes = Tile (env LT_GDN_PASS=tile) forces
 // the tile passes.
 // With the register passes, chunk_grads reads its product operands as bf16 through ldmatrix (S0 / dS staged whole

@@ -1,4 +1,4 @@
-// Internal to the Gated DeltaNet rule kernels that read bf16 shared tiles with ldmatrix (deltanet_rule_pass_warp.cu,
+// Internal to the Gated DeltaNet rule kernels that read bf16 shared tiles with ldmatrix (deltanet/rule_pass_warp.cu,
 // the lean chunk_prep): mma.m16n8k16 fragment loads for each tile orientation, accumulator -> A-operand reuse.
 // Fragment layout (PTX, lane = 4 g + t): C (16 x 8) holds rows g, g+8 x columns 2t, 2t+1; an A fragment (16 x 16)
 // is two C tiles side by side; B (16 x 8) holds k rows 2t, 2t+1 (and + 8) x column g.

@@ -11,10 +11,10 @@
 #include <algorithm>
 #include <cmath>
 
-#include "backend/cuda/attention_cudnn.h"
+#include "backend/cuda/attention/attention_cudnn.h"
 #include "backend/cuda/finite_check.h"
 #include "backend/cuda/kernels.h"
-#include "backend/cuda/mixer.h"
+#include "backend/cuda/layer/mixer.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/units.h"
