@@ -1,7 +1,11 @@
 // cuDNN's attention at the real shapes of the Qwen3.5/3.6 gated attention layers (head_dim 256, 24/4 and 16/2
 // heads) on packed rows as the data loader builds them: rows of 1024 holding many samples of 16..160 tokens and a
-// padding run, batch 1 and 8. Checked: every output finite, no write outside the outputs and the workspace cuDNN
-// asked for (guard bands), and agreement with our own kernels (and, at batch 1, with the fp32 CPU reference).
+// padding run, batch 1 and 8; also rows with one-token runs (samples and padding) and rows whose scores are all
+// strongly negative (log-sum-exp below -88.7 = -ln(FLT_MAX), where exp(0 - lse) overflows fp32). Every input sits
+// between bands of NaN (0xFF bytes) and every output starts as NaN, so a read past an input or an element left
+// unwritten shows as a non-finite output. Checked: every output finite, no write outside the outputs and the
+// workspace cuDNN asked for (canary bands), and agreement with our own kernels (and, at batch 1, with the fp32 CPU
+// reference).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -21,12 +25,17 @@ using namespace lt::gputest;
 
 namespace {
 
+enum class Rows { Samples, OneTokenRuns, NegativeLse };
 struct RealCase {
   int64_t batch, heads, kv_heads;
   bool deterministic;
+  Rows rows = Rows::Samples;
 };
 std::ostream& operator<<(std::ostream& o, const RealCase& c) {
-  return o << "B" << c.batch << "_H" << c.heads << "_KV" << c.kv_heads << (c.deterministic ? "_det" : "_atomic");
+  o << "B" << c.batch << "_H" << c.heads << "_KV" << c.kv_heads << (c.deterministic ? "_det" : "_atomic");
+  if (c.rows == Rows::OneTokenRuns) o << "_one_token_runs";
+  if (c.rows == Rows::NegativeLse) o << "_negative_lse";
+  return o;
 }
 
 constexpr int64_t kSeq = 1024, kHd = 256;
@@ -50,19 +59,48 @@ struct Guarded {
   }
 };
 
-// Segment ids as data/batch.cpp packs rows: samples of 16..160 tokens, ids restarting at 0 each row, the rest of
-// the row one padding run.
-std::vector<int32_t> packed_segments(int64_t batch, std::mt19937& rng) {
-  std::uniform_int_distribution<int64_t> len(16, 160);
+// An input buffer between bands of NaN (0xFF bytes): a kernel that reads past either end takes NaN in.
+struct Poisoned {
+  DevBuf buf;  // DevBuf fills itself with 0xFF
+  size_t bytes;
+  explicit Poisoned(size_t b) : buf(b + 2 * kGuard), bytes(b) {}
+  void* p() const { return static_cast<char*>(buf.p) + kGuard; }
+};
+Poisoned up_poisoned_bf16(const std::vector<float>& v) {
+  Poisoned d(v.size() * 2);
+  DevBuf src = up_bf16(v);
+  cudaMemcpy(d.p(), src.p, d.bytes, cudaMemcpyDeviceToDevice);
+  return d;
+}
+
+// Segment ids as data/batch.cpp packs rows: samples of 16..160 tokens (OneTokenRuns: also of 1 or 2 tokens, and
+// the last row's padding one token), ids restarting at 0 each row, the rest of the row one padding run.
+std::vector<int32_t> packed_segments(int64_t batch, Rows rows, std::mt19937& rng) {
+  std::uniform_int_distribution<int64_t> len(16, 160), tiny(1, 2);
+  std::bernoulli_distribution pick_tiny(rows == Rows::OneTokenRuns ? 0.3 : 0.0);
+  auto next = [&] { return pick_tiny(rng) ? tiny(rng) : len(rng); };
   std::vector<int32_t> seg(size_t(batch * kSeq));
   for (int64_t b = 0; b < batch; ++b) {
+    const int64_t end = rows == Rows::OneTokenRuns && b + 1 == batch ? kSeq - 1 : kSeq;  // then 1 token of padding
     int64_t col = 0;
     int32_t id = 0;
-    for (int64_t n = len(rng); col + n <= kSeq; n = len(rng), ++id)
+    for (int64_t n = next(); col + n <= end; n = next(), ++id)
       for (int64_t t = 0; t < n; ++t) seg[size_t(b * kSeq + col++)] = id;
+    for (; col < end; ++col) seg[size_t(b * kSeq + col)] = id;  // the samples' tail padding, one run
+    if (col < kSeq) ++id;
     for (; col < kSeq; ++col) seg[size_t(b * kSeq + col)] = id;
   }
   return seg;
+}
+
+// q and k for the case: N(0, 1) entries, or (NegativeLse) keys of positive entries and queries of negative ones,
+// so that every scaled score is about -120.
+void make_qk(Rows rows, size_t nq, size_t nk, std::mt19937& rng, std::vector<float>& q, std::vector<float>& k) {
+  q = randn(nq, rng);
+  k = randn(nk, rng);
+  if (rows != Rows::NegativeLse) return;
+  for (auto& x : k) x = 1.0f + 0.25f * std::fabs(x);
+  for (auto& x : q) x = -(6.0f + 0.25f * std::fabs(x));
 }
 
 cuda::PackedRows count_runs(const std::vector<int32_t>& seg) {
@@ -97,10 +135,13 @@ TEST_P(CudnnAttnRealShape, FiniteInBoundsAndMatchesOwnKernels) {
   const cuda::KernelOptionsScope scope(ko);
   const int64_t B = rc.batch, H = rc.heads, KV = rc.kv_heads, T = B * kSeq;
   const cuda::AttnDims d{B, kSeq, H, KV, kHd, float(1.0 / std::sqrt(double(kHd)))};
-  std::mt19937 rng(uint32_t(B * 1000 + H));
-  const std::vector<int32_t> seg = packed_segments(B, rng);
-  const std::vector<float> q = round_bf16(randn(size_t(T * H * kHd), rng)), k = round_bf16(randn(size_t(T * KV * kHd), rng)),
-                           v = round_bf16(randn(size_t(T * KV * kHd), rng)), dout = round_bf16(randn(q.size(), rng));
+  std::mt19937 rng(uint32_t(B * 1000 + H + 100 * int(rc.rows)));
+  const std::vector<int32_t> seg = packed_segments(B, rc.rows, rng);
+  std::vector<float> q, k;
+  make_qk(rc.rows, size_t(T * H * kHd), size_t(T * KV * kHd), rng, q, k);
+  q = round_bf16(q);
+  k = round_bf16(k);
+  const std::vector<float> v = round_bf16(randn(size_t(T * KV * kHd), rng)), dout = round_bf16(randn(q.size(), rng));
   DevBuf dseg = up(seg), index(sz(cuda::packed_index_ints(T)) * 4);
   cuda::PackedRows pr = count_runs(seg);
   pr.segments = dseg.as<int32_t>();
@@ -109,13 +150,14 @@ TEST_P(CudnnAttnRealShape, FiniteInBoundsAndMatchesOwnKernels) {
   std::printf("[real-shape] %s: %lld runs, longest %lld, %s\n", ::testing::PrintToString(rc).c_str(),
               (long long)pr.runs, (long long)pr.longest, cuda::cudnn_attention_describe().c_str());
 
-  DevBuf dq_in = up_bf16(q), dk_in = up_bf16(k), dv_in = up_bf16(v), ddo = up_bf16(dout);
+  const Poisoned dq_in = up_poisoned_bf16(q), dk_in = up_poisoned_bf16(k), dv_in = up_poisoned_bf16(v),
+                 ddo = up_poisoned_bf16(dout);
   Guarded o(q.size() * 2), lse(size_t(T * H) * 4), gq(q.size() * 2), gk(k.size() * 2), gv(v.size() * 2);
   const size_t ws_bytes = cuda::cudnn_attention_bwd_workspace(d, &pr);
   Guarded ws(std::max<size_t>(ws_bytes, 256));
-  cuda::cudnn_attention_fwd(d, &pr, dq_in.p, dk_in.p, dv_in.p, o.p(), static_cast<float*>(lse.p()), nullptr);
-  cuda::cudnn_attention_bwd(d, &pr, dq_in.p, dk_in.p, dv_in.p, o.p(), static_cast<float*>(lse.p()), ddo.p, gq.p(),
-                            gk.p(), gv.p(), ws.p(), ws_bytes, nullptr);
+  cuda::cudnn_attention_fwd(d, &pr, dq_in.p(), dk_in.p(), dv_in.p(), o.p(), static_cast<float*>(lse.p()), nullptr);
+  cuda::cudnn_attention_bwd(d, &pr, dq_in.p(), dk_in.p(), dv_in.p(), o.p(), static_cast<float*>(lse.p()), ddo.p(),
+                            gq.p(), gk.p(), gv.p(), ws.p(), ws_bytes, nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(o.band_damage(), 0u) << "cuDNN forward wrote past O";
   EXPECT_EQ(lse.band_damage(), 0u) << "cuDNN forward wrote past the statistics";
@@ -134,9 +176,9 @@ TEST_P(CudnnAttnRealShape, FiniteInBoundsAndMatchesOwnKernels) {
   // Our kernels on the same inputs.
   DevBuf oo(q.size() * 2), ol(size_t(T * H) * 4), oq(q.size() * 2), ok(k.size() * 2), ov(v.size() * 2);
   DevBuf acc(q.size() * 4), delta(size_t(T * H) * 4), dkv(k.size() * 8);
-  cuda::attention_fwd(d, dq_in.p, dk_in.p, dv_in.p, dseg.as<int32_t>(), oo.p, ol.as<float>(), nullptr);
-  cuda::attention_bwd(d, dq_in.p, dk_in.p, dv_in.p, dseg.as<int32_t>(), oo.p, ol.as<float>(), ddo.p, oq.p, ok.p, ov.p,
-                      acc.as<float>(), delta.as<float>(), dkv.as<float>(), nullptr);
+  cuda::attention_fwd(d, dq_in.p(), dk_in.p(), dv_in.p(), dseg.as<int32_t>(), oo.p, ol.as<float>(), nullptr);
+  cuda::attention_bwd(d, dq_in.p(), dk_in.p(), dv_in.p(), dseg.as<int32_t>(), oo.p, ol.as<float>(), ddo.p(), oq.p,
+                      ok.p, ov.p, acc.as<float>(), delta.as<float>(), dkv.as<float>(), nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const Outputs own{down_bf16(oo.p, q.size()), down<float>(ol.p, size_t(T * H)), down_bf16(oq.p, q.size()),
                     down_bf16(ok.p, k.size()), down_bf16(ov.p, v.size())};
@@ -152,18 +194,26 @@ TEST_P(CudnnAttnRealShape, FiniteInBoundsAndMatchesOwnKernels) {
     cpu::attention_fwd(sh, q.data(), k.data(), v.data(), seg.data(), ro.data(), rl.data());
     cpu::attention_bwd(sh, q.data(), k.data(), v.data(), seg.data(), ro.data(), rl.data(), dout.data(), rq.data(),
                        rk.data(), rv.data());
+    // Scores near -120 spread over tens make the softmax weights sensitive to their bf16 rounding inside both
+    // kernels: measured on the H100, cuDNN's and our dQ were both 2.4e-2 off the fp32 CPU (and within 2e-2 of
+    // each other, checked above).
+    const double tol = rc.rows == Rows::NegativeLse ? 4e-2 : 2e-2;
     EXPECT_LE(rel_err(c.o, ro), 1e-2) << "cuDNN O against the CPU";
-    EXPECT_LE(rel_err(c.dq, rq), 2e-2) << "cuDNN dQ against the CPU";
-    EXPECT_LE(rel_err(c.dk, rk), 2e-2) << "cuDNN dK against the CPU";
-    EXPECT_LE(rel_err(c.dv, rv), 2e-2) << "cuDNN dV against the CPU";
-    EXPECT_LE(rel_err(own.dq, rq), 2e-2) << "our dQ against the CPU";
+    EXPECT_LE(rel_err(c.dq, rq), tol) << "cuDNN dQ against the CPU";
+    EXPECT_LE(rel_err(c.dk, rk), tol) << "cuDNN dK against the CPU";
+    EXPECT_LE(rel_err(c.dv, rv), tol) << "cuDNN dV against the CPU";
+    EXPECT_LE(rel_err(own.dq, rq), tol) << "our dQ against the CPU";
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Qwen35, CudnnAttnRealShape,
                          ::testing::Values(RealCase{1, 24, 4, true}, RealCase{1, 16, 2, true}, RealCase{8, 24, 4, true},
                                            RealCase{8, 16, 2, true}, RealCase{8, 24, 4, false},
-                                           RealCase{8, 16, 2, false}),
+                                           RealCase{8, 16, 2, false}, RealCase{1, 24, 4, true, Rows::OneTokenRuns},
+                                           RealCase{8, 24, 4, true, Rows::OneTokenRuns},
+                                           RealCase{8, 24, 4, false, Rows::OneTokenRuns},
+                                           RealCase{1, 24, 4, true, Rows::NegativeLse},
+                                           RealCase{8, 24, 4, true, Rows::NegativeLse}),
                          [](const auto& info) {
                            std::ostringstream s;
                            s << info.param;
