@@ -98,6 +98,36 @@ double model_flops_per_step(const ModelConfig& c, int64_t tokens) {
   return 6.0 * double(parameter_count(c)) * double(tokens);
 }
 
+StepRows full_rows(int64_t rows, int64_t seq) {
+  return StepRows{rows * seq, double(rows) * double(seq) * double(seq)};
+}
+
+void add_row(StepRows& r, const int32_t* seg, int64_t seq) {
+  r.tokens += seq;
+  int64_t begin = 0;
+  for (int64_t i = 1; i <= seq; ++i) {
+    if (i < seq && (!seg || seg[i] == seg[begin])) continue;
+    r.sum_sq_len += double(i - begin) * double(i - begin);
+    begin = i;
+  }
+}
+
+double sequence_mixer_flops(const ModelConfig& c, const StepRows& rows) {
+  LT_CHECK(rows.tokens >= 0 && rows.sum_sq_len >= 0, "sequence_mixer_flops: negative rows ({} tokens, {} sum len^2)",
+           rows.tokens, rows.sum_sq_len);
+  // Causal attention: QK^T and PV, each 2 * len^2 * q_dim at full size and half of it causal (mixer_attention.cpp).
+  const double attn_fwd = 2.0 * double(c.q_dim()) * rows.sum_sq_len;
+  double fwd = double(c.count(LayerKind::Attention)) * attn_fwd;
+  const int64_t n_gdn = c.count(LayerKind::GatedDeltaNet);
+  if (n_gdn > 0 && rows.tokens > 0)
+    fwd += double(n_gdn) * mixer_spec(LayerKind::GatedDeltaNet).cost(c, 1, rows.tokens).seq_flops_fwd;
+  return 3.0 * fwd;  // backward = 2x forward
+}
+
+double model_flops_with_attention(const ModelConfig& c, const StepRows& rows) {
+  return model_flops_per_step(c, rows.tokens) + sequence_mixer_flops(c, rows);
+}
+
 double head_flops_fwd(const ModelConfig& c, int64_t tokens) {
   return 2.0 * double(tokens) * double(c.hidden) * double(c.vocab);
 }

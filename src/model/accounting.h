@@ -33,6 +33,25 @@ LayersFlops all_layers_flops(const ModelConfig& c, int64_t batch, int64_t seq);
 
 // 6 * N * tokens, N = all parameters counted once (the paper's and MegaTrain's TFLOPS numerator).
 double model_flops_per_step(const ModelConfig& c, int64_t tokens);
+
+// The rows of one step as the attention-inclusive count sees them: tokens, and the sum over every row's
+// segments of len^2 (a row that is one segment: seq^2). docs/metrics.md "TFLOPS with attention".
+struct StepRows {
+  int64_t tokens = 0;
+  double sum_sq_len = 0;
+};
+// `rows` rows of `seq` tokens, each one segment (what the planner assumes: one sample per row).
+StepRows full_rows(int64_t rows, int64_t seq);
+// Adds one row of `seq` tokens whose segment ids are seg[0..seq) (nullptr: one segment); a new segment
+// starts where the id changes.
+void add_row(StepRows& r, const int32_t* seg, int64_t seq);
+// Forward + backward (3x the forward) FLOPs of the sequence mixers that 6 N leaves out, over all layers:
+// causal attention's QK^T and PV, 2 * q_dim * len^2 forward per segment and full-attention layer, and the
+// Gated DeltaNet's chunked delta rule at its per-token count (model/mixer_deltanet.cpp), per DeltaNet layer.
+double sequence_mixer_flops(const ModelConfig& c, const StepRows& rows);
+// 6 * N * tokens + sequence_mixer_flops: the attention-inclusive model FLOPs (PaLM/Megatron convention,
+// causal attention counted at half the square).
+double model_flops_with_attention(const ModelConfig& c, const StepRows& rows);
 // FLOPs of the LM head forward (2 * tokens * hidden * vocab).
 double head_flops_fwd(const ModelConfig& c, int64_t tokens);
 int64_t parameter_count(const ModelConfig& c);

@@ -25,6 +25,8 @@ struct ParamDecl {
 // parameters by the caller; these are the rest).
 struct MixerCost {
   double core_flops_fwd = 0;   // attention scores + weighted sum (causal), or conv + the delta rule
+  double seq_flops_fwd = 0;    // the part of core_flops_fwd that 6 N does not count: attention's QK^T and PV,
+                               // or the delta rule (the conv's weights are parameters: 6 N counts the conv)
   int64_t saved_act = 0;       // saved internals per token, elements in the activation dtype
   int64_t saved_f32 = 0;       // saved internals per token, fp32 elements (norm/softmax statistics, ...)
   int64_t bwd_act = 0;         // backward transient per token in the activation dtype (gradients of internals)

@@ -30,6 +30,7 @@ MixerCost attention_cost(const ModelConfig& c, int64_t batch, int64_t seq) {
   MixerCost m;
   // QK^T and PV are each 2*S*S*q_dim per sample at full size; causal masking halves them.
   m.core_flops_fwd = 2.0 * 2.0 * double(batch) * double(seq) * double(seq) * double(Q) / 2.0;
+  m.seq_flops_fwd = m.core_flops_fwd;
   // q, k, v after RoPE, attention output before o_proj; (+ q, k before QK-norm); (+ gate, gated output).
   m.saved_act = Q + 2 * KV + Q + (c.qk_norm ? Q + KV : 0) + (c.attn_output_gate ? 2 * Q : 0);
   m.saved_f32 = c.heads + (c.qk_norm ? c.heads + c.kv_heads : 0);  // softmax lse (+ QK-norm rstd)

@@ -33,6 +33,7 @@ MixerCost deltanet_cost(const ModelConfig& c, int64_t batch, int64_t seq) {
   // 6 Dk Dv); plus the depthwise conv (2 K per channel).
   const double rule = C * (3.0 * Dk + 2.0 * Dv) + 6.0 * Dk * Dv;
   m.core_flops_fwd = T * (double(l.v_heads) * rule + 2.0 * double(l.conv_kernel) * double(l.conv_dim()));
+  m.seq_flops_fwd = T * double(l.v_heads) * rule;
   // qkv before and after the conv, z, a, b, rule output, gated-norm output.
   m.saved_act = 2 * l.conv_dim() + l.value_dim() + 2 * l.v_heads + 2 * l.value_dim();
   // g, beta, L2-norm statistics of q and k, gated-norm rstd; and the fp32 recurrent state at every

@@ -20,6 +20,7 @@ FlopModel flop_model(const ModelConfig& c, int64_t batch, int64_t seq, int64_t m
   FlopModel f;
   const int64_t tokens = batch * seq;
   f.model_flops = model_flops_per_step(c, tokens * micro_batches);
+  f.model_flops_attn = model_flops_with_attention(c, full_rows(batch * micro_batches, seq));
   const LayersFlops lf = all_layers_flops(c, batch, seq);
   // Extra forwards are counted at the mean layer's forward (hybrid models: kinds differ by a few %).
   const double mean_fwd = lf.fwd / double(c.layers);
@@ -32,9 +33,11 @@ FlopModel flop_model(const ModelConfig& c, int64_t batch, int64_t seq, int64_t m
 void fill_throughput(StepMetrics& m, const FlopModel& f, double peak_tflops) {
   if (m.step_time <= 0) return;
   m.tflops = f.model_flops / m.step_time / 1e12;
+  m.tflops_attn = f.model_flops_attn / m.step_time / 1e12;
   m.hfu_tflops = f.hardware_flops / m.step_time / 1e12;
   if (peak_tflops > 0) {
     m.mfu = m.tflops / peak_tflops;
+    m.mfu_attn = m.tflops_attn / peak_tflops;
     m.hfu = m.hfu_tflops / peak_tflops;
   }
 }
@@ -75,11 +78,12 @@ static std::string fmt_time(double s) {
 
 std::string format_console_line(const StepMetrics& m) {
   std::string s = fmt::format("step {}/{} | epoch {:.2f} | loss {:.4f} | grad_norm {:.3f} | lr {:.3e} | {:.3f} s/step | "
-                              "{:.0f} tok/s ({:.0f} non-pad) | {:.3f} TFLOPS",
+                              "{:.0f} tok/s ({:.0f} non-pad) | {:.3f} TFLOPS ({:.3f} with attention)",
                               m.step, m.total_steps, m.epoch, m.loss, m.grad_norm, m.lr, m.step_time,
                               m.step_time > 0 ? double(m.tokens) / m.step_time : 0.0,
-                              m.step_time > 0 ? double(m.nonpad_tokens) / m.step_time : 0.0, m.tflops);
-  if (m.mfu > 0) s += fmt::format(" | MFU {:.1f}% HFU {:.1f}%", 100 * m.mfu, 100 * m.hfu);
+                              m.step_time > 0 ? double(m.nonpad_tokens) / m.step_time : 0.0, m.tflops, m.tflops_attn);
+  if (m.mfu > 0)
+    s += fmt::format(" | MFU {:.1f}% ({:.1f}% with attention) HFU {:.1f}%", 100 * m.mfu, 100 * m.mfu_attn, 100 * m.hfu);
   if (m.peak_gpu_bytes >= 0) s += fmt::format(" | gpu peak {}", format_bytes(double(m.peak_gpu_bytes)));
   s += fmt::format(" | host rss {}", format_bytes(double(m.host_rss_bytes)));
   if (m.exposed_transfer_s >= 0) {
@@ -113,8 +117,10 @@ std::string to_json_line(const StepMetrics& m) {
                       {"tokens_per_s", m.step_time > 0 ? double(m.tokens) / m.step_time : 0.0},
                       {"nonpad_tokens_per_s", m.step_time > 0 ? double(m.nonpad_tokens) / m.step_time : 0.0},
                       {"tflops", m.tflops},
+                      {"tflops_attn", m.tflops_attn},
                       {"hfu_tflops", m.hfu_tflops},
                       {"mfu", m.mfu},
+                      {"mfu_attn", m.mfu_attn},
                       {"hfu", m.hfu},
                       {"host_peak_rss_bytes", m.host_rss_bytes}};
   if (m.update_skipped) j["update_skipped"] = true;

@@ -37,8 +37,10 @@ struct StepMetrics {
   int64_t nonpad_tokens = 0; // tokens that are not padding
   int64_t loss_tokens = 0;   // tokens that carry loss
   double tflops = 0;         // 6 N tokens / step_time / 1e12
+  double tflops_attn = 0;    // (6 N tokens + sequence mixers: causal attention per segment) / step_time / 1e12
   double hfu_tflops = 0;     // hardware FLOPs (recompute + attention included) / step_time / 1e12
   double mfu = 0;            // tflops / peak
+  double mfu_attn = 0;       // tflops_attn / peak
   double hfu = 0;            // hfu_tflops / peak
   int64_t peak_gpu_bytes = -1;   // -1 when not on a GPU
   int64_t host_rss_bytes = 0;    // VmHWM
@@ -56,15 +58,17 @@ struct StepMetrics {
 
 // FLOP counts for one optimizer step of `tokens` tokens (batch x seq x micro-batches).
 struct FlopModel {
-  double model_flops = 0;     // 6 N tokens
-  double hardware_flops = 0;  // per-layer fwd+bwd (attention included) + extra forwards + head
+  double model_flops = 0;       // 6 N tokens
+  double model_flops_attn = 0;  // 6 N tokens + sequence mixers (model_flops_with_attention), rows one segment each
+  double hardware_flops = 0;    // per-layer fwd+bwd (attention included) + extra forwards + head
 };
 // extra_layer_forwards: layer forwards run beyond one per layer per micro-batch pass, per
 // micro-batch (recompute blocks + a layer backward's recompute of its own internals).
 FlopModel flop_model(const ModelConfig& c, int64_t batch, int64_t seq, int64_t micro_batches,
                      double extra_layer_forwards);
 
-// Fills tflops/hfu_tflops/mfu/hfu from the FLOP model, step_time and the peak (TFLOP/s; <= 0 skips MFU/HFU).
+// Fills tflops/tflops_attn/hfu_tflops/mfu/mfu_attn/hfu from the FLOP model, step_time and the peak (TFLOP/s;
+// <= 0 skips MFU/HFU).
 void fill_throughput(StepMetrics& m, const FlopModel& f, double peak_tflops);
 
 // Peak resident set size of this process (VmHWM from /proc/self/status), bytes; 0 if unreadable.

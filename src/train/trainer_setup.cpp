@@ -273,7 +273,9 @@ StepMetrics step_metrics(const TrainerState& ts, const StepShape& shape, const S
   m.tokens = r.rows;
   m.nonpad_tokens = f.nonpad;
   m.loss_tokens = r.n_tokens;
-  fill_throughput(m, flops, peak);
+  FlopModel step_flops = flops;
+  if (f.model_flops_attn >= 0) step_flops.model_flops_attn = f.model_flops_attn;
+  fill_throughput(m, step_flops, peak);
   m.peak_gpu_bytes = gpu ? r.peak_device : -1;
   m.host_rss_bytes = host_peak_rss_bytes();
   m.exposed_transfer_s = std::max(0.0, r.exposed_s - r.exposed_optimizer_s);

@@ -82,6 +82,7 @@ struct StepFigures {
   const StepResult* r = nullptr;
   double grad_norm = 0, lr = 0, step_time = 0;
   int64_t nonpad = 0;
+  double model_flops_attn = -1;  // this step's attention-inclusive FLOPs (its rows' segments); < 0: the FlopModel's
 };
 StepMetrics step_metrics(const TrainerState& ts, const StepShape& shape, const StepFigures& f, const FlopModel& flops,
                          double peak, bool gpu, const TrainingPlan& tp);

@@ -52,3 +52,38 @@ TEST(Accounting, ScalesWithShape) {
   EXPECT_THROW(layer_cost(c, 0, 1024), lt::Error);
   EXPECT_THROW(layer_cost(c, 1, 1024, 3), lt::Error);
 }
+
+// Attention-inclusive model FLOPs (docs/metrics.md "TFLOPS with attention"), by hand.
+TEST(Accounting, AttentionFlopsTinyQwen2ByHand) {
+  auto c = preset_config("tiny-qwen2");  // 2 layers, all full attention; q_dim 4 * 16 = 64
+  // 2 rows of 8 tokens, each one segment: sum len^2 = 2 * 64 = 128.
+  const StepRows full = full_rows(2, 8);
+  EXPECT_EQ(full.tokens, 16);
+  EXPECT_DOUBLE_EQ(full.sum_sq_len, 128);
+  // Per layer: QK^T + PV forward at half the square, 2 * 64 * 128; fwd + bwd 3x; 2 layers.
+  EXPECT_DOUBLE_EQ(sequence_mixer_flops(c, full), 2 * 3 * 2.0 * 64 * 128);
+  EXPECT_DOUBLE_EQ(model_flops_with_attention(c, full), model_flops_per_step(c, 16) + 98304.0);
+  // The layer accounting's attention core at full rows is the same forward count.
+  EXPECT_DOUBLE_EQ(sequence_mixer_flops(c, full), 3.0 * 2 * layer_cost(c, 2, 8).flops_core_fwd);
+  // A packed row of samples of 3 and 5 tokens: sum len^2 = 9 + 25 = 34.
+  const int32_t seg[8] = {0, 0, 0, 1, 1, 1, 1, 1};
+  StepRows packed;
+  add_row(packed, seg, 8);
+  EXPECT_EQ(packed.tokens, 8);
+  EXPECT_DOUBLE_EQ(packed.sum_sq_len, 34);
+  EXPECT_DOUBLE_EQ(sequence_mixer_flops(c, packed), 2 * 3 * 2.0 * 64 * 34);
+  StepRows one;
+  add_row(one, nullptr, 8);  // no ids: one segment
+  EXPECT_DOUBLE_EQ(one.sum_sq_len, 64);
+}
+
+TEST(Accounting, AttentionFlopsHybridByHand) {
+  auto c = preset_config("tiny-qwen35");  // 3 DeltaNet + 1 attention; q_dim 4 * 32 = 128
+  // DeltaNet: 4 value heads, Dk 16, Dv 24, chunk 64: per token and head 64 (3*16 + 2*24) + 6*16*24 = 8448.
+  const StepRows rows = full_rows(2, 8);  // 16 tokens, sum len^2 128
+  const double attn = 1 * 3 * 2.0 * 128 * 128;
+  const double gdn = 3 * 3 * 16.0 * 4 * 8448;
+  EXPECT_DOUBLE_EQ(sequence_mixer_flops(c, rows), attn + gdn);
+  EXPECT_DOUBLE_EQ(model_flops_with_attention(c, rows), model_flops_per_step(c, 16) + attn + gdn);
+  EXPECT_THROW(sequence_mixer_flops(c, StepRows{-1, 0}), lt::Error);
+}

@@ -87,6 +87,8 @@ void qk_norm_bwd(const float* x, const float* w, const float* dy, int64_t n, int
 //   Row i attends to rows j <= i with segments[j] == segments[i] (segments may be nullptr: one segment).
 //   scale is usually 1/sqrt(D). lse [heads, S] (optional, may be nullptr) receives each row's
 //   log-sum-exp of the scaled scores. Memory: O(S) per thread, never [S,S] for all heads.
+//   Work: when every segment id occupies one contiguous run (packed samples), each segment is computed
+//   alone, sum of len^2 / 2 scores per head; otherwise the whole causal square S^2 / 2 with the mask.
 struct AttnShape {
   int64_t seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
   float scale = 1.0f;

@@ -1,11 +1,15 @@
 // Causal grouped-query attention for one sequence, with an optional segment mask (packed sequences).
-// Blocks of query rows per head: O(block * S) scratch, never an [S,S] matrix for all heads.
+// Blocks of query rows per head: O(block * S) scratch, never an [S,S] matrix for all heads. Packed
+// segments are computed one at a time: a row's scores cover only its own segment's keys, so a packed
+// row costs the sum of its segments' squares, not the square of its length.
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <unordered_set>
 #include <vector>
 
 #include "backend/cpu/ops.h"
+#include "backend/cpu/ops_attention_impl.h"
 #include "backend/cpu/scratch.h"
 #include "core/error.h"
 
@@ -35,102 +39,180 @@ void check_shape(const AttnShape& s) {
            s.seq, s.heads, s.kv_heads, s.head_dim);
 }
 
-}  // namespace
+using attn_detail::Span;
 
-namespace {
-
-// Query rows per block: the scratch is [kQueryBlock, S] scores (+ as much for dP in backward).
+// Query rows per block: the scratch is [kQueryBlock, longest span] scores (+ as much for dP in backward).
 constexpr int64_t kQueryBlock = 256;
 
-// For rows i0..i1 of one head, sc [n, i1] holds scaled scores. Replaces them with probabilities
-// exp(score - lse_i) (masked and future entries exactly 0). If lse_in == nullptr the row statistics are
-// computed here and written to lse_out; otherwise lse_in is used (backward recompute).
-void block_probs(float* sc, int64_t i0, int64_t i1, const int32_t* seg, const float* lse_in, float* lse_out) {
-  const int64_t n = i1 - i0, ld = i1;
-#pragma omp parallel for schedule(static) if (n * i1 > kParallelWork)
+// Strides and the spans one call works through. mask: the ids to check entry by entry (the whole-square
+// form), nullptr when the spans are the segments.
+struct Geometry {
+  int64_t H = 0, D = 0, group = 1, q_ld = 0, kv_ld = 0;
+  int64_t bq = 1, longest = 0;  // query rows per block; the longest span (scratch columns)
+  std::vector<Span> spans;
+  const int32_t* mask = nullptr;
+};
+
+Geometry geometry(const AttnShape& s, std::vector<Span> spans, const int32_t* mask) {
+  Geometry g;
+  g.H = s.heads;
+  g.D = s.head_dim;
+  g.group = s.heads / s.kv_heads;
+  g.q_ld = s.heads * s.head_dim;
+  g.kv_ld = s.kv_heads * s.head_dim;
+  for (const Span& sp : spans) g.longest = std::max(g.longest, sp.end - sp.begin);
+  g.bq = std::min(kQueryBlock, std::max<int64_t>(g.longest, 1));
+  g.spans = std::move(spans);
+  g.mask = mask;
+  return g;
+}
+
+// For query rows i0..i1 of a span starting at row a, sc [n, i1 - a] holds the scaled scores against keys
+// a..i1-1. Replaces them with probabilities exp(score - lse_i) (masked and future entries exactly 0). If
+// lse_in == nullptr the row statistics are computed here and written to lse_out; otherwise lse_in is used
+// (backward recompute). Both are indexed by the row's position in the sequence.
+void block_probs(float* sc, int64_t a, int64_t i0, int64_t i1, const int32_t* mask, const float* lse_in,
+                 float* lse_out) {
+  const int64_t n = i1 - i0, ld = i1 - a;
+#pragma omp parallel for schedule(static) if (n * ld > kParallelWork)
   for (int64_t r = 0; r < n; ++r) {
-    const int64_t i = i0 + r;
+    const int64_t i = i0 + r, last = i - a;  // row i sees keys a..i: columns 0..last
     float* row = sc + r * ld;
-    for (int64_t j = 0; j <= i; ++j)
-      if (!visible(seg, i, j)) row[j] = -std::numeric_limits<float>::infinity();
+    if (mask)
+      for (int64_t j = 0; j <= last; ++j)
+        if (!visible(mask, i, a + j)) row[j] = -std::numeric_limits<float>::infinity();
     float l;
     if (lse_in) {
       l = lse_in[i];
     } else {
       float m = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j <= i; ++j) m = std::max(m, row[j]);
+      for (int64_t j = 0; j <= last; ++j) m = std::max(m, row[j]);
       double sum = 0;
-      for (int64_t j = 0; j <= i; ++j) sum += double(std::exp(row[j] - m));  // exp(-inf) = 0
+      for (int64_t j = 0; j <= last; ++j) sum += double(std::exp(row[j] - m));  // exp(-inf) = 0
       l = m + float(std::log(sum));
       lse_out[i] = l;
     }
-    for (int64_t j = 0; j <= i; ++j) row[j] = std::exp(row[j] - l);
-    for (int64_t j = i + 1; j < ld; ++j) row[j] = 0.0f;
+    for (int64_t j = 0; j <= last; ++j) row[j] = std::exp(row[j] - l);
+    for (int64_t j = last + 1; j < ld; ++j) row[j] = 0.0f;
   }
 }
 
-}  // namespace
-
-// Per head and block of query rows, scores and the weighted sum of V are GEMMs (OpenBLAS, called from
-// this thread), the softmax is an OpenMP loop over rows. Causal: block rows i0..i1 only need keys < i1.
-void attention_fwd(const AttnShape& s, const float* q, const float* k, const float* v, const int32_t* seg, float* out,
-                   float* lse) {
-  check_shape(s);
-  const int64_t S = s.seq, H = s.heads, D = s.head_dim, group = s.heads / s.kv_heads;
-  const int64_t q_ld = H * D, kv_ld = s.kv_heads * D;
-  const int64_t bq = std::min(kQueryBlock, std::max<int64_t>(S, 1));
+// Per head, span and block of query rows, scores and the weighted sum of V are GEMMs (OpenBLAS, called
+// from this thread), the softmax is an OpenMP loop over rows. Causal: block rows i0..i1 of a span starting
+// at a only need keys a..i1-1.
+void forward(const AttnShape& s, const Geometry& G, const float* q, const float* k, const float* v, float* out,
+             float* lse) {
+  const int64_t S = s.seq, D = G.D;
   Scratch& arena = Scratch::get(1);
-  arena.reset(bq * S + S, 2);
-  float* sc = arena.take(bq * S);
+  arena.reset(G.bq * G.longest + S, 2);
+  float* sc = arena.take(G.bq * G.longest);
   float* lse_tmp = arena.take(S);
-  for (int64_t h = 0; h < H; ++h) {
-    const int64_t g = h / group;
+  for (int64_t h = 0; h < G.H; ++h) {
+    const int64_t g = h / G.group;
     float* lse_h = lse ? lse + h * S : lse_tmp;
-    for (int64_t i0 = 0; i0 < S; i0 += bq) {
-      const int64_t i1 = std::min(S, i0 + bq), n = i1 - i0;
-      sgemm(false, true, n, i1, D, s.scale, q + i0 * q_ld + h * D, q_ld, k + g * D, kv_ld, 0.0f, sc, i1);
-      block_probs(sc, i0, i1, seg, nullptr, lse_h);
-      sgemm(false, false, n, D, i1, 1.0f, sc, i1, v + g * D, kv_ld, 0.0f, out + i0 * q_ld + h * D, q_ld);
+    for (const Span& sp : G.spans) {
+      const float* kb = k + sp.begin * G.kv_ld + g * D;
+      const float* vb = v + sp.begin * G.kv_ld + g * D;
+      for (int64_t i0 = sp.begin; i0 < sp.end; i0 += G.bq) {
+        const int64_t i1 = std::min(sp.end, i0 + G.bq), n = i1 - i0, nk = i1 - sp.begin;
+        sgemm(false, true, n, nk, D, s.scale, q + i0 * G.q_ld + h * D, G.q_ld, kb, G.kv_ld, 0.0f, sc, nk);
+        block_probs(sc, sp.begin, i0, i1, G.mask, nullptr, lse_h);
+        sgemm(false, false, n, D, nk, 1.0f, sc, nk, vb, G.kv_ld, 0.0f, out + i0 * G.q_ld + h * D, G.q_ld);
+      }
     }
   }
 }
 
 // dP = dO V^T, dS = P * (dP - rowsum(dO * O)) * scale, dQ = dS K, dK += dS^T Q, dV += P^T dO.
 // dK/dV of a kv head accumulate over its query heads and blocks in a fixed order (deterministic).
+void backward(const AttnShape& s, const Geometry& G, const float* q, const float* k, const float* v,
+              const float* out, const float* lse, const float* dout, float* dq, float* dk, float* dv) {
+  const int64_t S = s.seq, D = G.D;
+  std::fill(dk, dk + S * G.kv_ld, 0.0f);
+  std::fill(dv, dv + S * G.kv_ld, 0.0f);
+  Scratch& arena = Scratch::get(1);
+  arena.reset(2 * G.bq * G.longest, 2);
+  float* p = arena.take(G.bq * G.longest);
+  float* dp = arena.take(G.bq * G.longest);
+  for (int64_t h = 0; h < G.H; ++h) {
+    const int64_t g = h / G.group;
+    for (const Span& sp : G.spans) {
+      const float* kb = k + sp.begin * G.kv_ld + g * D;
+      const float* vb = v + sp.begin * G.kv_ld + g * D;
+      float* dkb = dk + sp.begin * G.kv_ld + g * D;
+      float* dvb = dv + sp.begin * G.kv_ld + g * D;
+      for (int64_t i0 = sp.begin; i0 < sp.end; i0 += G.bq) {
+        const int64_t i1 = std::min(sp.end, i0 + G.bq), n = i1 - i0, nk = i1 - sp.begin;
+        const float* qb = q + i0 * G.q_ld + h * D;
+        const float* dob = dout + i0 * G.q_ld + h * D;
+        sgemm(false, true, n, nk, D, s.scale, qb, G.q_ld, kb, G.kv_ld, 0.0f, p, nk);
+        block_probs(p, sp.begin, i0, i1, G.mask, lse + h * S, nullptr);
+        sgemm(false, true, n, nk, D, 1.0f, dob, G.q_ld, vb, G.kv_ld, 0.0f, dp, nk);
+#pragma omp parallel for schedule(static) if (n * nk > kParallelWork)
+        for (int64_t r = 0; r < n; ++r) {
+          const float d_i = dot(dob + r * G.q_ld, out + (i0 + r) * G.q_ld + h * D, D);  // sum_j p_j dp_j
+          const float* pr = p + r * nk;
+          float* dr = dp + r * nk;
+#pragma omp simd
+          for (int64_t j = 0; j < nk; ++j) dr[j] = pr[j] * (dr[j] - d_i) * s.scale;
+        }
+        sgemm(false, false, n, D, nk, 1.0f, dp, nk, kb, G.kv_ld, 0.0f, dq + i0 * G.q_ld + h * D, G.q_ld);
+        sgemm(true, false, nk, D, n, 1.0f, dp, nk, qb, G.q_ld, 1.0f, dkb, G.kv_ld);
+        sgemm(true, false, nk, D, n, 1.0f, p, nk, dob, G.q_ld, 1.0f, dvb, G.kv_ld);
+      }
+    }
+  }
+}
+
+// The spans of one call: the segments when each is contiguous, else the whole sequence masked entry by entry.
+Geometry call_geometry(const AttnShape& s, const int32_t* seg) {
+  if (auto spans = attn_detail::segment_spans(seg, s.seq)) return geometry(s, std::move(*spans), nullptr);
+  return geometry(s, {Span{0, s.seq}}, seg);
+}
+
+}  // namespace
+
+namespace attn_detail {
+
+std::optional<std::vector<Span>> segment_spans(const int32_t* seg, int64_t S) {
+  std::vector<Span> spans;
+  if (S == 0) return spans;
+  if (!seg) return std::vector<Span>{Span{0, S}};
+  std::unordered_set<int32_t> ended;  // ids whose run is over
+  int64_t begin = 0;
+  for (int64_t i = 1; i <= S; ++i) {
+    if (i < S && seg[i] == seg[begin]) continue;
+    if (!ended.insert(seg[begin]).second) return std::nullopt;
+    spans.push_back(Span{begin, i});
+    begin = i;
+  }
+  return spans;
+}
+
+void attention_fwd_masked(const AttnShape& s, const float* q, const float* k, const float* v, const int32_t* seg,
+                          float* out, float* lse) {
+  check_shape(s);
+  forward(s, geometry(s, {Span{0, s.seq}}, seg), q, k, v, out, lse);
+}
+
+void attention_bwd_masked(const AttnShape& s, const float* q, const float* k, const float* v, const int32_t* seg,
+                          const float* out, const float* lse, const float* dout, float* dq, float* dk, float* dv) {
+  check_shape(s);
+  backward(s, geometry(s, {Span{0, s.seq}}, seg), q, k, v, out, lse, dout, dq, dk, dv);
+}
+
+}  // namespace attn_detail
+
+void attention_fwd(const AttnShape& s, const float* q, const float* k, const float* v, const int32_t* seg, float* out,
+                   float* lse) {
+  check_shape(s);
+  forward(s, call_geometry(s, seg), q, k, v, out, lse);
+}
+
 void attention_bwd(const AttnShape& s, const float* q, const float* k, const float* v, const int32_t* seg,
                    const float* out, const float* lse, const float* dout, float* dq, float* dk, float* dv) {
   check_shape(s);
-  const int64_t S = s.seq, H = s.heads, D = s.head_dim, group = s.heads / s.kv_heads;
-  const int64_t q_ld = H * D, kv_ld = s.kv_heads * D;
-  const int64_t bq = std::min(kQueryBlock, std::max<int64_t>(S, 1));
-  std::fill(dk, dk + S * kv_ld, 0.0f);
-  std::fill(dv, dv + S * kv_ld, 0.0f);
-  Scratch& arena = Scratch::get(1);
-  arena.reset(2 * bq * S, 2);
-  float* p = arena.take(bq * S);
-  float* dp = arena.take(bq * S);
-  for (int64_t h = 0; h < H; ++h) {
-    const int64_t g = h / group;
-    for (int64_t i0 = 0; i0 < S; i0 += bq) {
-      const int64_t i1 = std::min(S, i0 + bq), n = i1 - i0;
-      const float* qb = q + i0 * q_ld + h * D;
-      const float* dob = dout + i0 * q_ld + h * D;
-      sgemm(false, true, n, i1, D, s.scale, qb, q_ld, k + g * D, kv_ld, 0.0f, p, i1);
-      block_probs(p, i0, i1, seg, lse + h * S, nullptr);
-      sgemm(false, true, n, i1, D, 1.0f, dob, q_ld, v + g * D, kv_ld, 0.0f, dp, i1);
-#pragma omp parallel for schedule(static) if (n * i1 > kParallelWork)
-      for (int64_t r = 0; r < n; ++r) {
-        const float d_i = dot(dob + r * q_ld, out + (i0 + r) * q_ld + h * D, D);  // sum_j p_j dp_j
-        const float* pr = p + r * i1;
-        float* dr = dp + r * i1;
-#pragma omp simd
-        for (int64_t j = 0; j < i1; ++j) dr[j] = pr[j] * (dr[j] - d_i) * s.scale;
-      }
-      sgemm(false, false, n, D, i1, 1.0f, dp, i1, k + g * D, kv_ld, 0.0f, dq + i0 * q_ld + h * D, q_ld);
-      sgemm(true, false, i1, D, n, 1.0f, dp, i1, qb, q_ld, 1.0f, dk + g * D, kv_ld);
-      sgemm(true, false, i1, D, n, 1.0f, p, i1, dob, q_ld, 1.0f, dv + g * D, kv_ld);
-    }
-  }
+  backward(s, call_geometry(s, seg), q, k, v, out, lse, dout, dq, dk, dv);
 }
 
 void attention_decode(const AttnShape& s, const float* q, const float* k_cache, const float* v_cache, int64_t n_ctx,
