@@ -19,10 +19,10 @@ namespace lt::cli {
 namespace {
 
 struct PlanOpts {
-  std::string model, batch = "1", profile = "h800-80g", planner = "milp", optimizer = "hybrid";
+  std::string model, batch = "1", seq = "1024", profile = "h800-80g", planner = "milp", optimizer = "hybrid";
   std::string gpu_mem, host_mem, nvme_mem, out, svg, master, grads = "auto", grad_dtype = "auto", optimizer_nvme = "none",
               embedding_update = "auto", device_update_layers = "auto";
-  int64_t seq = 1024, chunk = 0;
+  int64_t chunk = 0;
   int ring = 2, micro = 1;
   int world = 1, ranks_per_host = -1;  // -1: world
   double time_limit = 30, gap = 0.005, link_gbps = 0;
@@ -47,7 +47,9 @@ dist::Topology topology(const PlanOpts& o) {
 void add_options(CLI::App* sub, PlanOpts& o) {
   sub->add_option("--model", o.model, "model preset (e.g. qwen2.5-7b) or directory with config.json")->required();
   sub->add_option("--batch", o.batch, "samples per step, or 'max' for the largest feasible batch")->capture_default_str();
-  sub->add_option("--seq", o.seq, "sequence length")->capture_default_str();
+  sub->add_option("--seq", o.seq,
+                  "sequence length, or 'max' for the longest feasible at --batch (a multiple of 1024 tokens)")
+      ->capture_default_str();
   sub->add_option("--profile", o.profile, "resource profile: preset (h800-80g, rtx3090-24g, h200) or JSON file")->capture_default_str();
   sub->add_option("--planner", o.planner, kPlannerNames)->capture_default_str();
   sub->add_option("--gpu-mem", o.gpu_mem, "override the profile's GPU memory cap (e.g. 24GiB)");
@@ -61,7 +63,8 @@ void add_options(CLI::App* sub, PlanOpts& o) {
       ->check(CLI::IsMember({"host", "device", "auto"}))
       ->capture_default_str();
   sub->add_option("--gradient-dtype", o.grad_dtype,
-                  "fp32 | bf16 | auto (of gradients held on the device; bf16 only if fp32 does not fit)")
+                  "fp32 | bf16 | auto (of the gradients, held on the device or on the host; bf16 only if fp32 does not "
+                  "fit)")
       ->check(CLI::IsMember({"fp32", "bf16", "auto"}));
   sub->add_option("--embedding-update", o.embedding_update,
                   "host | device | auto (a tied embedding's AdamW step on the GPU where it can)")
@@ -96,11 +99,29 @@ void add_options(CLI::App* sub, PlanOpts& o) {
   sub->add_flag("--verbose", o.verbose, "CBC log");
 }
 
-// The request the options describe (batch still unset: resolve_batch).
+// Granule of `--seq max`: the answer is a multiple of it.
+constexpr int64_t kSeqGranule = 1024;
+
+// A positive count given as text (--batch, --seq); 'max' is handled by the caller.
+int64_t positive_count(const std::string& text, const char* option) {
+  int64_t v = 0;
+  size_t used = 0;
+  try {
+    v = std::stoll(text, &used);
+  } catch (...) {
+    used = 0;
+  }
+  LT_CHECK(used == text.size() && v >= 1, "{} must be a positive integer or 'max', got '{}'", option, text);
+  return v;
+}
+
+// The request the options describe (batch still unset: resolve_batch; --seq max: resolve_seq).
 PlanRequest request_from(const PlanOpts& o, const dist::Topology& topo) {
+  LT_CHECK(o.batch != "max" || o.seq != "max",
+           "--batch max and --seq max together: give one of them a number (the other is searched at it)");
   PlanRequest r;
   r.model = resolve_model(o.model);
-  r.seq = o.seq;
+  r.seq = o.seq == "max" ? kSeqGranule : positive_count(o.seq, "--seq");
   r.profile = resolve_profile(o.profile);
   if (!o.gpu_mem.empty()) {
     r.profile.hbm_bytes = parse_bytes(o.gpu_mem);
@@ -133,11 +154,7 @@ PlanRequest request_from(const PlanOpts& o, const dist::Topology& topo) {
 // --batch N, or 'max': the largest feasible batch (printed, with MegaTrain's for comparison).
 void resolve_batch(PlanRequest& r, const std::string& batch) {
   if (batch != "max") {
-    try {
-      r.batch = std::stoll(batch);
-    } catch (...) {
-      fail("--batch must be a positive integer or 'max', got '{}'", batch);
-    }
+    r.batch = positive_count(batch, "--batch");
     return;
   }
   std::fprintf(stderr, "searching the largest feasible batch...\n");
@@ -152,6 +169,39 @@ void resolve_batch(PlanRequest& r, const std::string& batch) {
   if (r.planner != "megatrain:4")
     std::printf("max feasible batch: %lld (megatrain:4)\n", (long long)max_feasible_batch(r, "megatrain:4"));
   r.batch = b;
+}
+
+// Why `seq` tokens do not fit at the request's batch: the shortfall in the space --seq max searched (the DP's,
+// or the heuristic's), and the smallest change that fits (fit_advice.h).
+std::string why_not_at(PlanRequest r, int64_t seq) {
+  r.seq = seq;
+  r.compare = false;
+  r.keep_internals = false;
+  if (r.planner == "milp") r.planner = "dp";
+  return make_plan(r).why;
+}
+
+// --seq max: the longest feasible sequence at the batch (printed with why the next size does not fit, and
+// MegaTrain's for comparison).
+void resolve_seq(PlanRequest& r, const std::string& seq) {
+  if (seq != "max") return;
+  std::fprintf(stderr, "searching the longest feasible sequence (multiples of %lld tokens) at batch %lld...\n",
+               (long long)kSeqGranule, (long long)r.batch);
+  const int64_t hi = int64_t(1) << 24;
+  const int64_t s = max_feasible_seq(r, r.planner, kSeqGranule, hi);
+  LT_CHECK(s > 0, "plan: even seq {} does not fit at batch {}: {}", kSeqGranule, r.batch, why_not_at(r, kSeqGranule));
+  std::printf("max feasible seq: %lld at batch %lld (%s, multiples of %lld tokens)\n", (long long)s,
+              (long long)r.batch, r.planner.c_str(), (long long)kSeqGranule);
+  if (s + kSeqGranule > hi)
+    std::printf("  longer not tried: %lld is the search's upper end\n", (long long)hi);
+  else
+    std::printf("  seq %lld %s\n", (long long)(s + kSeqGranule), why_not_at(r, s + kSeqGranule).c_str());
+  if (r.planner != "megatrain:4")
+    std::printf("max feasible seq: %lld (megatrain:4)\n", (long long)max_feasible_seq(r, "megatrain:4", kSeqGranule, hi));
+  if (s > r.model.max_position)
+    std::printf("  note: beyond the model's max_position_embeddings %lld (positions past it need RoPE scaling)\n",
+                (long long)r.model.max_position);
+  r.seq = s;
 }
 
 // The report, the data-parallel line, and the plan JSON / timeline SVG when asked for.
@@ -187,6 +237,7 @@ void add_plan(CLI::App& app) {
     const dist::Topology topo = topology(*o);
     PlanRequest r = request_from(*o, topo);
     resolve_batch(r, o->batch);
+    resolve_seq(r, o->seq);
     write_outputs(*o, topo, r, make_plan(r));
   });
 }

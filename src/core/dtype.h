@@ -34,6 +34,19 @@ inline float bf16_to_f32(bf16_t h) {
   std::memcpy(&f, &u, 4);
   return f;
 }
+// Gradient accumulation into bf16: acc[i] = f32_to_bf16(bf16_to_f32(acc[i]) + g[i]) for i < n, in element order (a
+// zero acc gives each g[i] rounded to nearest-even). Returns the sum of squares of the stored values, in fp64, in
+// element order. The CPU backend's Backend::grad_add with a bf16 accumulator (held bf16 gradients) and the host's
+// bf16 gradient of a host-looked-up embedding both run this, so the two round alike bit for bit.
+inline double add_into_bf16(bf16_t* acc, const float* g, int64_t n) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    acc[i] = f32_to_bf16(bf16_to_f32(acc[i]) + g[i]);
+    const double v = bf16_to_f32(acc[i]);
+    s += v * v;
+  }
+  return s;
+}
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);
 

@@ -10,7 +10,12 @@
 //   bf16-sr  the bf16 streaming copy is the master (2 B/param); the update rounds stochastically
 //            (seeded, counter-based: reproducible whatever the threading).
 // Gradients
-//   host     accumulated in fp32 in pinned host memory (4 B/param in DRAM), as before.
+//   host     accumulated in fp32 in pinned host memory (4 B/param in DRAM), as before; or in bf16
+//            (gradient_dtype: bf16, 2 B/param in DRAM): each unit's fp32 gradient is rounded to
+//            nearest-even on the device as it leaves (Backend::grad_add into a bf16 buffer, the held
+//            bf16 path's rounding), in pieces through two bf16 buffers of the largest layer, and copied
+//            down in bf16 (half the D2H); the clipping norm is over the rounded values. One micro-batch
+//            per step (several would need the host to round their sum: not run yet).
 //   device   held in HBM until the global clipping norm is known, then streamed down unit by unit
 //            through a small pinned staging ring as the optimizer consumes them (during the next
 //            step's forward). Held in fp32 (the backends' gradient dtype, 4 B/param) or in bf16
@@ -79,7 +84,7 @@ inline int64_t grad_ring_elems(std::vector<int64_t> unit_sizes) {
 struct StatePlacement {
   MasterMode master = MasterMode::Fp32;
   GradHome grads = GradHome::Host;
-  GradDType grad_dtype = GradDType::F32;  // of the held gradients (grads == Device; host ones are fp32)
+  GradDType grad_dtype = GradDType::F32;  // of the gradients, held (grads == Device) or on the host
   bool embedding_8bit = false;            // the input embedding's moments 8-bit too (8-bit optimizers)
   // The optimizer moments of the last nvme_layers decoder layers live in files on the NVMe tier
   // (optim/nvme_moments.h), staged through DRAM slots; 0 = every moment in DRAM.
@@ -97,6 +102,8 @@ struct StatePlacement {
   // 8-bit, as the optimizer keeps them) join them there. The next step's first forwards then never wait for the CPU
   // optimizer, which starts on the later layers at once. 0 = none.
   int64_t device_update_layers = 0;
+  // Gradients on the host in bf16 (rounded on the device as they leave).
+  bool host_bf16_grads() const { return grads == GradHome::Host && grad_dtype == GradDType::Bf16; }
   // Unit u (0 = embedding, 1..L = layers) is updated on the GPU.
   bool updated_on_device(int64_t u) const {
     return (u == 0 && embedding_update_device) || (u >= 1 && u <= device_update_layers);

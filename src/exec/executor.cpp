@@ -114,6 +114,8 @@ StepResult Executor::train_step(const std::vector<MicroBatch>& mbs, int64_t loss
   const int32_t nmb = int32_t(mbs.size());
   LT_CHECK(!I.held_direct || nmb == 1, "train_step: {} micro-batches, but the gradients held on the device are "
            "sized for one (set ExecOptions::micro_batches)", nmb);
+  LT_CHECK(!I.host_bf16 || nmb == 1, "train_step: {} micro-batches, but gradients on the host in bf16 take one per "
+           "step (each is rounded on the device as it leaves)", nmb);
   if (!I.dgrads && (nmb > 1 || I.g_sz != 4)) {
     if (I.gslab.empty()) {
       int64_t mx = 0;

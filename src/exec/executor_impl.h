@@ -86,6 +86,13 @@ struct Executor::Impl {
   std::vector<Buffer> ring;
   Buffer emb_w, head_w, emb_g, head_g;
   Buffer gslot[2];  // layer gradients of one micro-batch (not allocated when held_direct)
+  // Gradients on the host in bf16 (HostStateOptions::host_bf16_grads): each unit's gradient is rounded into these two
+  // buffers of the largest layer, piece by piece, and copied down from them; g16_free[k]: the copy that last read
+  // g16[k].
+  bool host_bf16 = false;
+  Buffer g16[2];
+  Event g16_free[2];
+  int g16_next = 0;
   Buffer d_ids, d_tgt, d_pos, d_seg, d_scal;  // d_scal: loss_sum, n_tokens, sumsq[units]
   std::unique_ptr<ActPool> pool;
   // Kept internals (ExecPlan::kept_layers): per layer (empty for the others), one region of keep_chunk[j]

@@ -103,6 +103,7 @@ ExecMemory grad_memory(const ModelConfig& c, const ExecPlan& p, const ModelLayou
   const int64_t head = lay.head().numel, emb = embedding_on_device(c, p) ? lay.embedding().numel : 0;
   if (home == GradHome::Host) {
     m.device = (2 * lay.max_layer_numel() + head + emb) * g;
+    if (held_dtype == GradDType::Bf16) m.device += 2 * lay.max_layer_numel() * 2;  // host bf16: the rounding pieces
     return m;
   }
   const int64_t scratch = (2 * lay.max_layer_numel() + (shared_head_embedding_grad(c, p) ? std::max(head, emb) : head + emb)) * g;
@@ -307,6 +308,16 @@ void Executor::Impl::allocate_grads() {
   if (device) {
     dgrads = std::make_unique<GradStream>(be, held_grad_order(c, P), unit_numels(lay), held);
   }
+  host_bf16 = st.options().host_bf16_grads();
+  if (host_bf16) {
+    LT_CHECK(ex.opts_.micro_batches == 1, "executor: gradients on the host in bf16 with {} micro-batches: each "
+             "gradient is rounded on the device as it leaves, so one micro-batch per step (use gradient_dtype fp32 or "
+             "gradients device)", ex.opts_.micro_batches);
+    LT_CHECK(st.options().device_update_layers == 0 && !st.options().embedding_update_device,
+             "executor: updates on the device read fp32 gradients, but the host gradients are bf16 (use "
+             "gradient_dtype fp32, or device_update_layers 0 and embedding_update host)");
+    for (auto& g : g16) g = Buffer(be, MemKind::Device, lay.max_layer_numel() * 2, "grads.bf16_pieces");
+  }
   if (emb_on_device) emb_grad = held_direct ? dgrads->buffer(0) : emb_g ? emb_g.data() : head_g.data();
   head_grad = held_direct ? dgrads->buffer(L + 1) : head_g.data();
   if (st.options().embedding_update_device) {
@@ -394,7 +405,10 @@ void Executor::Impl::host_embedding_backward(const int32_t* ids, bool assign, bo
   // per step, so no full-size temporary and no serial pass. The arithmetic per element is that of
   // cpu::embed_backward (0 + dx_t1 + dx_t2 ... in token order, then added to g), bit for bit.
   const int64_t H = c.hidden, V = c.vocab, n = st.numel(0);
-  float* g = st.grad(0);
+  // Host bf16 gradients (one micro-batch: every call assigns): each row rounded as the device rounds its gradients.
+  bf16_t* g16 = st.grad_bf16(0);
+  LT_CHECK(!g16 || (assign && last), "executor: a bf16 host gradient of the embedding takes one micro-batch per step");
+  float* g = g16 ? nullptr : st.grad(0);
   // Rows hit by tokens, each accumulated in token order into a compact buffer. The rows are split over threads
   // (each scans every token and adds only its own rows' ones, so each row's order is the token order): the serial
   // loop took ~250 ms for Qwen2.5-7B at 64 x 1024 tokens, after the backward and before the embedding's update
@@ -445,6 +459,12 @@ void Executor::Impl::host_embedding_backward(const int32_t* ids, bool assign, bo
   const int64_t nblocks = (V + rows_per_block - 1) / rows_per_block;
   std::vector<double> part(size_t(nblocks), 0.0);
   auto do_row = [&](int64_t r, double& ss) {
+    if (g16) {  // assign: zero, then add_into_bf16 as Backend::grad_add into a zeroed bf16 accumulator
+      bf16_t* gr = g16 + r * H;
+      std::fill(gr, gr + H, bf16_t(0));
+      if (slot[size_t(r)] >= 0) ss += add_into_bf16(gr, acc.data() + size_t(slot[size_t(r)]) * size_t(H), H);
+      return;
+    }
     float* gr = g + r * H;
     if (slot[size_t(r)] >= 0) {
       const float* e = acc.data() + size_t(slot[size_t(r)]) * size_t(H);
@@ -468,7 +488,7 @@ void Executor::Impl::host_embedding_backward(const int32_t* ids, bool assign, bo
     part[size_t(b)] = ss;
   }
   // Alignment padding of the unit's flat buffer (beyond V*H) stays zero.
-  for (int64_t i = V * H; i < n; ++i) g[i] = 0.0f;
+  for (int64_t i = V * H; i < n; ++i) g16 ? void(g16[i] = 0) : void(g[i] = 0.0f);
   double ss = 0;
   for (double x : part) ss += x;
   if (last) host_sumsq[0] = ss;

@@ -72,7 +72,11 @@ void HostState::allocate_unit(Backend& be, int64_t u, int64_t n, bool host_grad)
   f32_ptr_.push_back(f);
   hi_ptr_.push_back(hi);
   grad_ptr_.push_back(nullptr);
-  if (host_grad) {
+  grad16_ptr_.push_back(nullptr);
+  if (host_grad && opt_.host_bf16_grads()) {
+    grad_.emplace_back(be, MemKind::Pinned, m * 2, "host.grad");
+    grad16_ptr_.back() = grad_.back().as<bf16_t>();
+  } else if (host_grad) {
     grad_.emplace_back(be, MemKind::Pinned, m * 4, "host.grad");
     grad_ptr_.back() = grad_.back().as<float>();
   }
@@ -127,10 +131,17 @@ void HostState::write_master(int64_t u, const float* src) {
   refresh_stream(u);
 }
 
+float* HostState::grad(int64_t u) {
+  LT_CHECK(!grad16_ptr_[size_t(u)], "internal: unit {}'s host gradient is bf16 (gradient_dtype bf16 on the host): "
+           "read it with grad_bf16", u);
+  return grad_ptr_[size_t(u)];
+}
+
 optim::UnitBuffers HostState::update_buffers(int64_t u) {
   const size_t i = size_t(u);
   optim::UnitBuffers b;
   b.grad = grad_ptr_[i];
+  b.grad_bf16 = grad16_ptr_[i];
   switch (storage_) {
     case MasterStorage::Aliased: b.master = f32_ptr_[i]; break;
     case MasterStorage::F32Copy:
@@ -164,6 +175,7 @@ void HostState::refresh_all_streams() {
 void HostState::zero_grads() {
   for (int64_t u = 0; u < units(); ++u) {
     if (grad_ptr_[size_t(u)]) std::memset(grad_ptr_[size_t(u)], 0, size_t(numel(u)) * 4);
+    if (grad16_ptr_[size_t(u)]) std::memset(grad16_ptr_[size_t(u)], 0, size_t(numel(u)) * 2);
     sumsq_[size_t(u)] = 0;
   }
 }
@@ -188,7 +200,7 @@ int64_t HostState::master_bytes() const {
 int64_t HostState::grad_bytes() const {
   int64_t b = 0;
   for (int64_t u = 0; u < units(); ++u)
-    if (grad_ptr_[size_t(u)]) b += 4 * numel(u);
+    b += (grad_ptr_[size_t(u)] ? 4 : grad16_ptr_[size_t(u)] ? 2 : 0) * numel(u);
   return b;
 }
 

@@ -5,7 +5,9 @@
 //    device each step;
 //  * grad(u): the fp32 gradient in pinned memory, summed over the micro-batches of a step. With
 //    gradients held on the device (GradHome::Device) only units whose gradient the host computes
-//    (the embedding when it is not on the device) have one; grad(u) is null for the others;
+//    (the embedding when it is not on the device) have one; grad(u) is null for the others. With
+//    gradients on the host in bf16 (GradHome::Host, grad_dtype Bf16) the host gradients are bf16
+//    instead: grad_bf16(u), and grad(u) refuses;
 //  * sumsq(u): sum of squares of the step's gradient (set by the executor, for exact clipping).
 // With tied embeddings the head has no LM matrix: its gradient lands in unit 0.
 #pragma once
@@ -30,7 +32,10 @@ const char* master_storage_name(MasterStorage s);
 struct HostStateOptions {
   MasterMode master = MasterMode::Fp32;
   GradHome grads = GradHome::Host;
-  GradDType grad_dtype = GradDType::F32;  // of the gradients held on the device (grads == Device)
+  // Of the gradients held on the device (grads == Device), or of the host gradients (grads == Host: bf16 = one
+  // micro-batch's gradient, rounded on the device as it left; core/model_state.h).
+  GradDType grad_dtype = GradDType::F32;
+  bool host_bf16_grads() const { return grads == GradHome::Host && grad_dtype == GradDType::Bf16; }
   // Units that keep a host gradient although grads == Device (the executor's host-computed ones).
   std::vector<int64_t> host_grad_units;
   bool split_on_fp32_stream = false;  // fp32 streaming (CPU backend): store the master split anyway
@@ -69,8 +74,11 @@ class HostState {
   // The streaming copy is rebuilt from the master after an update (fp32 streaming of a Split or Bf16
   // master); the optimizer hook calls refresh_stream(u) once the update is done.
   bool stream_rebuilt() const;
-  float* grad(int64_t u) { return grad_ptr_[size_t(u)]; }
-  bool has_host_grad(int64_t u) const { return grad_ptr_[size_t(u)] != nullptr; }
+  // The fp32 host gradient (null without one); throws for a bf16 one.
+  float* grad(int64_t u);
+  // The bf16 host gradient (HostStateOptions::host_bf16_grads; null otherwise).
+  bf16_t* grad_bf16(int64_t u) { return grad16_ptr_[size_t(u)]; }
+  bool has_host_grad(int64_t u) const { return grad_ptr_[size_t(u)] != nullptr || grad16_ptr_[size_t(u)] != nullptr; }
   double& sumsq(int64_t u) { return sumsq_[size_t(u)]; }
   DType stream_dtype() const { return stream_dtype_; }
   // What the optimizer updates for unit u, its gradient taken from grad(u) (null when not on the host).
@@ -98,6 +106,7 @@ class HostState {
   std::vector<std::vector<uint16_t>> lo_;    // Split remainders
   std::vector<Buffer> grad_;
   std::vector<float*> f32_ptr_, grad_ptr_;
+  std::vector<bf16_t*> grad16_ptr_;
   std::vector<bf16_t*> hi_ptr_;
   std::vector<void*> stream_ptr_;
   std::vector<double> sumsq_;

@@ -376,7 +376,29 @@ void MicroBatchRun::grad_done(int64_t unit, void* dgrad, int64_t numel) {
   be.grad_add(acc, dt, dgrad, numel, mbi_ + 1 == nmb_ ? sumsq : nullptr, lab("grad.add", int32_t(unit)));
 }
 
+// Gradients on the host in bf16: the unit's gradient in pieces of the largest layer, each rounded on the compute lane
+// into a zeroed bf16 buffer by Backend::grad_add (the held bf16 path's rounding; its sum of squares, over the rounded
+// values, into the unit's scalar) and copied down into the host gradient; a buffer is reused once its copy is done.
+void MicroBatchRun::offload_grad_bf16(int64_t unit, const void* dgrad, int64_t numel) {
+  const int64_t piece = I.g16[0].bytes() / 2;
+  double* sumsq = I.d_scal.as<double>() + 2 + unit;
+  bf16_t* dst = I.st.grad_bf16(unit);
+  LT_CHECK(dst, "internal: unit {} has no bf16 host gradient", unit);
+  for (int64_t off = 0; off < numel; off += piece) {
+    const int64_t n = std::min(piece, numel - off);
+    const int k = I.g16_next++ % 2;
+    if (I.g16_free[k]) be.wait(Lane::Compute, I.g16_free[k]);
+    be.fill_zero(Lane::Compute, I.g16[k].data(), n * 2, lab("grad.zero", int32_t(unit)));
+    be.grad_add(I.g16[k].data(), DType::BF16, static_cast<const char*>(dgrad) + off * int64_t(I.g_sz), n, sumsq,
+                lab("grad.round", int32_t(unit)));
+    be.wait(Lane::D2H, be.record(Lane::Compute));
+    be.copy(Lane::D2H, dst + off, I.g16[k].data(), n * 2, lab("grad.d2h", int32_t(unit)));
+    last_grad_d2h_ = I.g16_free[k] = be.record(Lane::D2H);
+  }
+}
+
 void MicroBatchRun::offload_grad(int64_t unit, void* dgrad, int64_t numel) {
+  if (I.host_bf16) return offload_grad_bf16(unit, dgrad, numel);
   const int64_t bytes = numel * int64_t(I.g_sz);
   const bool direct = mbi_ == 0 && I.g_sz == 4;
   if (nmb_ == 1) be.grad_sumsq(dgrad, numel, I.d_scal.as<double>() + 2 + unit, lab("grad.sumsq", int32_t(unit)));

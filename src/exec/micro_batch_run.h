@@ -142,6 +142,8 @@ class MicroBatchRun {
   void grad_done(int64_t unit, void* dgrad, int64_t numel);
   // D2H of a unit's device gradient to the host; accumulation/conversion on the sink thread.
   void offload_grad(int64_t unit, void* dgrad, int64_t numel);
+  // The same for gradients on the host in bf16: rounded on the device piece by piece, copied down in bf16.
+  void offload_grad_bf16(int64_t unit, const void* dgrad, int64_t numel);
 };
 
 }  // namespace lt

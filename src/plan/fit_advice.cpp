@@ -27,13 +27,28 @@ PlanRequest probe(PlanRequest q) {
   return q;
 }
 
+// Some rung's model state fits the caps (a cheap check before planning).
+bool any_state_fits(const PlanRequest& x) {
+  for (const StateChoice& s : placement_ladder(x))
+    if (state_fits(x, s)) return true;
+  return false;
+}
+
 bool fits(const PlanRequest& q) {
   const PlanRequest x = probe(q);
   try {
-    return state_fits(x, placement_ladder(x).back()) && make_plan(x).feasible;
+    return any_state_fits(x) && make_plan(x).feasible;
   } catch (const Error&) {
     return false;  // a change the rest of the request rules out
   }
+}
+
+// The rungs of the ladder's last level (the most frugal ones).
+std::vector<StateChoice> last_level(const PlanRequest& r) {
+  auto ladder = placement_ladder(r);
+  const int level = ladder.back().level;
+  std::erase_if(ladder, [&](const StateChoice& s) { return s.level != level; });
+  return ladder;
 }
 
 // Layers forced onto the GPU for their updates take HBM from the checkpoints: the most of them that fit.
@@ -71,18 +86,56 @@ std::vector<Change> mode_changes(const PlanRequest& r) {
   const bool device_layers = r.device_update_layers.value_or(0) > 0;
   if (r.grads == GradHome::Host && !dp && !device_layers)
     add("gradients: device", [](PlanRequest& q) { q.grads = GradHome::Device; });
+  // Host gradients (in bf16 where the rest allows) leave the HBM the held ones take.
+  if (r.grads == GradHome::Device && !dp) add("gradients: host", [](PlanRequest& q) { q.grads = GradHome::Host; });
+  if (r.grad_dtype == GradDType::F32 && !dp && !device_layers)
+    add("gradient_dtype: bf16", [](PlanRequest& q) { q.grad_dtype = GradDType::Bf16; });
   if (r.optimizer == "adamw") add("optimizer: hybrid", [](PlanRequest& q) { q.optimizer = "hybrid"; });
   if (!dp && !device_layers && r.master != MasterMode::Bf16Sr && !(!r.master && r.allow_bf16_master))
     add("master_weights: bf16-sr", [](PlanRequest& q) { q.master = MasterMode::Bf16Sr; });
+  if (!dp && !r.allow_nvme_moments && r.profile.nvme_bytes > 0)
+    add("optimizer_nvme: auto", [](PlanRequest& q) { q.allow_nvme_moments = true; });
   if (labels.size() >= 2) v.push_back({fmt::format("{}", fmt::join(labels, ", ")), all});
   return v;
+}
+
+// With the NVMe tier allowed for the moments (as asked, or with optimizer_nvme: auto where the modes alone did not
+// fit): the least NVMe space (whole GiB) with which the request fits, up to every layer's moments and every boundary.
+bool nvme_change(const PlanRequest& r, Change& out) {
+  if (r.world > 1) return false;
+  PlanRequest base = r;
+  std::string label;
+  if (!r.allow_nvme_moments) {
+    base.allow_nvme_moments = true;
+    label = "optimizer_nvme: auto, ";
+  }
+  StatePlacement all = last_level(base).back().placement;
+  all.nvme_layers = r.model.layers;
+  const auto q8 = choose_8bit(r.model, r.optimizer, double(r.profile.dram_bytes), all);
+  const double A = double(r.batch * r.seq * r.model.hidden * 2);
+  int64_t lo = r.profile.nvme_bytes / GiB;  // does not fit (at most this much)
+  const int64_t hi0 = int64_t(std::ceil((model_state_bytes(r.model, q8, all).nvme() + double(r.model.layers) * A) / GiB)) + 1;
+  if (hi0 <= lo) return false;
+  auto at = [&](int64_t gib) {
+    PlanRequest q = base;
+    q.profile.nvme_bytes = gib * GiB;
+    return q;
+  };
+  int64_t hi = hi0;
+  if (!fits(at(hi))) return false;
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    (fits(at(mid)) ? hi : lo) = mid;
+  }
+  out = {fmt::format("{}nvme_mem >= {} GiB", label, hi), at(hi)};
+  return true;
 }
 
 // The least host memory (whole GiB) with which the request fits, if any up to the model state plus
 // every boundary in DRAM and the NVMe staging.
 bool host_mem_change(const PlanRequest& r, Change& out) {
-  const auto last = placement_ladder(r).back();
-  const double state = model_state_bytes(r.model, last.q8, last.placement).dram();
+  double state = 0;
+  for (const StateChoice& s : last_level(r)) state = std::max(state, model_state_bytes(r.model, s.q8, s.placement).dram());
   const double A = double(r.batch * r.seq * r.model.hidden * 2);
   int64_t lo = r.profile.dram_bytes / GiB;  // does not fit (at most this much)
   int64_t hi = int64_t(std::ceil((state + double(r.model.layers + 5) * A) / double(GiB)));
@@ -107,7 +160,7 @@ bool host_mem_change(const PlanRequest& r, Change& out) {
 
 bool batch_change(const PlanRequest& r, Change& out) {
   const PlanRequest x = probe(r);
-  if (r.batch <= 1 || !state_fits(x, placement_ladder(x).back())) return false;
+  if (r.batch <= 1 || !any_state_fits(x)) return false;
   const int64_t b = max_feasible_batch(x, x.planner, r.batch - 1);
   if (b < 1) return false;
   out = {fmt::format("batch <= {}", b), r};
@@ -117,9 +170,26 @@ bool batch_change(const PlanRequest& r, Change& out) {
 
 }  // namespace
 
+// The changed request's plan in the DP's space: its predicted step, and what the moments' NVMe I/O adds to it.
+void predict(FitAdvice& a) {
+  try {
+    const PlanOutcome o = make_plan(probe(a.request));
+    if (!o.feasible) return;
+    a.step_s = o.sim.pred.step_s;
+    a.nvme_layers = o.placement.nvme_layers;
+    a.nvme_cost_s = o.nvme_moments_cost_s;
+  } catch (const Error&) {
+  }
+}
+
 std::string FitAdvice::text() const {
-  if (!change.empty()) return "; it fits with " + change;
-  return fmt::format("; none of these fits: {}", fmt::join(tried, "; "));
+  if (change.empty()) return fmt::format("; none of these fits: {}", fmt::join(tried, "; "));
+  std::string t = "; it fits with " + change;
+  if (step_s <= 0) return t;
+  t += fmt::format(" (predicted step {:.2f} s", step_s);
+  if (nvme_layers > 0)
+    t += fmt::format(", of which the moments of {} layers on NVMe add {:.2f} s", nvme_layers, nvme_cost_s);
+  return t + ")";
 }
 
 FitAdvice fit_advice(const PlanRequest& r) {
@@ -128,6 +198,7 @@ FitAdvice fit_advice(const PlanRequest& r) {
     a.change = c.label;
     a.request = c.q;
     a.request.explain = r.explain;
+    predict(a);
     return a;
   };
   Change c;
@@ -138,6 +209,10 @@ FitAdvice fit_advice(const PlanRequest& r) {
   for (auto& m : mode_changes(r)) {
     a.tried.push_back(m.label);
     if (fits(m.q)) return found(m);
+  }
+  if (r.allow_nvme_moments || (r.world == 1 && r.profile.nvme_bytes > 0)) {
+    a.tried.push_back("more NVMe space");
+    if (nvme_change(r, c)) return found(c);
   }
   a.tried.push_back("more host memory");
   if (host_mem_change(r, c)) return found(c);

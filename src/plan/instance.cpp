@@ -2,6 +2,7 @@
 #include "plan/instance.h"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 #include "core/error.h"
@@ -16,14 +17,94 @@ double Instance::slot_time(double C, double h, double d, double r, double w) con
   return std::max({C, pcie(h, d), r / bnr, w / bnw});
 }
 
-std::vector<double> Instance::opt_done() const {
-  std::vector<double> o(opt.size());
-  double t = 0, d2h = 0;
-  for (size_t u : opt_order()) {
-    if (u < opt_d2h.size()) t = std::max(t, d2h += opt_d2h[u]);
-    o[u] = (t += opt[u]);
+namespace {
+
+constexpr double kNever = 1e300;
+
+// The NVMe units' I/O queue beside the CPU optimizer (Instance::nvme_read): one event at a time, the earliest to
+// start first (the CPU on a tie). The CPU updates the units in order; the queue does the oldest finished update's
+// write-back, else the next read once a slot is free (the write-back nvme_slots NVMe units earlier ended).
+struct NvmePipeline {
+  const Instance& in;
+  std::vector<size_t> order;  // update order
+  std::vector<double> ready;  // per position: the held gradient's arrival (0 without)
+  std::vector<int> nv;        // per position: index among the NVMe units, -1 for a unit in DRAM
+  std::vector<size_t> unit_of_nv;
+  std::vector<double> read_end, cpu_end, write_end;  // per NVMe unit
+  double io_end = 0;
+
+  explicit NvmePipeline(const Instance& x) : in(x), order(x.opt_order()) {
+    double d2h = 0;
+    for (size_t u : order) {
+      if (u < in.opt_d2h.size()) d2h += in.opt_d2h[u];
+      ready.push_back(u < in.opt_d2h.size() ? d2h : 0.0);
+      const bool on_nvme = u < in.nvme_read.size() && in.nvme_read[u] + in.nvme_write[u] > 0;
+      nv.push_back(on_nvme ? int(unit_of_nv.size()) : -1);
+      if (on_nvme) unit_of_nv.push_back(u);
+    }
+    const size_t n = unit_of_nv.size(), ahead = std::min(n, size_t(std::max(1, in.nvme_slots)));
+    read_end.assign(n, kNever);
+    cpu_end.assign(n, kNever);
+    write_end.assign(n, kNever);
+    for (size_t i = 0; i < ahead; ++i) read_end[i] = 0;  // read ahead during the previous step
   }
-  return o;
+
+  std::vector<double> run() {
+    std::vector<double> o(in.opt.size(), 0.0);
+    const size_t n = unit_of_nv.size(), slots = size_t(std::max(1, in.nvme_slots));
+    size_t next_cpu = 0, next_write = 0, next_read = std::min(n, slots);
+    double cpu = 0, io = 0;
+    for (;;) {
+      double cpu_start = kNever;
+      if (next_cpu < order.size()) {
+        const int i = nv[next_cpu];
+        const double rd = i < 0 ? 0.0 : read_end[size_t(i)];
+        if (rd < kNever) cpu_start = std::max({cpu, ready[next_cpu], rd});
+      }
+      const double w_start = next_write < n && cpu_end[next_write] < kNever ? std::max(io, cpu_end[next_write]) : kNever;
+      const double r_start =
+          next_read < n && write_end[next_read - slots] < kNever ? std::max(io, write_end[next_read - slots]) : kNever;
+      const double io_start = std::min(w_start, r_start);
+      if (cpu_start >= kNever && io_start >= kNever) break;
+      if (cpu_start <= io_start) {
+        const size_t u = order[next_cpu];
+        cpu = cpu_start + in.opt[u];
+        const int i = nv[next_cpu++];
+        if (i < 0) o[u] = cpu;
+        else cpu_end[size_t(i)] = cpu;
+      } else if (w_start <= r_start) {  // write-backs first: they free slots
+        io = w_start + in.nvme_write[unit_of_nv[next_write]];
+        write_end[next_write] = io;
+        o[unit_of_nv[next_write++]] = io;
+      } else {
+        io = r_start + in.nvme_read[unit_of_nv[next_read]];
+        read_end[next_read++] = io;
+      }
+    }
+    io_end = io;
+    return o;
+  }
+};
+
+}  // namespace
+
+std::vector<double> Instance::opt_done() const {
+  if (nvme_read.empty()) {  // no NVMe units: the plain recurrence
+    std::vector<double> o(opt.size());
+    double t = 0, d2h = 0;
+    for (size_t u : opt_order()) {
+      if (u < opt_d2h.size()) t = std::max(t, d2h += opt_d2h[u]);
+      o[u] = (t += opt[u]);
+    }
+    return o;
+  }
+  return NvmePipeline(*this).run();
+}
+
+double Instance::nvme_io_s() const {
+  double t = 0;
+  for (size_t u = 0; u < nvme_read.size(); ++u) t += nvme_read[u] + nvme_write[u];
+  return t;
 }
 
 std::vector<size_t> Instance::opt_order() const {
@@ -39,7 +120,16 @@ std::vector<size_t> Instance::opt_order() const {
 
 double Instance::opt_last() const {
   const auto o = opt_done();
-  return o.empty() ? 0.0 : *std::max_element(o.begin(), o.end());
+  double last = o.empty() ? 0.0 : *std::max_element(o.begin(), o.end());
+  if (nvme_read.empty()) return last;
+  // The next step's read-ahead follows the last write-back on the same queue, before the next update phase.
+  double ahead = 0;
+  int k = 0;
+  for (size_t u : opt_order())
+    if (u < nvme_read.size() && nvme_read[u] + nvme_write[u] > 0 && k++ < std::max(1, nvme_slots)) ahead += nvme_read[u];
+  NvmePipeline pipe(*this);
+  pipe.run();
+  return std::max(last, pipe.io_end + ahead);
 }
 
 double Instance::R(int s, int e) const {
@@ -158,14 +248,20 @@ void backend_workspace_floor(Instance& in, const ModelConfig& c, const ResourceP
 
 }  // namespace
 
-// A layer whose moments are on NVMe: its update cannot end before its moments were read and written
-// back (one I/O queue: read then write, through the optimizer's staging slots).
+// The layers whose moments are on NVMe: the read and the write-back of each one's moment image (the DRAM arrays'
+// bytes, each array 64-byte aligned and the whole rounded up to 4 KiB, as optim/nvme_moments.h stores it; the
+// arrays' alignment is left out) at the profile's NVMe rates (Instance::nvme_read, opt_done()).
 void nvme_moment_times(Instance& in, const ModelConfig& c, const InstanceOptions& o) {
-  if (o.placement.nvme_layers <= 0 || in.bnr <= 0 || in.bnw <= 0) return;
+  if (o.placement.nvme_layers <= 0) return;
+  LT_CHECK(in.bnr > 0 && in.bnw > 0, "plan: moments of {} layers on NVMe, but the profile's NVMe rates are {} and {} "
+           "B/s (nvme_read_gbps, nvme_write_gbps must be > 0)", o.placement.nvme_layers, in.bnr, in.bnw);
+  in.nvme_read.assign(in.opt.size(), 0.0);
+  in.nvme_write.assign(in.opt.size(), 0.0);
   for (int j = 0; j < in.L; ++j) {
     if (!moments_on_nvme(c, j, o.placement)) continue;
-    const double b = layer_moment_bytes(c, j, o.optimizer_8bit);
-    in.opt[size_t(j)] = std::max(in.opt[size_t(j)], b / in.bnr + b / in.bnw);
+    const double b = std::ceil(layer_moment_bytes(c, j, o.optimizer_8bit) / 4096.0) * 4096.0;
+    in.nvme_read[size_t(j)] = b / in.bnr;
+    in.nvme_write[size_t(j)] = b / in.bnw;
   }
 }
 
@@ -274,6 +370,10 @@ Instance make_instance(const ModelConfig& c, int64_t batch, int64_t seq, const R
     in.G_head = 4.0 * double(c.hidden);
   }
   device_updated_layers(in, lay, o);
+  if (o.placement.host_bf16_grads()) {  // rounded on the device: the D2H moves bf16
+    for (double& g : in.G) g /= 2.0;
+    in.G_head /= 2.0;
+  }
   in.hbm_cap = double(prof.hbm_bytes - prof.hbm_reserve);
   const int64_t head_chunk = std::min<int64_t>(o.head_chunk_tokens, batch * seq);
   // The head's weights and gradient buffer are on the device for the whole step (the state's head_weights and

@@ -62,6 +62,16 @@ struct Instance {
   // Gradients held on the device (gradients: device): D2H time of each unit's gradient, indexed as opt
   // (empty: none). One stream from the step's start in opt_order(); a unit's update waits for its gradient.
   std::vector<double> opt_d2h;
+  // Units whose moments live on the NVMe tier (StatePlacement::nvme_layers, optim/nvme_moments.h), indexed as opt
+  // (empty: none; 0 for a unit in DRAM): the read and the write-back of the unit's moment image. One I/O queue
+  // (write-backs first, then reads in update order) through nvme_slots DRAM slots: the first nvme_slots units are
+  // read ahead during the previous step's forward and backward, each later read waits for a slot (the write-back
+  // nvme_slots units earlier), a unit's update waits for its read, and its wait (the next forward's) ends with
+  // its write-back. See opt_done().
+  std::vector<double> nvme_read, nvme_write;
+  int nvme_slots = 3;  // AdamWConfig::nvme_slots
+  // The I/O queue's busy time per step (every read and write-back of the NVMe units).
+  double nvme_io_s() const;
   // GPU memory, bytes. Usable = hbm cap - reserve; hbm_fixed is held for the whole step (the model's
   // gradients with gradients: device), so the plan's slots have hbm_room().
   double hbm_cap = 0, hbm_fixed = 0;
@@ -85,14 +95,17 @@ struct Instance {
   double pcie(double h, double d) const;
   double slot_time(double C, double h, double d, double r, double w) const;
   // Optimizer finish times, indexed as opt, in the update order opt_order() (u' before u):
-  // O(u) = max(O(u'), D(u)) + opt[u], D(u) = the held gradients' D2H up to u in that order.
+  // O(u) = max(O(u'), D(u), R(u)) + opt[u], D(u) = the held gradients' D2H up to u in that order, R(u) the end of
+  // an NVMe unit's read (0 for the others); an NVMe unit's O(u) is the end of its write-back.
   std::vector<double> opt_done() const;
   std::vector<size_t> opt_order() const;  // embedding (L+1), layers 0..L-1, head (L): the executor's
   // The next forward waits for the embedding's whole update (a table on the device, tied or resident; data
   // parallelism); false: only for the next batch's rows, which the optimizer runs first (an untied table looked
   // up on the host, Executor::set_next_step_ids), the rest after every other unit: order layers, head, embedding.
   bool embedding_first = true;
-  double opt_last() const;                // when the last update ends
+  // When the last update ends, or later the NVMe queue: its last write-back and then the read-ahead of the next
+  // step's first nvme_slots units.
+  double opt_last() const;
   double R(int s, int e) const;         // block recompute time: rho[s..e-2]
   double R_bytes(int s, int e) const;   // weights the block's recompute loads: P[s..e-2]
   // Mandatory traffic of the slot cost model (docs/planner.md): H2D in F_j (the next layer's weights,

@@ -25,21 +25,37 @@ void push_rung(const PlanRequest& r, StateChoice s, std::vector<StateChoice>& v,
   v.push_back(std::move(s));
 }
 
-// The last rung: the moments of the fewest last layers on the NVMe tier that make the state fit the
-// DRAM (and the files the disk), if any count does.
-void push_nvme_rung(const PlanRequest& r, StatePlacement p, const std::string& moments, std::vector<StateChoice>& v,
-                    std::string& blocked) {
-  const double dram = double(r.profile.dram_bytes), nvme = double(r.profile.nvme_bytes);
-  for (int64_t k = 1; k <= r.model.layers; ++k) {
+// Counts of NVMe layers worth planning for placement p (each fits the DRAM and the disk; the HBM is the planner's
+// state_fits check): the fewest that make
+// the state fit the DRAM, then more, which free DRAM for activation checkpoints at the price of more disk I/O, up to
+// the count that leaves room for every boundary in DRAM (at most 4 counts, evenly spaced; all layers at most).
+std::vector<int64_t> nvme_layer_counts(const PlanRequest& r, StatePlacement p, const std::string& moments) {
+  const double dram = double(r.profile.dram_bytes);
+  const double A = double(r.batch * r.seq * r.model.hidden * 2);
+  auto state_at = [&](int64_t k) {
     p.nvme_layers = k;
-    StateChoice s{p, choose_8bit(r.model, moments, dram, p)};
-    const StateBytes b = model_state_bytes(r.model, s.q8, p);
-    if (b.nvme() > nvme) return;
-    if (b.dram() <= dram) {
-      push_rung(r, std::move(s), v, blocked);
-      return;
-    }
+    return model_state_bytes(r.model, choose_8bit(r.model, moments, dram, p), p);
+  };
+  int64_t lo = 0;
+  for (int64_t k = 1; k <= r.model.layers && lo == 0; ++k) {
+    const StateBytes b = state_at(k);
+    if (b.nvme() > double(r.profile.nvme_bytes)) return {};
+    if (b.dram() <= dram) lo = k;
   }
+  if (lo == 0) return {};
+  int64_t hi = lo;
+  while (hi < r.model.layers) {
+    const StateBytes b = state_at(hi);
+    if (b.dram() + double(r.model.layers + 1) * A <= dram) break;
+    if (state_at(hi + 1).nvme() > double(r.profile.nvme_bytes)) break;
+    ++hi;
+  }
+  std::vector<int64_t> ks;
+  for (int i = 0; i <= 3; ++i) {
+    const int64_t k = lo + (hi - lo) * i / 3;
+    if (ks.empty() || ks.back() != k) ks.push_back(k);
+  }
+  return ks;
 }
 
 // World > 1: only what the data-parallel trainer runs (docs/distributed.md): fp32 master arrays, host
@@ -66,6 +82,7 @@ std::string device_update_blocker(const PlanRequest& r, const StateChoice& s) {
   if (!r.model.tied) return "the embedding is not tied to the LM head (its table is not on the GPU for the whole step)";
   if (r.world != 1) return fmt::format("world size {} (the data-parallel trainer updates on the host)", r.world);
   if (p.grads != GradHome::Host) return "gradients held on the device";
+  if (p.host_bf16_grads()) return "gradients on the host in bf16 (the device update reads fp32 ones)";
   if (p.master != MasterMode::Fp32 || p.fp32_master_array) return "the master weights are not split fp32";
   for (const auto& n : s.q8)
     if (n.find("embed_tokens") != std::string::npos) return fmt::format("'{}' has 8-bit moments", n);
@@ -76,15 +93,22 @@ std::string layer_update_blocker(const PlanRequest& r, const StateChoice& s) {
   const StatePlacement& p = s.placement;
   if (r.world != 1) return fmt::format("world size {} (the data-parallel trainer updates on the host)", r.world);
   if (p.grads != GradHome::Host) return "gradients held on the device";
+  if (p.host_bf16_grads()) return "gradients on the host in bf16 (the device update reads fp32 ones)";
   if (p.master != MasterMode::Fp32 || p.fp32_master_array) return "the master weights are not split fp32";
+  return {};
+}
+
+std::string host_bf16_blocker(const PlanRequest& r) {
+  if (r.world != 1) return fmt::format("world size {} (the data-parallel trainer reduces fp32 host gradients)", r.world);
+  if (r.micro_batches != 1)
+    return fmt::format("{} micro-batches per step (the executor rounds each gradient on the device as it leaves, so "
+                       "one micro-batch per step; several would need their sum rounded on the host, not run yet)",
+                       r.micro_batches);
   return {};
 }
 
 std::vector<StateChoice> placement_ladder(const PlanRequest& r) {
   const double dram = double(r.profile.dram_bytes);
-  LT_CHECK(!(r.grads == GradHome::Host && r.grad_dtype == GradDType::Bf16),
-           "plan: gradient dtype bf16 applies to gradients held on the device; with gradients on the host they "
-           "are fp32 accumulators (use gradients device or auto)");
   StatePlacement p{r.master.value_or(MasterMode::Fp32), r.grads.value_or(GradHome::Host),
                    r.grad_dtype.value_or(GradDType::F32)};
   const bool single = r.world == 1;  // data parallel: the rungs its trainer runs (check_data_parallel)
@@ -93,24 +117,40 @@ std::vector<StateChoice> placement_ladder(const PlanRequest& r) {
     p.moment_shards = r.world;
     p.fp32_master_array = true;
   }
+  const std::string host_bf16_why = host_bf16_blocker(r);
+  LT_CHECK(!(r.grads == GradHome::Host && r.grad_dtype == GradDType::Bf16) || host_bf16_why.empty(),
+           "plan: gradients host with gradient_dtype bf16: {}; use gradient_dtype fp32 or gradients device",
+           host_bf16_why);
   // Before the 8-bit rung a hybrid optimizer keeps fp32 moments.
   std::string moments = r.optimizer == "hybrid" ? "adamw" : r.optimizer;
   std::vector<StateChoice> v;
   std::string blocked;  // why a required embedding update on the GPU was left out
-  auto push = [&] { push_rung(r, {p, choose_8bit(r.model, moments, dram, p)}, v, blocked); };
+  int level = 0;
+  // The gradient homes of the rungs from bf16 gradients on: held in HBM and on the host cost the same accuracy (one
+  // rounding), so both are offered where neither is forced.
+  std::vector<GradHome> homes{p.grads};
+  auto push_home = [&](StatePlacement q, GradHome h) {
+    q.grads = h;
+    if (q.host_bf16_grads() && !host_bf16_why.empty()) return;
+    push_rung(r, {q, choose_8bit(r.model, moments, dram, q), level}, v, blocked);
+  };
+  auto push = [&] {
+    ++level;
+    for (GradHome h : homes) push_home(p, h);
+  };
   push();
   if (single && !r.grads) {
-    p.grads = GradHome::Device;
+    p.grads = homes[0] = GradHome::Device;
     push();
   }
   if (r.optimizer == "hybrid") {
     moments = "hybrid";
     push();
   }
-  if (p.grads == GradHome::Device && !r.grad_dtype) {
-    p.grad_dtype = GradDType::Bf16;
-    push();
-  }
+  const bool bf16_rung = single && !r.grad_dtype;
+  if (bf16_rung) p.grad_dtype = GradDType::Bf16;
+  if (p.grad_dtype == GradDType::Bf16 && !r.grads) homes = {GradHome::Device, GradHome::Host};
+  if (bf16_rung) push();
   if (moments != "adamw") {
     p.embedding_8bit = true;
     push();
@@ -119,7 +159,18 @@ std::vector<StateChoice> placement_ladder(const PlanRequest& r) {
     p.master = MasterMode::Bf16Sr;
     push();
   }
-  if (r.allow_nvme_moments && r.profile.nvme_bytes > 0) push_nvme_rung(r, p, moments, v, blocked);
+  if (r.allow_nvme_moments && r.profile.nvme_bytes > 0) {
+    ++level;
+    for (GradHome h : homes) {
+      StatePlacement q = p;
+      q.grads = h;
+      if (q.host_bf16_grads() && !host_bf16_why.empty()) continue;
+      for (int64_t k : nvme_layer_counts(r, q, moments)) {
+        q.nvme_layers = k;
+        push_home(q, h);
+      }
+    }
+  }
   LT_CHECK(!v.empty(), "plan: embedding_update device: {} (use embedding_update host or auto)", blocked);
   return v;
 }
@@ -130,10 +181,10 @@ bool state_fits(const PlanRequest& r, const StateChoice& s) {
 }
 
 std::string describe_choice(const StateChoice& s) {
+  const bool dtype = s.placement.grads == GradHome::Device || s.placement.grad_dtype != GradDType::F32;
   std::string d = fmt::format("master {}, gradients {}{}, {} 8-bit tensors", master_mode_name(s.placement.master),
                               grad_home_name(s.placement.grads),
-                              s.placement.grads == GradHome::Device ? fmt::format(" ({})", grad_dtype_name(s.placement.grad_dtype)) : "",
-                              s.q8.size());
+                              dtype ? fmt::format(" ({})", grad_dtype_name(s.placement.grad_dtype)) : "", s.q8.size());
   if (s.placement.embedding_8bit) d += " (embedding included)";
   if (s.placement.nvme_layers > 0) d += fmt::format(", moments of {} layers on nvme", s.placement.nvme_layers);
   return d;

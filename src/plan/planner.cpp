@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <utility>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -145,16 +147,35 @@ Prepared prepare(const PlanRequest& r, StateChoice st) {
   return pr;
 }
 
-// The placement ladder: the first choice whose state fits and whose DP finds a plan; the last one
-// (the most frugal) when none does, for the "does not fit" message.
+// The rung planned when none works, for the "does not fit" message: the last one whose state fits (the DP then
+// names what the activations lack), else the last.
+const StateChoice& fallback_rung(const PlanRequest& r, const std::vector<StateChoice>& ladder) {
+  for (size_t k = ladder.size(); k-- > 0;)
+    if (state_fits(r, ladder[k])) return ladder[k];
+  return ladder.back();
+}
+
+// The placement ladder: the first level with a rung whose state fits and whose DP finds a plan; of several such rungs,
+// the one whose plan (the requested planner's tiers) simulates fastest (ties: the earlier rung), or with
+// PlanRequest::fastest_placement off the first of them.
 Prepared choose_state(const PlanRequest& r) {
-  auto ladder = placement_ladder(r);
-  for (size_t k = 0; k + 1 < ladder.size(); ++k) {
-    if (!state_fits(r, ladder[k])) continue;
-    Prepared pr = prepare(r, ladder[k]);
-    if (pr.dp.feasible) return pr;
+  const auto ladder = placement_ladder(r);
+  std::optional<Prepared> best;
+  int best_level = -1;
+  for (const StateChoice& st : ladder) {
+    if (best && st.level != best_level) break;
+    if (!state_fits(r, st)) continue;
+    Prepared pr = prepare(r, st);
+    if (!pr.dp.feasible) continue;
+    if (!r.fastest_placement) return pr;
+    pr.step = simulated_step(r, pr);
+    if (!best || pr.step < best->step * (1 - 1e-6)) {
+      best_level = st.level;
+      best = std::move(pr);
+    }
   }
-  return prepare(r, ladder.back());
+  if (best) return std::move(*best);
+  return prepare(r, fallback_rung(r, ladder));
 }
 
 // Hybrid: the minimal 8-bit set leaves no DRAM for CPU checkpoints. Also try switching more tensors
@@ -329,6 +350,12 @@ std::string why_not(const PlanRequest& r, const PlanOutcome& out, const StateCho
       why = cd.why;
     }
   const double floor_hbm = in.hbm_fixed + in.ring + in.max_ws_bwd() + 3 * in.A;
+  if (why.empty() && floor_hbm <= in.hbm_cap)  // the floor fits: the other boundaries have no home
+    return fmt::format("does not fit: the GPU's floor at chunk {} fits ({} of {}), but the other boundaries ({} each), "
+                       "recomputed or offloaded, find no room: the rest of HBM, dram {} left after the model state, "
+                       "nvme {} (staged through dram)",
+                       chunk, format_bytes(floor_hbm), format_bytes(in.hbm_cap), format_bytes(in.A),
+                       format_bytes(std::max(0.0, in.dram_cap - in.dram_fixed)), format_bytes(in.nvme_cap));
   if (why.empty() || floor_hbm > in.hbm_cap)
     why = fmt::format("does not fit: gpu short by {} (needs {} for the {}weight ring, the largest layer's backward and 3 "
                       "boundaries at chunk {}, has {})", format_bytes(floor_hbm - in.hbm_cap), format_bytes(floor_hbm),
@@ -421,6 +448,16 @@ const Candidate* choose_candidate(const PlanRequest& r, const PlanOutcome& out) 
   return best;
 }
 
+// What the moments' NVMe I/O costs the chosen plan (PlanOutcome::nvme_moments_io_s, nvme_moments_cost_s).
+void nvme_moments_cost(PlanOutcome& out) {
+  if (out.inst.nvme_read.empty()) return;
+  out.nvme_moments_io_s = out.inst.nvme_io_s();
+  Instance free_io = out.inst;
+  std::fill(free_io.nvme_read.begin(), free_io.nvme_read.end(), 0.0);
+  std::fill(free_io.nvme_write.begin(), free_io.nvme_write.end(), 0.0);
+  out.nvme_moments_cost_s = out.sim.pred.step_s - simulate(free_io, out.plan).pred.step_s;
+}
+
 }  // namespace
 
 PlanOutcome make_plan(const PlanRequest& r) {
@@ -430,6 +467,7 @@ PlanOutcome make_plan(const PlanRequest& r) {
            r.world, r.ranks_per_host);
   PlanOutcome out;
   out.flops_per_step = model_flops_per_step(r.model, r.batch * r.seq * r.micro_batches);
+  out.flops_attn_per_step = model_flops_with_attention(r.model, full_rows(r.batch * r.micro_batches, r.seq));
   Prepared prep = choose_state(r);
   widen_8bit(r, prep);
   choose_device_and_kept(r, prep);
@@ -450,19 +488,16 @@ PlanOutcome make_plan(const PlanRequest& r) {
   out.plan.predicted = out.sim.pred;
   for (auto& cd : out.candidates)
     if (cd.feasible) cd.sim.pred.tflops = out.flops_per_step / cd.sim.pred.step_s / 1e12;
+  nvme_moments_cost(out);
   return out;
 }
 
-int64_t max_feasible_batch(PlanRequest r, const std::string& planner, int64_t hi) {
-  r.compare = false;
-  r.explain = false;
-  r.keep_internals = false;  // feasibility is about k = 0 (keeping only adds HBM)
-  r.planner = planner == "milp" ? "dp" : planner;
-  auto ok = [&](int64_t b) {
-    r.batch = b;
-    return make_plan(r).feasible;
-  };
-  if (!ok(1)) return 0;
+namespace {
+
+// Largest k in [1, hi] with ok(k), for ok true up to some k and false above; 0 if ok(1) is false. Doubles, then
+// bisects: about 2 log2(answer) calls.
+int64_t largest_ok(const std::function<bool(int64_t)>& ok, int64_t hi) {
+  if (hi < 1 || !ok(1)) return 0;
   int64_t lo = 1, up = 2;
   while (up <= hi && ok(up)) {
     lo = up;
@@ -470,10 +505,43 @@ int64_t max_feasible_batch(PlanRequest r, const std::string& planner, int64_t hi
   }
   up = std::min(up, hi + 1);
   while (up - lo > 1) {
-    int64_t mid = (lo + up) / 2;
+    const int64_t mid = (lo + up) / 2;
     (ok(mid) ? lo : up) = mid;
   }
   return lo;
+}
+
+// The request as a feasibility search asks it: no comparison or explanation, any rung that works, no kept internals
+// (keeping only adds HBM), the DP in place of the MILP (the same feasibility, faster).
+PlanRequest feasibility_request(PlanRequest r, const std::string& planner) {
+  r.compare = false;
+  r.explain = false;
+  r.fastest_placement = false;
+  r.keep_internals = false;
+  r.planner = planner == "milp" ? "dp" : planner;
+  return r;
+}
+}  // namespace
+
+int64_t max_feasible_batch(PlanRequest r, const std::string& planner, int64_t hi) {
+  r = feasibility_request(std::move(r), planner);
+  return largest_ok(
+      [&](int64_t b) {
+        r.batch = b;
+        return make_plan(r).feasible;
+      },
+      hi);
+}
+
+int64_t max_feasible_seq(PlanRequest r, const std::string& planner, int64_t granule, int64_t hi) {
+  LT_CHECK(granule >= 1 && hi >= granule, "max_feasible_seq: granule must be >= 1 and <= hi, got granule {} and hi {}",
+           granule, hi);
+  r = feasibility_request(std::move(r), planner);
+  auto ok = [&](int64_t k) {
+    r.seq = k * granule;
+    return make_plan(r).feasible;
+  };
+  return largest_ok(ok, hi / granule) * granule;
 }
 
 }  // namespace lt

@@ -37,6 +37,9 @@ struct PlanRequest {
   bool allow_bf16_master = false;    // `--master-weights auto`
   bool allow_nvme_moments = false;   // `--optimizer-nvme auto`: the last rung puts layers' moments on NVMe
   bool explain = true;               // when nothing fits, re-plan to name the smallest change that fits
+  // Of several placements on one level of the ladder that fit (placement.h), take the one whose plan simulates
+  // fastest; false: the first (feasibility searches: --batch max, the fit advice's checks).
+  bool fastest_placement = true;
   // Kept internals (docs/planner.md "Kept internals"): let the last k layers keep their forward internals in HBM
   // (no re-run in their backward) when the profile measured it and it makes the step faster; k in Plan::kept_layers.
   bool keep_internals = true;
@@ -82,6 +85,11 @@ struct PlanOutcome {
   StatePlacement placement;  // also in plan.placement
   StateBytes state;          // bytes and home of each part of the model state
   double flops_per_step = 0;  // 6 * N * batch * seq
+  double flops_attn_per_step = 0;  // + the sequence mixers, every row one segment (model_flops_with_attention)
+  // Moments on the NVMe tier (placement.nvme_layers > 0): the disk's busy time per step for them (every read and
+  // write-back, Instance::nvme_io_s) and what they add to the predicted step: the plan simulated as is against the
+  // same plan with that I/O taking no time.
+  double nvme_moments_io_s = 0, nvme_moments_cost_s = 0;
 };
 
 // Tensors switched to 8-bit moments for the request's optimizer mode: none (adamw), every eligible
@@ -97,5 +105,11 @@ PlanOutcome make_plan(const PlanRequest& r);
 // space) finds a feasible plan; 0 if none. Feasibility is monotone in the batch (memory grows with it).
 // Without kept internals (keep_internals = false): keeping only adds HBM, so it never changes feasibility.
 int64_t max_feasible_batch(PlanRequest r, const std::string& planner, int64_t hi = 4096);
+
+// Longest sequence, a multiple of `granule` tokens in [granule, hi], for which `planner` (as for
+// max_feasible_batch) finds a feasible plan at r.batch; 0 if none. Feasibility is monotone in the sequence length
+// (every boundary, internal and workspace grows with it). Without kept internals, as max_feasible_batch.
+int64_t max_feasible_seq(PlanRequest r, const std::string& planner, int64_t granule = 1024,
+                         int64_t hi = int64_t(1) << 24);
 
 }  // namespace lt

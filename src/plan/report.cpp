@@ -103,8 +103,9 @@ std::string plan_report(const PlanRequest& r, const PlanOutcome& o) {
   s += kind_summary(r, in);
   s += fmt::format("optimizer {}: {} tensors ({:.2f}B params) with 8-bit moments; master_weights {}, gradients {}; "
                    "model state in DRAM {}, in HBM {}\n", r.optimizer, o.eight_bit_tensors, double(o.eight_bit_params) / 1e9,
-                   master_mode_name(o.placement.master), grad_home_name(o.placement.grads), format_bytes(in.dram_fixed),
-                   format_bytes(in.hbm_fixed));
+                   master_mode_name(o.placement.master),
+                   fmt::format("{} ({})", grad_home_name(o.placement.grads), grad_dtype_name(o.placement.grad_dtype)),
+                   format_bytes(in.dram_fixed), format_bytes(in.hbm_fixed));
   if (o.dp) s += fmt::format("dp: {} in {:.3f} s ({} states)\n", o.dp->feasible ? "feasible" : "infeasible", o.dp->solve_s, o.dp->states);
   if (o.milp) {
     const auto& m = *o.milp;
@@ -132,12 +133,17 @@ std::string plan_report(const PlanRequest& r, const PlanOutcome& o) {
   if (p.kept_layers > 0) s += fmt::format("  kept internals: last {} layers ({})\n", p.kept_layers, format_bytes(kept_hbm(in)));
   s += fmt::format("  predicted step {} ms, {:.1f} TFLOPS (6*N*tokens/step, N={:.2f}B), {:.0f} tokens/s\n", ms(q.step_s),
                    q.tflops, double(parameter_count(r.model)) / 1e9, double(r.batch * r.seq * r.micro_batches) / q.step_s);
+  s += attention_line(r, o);
   s += fmt::format("  breakdown: compute {} + recompute {} + exposed h2d {} + d2h {} + nvme {} + optimizer {} ms\n",
                    ms(q.compute_s), ms(q.recompute_s), ms(q.exposed_h2d_s), ms(q.exposed_d2h_s), ms(q.exposed_nvme_s),
                    ms(q.exposed_optimizer_s));
   s += fmt::format("  peaks: gpu {} of {}, dram {} of {}, nvme {} of {}\n", format_bytes(double(q.peak_hbm)),
                    format_bytes(in.hbm_cap), format_bytes(double(q.peak_dram)), format_bytes(in.dram_cap),
                    format_bytes(double(q.nvme_bytes)), format_bytes(in.nvme_cap));
+  if (o.placement.nvme_layers > 0)
+    s += fmt::format("  nvme moments: last {} layers, {} of files, {:.2f} s of disk I/O per step, adding {} ms to the step\n",
+                     o.placement.nvme_layers, format_bytes(o.state.nvme()), o.nvme_moments_io_s,
+                     ms(o.nvme_moments_cost_s));
   s += "\n" + memory_table(o);
   if (r.model.hybrid()) s += layer_table(r.model, in, p);
   s += "\ncandidates (same simulator):\n";
@@ -160,6 +166,19 @@ std::string plan_report(const PlanRequest& r, const PlanOutcome& o) {
                      ms(x.exposed_optimizer_s), format_bytes(double(x.peak_hbm)), g, cc, n);
   }
   return s;
+}
+
+std::string attention_line(const PlanRequest& r, const PlanOutcome& o) {
+  const double step_s = o.sim.pred.step_s;
+  if (step_s <= 0) return {};
+  const double tflops = o.flops_attn_per_step / step_s / 1e12;
+  const double share = 1.0 - o.flops_per_step / std::max(o.flops_attn_per_step, 1.0);
+  std::string s = fmt::format("  with attention: {:.1f} TFLOPS (6*N*tokens + causal attention{}, {:.1f}% of it)", tflops,
+                              r.model.hybrid() ? " + delta rule" : "", 100 * share);
+  if (r.profile.peak_flops > 0)
+    s += fmt::format(", MFU {:.1f}% ({:.1f}% at 6*N) of {:.0f} TFLOP/s", 100 * tflops * 1e12 / r.profile.peak_flops,
+                     100 * o.sim.pred.tflops * 1e12 / r.profile.peak_flops, r.profile.peak_flops / 1e12);
+  return s + "\n";
 }
 
 std::string timeline_svg(const SimResult& sim, const std::string& title) {

@@ -44,7 +44,7 @@ StateBytes model_state_bytes(const ModelConfig& c, const std::vector<std::string
     b.master += master_bytes_per_param(s) * n;
     const bool on_gpu = (s.embedding_update_device && u.kind == UnitKind::Embedding) ||
                         (u.kind == UnitKind::Layer && u.layer < s.device_update_layers);
-    if (!on_gpu) (held ? b.grads_device : b.grads_host) += (held ? held_b : 4.0) * n;  // host: fp32
+    if (!on_gpu) (held ? b.grads_device : b.grads_host) += held_b * n;  // host: fp32, or bf16 (host_bf16_grads)
     double mb = 0;
     for (auto& p : u.params) {
       mb += moment_bytes(p.numel, q8.count(p.name) > 0);
@@ -61,15 +61,21 @@ StateBytes model_state_bytes(const ModelConfig& c, const std::vector<std::string
     if (u.kind == UnitKind::Embedding) emb = n;
     if (held) held_units.push_back(int64_t(n));
   }
-  // Device: the executor's staging ring (grad_ring_elems) in the held dtype.
-  b.staging = s.grads == GradHome::Host ? 2.0 * 2.0 * largest_layer : held_b * double(grad_ring_elems(held_units));
+  // Device: the executor's staging ring (grad_ring_elems) in the held dtype. Host bf16: none (the rounded pieces are
+  // copied straight into the pinned gradients).
+  b.staging = s.host_bf16_grads()             ? 0.0
+              : s.grads == GradHome::Host ? 2.0 * 2.0 * largest_layer
+                                          : held_b * double(grad_ring_elems(held_units));
   // The executor's per-micro-batch fp32 gradient buffers (exec/executor_setup.cpp grad_memory): with host
   // gradients two layers', the head's and (tied: on the device) the embedding's, which the backward writes and
   // the D2H reads; with bf16 held ones the same, an untied head and the resident embedding sharing one
   // (shared_head_embedding_grad). Counting them in bf16 and only in the backward and head slots left a Qwen3.5-9B
   // plan at its largest batch 6 GiB short of what the executor allocated.
+  // Host bf16: + the two bf16 buffers of the largest layer each gradient is rounded into, piece by piece, on its way
+  // down (exec/micro_batch_run.cpp offload_grad).
   if (s.grads == GradHome::Host)
-    b.grad_scratch = 4.0 * (2.0 * largest_layer + head + (c.tied ? emb : 0.0));
+    b.grad_scratch = 4.0 * (2.0 * largest_layer + head + (c.tied ? emb : 0.0)) +
+                     (s.host_bf16_grads() ? 2.0 * 2.0 * largest_layer : 0.0);
   else if (s.grad_dtype == GradDType::Bf16)
     b.grad_scratch = 4.0 * (2.0 * largest_layer + (c.tied ? head + emb : std::max(head, emb)));
   if (embedding_resident_for(c, s)) b.resident_table = 2.0 * emb;
@@ -80,8 +86,9 @@ StateBytes model_state_bytes(const ModelConfig& c, const std::vector<std::string
 
 double layer_moment_bytes(const ModelConfig& c, int64_t layer, const std::vector<std::string>& eight_bit) {
   const std::set<std::string> q8(eight_bit.begin(), eight_bit.end());
+  const ModelLayout lay = model_layout(c);  // held: a reference into a temporary layout would dangle in the loop
   double b = 0;
-  for (auto& p : model_layout(c).layer(layer).params) b += moment_bytes(p.numel, q8.count(p.name) > 0);
+  for (auto& p : lay.layer(layer).params) b += moment_bytes(p.numel, q8.count(p.name) > 0);
   return b;
 }
 
@@ -92,7 +99,9 @@ std::vector<StatePart> StateBytes::parts() const {
                StateHome::Dram, master});
   if (grads_device > 0)
     v.push_back({fmt::format("gradients ({}, held)", grad_dtype_name(placement.grad_dtype)), StateHome::Gpu, grads_device});
-  if (grad_scratch > 0) v.push_back({"gradient scratch (fp32)", StateHome::Gpu, grad_scratch});
+  if (grad_scratch > 0)
+    v.push_back({placement.host_bf16_grads() ? "gradient scratch (fp32, bf16)" : "gradient scratch (fp32)",
+                 StateHome::Gpu, grad_scratch});
   if (resident_table > 0) v.push_back({"embedding table (resident)", StateHome::Gpu, resident_table});
   if (head_weights > 0) v.push_back({"head weights (bf16)", StateHome::Gpu, head_weights});
   if (device_update > 0) v.push_back({"embedding update (remainders, moments)", StateHome::Gpu, device_update});
@@ -101,7 +110,7 @@ std::vector<StatePart> StateBytes::parts() const {
                              placement.device_update_layers),
                  StateHome::Gpu, device_layers});
   if (grads_host > 0)
-    v.push_back({"gradients (fp32)", StateHome::Dram, grads_host});
+    v.push_back({fmt::format("gradients ({})", grad_dtype_name(placement.grad_dtype)), StateHome::Dram, grads_host});
   std::string mom = eight_bit_tensors > 0 ? fmt::format("moments ({} 8-bit tensors)", eight_bit_tensors) : "moments (fp32)";
   if (placement.moment_shards > 1) mom += fmt::format(", shard 1/{}", placement.moment_shards);
   v.push_back({mom, StateHome::Dram, moments});
@@ -109,8 +118,9 @@ std::vector<StatePart> StateBytes::parts() const {
     v.push_back({fmt::format("moments of the last {} layers", placement.nvme_layers), StateHome::Nvme, moments_nvme});
     v.push_back({"moment staging slots", StateHome::Dram, moment_staging});
   }
-  v.push_back({placement.grads == GradHome::Host ? "gradient slabs (pinned)" : "gradient staging ring (pinned)",
-               StateHome::Dram, staging});
+  if (staging > 0)
+    v.push_back({placement.grads == GradHome::Host ? "gradient slabs (pinned)" : "gradient staging ring (pinned)",
+                 StateHome::Dram, staging});
   return v;
 }
 

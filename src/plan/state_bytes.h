@@ -2,6 +2,8 @@
 // Per parameter, on the bf16-streaming (CUDA) backend:
 //   master + streaming copy  fp32: 4 B (bf16 copy + 16-bit remainder); bf16-sr: 2 B         DRAM
 //   gradients                host: fp32 4 B, pinned                                       DRAM
+//                            host bf16 (gradient_dtype bf16): 2 B, pinned; each leaves the
+//                            GPU rounded, through 2 bf16 buffers of the largest layer       DRAM (+ HBM)
 //                            device: fp32 4 B or bf16 2 B held for the whole step (every
 //                            unit: an untied embedding's table is then resident in HBM,
 //                            its lookup and backward on the GPU)                           HBM
@@ -16,7 +18,7 @@
 //   layers updated on the GPU (device_update_layers, the first k): their bf16 weights 2 B, remainders 2 B, moments
 //                            (as above) and an fp32 gradient 4 B in HBM; no host gradient (the DRAM copies of
 //                            master and moments stay, written back at a checkpoint)                     HBM
-//   staging (pinned)         host: 2 bf16 slabs of the largest layer (D2H double buffer);
+//   staging (pinned)         host: 2 bf16 slabs of the largest layer (D2H double buffer; none in bf16);
 //                            device: the ring of grad_ring_elems in the held dtype          DRAM
 #pragma once
 #include <cstdint>

@@ -40,8 +40,11 @@ std::string totals(const Totals& tot, const Caps& caps) {
 std::string header(const StateBytes& s, int64_t params) {
   const std::string n = params >= 100'000'000 ? fmt::format("{:.2f}B", double(params) / 1e9)
                                                : fmt::format("{:.2f}M", double(params) / 1e6);
-  return fmt::format("memory (master {}, gradients {}; {} params):\n", master_mode_name(s.placement.master),
-                     grad_home_name(s.placement.grads), n);
+  // The gradients' dtype where it is not the host's fp32 (held ones, host bf16 ones).
+  const bool dtype = s.placement.grads == GradHome::Device || s.placement.grad_dtype != GradDType::F32;
+  return fmt::format("memory (master {}, gradients {}{}; {} params):\n", master_mode_name(s.placement.master),
+                     grad_home_name(s.placement.grads),
+                     dtype ? fmt::format(" ({})", grad_dtype_name(s.placement.grad_dtype)) : std::string(), n);
 }
 
 // The plan's own memory beside the model state's: kept internals (in hbm_fixed besides the model state's HBM), the

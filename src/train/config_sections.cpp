@@ -184,9 +184,6 @@ void validate_placement(const PlacementSection& p) {
   if (p.device_update_layers)  // a config built in code; parsed ones are "auto" or a count >= 0
     LT_CHECK(*p.device_update_layers >= 0, "config: device_update_layers must be auto or a count of layers >= 0, "
              "got '{}'", *p.device_update_layers);
-  LT_CHECK(!(p.gradient_dtype == GradientDtype::Bf16 && p.gradients == GradientHome::Host),
-           "config: gradient_dtype: bf16 applies to gradients held on the device, but gradients: host keeps fp32 "
-           "accumulators on the host (set gradients: device or auto)");
   LT_CHECK(p.optimizer_nvme == OptimizerNvme::None || !p.nvme_dir.empty(),
            "config: optimizer_nvme: {} may keep layers' optimizer moments in files on NVMe and needs nvme_dir (a "
            "directory on a local SSD)", name_of(p.optimizer_nvme));

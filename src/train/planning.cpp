@@ -182,12 +182,10 @@ SolvedPlan solve_plan(const PlacementSection& cfg, const PlanRequest& r) {
   const PlanOutcome& o = s.outcome;
   if (!o.feasible)
     fail("{} (planner {}, batch {}, seq {}; profile {})", o.why, r.planner, r.batch, r.seq, r.profile.name);
-  // gradient_dtype: bf16 is the dtype of gradients held on the device; host gradients are fp32 accumulators.
-  LT_CHECK(!(cfg.gradient_dtype == GradientDtype::Bf16 && o.placement.grads == GradHome::Host),
-           "config: gradient_dtype=bf16 applies to gradients held on the device, but the plan keeps the gradients on "
-           "the host (gradients: {}, the {} planner's choice for this model, batch {} and seq {}); set "
-           "gradients=device to hold them on the device in bf16, or gradient_dtype=auto",
-           name_of(cfg.gradients), o.chosen.empty() ? r.planner : o.chosen, r.batch, r.seq);
+  // gradient_dtype: bf16 holds for gradients on the device and on the host alike (core/model_state.h).
+  LT_CHECK(cfg.gradient_dtype != GradientDtype::Bf16 || o.placement.grad_dtype == GradDType::Bf16,
+           "internal: gradient_dtype bf16 was asked for, but the plan keeps the gradients ({}) in {}",
+           grad_home_name(o.placement.grads), grad_dtype_name(o.placement.grad_dtype));
   return s;
 }
 
@@ -252,7 +250,8 @@ struct PlanSummary {
 };
 
 std::string placement_notes(const StatePlacement& p) {
-  return (p.grads == GradHome::Device ? fmt::format(" ({})", grad_dtype_name(p.grad_dtype)) : std::string()) +
+  return (p.grads == GradHome::Device || p.grad_dtype != GradDType::F32 ? fmt::format(" ({})", grad_dtype_name(p.grad_dtype))
+                                                                         : std::string()) +
          (p.embedding_update_device ? ", the embedding's update on the GPU" : "") +
          (p.device_update_layers > 0
               ? fmt::format(", the first {} layers' updates on the GPU", p.device_update_layers)

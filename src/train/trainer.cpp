@@ -20,6 +20,7 @@
 #include "exec/optim_hook.h"
 #include "infer/evaluate.h"
 #include "io/model_io.h"
+#include "model/accounting.h"
 #include "model/init.h"
 #include "model/sequence.h"
 #include "train/checkpoint.h"
@@ -28,6 +29,7 @@
 #include "train/lr_schedule.h"
 #include "train/model_setup.h"
 #include "train/nonfinite.h"
+#include "train/nvme_space.h"
 #include "train/planning.h"
 #include "train/signals.h"
 #include "train/trainer_setup.h"
@@ -49,6 +51,12 @@ MicroBatch micro_batch_of(const data::Batch& b, std::vector<int32_t>& targets_st
   mb.positions = packed ? b.positions.data() : nullptr;
   mb.segments = packed ? b.segments.data() : nullptr;
   return mb;
+}
+
+// Adds a micro-batch's rows with the segments the executor masks (micro_batch_of: packed rows' ids; else
+// each row is one segment, padding included).
+void add_rows(StepRows& rows, const data::Batch& b, bool packed) {
+  for (int64_t i = 0; i < b.batch; ++i) add_row(rows, packed ? b.segments.data() + i * b.seq : nullptr, b.seq);
 }
 
 }  // namespace
@@ -105,6 +113,7 @@ class TrainSession {
         config_yaml_(config_to_yaml(cfg)) {
     if (!leader_) logger_.mute_console();
     if (leader_) print_summary();
+    check_nvme_space(cfg.placement.nvme_dir, nvme_need());
     if (resume_)
       resume_from(*resume_, cfg_, ms_, st_, optimizer(), [this](const fs::path& f) { load_optimizer(f); }, loader_,
                   ts_);
@@ -196,6 +205,17 @@ class TrainSession {
   }
 
   optim::CpuAdamW& optimizer() { return dp_ ? dp_->optimizer() : hook_->optimizer(); }
+
+  // What the run writes under nvme_dir (train/nvme_space.h): the moments' files and the plan's NVMe checkpoints.
+  NvmeNeed nvme_need() {
+    NvmeNeed n;
+    n.moment_files = optimizer().moment_homes().nvme;
+    const auto& o = st_.options();
+    n.checkpoints = executor_memory(ms_.model, tp_.exec, bc_.backend->dtypes(), 0, o.grads, int32_t(shape_.rank_ga),
+                                    o.grad_dtype).nvme;
+    n.resuming = bool(resume_);
+    return n;
+  }
 
   void load_optimizer(const fs::path& file) {
     if (dp_)
@@ -292,9 +312,11 @@ class TrainSession {
     targets_.resize(size_t(ga));
     std::vector<MicroBatch> mbs;  // the global batch (a data-parallel rank runs its share)
     int64_t nonpad = 0;
+    StepRows rows;
     for (int64_t i = 0; i < ga; ++i) {
       batches_[size_t(i)] = loader_.next();
       nonpad += batches_[size_t(i)].n_real_tokens;
+      add_rows(rows, batches_[size_t(i)], cfg_.data.packing);
       mbs.push_back(micro_batch_of(batches_[size_t(i)], targets_[size_t(i)], cfg_.data.packing));
     }
     if (!geometry_prepared_) {  // one-time builds for the batch shape (cuDNN's graphs) outside the step's time
@@ -332,7 +354,7 @@ class TrainSession {
     if (leader_) write_trace_if_asked();
     const bool skipped = record_nonfinite(info, r.loss);
     StepMetrics m =
-        step_metrics(ts_, shape_, StepFigures{&r, info.grad_norm, lr, dt, nonpad}, flops_, peak_, bc_.gpu, tp_);
+        step_metrics(ts_, shape_, StepFigures{&r, info.grad_norm, lr, dt, nonpad, model_flops_with_attention(ms_.model, rows)}, flops_, peak_, bc_.gpu, tp_);
     m.update_skipped = skipped;
     m.skipped_steps = ts_.skipped_steps;
     optimizer_rate(window0, m);

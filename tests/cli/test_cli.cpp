@@ -2,6 +2,7 @@
 // `tokenize` in text and --chat mode against the HF expectations committed with the family fixtures
 // (tests/fixtures/families/*/cases.jsonl), and `generate --raw` with a tokenizer that has no chat
 // template.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -230,6 +231,34 @@ TEST(CliPlan, DeviceUpdateLayers) {
   const auto dp = run_cli(base + "--device-update-layers 2 --world-size 2");
   EXPECT_NE(dp.rc, 0);
   EXPECT_NE(dp.err.find("world size 2"), std::string::npos) << dp.err;
+}
+
+// `plan --seq max`: the longest sequence at the batch, why one granule more does not fit, then its plan (with the
+// attention-inclusive TFLOPS line); bad values are errors naming the option.
+TEST(CliPlan, SeqMax) {
+  const std::string base = "plan --model qwen2.5-0.5b --profile " + quote(kSrc + "/configs/profiles/h200.json") +
+                           " --gpu-mem 6GiB --planner dp --no-compare ";
+  const auto r = run_cli(base + "--seq max");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const size_t at = r.out.find("max feasible seq: ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const int64_t s = std::stoll(r.out.substr(at + 18));
+  EXPECT_EQ(s % 1024, 0);
+  EXPECT_NE(r.out.find(fmt::format("max feasible seq: {} at batch 1 (dp, multiples of 1024 tokens)", s)),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find(fmt::format("seq {} does not fit: gpu short by", s + 1024)), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(fmt::format("batch 1 x seq {} x 1 micro-batches", s)), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("with attention: "), std::string::npos) << r.out;
+  for (const auto& [args, needle] :
+       {std::pair<std::string, std::string>{"--seq max --batch max", "--batch max and --seq max together"},
+        {"--seq 12x", "--seq must be a positive integer or 'max', got '12x'"},
+        {"--seq 0", "--seq must be a positive integer or 'max', got '0'"},
+        {"--batch two", "--batch must be a positive integer or 'max', got 'two'"}}) {
+    const auto bad = run_cli(base + args);
+    EXPECT_NE(bad.rc, 0) << args;
+    EXPECT_NE(bad.err.find(needle), std::string::npos) << args << ":\n" << bad.err;
+  }
 }
 
 TEST(CliPlan, BadWorldSizeArgumentsAreClearErrors) {

@@ -21,6 +21,7 @@ struct Outcome {
   std::vector<double> loss, norm, opt_norm, eval;
   std::vector<std::vector<float>> masters;
   int64_t grad_bytes = 0, peak_device = 0, failures = 0;
+  bool host_bf16_grads = false;
 };
 
 // Called before step s; returns true when that step is expected to fail (it is then run again).
@@ -33,6 +34,7 @@ struct Case {
   int steps = 4;
   bool eval_after_step_1 = false;
   bool flush = true;  // flush_updates before wait_all (false: the executor's destructor does it)
+  bool round_host_embedding = false;  // round_host_grads: the host-computed embedding's gradient too
 };
 
 std::vector<optim::UnitSpec> unit_specs(const ModelLayout& lay) {
@@ -70,25 +72,26 @@ class RoundToBf16Hook final : public UpdateHook {
 Outcome train(const Case& s, GradHome home, const BeforeStep& before = {}, GradDType held = GradDType::F32,
               bool round_host_grads = false) {
   CpuBackend be(s.c, test::cpu_opts());
+  Outcome r;
   HostStateOptions ho;
   ho.grads = home;
   ho.grad_dtype = held;
   if (home == GradHome::Device) ho.host_grad_units = host_grad_units(s.c, s.p);
   HostState st(be, ho);
+  r.host_bf16_grads = ho.host_bf16_grads();
   test::random_weights(be.layout(), st, 11);
   optim::AdamWConfig oc;
   oc.max_grad_norm = 0.05f;  // clipping active: the global norm must be exact before any update
   oc.threads = 1;
   optim::CpuAdamW opt(unit_specs(be.layout()), oc);
   AdamWHook adamw(opt, st);
-  RoundToBf16Hook rounding(adamw, st, host_grad_units(s.c, s.p));
+  RoundToBf16Hook rounding(adamw, st, s.round_host_embedding ? std::vector<int64_t>{} : host_grad_units(s.c, s.p));
   UpdateHook& hook_used = round_host_grads ? static_cast<UpdateHook&>(rounding) : adamw;
   struct {
     AdamWHook& a;
     void begin_step(float lr) { a.begin_step(lr); }
     void wait_all() { a.wait_all(); }
   } hook{adamw};
-  Outcome r;
   r.grad_bytes = st.grad_bytes();
   auto dir = test::temp_dir("dgrad");
   {
@@ -326,6 +329,143 @@ TEST(ExecDeviceGrads, SeveralMicroBatchesNeedAccumulators) {
   }
 }
 
+// The gradients each unit's update is handed in one step (bf16; a host fp32 one rounded to nearest-even), and the sums
+// of squares reported with them.
+class CaptureHook final : public UpdateHook {
+ public:
+  explicit CaptureHook(HostState& st) : st_(st), grads(size_t(st.units())), sumsq(size_t(st.units()), -1.0) {}
+  void grad_ready(int64_t u, double ss) override {
+    sumsq[size_t(u)] = ss;
+    auto& g = grads[size_t(u)];
+    if (const bf16_t* b = st_.grad_bf16(u)) {
+      g.assign(b, b + st_.numel(u));
+      return;
+    }
+    const float* f = st_.grad(u);
+    for (int64_t i = 0; i < st_.numel(u); ++i) g.push_back(f32_to_bf16(f[i]));
+  }
+  void grad_norm_part(int64_t u, double ss) override { sumsq[size_t(u)] = ss; }
+  void grad_staged(int64_t u, const void* grad, DType dtype) override {
+    ASSERT_EQ(dtype, DType::BF16);
+    const auto* b = static_cast<const bf16_t*>(grad);
+    grads[size_t(u)].assign(b, b + st_.numel(u));
+  }
+  void wait(int64_t) override {}
+
+ private:
+  HostState& st_;
+
+ public:
+  std::vector<std::vector<bf16_t>> grads;
+  std::vector<double> sumsq;
+};
+
+CaptureHook capture_bf16_step(const Case& s, GradHome home, CpuBackend& be, std::unique_ptr<HostState>& st) {
+  HostStateOptions ho;
+  ho.grads = home;
+  ho.grad_dtype = GradDType::Bf16;
+  if (home == GradHome::Device) ho.host_grad_units = host_grad_units(s.c, s.p);
+  st = std::make_unique<HostState>(be, ho);
+  test::random_weights(be.layout(), *st, 11);
+  CaptureHook hook(*st);
+  auto dir = test::temp_dir("bf16-capture");
+  {
+    ExecOptions eo;
+    eo.nvme_dir = dir;
+    Executor ex(s.c, be, s.p, *st, eo);
+    ex.set_update_hook(&hook);
+    ex.train_step(test::step_batches(s.c, s.p, 1, 100).mbs);
+    ex.flush_updates();
+  }
+  std::filesystem::remove_all(dir);
+  return hook;
+}
+
+// Gradients on the host in bf16 are rounded on the device by the held bf16 path's own Backend::grad_add as they
+// leave: every unit's update gets the same bf16 gradient bit for bit as with gradients held on the device in bf16,
+// with the same sum of squares (a host-looked-up embedding, fp32 on the host there, is rounded by add_into_bf16 on the
+// host: its gradient equals the fp32 one rounded to nearest-even). Training then matches bit for bit.
+TEST(ExecDeviceGrads, HostBf16GradientsAreTheHeldBf16Gradients) {
+  for (bool tied : {false, true})
+    for (bool emb_resident : {true, false}) {
+      Case s;
+      s.c = test::tiny_config(Arch::Qwen3, 4, tied);
+      s.p = offload_plan(s.c.layers, 2, 8);
+      s.p.embedding_resident = emb_resident;
+      const std::string what = fmt::format("tied {} emb_resident {}", tied, emb_resident);
+      const bool host_emb = !embedding_on_device(s.c, s.p);
+      CpuBackend be_h(s.c, test::cpu_opts()), be_d(s.c, test::cpu_opts());
+      std::unique_ptr<HostState> st_h, st_d;
+      const CaptureHook host = capture_bf16_step(s, GradHome::Host, be_h, st_h);
+      const CaptureHook dev = capture_bf16_step(s, GradHome::Device, be_d, st_d);
+      for (int64_t u = 0; u < st_h->units(); ++u) {
+        ASSERT_EQ(host.grads[size_t(u)].size(), size_t(st_h->numel(u))) << what << " unit " << u;
+        EXPECT_EQ(host.grads[size_t(u)], dev.grads[size_t(u)]) << what << " unit " << u;
+        if (!(u == 0 && host_emb)) EXPECT_EQ(host.sumsq[size_t(u)], dev.sumsq[size_t(u)]) << what << " unit " << u;
+      }
+      EXPECT_EQ(st_h->grad_bytes(), 2 * st_h->total_numel()) << what;
+      // Four steps of training (clipping active).
+      const Outcome h = train(s, GradHome::Host, {}, GradDType::Bf16);
+      EXPECT_TRUE(h.host_bf16_grads);
+      if (!host_emb) {
+        expect_same(h, train(s, GradHome::Device, {}, GradDType::Bf16), what);
+      } else {
+        Case r = s;
+        r.round_host_embedding = true;
+        Outcome ref = train(r, GradHome::Host, {}, GradDType::F32, true);
+        // The executor's norm there is the fp32 gradients' (the hook rounds them after it); the optimizer's is compared.
+        ref.norm = h.norm;
+        expect_same(h, ref, what);
+      }
+    }
+}
+
+// Host bf16 gradients: the executor allocates what executor_memory predicts (the two bf16 rounding buffers beside the
+// fp32 ones), and refuses several micro-batches and updates on the device, naming why.
+TEST(ExecDeviceGrads, HostBf16MemoryAndLimits) {
+  auto dir = test::temp_dir("hbf16-mem");
+  std::mt19937_64 rng(5);
+  for (bool tied : {false, true}) {
+    auto c = test::tiny_config(Arch::Qwen3, 4, tied);
+    ExecPlan p = test::random_plan(c.layers, 3, 8, rng);
+    CpuBackend be(c, test::cpu_opts());
+    HostStateOptions ho;
+    ho.grads = GradHome::Host;
+    ho.grad_dtype = GradDType::Bf16;
+    HostState st(be, ho);
+    const int64_t dev0 = be.memory().current(MemKind::Device), pin0 = be.memory().current(MemKind::Pinned);
+    ExecOptions o;
+    o.nvme_dir = dir;
+    {
+      Executor ex(c, be, p, st, o);
+      const int64_t chunk = p.chunk_samples > 0 ? p.chunk_samples : p.batch;
+      int64_t kept = 0;
+      for (int64_t b : kept_internals_bytes(be, p)) kept += b;
+      const auto m = executor_memory(c, p, be.dtypes(), be.layer_workspace_bytes(chunk * p.seq), GradHome::Host, 1,
+                                     GradDType::Bf16, kept);
+      EXPECT_EQ(be.memory().current(MemKind::Device) - dev0, m.device) << describe_plan(p);
+      EXPECT_EQ(be.memory().current(MemKind::Pinned) - pin0, m.pinned) << describe_plan(p);
+      EXPECT_NE(ex.memory_table().find("grads.bf16_pieces"), std::string::npos) << ex.memory_table();
+      auto b = test::random_batch(c, p.batch, p.seq, 1);
+      MicroBatch mb{b.ids.data(), b.targets.data(), nullptr, nullptr};
+      try {
+        ex.train_step({mb, mb});
+        ADD_FAILURE() << "two micro-batches with bf16 host gradients";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("one per step"), std::string::npos) << e.what();
+      }
+    }
+    o.micro_batches = 2;
+    try {
+      Executor ex(c, be, p, st, o);
+      ADD_FAILURE() << "ExecOptions::micro_batches 2 with bf16 host gradients";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("2 micro-batches"), std::string::npos) << e.what();
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(ExecDeviceGrads, BackendGradAddAccumulatesAndSumsSquares) {
   auto c = test::tiny_config(Arch::Qwen2, 2, false);
   CpuBackend be(c, test::cpu_opts());
@@ -355,6 +495,11 @@ TEST(ExecDeviceGrads, BackendGradAddAccumulatesAndSumsSquares) {
   EXPECT_EQ(bf16_to_f32(b.as<bf16_t>()[2]), 0.0f);
   EXPECT_EQ(*ss.as<double>(), 1.0 + double(-2.0f + 0x1p-7f) * double(-2.0f + 0x1p-7f));
   EXPECT_THROW(be.grad_add(b.data(), DType::U8, g.data(), 3, nullptr, {"t", -1, -1}), Error);
+  // The host's bf16 accumulation (add_into_bf16) is the same function, bit for bit, with the same sum of squares.
+  bf16_t h[3];
+  std::memcpy(h, b0, sizeof h);
+  EXPECT_EQ(add_into_bf16(h, g1, 3), 1.0 + double(-2.0f + 0x1p-7f) * double(-2.0f + 0x1p-7f));
+  EXPECT_EQ(std::memcmp(h, b.data(), sizeof h), 0);
 }
 
 }  // namespace

@@ -5,9 +5,11 @@
 
 #include "core/error.h"
 #include "core/units.h"
+#include "model/accounting.h"
 #include "plan/heuristics.h"
 #include "plan/planner.h"
 #include "plan/profile.h"
+#include "plan/report.h"
 
 namespace lt {
 namespace {
@@ -163,6 +165,53 @@ TEST(Planner, MaxBatchMonotonic) {
   EXPECT_FALSE(make_plan(r).feasible);
   const int64_t m = max_feasible_batch(request("qwen2.5-0.5b", 1, 6), "megatrain:4", 512);
   EXPECT_LE(m, b);  // the DP's space contains megatrain:4
+}
+
+// --seq max: a multiple of the granule, feasible there, infeasible one granule above; megatrain:4's space is
+// inside the DP's; the search stops at hi.
+TEST(Planner, MaxSeqIsTheLongestFeasible) {
+  auto r = request("qwen2.5-0.5b", 1, 6);
+  const int64_t s = max_feasible_seq(r, "dp", 1024, int64_t(1) << 22);
+  ASSERT_GT(s, 1024);
+  ASSERT_LT(s, int64_t(1) << 22);
+  EXPECT_EQ(s % 1024, 0);
+  r.compare = false;
+  r.planner = "dp";
+  r.keep_internals = false;
+  for (int64_t x : {int64_t(1024), s / 2048 * 1024, s}) {
+    r.seq = x;
+    EXPECT_TRUE(make_plan(r).feasible) << x;
+  }
+  r.seq = s + 1024;
+  r.explain = false;
+  const PlanOutcome next = make_plan(r);
+  EXPECT_FALSE(next.feasible);
+  EXPECT_NE(next.why.find("does not fit"), std::string::npos) << next.why;
+  EXPECT_LE(max_feasible_seq(request("qwen2.5-0.5b", 1, 6), "megatrain:4", 1024, int64_t(1) << 22), s);
+  // Batch 2 holds twice the boundaries (a layer pass may still take one sample): never longer.
+  const int64_t s2 = max_feasible_seq(request("qwen2.5-0.5b", 2, 6), "dp", 1024, int64_t(1) << 22);
+  EXPECT_GT(s2, 0);
+  EXPECT_LE(s2, s);
+  // Everything up to hi fits: hi (rounded down to the granule) is the answer.
+  EXPECT_EQ(max_feasible_seq(request("qwen2.5-0.5b", 1, 80), "dp", 512, 2500), 2048);
+  EXPECT_THROW(max_feasible_seq(r, "dp", 0, 4096), Error);
+  EXPECT_THROW(max_feasible_seq(r, "dp", 4096, 1024), Error);
+}
+
+// The report's attention-inclusive line: 6*N*tokens plus causal attention over each row, against the step.
+TEST(Planner, ReportHasTheAttentionInclusiveTflops) {
+  auto r = request("qwen2.5-0.5b", 4, 24);
+  r.compare = false;
+  r.planner = "dp";
+  const PlanOutcome o = make_plan(r);
+  ASSERT_TRUE(o.feasible) << o.why;
+  EXPECT_DOUBLE_EQ(o.flops_attn_per_step, model_flops_with_attention(r.model, full_rows(4, 1024)));
+  EXPECT_GT(o.flops_attn_per_step, o.flops_per_step);
+  const std::string line = attention_line(r, o);
+  EXPECT_NE(line.find(fmt::format("with attention: {:.1f} TFLOPS", o.flops_attn_per_step / o.sim.pred.step_s / 1e12)),
+            std::string::npos)
+      << line;
+  EXPECT_NE(plan_report(r, o).find(line), std::string::npos);
 }
 
 }  // namespace

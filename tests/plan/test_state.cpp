@@ -141,9 +141,12 @@ TEST(PlanState, AutoChoiceOrder) {
   r = tiny_request(kDevAll8G16E + 3e4);
   r.optimizer = "adamw";
   EXPECT_FALSE(make_plan(r).feasible);
+  // Forced host gradients in bf16: planned as such (one micro-batch); several micro-batches are refused.
   r = tiny_request(1e9);
   r.grads = GradHome::Host;
   r.grad_dtype = Bf16;
+  expect_choice(make_plan(r), MasterMode::Fp32, GradHome::Host, false, Bf16);
+  r.micro_batches = 2;
   EXPECT_THROW(make_plan(r), Error);
   // The device rung holds the gradients in HBM: the GPU peak includes them.
   const auto o = make_plan(tiny_request(kDevFp32 + 3e4));
@@ -183,6 +186,7 @@ TEST(PlanState, AdviceNamesAChangeThatFits) {
   {
     auto r = tiny_request(kDevFp32 + 3e4);
     r.grads = GradHome::Host;
+    r.grad_dtype = GradDType::F32;  // host bf16 gradients would fit
     r.optimizer = "adamw";
     expect_advice(r, "gradients: device");
   }
@@ -219,7 +223,8 @@ TEST(PlanState, AdviceListsWhatWasTriedWhenNothingFits) {
   const auto o = make_plan(r);
   ASSERT_FALSE(o.feasible);
   EXPECT_EQ(o.why.rfind("does not fit: gpu short by ", 0), 0u) << o.why;
-  EXPECT_NE(o.why.find("; none of these fits: master_weights: bf16-sr; more host memory; a smaller batch"),
+  EXPECT_NE(o.why.find("; none of these fits: master_weights: bf16-sr; optimizer_nvme: auto; master_weights: bf16-sr, "
+                       "optimizer_nvme: auto; more NVMe space; more host memory; a smaller batch"),
             std::string::npos) << o.why;
 }
 

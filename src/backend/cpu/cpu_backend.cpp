@@ -532,12 +532,7 @@ void CpuBackend::grad_add(void* acc, DType acc_dtype, const void* grad, int64_t 
         s += double(a[i]) * double(a[i]);
       }
     } else {
-      bf16_t* a = static_cast<bf16_t*>(acc);
-      for (int64_t i = 0; i < n; ++i) {
-        a[i] = f32_to_bf16(bf16_to_f32(a[i]) + g[i]);
-        const double v = bf16_to_f32(a[i]);
-        s += v * v;
-      }
+      s = add_into_bf16(static_cast<bf16_t*>(acc), g, n);
     }
     if (sumsq) *sumsq += s;
   };

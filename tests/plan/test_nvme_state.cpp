@@ -1,0 +1,294 @@
+// The NVMe tier and host bf16 gradients in the model-state placement (docs/memory.md, docs/planner.md "Model-state
+// placement"): the I/O pipeline of the moments on NVMe in the optimizer lane, host bf16 gradients' bytes and D2H,
+// the ladder's fastest rung per level, the advice naming the NVMe tier, and the two desktop targets (Qwen3.6-27B and
+// Qwen3.5-9B on the rtx3090-24g profile) with their byte tables.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "core/units.h"
+#include "model/accounting.h"
+#include "model/param_layout.h"
+#include "plan/fit_advice.h"
+#include "plan/placement.h"
+#include "plan/report.h"
+#include "plan/planner.h"
+#include "plan/state_bytes.h"
+#include "plan/state_report.h"
+#include "plan_test_util.h"
+
+namespace lt {
+namespace {
+
+// tiny-qwen3 (test_state.cpp): per layer 49344 parameters, embedding 16384, head 16448.
+constexpr double kLayer = 49344, kEmb = 16384, kHead = 16448;
+constexpr double kN = kEmb + 2 * kLayer + kHead;
+
+// By hand on the 2-layer instance: units 0, 1 (layers), 2 (head), 3 (embedding, updated first); both layers' moments
+// on NVMe, read 2 s and written 3 s each; updates of 1 s.
+TEST(PlanNvmeState, MomentPipelineByHand) {
+  Instance in = test::two_layer_instance();
+  in.opt = {1, 1, 1, 0};
+  in.nvme_read = {2, 2, 0, 0};
+  in.nvme_write = {3, 3, 0, 0};
+  EXPECT_DOUBLE_EQ(in.nvme_io_s(), 10);
+  // One slot: layer 0 was read ahead; its update 0-1, write-back 1-4 (O = 4), then layer 1's read 4-6, update 6-7,
+  // write-back 7-10; the head (DRAM) updates 7-8 after layer 1. The next step's read-ahead (2 s) follows the queue.
+  in.nvme_slots = 1;
+  EXPECT_EQ(in.opt_done(), (std::vector<double>{4, 10, 8, 0}));
+  EXPECT_DOUBLE_EQ(in.opt_last(), 12);
+  // Three slots: both read ahead; updates 0-1 and 1-2, the head 2-3; write-backs 1-4 and 4-7; read-ahead 4 s.
+  in.nvme_slots = 3;
+  EXPECT_EQ(in.opt_done(), (std::vector<double>{4, 7, 3, 0}));
+  EXPECT_DOUBLE_EQ(in.opt_last(), 11);
+  // No I/O: the plain recurrence.
+  in.nvme_read.clear();
+  in.nvme_write.clear();
+  EXPECT_EQ(in.opt_done(), (std::vector<double>{1, 2, 3, 0}));
+  // The simulator's step ends no earlier than the queue: the next forward waits for layer 0's write-back.
+  in.nvme_read = {2, 2, 0, 0};
+  in.nvme_write = {3, 3, 0, 0};
+  in.nvme_slots = 1;
+  const auto r = simulate(in, test::plan_for(in, {Tier::Gpu, Tier::Gpu, Tier::Gpu}));
+  EXPECT_GE(r.pred.step_s, 12);
+  EXPECT_GT(r.pred.exposed_optimizer_s, 0);
+}
+
+// make_instance: the last k layers' moment images (4 KiB-rounded) at the profile's NVMe rates; the CPU times stay.
+TEST(PlanNvmeState, MomentTimesFromTheProfile) {
+  const auto c = preset_config("tiny-qwen3");
+  auto prof = load_profile_file(lt::testing::repo_root().string() + "/configs/profiles/h200.json");
+  prof.nvme_read_bw = 2e6;
+  prof.nvme_write_bw = 1e6;
+  InstanceOptions o;
+  o.optimizer_8bit = choose_8bit(c, "adamw8bit", 0);
+  const Instance dram = make_instance(c, 1, 64, prof, o);
+  EXPECT_TRUE(dram.nvme_read.empty());
+  o.placement.nvme_layers = 1;
+  const Instance nv = make_instance(c, 1, 64, prof, o);
+  ASSERT_EQ(nv.nvme_read.size(), nv.opt.size());
+  const double image = std::ceil(layer_moment_bytes(c, 1, o.optimizer_8bit) / 4096) * 4096;
+  EXPECT_DOUBLE_EQ(nv.nvme_read[1], image / 2e6);
+  EXPECT_DOUBLE_EQ(nv.nvme_write[1], image / 1e6);
+  EXPECT_DOUBLE_EQ(nv.nvme_read[0], 0);
+  EXPECT_EQ(nv.opt, dram.opt);
+  prof.nvme_read_bw = 0;
+  EXPECT_THROW(make_instance(c, 1, 64, prof, o), Error);
+}
+
+// Host bf16 gradients: 2 B per parameter in DRAM, no staging slabs, and in HBM the fp32 scratch plus the two bf16
+// buffers of the largest layer the gradients are rounded into on their way down.
+TEST(PlanNvmeState, HostBf16BytesByHand) {
+  const auto c = preset_config("tiny-qwen3");
+  StatePlacement p{MasterMode::Fp32, GradHome::Host, GradDType::Bf16};
+  ASSERT_TRUE(p.host_bf16_grads());
+  const auto b = model_state_bytes(c, {}, p);
+  EXPECT_DOUBLE_EQ(b.grads_host, 2 * kN);
+  EXPECT_DOUBLE_EQ(b.grads_device, 0);
+  EXPECT_DOUBLE_EQ(b.staging, 0);
+  EXPECT_DOUBLE_EQ(b.grad_scratch, 4 * (2 * kLayer + kHead) + 2 * 2 * kLayer);
+  EXPECT_DOUBLE_EQ(b.dram(), 4 * kN + 2 * kN + 8 * kN);
+  const std::string t = state_table(b, int64_t(kN));
+  EXPECT_NE(t.find("gradients host (bf16)"), std::string::npos) << t;
+  EXPECT_NE(t.find("gradients (bf16)"), std::string::npos) << t;
+  EXPECT_EQ(t.find("gradient slabs"), std::string::npos) << t;
+  // The D2H of the backward slots moves bf16.
+  const auto prof = load_profile_file(lt::testing::repo_root().string() + "/configs/profiles/h200.json");
+  InstanceOptions o;
+  const Instance f32 = make_instance(c, 1, 64, prof, o);
+  o.placement = p;
+  const Instance b16 = make_instance(c, 1, 64, prof, o);
+  for (size_t j = 0; j < f32.G.size(); ++j) EXPECT_DOUBLE_EQ(b16.G[j], f32.G[j] / 2);
+  EXPECT_DOUBLE_EQ(b16.G_head, f32.G_head / 2);
+  EXPECT_DOUBLE_EQ(b16.epi_d2h, f32.epi_d2h);  // boundary 0's gradient is an activation
+}
+
+// Where the executor cannot run host bf16 gradients the planner does not offer them, and refuses them when forced,
+// naming why; updates on the GPU read fp32 gradients, so they are not offered with them either.
+TEST(PlanNvmeState, HostBf16OnlyWhereTheExecutorRunsIt) {
+  auto r = test::tiny_state_request(1e9);
+  r.micro_batches = 2;
+  for (const auto& s : placement_ladder(r)) EXPECT_FALSE(s.placement.host_bf16_grads());
+  r.grads = GradHome::Host;
+  r.grad_dtype = GradDType::Bf16;
+  try {
+    placement_ladder(r);
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("2 micro-batches per step"), std::string::npos) << e.what();
+  }
+  r.micro_batches = 1;
+  const StateChoice s{{MasterMode::Fp32, GradHome::Host, GradDType::Bf16}, {}};
+  EXPECT_NE(layer_update_blocker(r, s).find("bf16"), std::string::npos);
+  r.model = preset_config("tiny-qwen2");  // tied
+  EXPECT_NE(device_update_blocker(r, s).find("bf16"), std::string::npos);
+  // From the bf16 level on, both gradient homes, device first.
+  r = test::tiny_state_request(1e9);
+  r.optimizer = "adamw8bit";
+  int host = 0, device = 0;
+  for (const auto& st : placement_ladder(r)) {
+    if (st.placement.grad_dtype != GradDType::Bf16) continue;
+    (st.placement.grads == GradHome::Host ? host : device) += 1;
+  }
+  EXPECT_EQ(host, 2);  // bf16 gradients, + 8-bit embedding
+  EXPECT_EQ(device, 2);
+}
+
+// The NVMe level: counts from the fewest that fit the DRAM up, for each gradient home; each rung's state fits.
+TEST(PlanNvmeState, NvmeLevelOffersCountsPerHome) {
+  auto r = test::tiny_state_request(0);
+  r.model.layers = 8;
+  r.optimizer = "adamw8bit";
+  r.allow_bf16_master = true;
+  r.allow_nvme_moments = true;
+  r.profile.nvme_bytes = int64_t(1) << 30;
+  r.profile.nvme_read_bw = r.profile.nvme_write_bw = 2e9;
+  const StatePlacement dev{MasterMode::Bf16Sr, GradHome::Device, GradDType::Bf16, true, 0};
+  const auto all8 = choose_8bit(r.model, "adamw8bit", 0, dev);
+  r.profile.dram_bytes = int64_t(model_state_bytes(r.model, all8, dev).dram() - 0.5 * layer_moment_bytes(r.model, 0, all8));
+  const auto ladder = placement_ladder(r);
+  const int last = ladder.back().level;
+  int rungs = 0;
+  for (const auto& s : ladder) {
+    if (s.level != last) continue;
+    ++rungs;
+    EXPECT_GE(s.placement.nvme_layers, 1);
+    EXPECT_LE(model_state_bytes(r.model, s.q8, s.placement).dram(), double(r.profile.dram_bytes));
+  }
+  EXPECT_GE(rungs, 2);
+  const auto o = make_plan(r);
+  ASSERT_TRUE(o.feasible) << o.why;
+  EXPECT_GE(o.placement.nvme_layers, 1);
+  EXPECT_GT(o.nvme_moments_io_s, 0);
+  EXPECT_GE(o.nvme_moments_cost_s, 0);
+  EXPECT_LE(o.nvme_moments_cost_s, o.sim.pred.step_s);
+}
+
+// The desktop targets (the issue's commands, in the DP's space).
+PlanRequest desktop(const std::string& model, int64_t batch, double dram_gib) {
+  PlanRequest r;
+  r.model = preset_config(model);
+  r.batch = batch;
+  r.seq = 1024;
+  r.profile = resolve_profile("rtx3090-24g");
+  if (dram_gib > 0) r.profile.dram_bytes = int64_t(dram_gib * double(GiB));
+  r.optimizer = "adamw8bit";
+  r.allow_bf16_master = true;
+  r.allow_nvme_moments = true;
+  r.planner = "dp";
+  r.compare = false;
+  return r;
+}
+
+// The state's bytes from the layout: bf16-sr master and host bf16 gradients at 2 B each, every matrix 8-bit, the last
+// k layers' moments on NVMe through 3 DRAM slots, the HBM's fp32 scratch and bf16 pieces and the head.
+void expect_host_bf16_nvme_state(const ModelConfig& c, const PlanOutcome& o) {
+  const auto& b = o.state;
+  const auto lay = model_layout(c);
+  const double n = double(b.params), head = double(unit_param_count(lay.head()));
+  double layer = 0;  // the largest layer's parameters
+  for (int64_t j = 0; j < c.layers; ++j) layer = std::max(layer, double(unit_param_count(lay.layer(j))));
+  EXPECT_EQ(o.placement.master, MasterMode::Bf16Sr);
+  EXPECT_TRUE(o.placement.host_bf16_grads());
+  EXPECT_TRUE(o.placement.embedding_8bit);
+  EXPECT_DOUBLE_EQ(b.master, 2 * n);
+  EXPECT_DOUBLE_EQ(b.grads_host, 2 * n);
+  EXPECT_DOUBLE_EQ(b.staging, 0);
+  double all = 0, nvme = 0, largest = 0;
+  const std::set<std::string> q8(o.plan.optimizer_8bit.begin(), o.plan.optimizer_8bit.end());
+  for (const auto& u : lay.units)
+    for (const auto& p : u.params) all += moment_bytes(p.numel, q8.count(p.name) > 0);
+  for (int64_t j = c.layers - o.placement.nvme_layers; j < c.layers; ++j) {
+    nvme += layer_moment_bytes(c, j, o.plan.optimizer_8bit);
+    largest = std::max(largest, layer_moment_bytes(c, j, o.plan.optimizer_8bit));
+  }
+  EXPECT_DOUBLE_EQ(b.moments_nvme, nvme);
+  EXPECT_NEAR(b.moments, all - nvme, 1e-6 * all);
+  EXPECT_DOUBLE_EQ(b.moment_staging, 3 * largest);
+  EXPECT_DOUBLE_EQ(b.grad_scratch, 4 * (2 * layer + head) + 2 * 2 * layer);
+  EXPECT_DOUBLE_EQ(b.head_weights, 2 * head);
+  EXPECT_LE(b.dram(), double(o.plan.dram_cap));
+}
+
+// Qwen3.6-27B at 8 x 1024 on a 24 GB card with 112 GiB of DRAM and an SSD: bf16-sr master and host bf16 gradients
+// (50.10 GiB each) with the moments of 58 layers on NVMe.
+TEST(PlanNvmeState, Qwen36_27bOnADesktop) {
+  auto r = desktop("qwen3.6-27b", 8, 0);
+  const auto o = make_plan(r);
+  ASSERT_TRUE(o.feasible) << o.why;
+  EXPECT_EQ(o.placement.nvme_layers, 58);
+  expect_host_bf16_nvme_state(r.model, o);
+  EXPECT_EQ(state_table(o.state, o.state.params),
+            "memory (master bf16-sr, gradients host (bf16); 26.90B params):\n"
+            "  part                                 home         bytes  B/param\n"
+            "  master + copy (bf16-sr)              dram     50.10 GiB     2.00\n"
+            "  gradient scratch (fp32, bf16)        gpu       9.02 GiB     0.36\n"
+            "  head weights (bf16)                  gpu       2.37 GiB     0.09\n"
+            "  gradients (bf16)                     dram     50.10 GiB     2.00\n"
+            "  moments (498 8-bit tensors)          dram      9.14 GiB     0.36\n"
+            "  moments of the last 58 layers        nvme     41.75 GiB     1.67\n"
+            "  moment staging slots                 dram      2.18 GiB     0.09\n"
+            "  total: gpu 11.39 GiB, dram 111.51 GiB, nvme 41.75 GiB\n");
+  EXPECT_GT(o.nvme_moments_io_s, 20);  // 58 x (0.22 s read + 0.26 s write)
+  // Without the NVMe tier nothing fits; the advice names it with the step it predicts.
+  r.allow_nvme_moments = false;
+  const auto a = fit_advice(r);
+  EXPECT_EQ(a.change, "optimizer_nvme: auto");
+  EXPECT_NEAR(a.step_s, o.sim.pred.step_s, 1e-9 * o.sim.pred.step_s);
+  EXPECT_EQ(a.nvme_layers, 58);
+  EXPECT_NE(a.text().find(fmt::format("(predicted step {:.2f} s, of which the moments of 58 layers on NVMe add {:.2f} s)",
+                                      o.sim.pred.step_s, o.nvme_moments_cost_s)),
+            std::string::npos)
+      << a.text();
+}
+
+// Qwen3.5-9B at 16 x 1024 with 48 GiB of DRAM: the same modes with 9 layers' moments on NVMe.
+TEST(PlanNvmeState, Qwen35_9bWith48GiB) {
+  auto r = desktop("qwen3.5-9b", 16, 48);
+  const auto o = make_plan(r);
+  ASSERT_TRUE(o.feasible) << o.why;
+  EXPECT_EQ(o.placement.nvme_layers, 9);
+  expect_host_bf16_nvme_state(r.model, o);
+  EXPECT_EQ(state_table(o.state, o.state.params),
+            "memory (master bf16-sr, gradients host (bf16); 8.95B params):\n"
+            "  part                                 home         bytes  B/param\n"
+            "  master + copy (bf16-sr)              dram     16.68 GiB     2.00\n"
+            "  gradient scratch (fp32, bf16)        gpu       6.23 GiB     0.75\n"
+            "  head weights (bf16)                  gpu       1.89 GiB     0.23\n"
+            "  gradients (bf16)                     dram     16.68 GiB     2.00\n"
+            "  moments (250 8-bit tensors)          dram     13.27 GiB     1.59\n"
+            "  moments of the last 9 layers         nvme      3.67 GiB     0.44\n"
+            "  moment staging slots                 dram      1.24 GiB     0.15\n"
+            "  total: gpu 8.12 GiB, dram 47.87 GiB, nvme 3.67 GiB\n");
+  // The report's line for the NVMe tier.
+  const std::string report = plan_report(r, o);
+  EXPECT_NE(report.find(fmt::format("  nvme moments: last 9 layers, 3.67 GiB of files, {:.2f} s of disk I/O per step",
+                                    o.nvme_moments_io_s)),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("gradients host (bf16)"), std::string::npos) << report;
+  // The fastest rung of the level is never slower than the first that fits.
+  auto first = r;
+  first.fastest_placement = false;
+  const auto f = make_plan(first);
+  ASSERT_TRUE(f.feasible);
+  EXPECT_LE(o.sim.pred.step_s, f.sim.pred.step_s * (1 + 1e-9));
+  // Too small a disk: the advice names the NVMe space that fits (a GiB less does not).
+  r.profile.nvme_bytes = GiB;
+  const auto a = fit_advice(r);
+  ASSERT_EQ(a.change.rfind("nvme_mem >= ", 0), 0u) << a.text();
+  const int64_t gib = std::stoll(a.change.substr(12));
+  auto at = [&](int64_t g) {
+    auto q = r;
+    q.explain = false;
+    q.profile.nvme_bytes = g * GiB;
+    return make_plan(q).feasible;
+  };
+  EXPECT_TRUE(at(gib));
+  EXPECT_FALSE(at(gib - 1));
+}
+
+}  // namespace
+}  // namespace lt
