@@ -58,6 +58,10 @@ struct FwdCfg {
   static constexpr int kSmem = (BR * LD + 4 * BC * LD) * 2 + 2 * BC * 4;
 };
 
+// Length: one kernel body on purpose. Its stages (marked by the comments inside) share register-resident fragments
+// and accumulators (the S tile, the running max and sum, the O accumulator) and the shared-memory pipeline's stage
+// indices; split into functions they would pass those arrays by reference across every call (kept in registers only
+// when all of it inlines) and read no clearer than the stage comments do.
 template <int HD>
 __global__ void __launch_bounds__(128) attn_fwd_kernel(AttnParams p) {
   using C = FwdCfg<HD>;
@@ -268,11 +272,57 @@ struct BwdCfg {
   static constexpr int kSmem = (2 * BC * LD + 4 * BQ * LD + BC * LDS) * 2 + (2 * 3 * BQ + BC) * 4;
 };
 
+// dQ += scale * dS K for one query tile (BQ rows) over the BC keys of the CTA's tile, added into p.dq_acc with
+// fp32 atomics (several key tiles add to the same rows). dS^T is in shared memory (bf16, key-major, row stride LDS),
+// K in shared memory (row stride LD). The warps split the tile: warp / WPM picks the 16-row m-tile, warp % WPM the
+// DQC columns. Shared by both backward kernels.
+template <int HD, int BC, int LD, int LDS, int DQC, int WPM>
+__device__ __forceinline__ void dq_tile_add(const AttnParams& p, const bf16* sdS, const bf16* sK, int warp, int lane,
+                                            int qs, int64_t row_base, int64_t q_ld, int h) {
+  const int g = lane / 4, t = lane % 4, li = lane / 8, lr = lane % 8, S = p.S;
+  const int mt = warp / WPM, c0 = (warp % WPM) * DQC;
+  float dq[DQC / 8][4];
+#pragma unroll
+  for (int i = 0; i < DQC / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < BC / 16; ++kk) {
+    uint32_t a[4];
+    ldmatrix_x4_trans(a, sdS + (kk * 16 + (li >> 1) * 8 + lr) * LDS + mt * 16 + (li & 1) * 8);
+#pragma unroll
+    for (int dp = 0; dp < DQC / 16; ++dp) {
+      uint32_t r[4];
+      ldmatrix_x4_trans(r, sK + (kk * 16 + (li & 1) * 8 + lr) * LD + c0 + dp * 16 + (li >> 1) * 8);
+      mma_bf16(dq[2 * dp], a, r[0], r[1]);
+      mma_bf16(dq[2 * dp + 1], a, r[2], r[3]);
+    }
+  }
+#pragma unroll
+  for (int hi = 0; hi < 2; ++hi) {
+    const int qpos = qs + mt * 16 + g + 8 * hi;
+    if (qpos >= S) continue;
+    float* dst = p.dq_acc + (row_base + qpos) * q_ld + h * HD + c0;
+#pragma unroll
+    for (int nt = 0; nt < DQC / 8; ++nt) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      atomicAdd(reinterpret_cast<float2*>(dst + nt * 8 + 2 * t),
+                make_float2(dq[nt][2 * hi] * p.scale, dq[nt][2 * hi + 1] * p.scale));
+#else
+      atomicAdd(dst + nt * 8 + 2 * t, dq[nt][2 * hi] * p.scale);
+      atomicAdd(dst + nt * 8 + 2 * t + 1, dq[nt][2 * hi + 1] * p.scale);
+#endif
+    }
+  }
+}
+
 // CL: the CTAs of one cluster (p.split of them, sm_90) share one key tile, each takes a contiguous
 // part of the group's query heads; their dK/dV partials are summed through distributed shared memory
 // in rank order (deterministic) and rank 0 writes them. Shortens the longest CTA (the first key tile
 // sees every query) by the split factor, which balances the causal triangle over the SMs.
 // The default launch is BC_ 64 without clusters; BC_ 128 and CL are comparison variants (kBwdVariants).
+// Length: one kernel body on purpose. Its stages (marked by the comments inside) share register-resident fragments
+// and accumulators (S^T, dP^T, the dK and dV accumulators; the dQ tile is dq_tile_add) and the shared-memory
+// pipeline's stage indices; split into functions they would pass those arrays by reference across every call (kept
+// in registers only when all of it inlines) and read no clearer than the stage comments do.
 template <int HD, int BC_, bool CL>
 __global__ void __launch_bounds__(BwdCfg<HD, BC_>::THREADS) attn_bwd_kernel(AttnParams p) {
   using C = BwdCfg<HD, BC_>;
@@ -443,40 +493,7 @@ __global__ void __launch_bounds__(BwdCfg<HD, BC_>::THREADS) attn_bwd_kernel(Attn
             pack_bf16(dpt[nt][2 * hi], dpt[nt][2 * hi + 1]);
     }
     __syncthreads();
-    {
-      const int mt = warp / WPM, c0 = (warp % WPM) * DQC;
-      float dq[DQC / 8][4];
-#pragma unroll
-      for (int i = 0; i < DQC / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
-#pragma unroll
-      for (int kk = 0; kk < BC / 16; ++kk) {
-        uint32_t a[4];
-        ldmatrix_x4_trans(a, sdS + (kk * 16 + (li >> 1) * 8 + lr) * LDS + mt * 16 + (li & 1) * 8);
-#pragma unroll
-        for (int dp = 0; dp < DQC / 16; ++dp) {
-          uint32_t r[4];
-          ldmatrix_x4_trans(r, sK + (kk * 16 + (li & 1) * 8 + lr) * LD + c0 + dp * 16 + (li >> 1) * 8);
-          mma_bf16(dq[2 * dp], a, r[0], r[1]);
-          mma_bf16(dq[2 * dp + 1], a, r[2], r[3]);
-        }
-      }
-#pragma unroll
-      for (int hi = 0; hi < 2; ++hi) {
-        const int qpos = qs + mt * 16 + g + 8 * hi;
-        if (qpos >= S) continue;
-        float* dst = p.dq_acc + (row_base + qpos) * q_ld + h * HD + c0;
-#pragma unroll
-        for (int nt = 0; nt < DQC / 8; ++nt) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-          atomicAdd(reinterpret_cast<float2*>(dst + nt * 8 + 2 * t),
-                    make_float2(dq[nt][2 * hi] * p.scale, dq[nt][2 * hi + 1] * p.scale));
-#else
-          atomicAdd(dst + nt * 8 + 2 * t, dq[nt][2 * hi] * p.scale);
-          atomicAdd(dst + nt * 8 + 2 * t + 1, dq[nt][2 * hi + 1] * p.scale);
-#endif
-        }
-      }
-    }
+    dq_tile_add<HD, BC, LD, LDS, DQC, WPM>(p, sdS, sK, warp, lane, qs, row_base, q_ld, h);
     __syncthreads();  // sQ/sdO stage and sdS are reused by the next iteration
   }
   cp_async_wait<0>();  // (only the empty group of a CTA without heads can be pending)
@@ -546,6 +563,10 @@ struct PairCfg {
       (2 * BC * LD + 4 * BQ * LD + BC * LDS) * 2 + BC * BQ * 4 + (2 * 3 * BQ + BC) * 4;
 };
 
+// Length: one kernel body on purpose. Its stages (marked by the comments inside) share register-resident fragments
+// and accumulators (S^T or dP^T, the dK or dV accumulator; the dQ tile is dq_tile_add) and the shared-memory
+// pipeline's stage indices; split into functions they would pass those arrays by reference across every call (kept
+// in registers only when all of it inlines) and read no clearer than the stage comments do.
 template <int HD, int BC_, int MINB>
 __global__ void __launch_bounds__(PairCfg<HD, BC_>::THREADS, MINB) attn_bwd_pair_kernel(AttnParams p) {
   using C = PairCfg<HD, BC_>;
@@ -708,40 +729,7 @@ __global__ void __launch_bounds__(PairCfg<HD, BC_>::THREADS, MINB) attn_bwd_pair
       }
     }
     __syncthreads();  // dS^T complete
-    {
-      const int mt = warp / WPM, c0 = (warp % WPM) * DQC;
-      float dq[DQC / 8][4];
-#pragma unroll
-      for (int i2 = 0; i2 < DQC / 8; ++i2) dq[i2][0] = dq[i2][1] = dq[i2][2] = dq[i2][3] = 0.f;
-#pragma unroll
-      for (int kk = 0; kk < BC / 16; ++kk) {
-        uint32_t a[4];
-        ldmatrix_x4_trans(a, sdS + (kk * 16 + (li >> 1) * 8 + lr) * LDS + mt * 16 + (li & 1) * 8);
-#pragma unroll
-        for (int dp = 0; dp < DQC / 16; ++dp) {
-          uint32_t r[4];
-          ldmatrix_x4_trans(r, sK + (kk * 16 + (li & 1) * 8 + lr) * LD + c0 + dp * 16 + (li >> 1) * 8);
-          mma_bf16(dq[2 * dp], a, r[0], r[1]);
-          mma_bf16(dq[2 * dp + 1], a, r[2], r[3]);
-        }
-      }
-#pragma unroll
-      for (int hi = 0; hi < 2; ++hi) {
-        const int qpos = qs + mt * 16 + g + 8 * hi;
-        if (qpos >= S) continue;
-        float* dst = p.dq_acc + (row_base + qpos) * q_ld + h * HD + c0;
-#pragma unroll
-        for (int nt = 0; nt < DQC / 8; ++nt) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-          atomicAdd(reinterpret_cast<float2*>(dst + nt * 8 + 2 * t),
-                    make_float2(dq[nt][2 * hi] * p.scale, dq[nt][2 * hi + 1] * p.scale));
-#else
-          atomicAdd(dst + nt * 8 + 2 * t, dq[nt][2 * hi] * p.scale);
-          atomicAdd(dst + nt * 8 + 2 * t + 1, dq[nt][2 * hi + 1] * p.scale);
-#endif
-        }
-      }
-    }
+    dq_tile_add<HD, BC, LD, LDS, DQC, WPM>(p, sdS, sK, warp, lane, qs, row_base, q_ld, h);
     __syncthreads();  // sQ/sdO stage, sP and sdS are reused by the next iteration
   }
 

@@ -53,6 +53,10 @@ int64_t bwd_smem_bytes(int Dk, int nt) {
 
 // The Mma and Simt backward: comparison variants (GdnRuleImpl; the default Chunked backward is
 // deltanet/rule_bwd_chunked.cu).
+// Length: one kernel body on purpose. Its stages (marked by the comments inside) share register-resident fragments
+// and accumulators (the chunk's state gradient and its gate and beta partial sums) and the shared-memory pipeline's
+// stage indices; split into functions they would pass those arrays by reference across every call (kept in registers
+// only when all of it inlines) and read no clearer than the numbered stage comments do.
 template <bool kMma>
 __global__ void __launch_bounds__(kThreads) rule_bwd_kernel(BwdArgs p) {
   extern __shared__ __align__(16) char smem[];

@@ -256,6 +256,10 @@ inline bool grads_b16_fits(int Dk, int Dv) {
 
 // Default: <false, true, 512, true> with the register passes, <false, false, kThreads> without. kSplit and the
 // bf16 path's other CTA sizes and 16 x 16 tiles are comparison variants (KernelOptions::gdn_*).
+// Length: one kernel body on purpose. Its stages (marked by the comments inside) share register-resident fragments
+// and accumulators (the chunk's dq, dk, dv, gate and beta gradient tiles, stages (1)-(9)) and the shared-memory
+// pipeline's stage indices; split into functions they would pass those arrays by reference across every call (kept
+// in registers only when all of it inlines) and read no clearer than the numbered stage comments do.
 template <bool kSplit, bool kB16, int kNT, bool kWide = false>
 __global__ void __launch_bounds__(kNT) chunk_grads_kernel(ChunkedArgs p) {
   static_assert(!(kSplit && kB16), "the bf16 operand path is the Bf16 precision's");
