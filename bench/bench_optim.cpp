@@ -1,7 +1,8 @@
 // CPU optimizer throughput against measured memory bandwidth, in the same run and with the same threads.
 //
 //   bench_optim [--threads N] [--params N] [--units N] [--iters N] [--rounds N] [--isa auto|scalar|avx2|avx512]
-//               [--stream-mib N] [--clock wall|cpu] [--fwd-ms X] [--in-cache] [--nvme-dir DIR [--nvme-slots N]]
+//               [--stream-mib N] [--clock wall|cpu] [--fwd-ms X] [--in-cache]
+//               [--nvme-dir DIR [--nvme-slots N] [--nvme-gbps X] [--nvme-depth N --nvme-request-kib N]]
 //
 // For each variant (state format fp32 / 8-bit x master storage x gradient dtype) the model is --units
 // equal units of --params/--units elements (one tensor each), updated through CpuAdamW (thread pool,
@@ -25,7 +26,8 @@
 // --nvme-dir: instead, the 8-bit variant with every unit's moments in DRAM and with every unit's moments on
 // NVMe under DIR (optim/nvme_moments.h; --nvme-slots staging slots), interleaved over the rounds: Mparams/s
 // of both, and the NVMe tier's I/O (moment bytes read + written per step over the step time, and over the
-// I/O thread's own time).
+// I/O thread's own time); the NVMe variant twice, through the old io_uring queue (8 x 1 MiB) and through the shape
+// nvme/io_queue.h gives for --nvme-gbps at its default latency (or --nvme-depth / --nvme-request-kib).
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -43,6 +45,8 @@
 #include <vector>
 
 #include "core/timer.h"
+#include "nvme/io_queue.h"
+#include "nvme/nvme_store.h"
 #include "optim/aligned_buffer.h"
 #include "optim/optimizer.h"
 
@@ -255,7 +259,8 @@ struct UnitsUnderTest {
 };
 
 UnitsUnderTest make_units(const Variant& v, int threads, int64_t params, int units, Isa isa,
-                          const std::string& nvme_dir = "", int nvme_slots = 3) {
+                          const std::string& nvme_dir = "", int nvme_slots = 3,
+                          const IoQueueShape& queue = IoQueueShape{}) {
   UnitsUnderTest t;
   t.v = v;
   t.per = (params / units + kQ8Block - 1) / kQ8Block * kQ8Block;
@@ -274,6 +279,7 @@ UnitsUnderTest make_units(const Variant& v, int threads, int64_t params, int uni
   cfg.master = v.master;
   cfg.nvme_dir = nvme_dir;
   cfg.nvme_slots = nvme_slots;
+  if (!nvme_dir.empty()) cfg.nvme_io = default_io(queue);
   t.opt = std::make_unique<CpuAdamW>(specs, cfg);
   std::mt19937 rng(1);
   std::normal_distribution<float> d(0.f, 1.f);
@@ -373,26 +379,32 @@ double in_cache_ns(Isa isa, bool q8, int64_t n, int reps) {
 // --nvme-dir: the 8-bit variant with DRAM moments and with NVMe moments, `rounds` interleaved rounds of
 // `iters` steps each; best step of each.
 void bench_nvme(const std::string& dir, int slots, int threads, int64_t params, int units, int iters, int rounds,
-                Isa isa) {
+                Isa isa, const IoQueueShape& queue) {
   const Variant& v = kVariants[1];
   UnitsUnderTest dram = make_units(v, threads, params, units, isa);
-  UnitsUnderTest nvme = make_units(v, threads, params, units, isa, dir, slots);
-  double best_d = 1e30, best_n = 1e30;
+  UnitsUnderTest old_q = make_units(v, threads, params, units, isa, dir, slots, IoQueueShape{});
+  UnitsUnderTest new_q = make_units(v, threads, params, units, isa, dir, slots, queue);
+  double best_d = 1e30, best_o = 1e30, best_n = 1e30;
   for (int r = 0; r < rounds; ++r) {
     best_d = std::min(best_d, best_step_s(dram, iters));
-    best_n = std::min(best_n, best_step_s(nvme, iters));
+    best_o = std::min(best_o, best_step_s(old_q, iters));
+    best_n = std::min(best_n, best_step_s(new_q, iters));
   }
-  const MomentHomes h = nvme.opt->moment_homes();
-  const UpdaterStats s = nvme.opt->stats();
-  const double n = double(nvme.per * units), io_bytes = 2.0 * double(h.nvme);  // each step reads and writes all
+  const MomentHomes h = new_q.opt->moment_homes();
+  const double n = double(new_q.per * units), io_bytes = 2.0 * double(h.nvme);  // each step reads and writes all
   fmt::print("NVMe moments under {}: {:.2f} GiB of files, {} staging slots ({:.1f} MiB DRAM)\n", dir,
              double(h.nvme) / double(1 << 30), slots, double(h.staging) / double(1 << 20));
-  fmt::print("{:<15} {:>12} {:>12} {:>14}\n", "variant", "Mparams/s", "I/O GB/s", "I/O thread GB/s");
-  fmt::print("{:<15} {:>12.1f}\n", "8bit (DRAM)", n / best_d * 1e-6);
-  fmt::print("{:<15} {:>12.1f} {:>12.2f} {:>14.2f}   (read + write {:.2f} GiB per step)\n", "8bit (NVMe)",
-             n / best_n * 1e-6, io_bytes / best_n * 1e-9,
-             s.nvme_io_s > 0 ? double(s.nvme_read_bytes + s.nvme_write_bytes) / s.nvme_io_s * 1e-9 : 0.0,
-             io_bytes / double(1 << 30));
+  fmt::print("{:<22} {:>12} {:>12} {:>14}\n", "variant", "Mparams/s", "I/O GB/s", "I/O thread GB/s");
+  fmt::print("{:<22} {:>12.1f}\n", "8bit (DRAM)", n / best_d * 1e-6);
+  for (const auto* u : {&old_q, &new_q}) {
+    const UpdaterStats s = u->opt->stats();
+    const double best = u == &old_q ? best_o : best_n;
+    fmt::print("{:<22} {:>12.1f} {:>12.2f} {:>14.2f}   (read + write {:.2f} GiB per step)\n",
+               fmt::format("8bit (NVMe {})", (u == &old_q ? IoQueueShape{} : queue).describe()), n / best * 1e-6,
+               io_bytes / best * 1e-9,
+               s.nvme_io_s > 0 ? double(s.nvme_read_bytes + s.nvme_write_bytes) / s.nvme_io_s * 1e-9 : 0.0,
+               io_bytes / double(1 << 30));
+  }
 }
 
 }  // namespace
@@ -423,6 +435,12 @@ int main(int argc, char** argv) {
   int nvme_slots = 3;
   app.add_option("--nvme-dir", nvme_dir, "only the 8-bit variant, moments in DRAM and on NVMe under this directory");
   app.add_option("--nvme-slots", nvme_slots, "DRAM staging slots of the NVMe moments")->check(CLI::PositiveNumber);
+  double nvme_gbps = 3.5;
+  unsigned nvme_depth = 0;
+  int64_t nvme_request_kib = 0;
+  app.add_option("--nvme-gbps", nvme_gbps, "the disk's rate for the io_uring queue rule (nvme/io_queue.h)");
+  app.add_option("--nvme-depth", nvme_depth, "io_uring requests in flight (0: the rule's)");
+  app.add_option("--nvme-request-kib", nvme_request_kib, "io_uring request size in KiB (0: the rule's)");
   CLI11_PARSE(app, argc, argv);
   try {
     if (in_cache) {
@@ -441,7 +459,8 @@ int main(int argc, char** argv) {
     fmt::print("threads {}  isa {}  params {} in {} units  clock {}  {} rounds of {} steps\n", threads, isa_name(isa),
                params, units, clock_s, rounds, iters);
     if (!nvme_dir.empty()) {
-      bench_nvme(nvme_dir, nvme_slots, threads, params, units, iters, rounds, isa);
+      const IoQueueShape q = io_queue_shape(nvme_gbps * 1e9, kDefaultIoLatency, nvme_depth, nvme_request_kib * 1024);
+      bench_nvme(nvme_dir, nvme_slots, threads, params, units, iters, rounds, isa, q);
       return 0;
     }
     BandwidthTest bw(threads, stream_mib);

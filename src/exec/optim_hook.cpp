@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/units.h"
+#include "nvme/nvme_store.h"
 #include "optim/nvme_moments.h"
 
 namespace lt {
@@ -33,6 +34,7 @@ optim::AdamWConfig adamw_config(const OptimizerSetup& s, optim::MasterFormat mas
   c.master = master;
   c.sr_seed = s.sr_seed;
   c.nvme_dir = s.nvme_dir;
+  if (!s.nvme_dir.empty()) c.nvme_io = default_io(s.nvme_queue);
   return c;
 }
 
@@ -56,8 +58,9 @@ AdamWHook::AdamWHook(const ModelLayout& layout, HostState& st, const OptimizerSe
   opt_ = owned_.get();
   const optim::MomentHomes h = opt_->moment_homes();
   if (h.nvme > 0)
-    log_info("optimizer moments: {} in DRAM, {} on NVMe under {} ({} DRAM staging)", format_bytes(double(h.dram)),
-             format_bytes(double(h.nvme)), s.nvme_dir, format_bytes(double(h.staging)));
+    log_info("optimizer moments: {} in DRAM, {} on NVMe under {} ({} DRAM staging; {} queue {})",
+             format_bytes(double(h.dram)), format_bytes(double(h.nvme)), s.nvme_dir, format_bytes(double(h.staging)),
+             c.nvme_io ? c.nvme_io->name() : "default", s.nvme_queue.describe());
 }
 
 void AdamWHook::begin_step(float lr) {

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "exec/executor.h"
+#include "nvme/io_queue.h"
 #include "optim/layout_spec.h"
 #include "optim/optimizer.h"
 
@@ -30,6 +31,7 @@ struct OptimizerSetup {
   bool nvme_all_layers = false;
   std::set<int64_t> nvme_units;
   std::string nvme_dir;
+  IoQueueShape nvme_queue;  // the io_uring queue of the moments' files (nvme/io_queue.h)
 };
 
 // The optimizer's step constants as the backend's device update takes them (Backend::adamw_step).

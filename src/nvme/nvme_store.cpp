@@ -111,8 +111,10 @@ std::shared_ptr<IoLayer> uring_io(unsigned depth, int64_t piece) {
   return u;
 }
 
-std::shared_ptr<IoLayer> default_io() {
-  if (auto u = uring_io()) return u;
+std::shared_ptr<IoLayer> default_io() { return default_io(IoQueueShape{}); }
+
+std::shared_ptr<IoLayer> default_io(const IoQueueShape& q) {
+  if (auto u = uring_io(q.depth, q.piece)) return u;
   return posix_io();
 }
 

@@ -10,6 +10,8 @@
 #include <set>
 #include <string>
 
+#include "nvme/io_queue.h"
+
 namespace lt {
 
 constexpr int64_t kIoAlign = 4096;  // O_DIRECT alignment of buffers, sizes and offsets
@@ -28,7 +30,8 @@ class IoLayer {
 std::shared_ptr<IoLayer> posix_io();
 // nullptr if io_uring is unavailable here. piece: bytes per submitted request; depth: requests in flight.
 std::shared_ptr<IoLayer> uring_io(unsigned depth = 8, int64_t piece = 1 << 20);
-std::shared_ptr<IoLayer> default_io();
+std::shared_ptr<IoLayer> default_io();          // io_uring 8 x 1 MiB, else pread/pwrite
+std::shared_ptr<IoLayer> default_io(const IoQueueShape& q);  // io_uring of shape q, else pread/pwrite
 
 class NvmeStore {
  public:

@@ -20,10 +20,72 @@ double Instance::slot_time(double C, double h, double d, double r, double w) con
 namespace {
 
 constexpr double kNever = 1e300;
+using Intervals = std::vector<std::pair<double, double>>;  // sorted, disjoint [start, end)
 
-// The NVMe units' I/O queue beside the CPU optimizer (Instance::nvme_read): one event at a time, the earliest to
-// start first (the CPU on a tie). The CPU updates the units in order; the queue does the oldest finished update's
-// write-back, else the next read once a slot is free (the write-back nvme_slots NVMe units earlier ended).
+// When work of x seconds at a lane's full rate, started at a, ends on a lane that is busy during `busy`.
+double lane_finish(const Intervals& busy, double a, double x) {
+  double t = a;
+  for (const auto& [b0, b1] : busy) {
+    if (b1 <= t) continue;
+    if (b0 > t) {
+      if (x <= b0 - t) return t + x;
+      x -= b0 - t;
+    }
+    t = b1;
+  }
+  return t + x;
+}
+
+// The checkpoints' NVMe transfers placed on the timeline as the slots' waits become known (CheckpointNvmeIo).
+struct CheckpointLanes {
+  const Instance& in;
+  const CheckpointNvmeIo* ck;
+  Intervals read, write;
+  int next = -1;  // next slot to place; -1: the first waits for layer 0's update
+  double t = 0;   // end of the last placed slot
+
+  CheckpointLanes(const Instance& x, const CheckpointNvmeIo* c) : in(x), ck(c && c->any() ? c : nullptr) {
+    if (!ck) return;
+    const size_t S = size_t(in.slots());
+    LT_CHECK(ck->slot_s.size() == S && ck->read_s.size() == S && ck->write_s.size() == S,
+             "plan: the checkpoints' NVMe timeline has {} slot times, {} reads and {} writes; the instance has {} slots",
+             ck->slot_s.size(), ck->read_s.size(), ck->write_s.size(), S);
+  }
+
+  void place(size_t w, double start) {
+    if (ck->read_s[w] > 0) read.emplace_back(start, start + ck->read_s[w]);
+    if (ck->write_s[w] > 0) write.emplace_back(start, start + ck->write_s[w]);
+    t = start + ck->slot_s[w];
+  }
+  // The later micro-batches: no waits.
+  void place_repeats() {
+    for (int m = 1; m < in.micro_batches; ++m) {
+      t += ck->epilogue_s + ck->prologue_s;
+      for (size_t w = 0; w < ck->slot_s.size(); ++w) place(w, t);
+    }
+  }
+  // Places the slots whose updates are final (o[u] < kNever).
+  void advance(const std::vector<double>& o) {
+    if (!ck) return;
+    const int L = in.L, S = in.slots();
+    if (next < 0) {
+      if (o[0] >= kNever) return;
+      t = std::max(o[0], in.device_update_s) + ck->lead;
+      next = 0;
+    }
+    while (next < S) {
+      const double wait = next < L ? o[size_t(next + 1 <= L - 1 ? next + 1 : L)] : 0.0;
+      if (wait >= kNever) return;
+      place(size_t(next++), std::max(t, wait));
+      if (next == S) place_repeats();
+    }
+  }
+};
+
+// The NVMe units' I/O queue beside the CPU optimizer (Instance::nvme_read): one operation at a time. The CPU updates
+// the units in order; the queue does the oldest finished update's write-back, else the next read once a slot is free
+// (the write-back nvme_slots NVMe units earlier ended). Events in time order (on a tie: an I/O's end, the CPU, an
+// I/O's start); an operation's end is final at its end event, as the checkpoints' lanes are known up to then.
 struct NvmePipeline {
   const Instance& in;
   std::vector<size_t> order;  // update order
@@ -31,9 +93,10 @@ struct NvmePipeline {
   std::vector<int> nv;        // per position: index among the NVMe units, -1 for a unit in DRAM
   std::vector<size_t> unit_of_nv;
   std::vector<double> read_end, cpu_end, write_end;  // per NVMe unit
-  double io_end = 0;
+  CheckpointLanes lanes;
+  double ahead_end = 0;  // the next step's read-ahead's end
 
-  explicit NvmePipeline(const Instance& x) : in(x), order(x.opt_order()) {
+  NvmePipeline(const Instance& x, const CheckpointNvmeIo* ck) : in(x), order(x.opt_order()), lanes(x, ck) {
     double d2h = 0;
     for (size_t u : order) {
       if (u < in.opt_d2h.size()) d2h += in.opt_d2h[u];
@@ -42,53 +105,100 @@ struct NvmePipeline {
       nv.push_back(on_nvme ? int(unit_of_nv.size()) : -1);
       if (on_nvme) unit_of_nv.push_back(u);
     }
-    const size_t n = unit_of_nv.size(), ahead = std::min(n, size_t(std::max(1, in.nvme_slots)));
+    const size_t n = unit_of_nv.size();
     read_end.assign(n, kNever);
     cpu_end.assign(n, kNever);
     write_end.assign(n, kNever);
-    for (size_t i = 0; i < ahead; ++i) read_end[i] = 0;  // read ahead during the previous step
+    for (size_t i = 0; i < std::min(n, slots()); ++i) read_end[i] = 0;  // read ahead during the previous step
+  }
+
+  size_t slots() const { return size_t(std::max(1, in.nvme_slots)); }
+
+  // The operation in flight: a write-back (write) or a read of NVMe unit i, x seconds at the lane's full rate.
+  struct Io {
+    bool on = false, write = false;
+    size_t i = 0;
+    double start = 0, x = 0;
+  };
+  std::vector<double> o;  // per unit: its update's end (an NVMe unit's: its write-back's), kNever until final
+  size_t next_cpu = 0, next_write = 0, next_read = 0;
+  double cpu = 0, io = 0;  // the CPU's last update's end, the queue's last operation's end
+  Io op;
+
+  double io_done() const { return op.on ? lane_finish(op.write ? lanes.write : lanes.read, op.start, op.x) : kNever; }
+  double cpu_start() const {
+    if (next_cpu >= order.size()) return kNever;
+    const int i = nv[next_cpu];
+    const double rd = i < 0 ? 0.0 : read_end[size_t(i)];
+    return rd < kNever ? std::max({cpu, ready[next_cpu], rd}) : kNever;
+  }
+  double write_start() const {
+    const bool can = !op.on && next_write < unit_of_nv.size() && cpu_end[next_write] < kNever;
+    return can ? std::max(io, cpu_end[next_write]) : kNever;
+  }
+  double read_start() const {
+    const bool can = !op.on && next_read < unit_of_nv.size() && write_end[next_read - slots()] < kNever;
+    return can ? std::max(io, write_end[next_read - slots()]) : kNever;
+  }
+  // The operation in flight ends at t: a read frees its unit's update, a write-back ends the unit.
+  void finish_io(double t) {
+    io = t;
+    op.on = false;
+    if (!op.write) {
+      read_end[op.i] = t;
+      return;
+    }
+    write_end[op.i] = o[unit_of_nv[op.i]] = t;
+    lanes.advance(o);
+  }
+  void run_cpu(double start) {
+    const size_t u = order[next_cpu];
+    cpu = start + in.opt[u];
+    const int i = nv[next_cpu++];
+    if (i >= 0) {
+      cpu_end[size_t(i)] = cpu;
+      return;
+    }
+    o[u] = cpu;
+    lanes.advance(o);
   }
 
   std::vector<double> run() {
-    std::vector<double> o(in.opt.size(), 0.0);
-    const size_t n = unit_of_nv.size(), slots = size_t(std::max(1, in.nvme_slots));
-    size_t next_cpu = 0, next_write = 0, next_read = std::min(n, slots);
-    double cpu = 0, io = 0;
+    o.assign(in.opt.size(), kNever);
+    next_read = std::min(unit_of_nv.size(), slots());
+    lanes.advance(o);
     for (;;) {
-      double cpu_start = kNever;
-      if (next_cpu < order.size()) {
-        const int i = nv[next_cpu];
-        const double rd = i < 0 ? 0.0 : read_end[size_t(i)];
-        if (rd < kNever) cpu_start = std::max({cpu, ready[next_cpu], rd});
-      }
-      const double w_start = next_write < n && cpu_end[next_write] < kNever ? std::max(io, cpu_end[next_write]) : kNever;
-      const double r_start =
-          next_read < n && write_end[next_read - slots] < kNever ? std::max(io, write_end[next_read - slots]) : kNever;
-      const double io_start = std::min(w_start, r_start);
-      if (cpu_start >= kNever && io_start >= kNever) break;
-      if (cpu_start <= io_start) {
-        const size_t u = order[next_cpu];
-        cpu = cpu_start + in.opt[u];
-        const int i = nv[next_cpu++];
-        if (i < 0) o[u] = cpu;
-        else cpu_end[size_t(i)] = cpu;
-      } else if (w_start <= r_start) {  // write-backs first: they free slots
-        io = w_start + in.nvme_write[unit_of_nv[next_write]];
-        write_end[next_write] = io;
-        o[unit_of_nv[next_write++]] = io;
+      const double done = io_done(), c = cpu_start(), w = write_start(), r = read_start();
+      if (std::min({done, c, w, r}) >= kNever) break;
+      if (op.on && done <= c) finish_io(done);
+      else if (c <= std::min(w, r)) run_cpu(c);
+      else if (w <= r) {  // write-backs first: they free slots
+        op = {true, true, next_write, w, in.nvme_write[unit_of_nv[next_write]]};
+        ++next_write;
       } else {
-        io = r_start + in.nvme_read[unit_of_nv[next_read]];
-        read_end[next_read++] = io;
+        op = {true, false, next_read, r, in.nvme_read[unit_of_nv[next_read]]};
+        ++next_read;
       }
     }
-    io_end = io;
+    // The next step's read-ahead follows the last write-back on the same queue.
+    ahead_end = io;
+    for (size_t i = 0; i < std::min(unit_of_nv.size(), slots()); ++i)
+      ahead_end = lane_finish(lanes.read, ahead_end, in.nvme_read[unit_of_nv[i]]);
+    for (double& x : o)
+      if (x >= kNever) x = 0;  // units without an update (none in a consistent instance)
     return o;
   }
 };
 
 }  // namespace
 
-std::vector<double> Instance::opt_done() const {
+bool CheckpointNvmeIo::any() const {
+  for (size_t w = 0; w < read_s.size(); ++w)
+    if (read_s[w] > 0 || write_s[w] > 0) return true;
+  return false;
+}
+
+std::vector<double> Instance::opt_done(const CheckpointNvmeIo* ck) const {
   if (nvme_read.empty()) {  // no NVMe units: the plain recurrence
     std::vector<double> o(opt.size());
     double t = 0, d2h = 0;
@@ -98,7 +208,7 @@ std::vector<double> Instance::opt_done() const {
     }
     return o;
   }
-  return NvmePipeline(*this).run();
+  return NvmePipeline(*this, ck).run();
 }
 
 double Instance::nvme_io_s() const {
@@ -118,18 +228,15 @@ std::vector<size_t> Instance::opt_order() const {
   return order;
 }
 
-double Instance::opt_last() const {
-  const auto o = opt_done();
-  double last = o.empty() ? 0.0 : *std::max_element(o.begin(), o.end());
-  if (nvme_read.empty()) return last;
+double Instance::opt_last(const CheckpointNvmeIo* ck) const {
+  if (nvme_read.empty()) {
+    const auto o = opt_done();
+    return o.empty() ? 0.0 : *std::max_element(o.begin(), o.end());
+  }
   // The next step's read-ahead follows the last write-back on the same queue, before the next update phase.
-  double ahead = 0;
-  int k = 0;
-  for (size_t u : opt_order())
-    if (u < nvme_read.size() && nvme_read[u] + nvme_write[u] > 0 && k++ < std::max(1, nvme_slots)) ahead += nvme_read[u];
-  NvmePipeline pipe(*this);
-  pipe.run();
-  return std::max(last, pipe.io_end + ahead);
+  NvmePipeline pipe(*this, ck);
+  const auto o = pipe.run();
+  return std::max(o.empty() ? 0.0 : *std::max_element(o.begin(), o.end()), pipe.ahead_end);
 }
 
 double Instance::R(int s, int e) const {

@@ -23,6 +23,20 @@
 
 namespace lt {
 
+// The activation checkpoints' NVMe transfers on one step's timeline (the simulator builds it from a plan's slots,
+// simulator.cpp): the moments' I/O queue shares the disk with them. Rule: a checkpoint transfer keeps its lane (NVMe
+// read or write) at the lane's full rate from its slot's start, as the slot cost model times it; a moment read or
+// write-back uses only the lane's time the checkpoints leave. The slots follow the simulator's: the first starts
+// `lead` after max(O(layer 0), device_update_s), slot w at max(the previous slot's end, its layer's update); later
+// micro-batches repeat prologue, slots and epilogue without waits.
+struct CheckpointNvmeIo {
+  double lead = 0;                      // the weight all-gather and the prologue
+  double prologue_s = 0, epilogue_s = 0;
+  std::vector<double> slot_s;           // per slot (instance.h numbering): its time T
+  std::vector<double> read_s, write_s;  // per slot: its checkpoint read / write at the lane's full rate
+  bool any() const;                     // any checkpoint transfer on the NVMe lanes
+};
+
 // Layers need not be alike (hybrid models mix attention and Gated DeltaNet layers in any order): every
 // per-layer quantity is a vector indexed by layer. Boundaries are alike (A is the hidden state of every
 // kind), so tier capacities are still counts of boundaries.
@@ -97,7 +111,9 @@ struct Instance {
   // Optimizer finish times, indexed as opt, in the update order opt_order() (u' before u):
   // O(u) = max(O(u'), D(u), R(u)) + opt[u], D(u) = the held gradients' D2H up to u in that order, R(u) the end of
   // an NVMe unit's read (0 for the others); an NVMe unit's O(u) is the end of its write-back.
-  std::vector<double> opt_done() const;
+  // With ck (non-null, any()), the NVMe units' reads and write-backs share the lanes with the checkpoints
+  // (CheckpointNvmeIo's rule).
+  std::vector<double> opt_done(const CheckpointNvmeIo* ck = nullptr) const;
   std::vector<size_t> opt_order() const;  // embedding (L+1), layers 0..L-1, head (L): the executor's
   // The next forward waits for the embedding's whole update (a table on the device, tied or resident; data
   // parallelism); false: only for the next batch's rows, which the optimizer runs first (an untied table looked
@@ -105,7 +121,7 @@ struct Instance {
   bool embedding_first = true;
   // When the last update ends, or later the NVMe queue: its last write-back and then the read-ahead of the next
   // step's first nvme_slots units.
-  double opt_last() const;
+  double opt_last(const CheckpointNvmeIo* ck = nullptr) const;
   double R(int s, int e) const;         // block recompute time: rho[s..e-2]
   double R_bytes(int s, int e) const;   // weights the block's recompute loads: P[s..e-2]
   // Mandatory traffic of the slot cost model (docs/planner.md): H2D in F_j (the next layer's weights,

@@ -105,6 +105,28 @@ bool timing_matches(const LayerTiming& t, const ModelConfig& c, LayerKind k, int
          t.linear_v_head_dim == l.v_head_dim;
 }
 
+// The optional NVMe queue fields (nvme/io_queue.h): nvme_latency_us > 0, nvme_queue_depth in [1, 64],
+// nvme_request_kib a multiple of 4 in [4, 8192].
+void nvme_queue_fields(const json& j, const std::string& src, ResourceProfile& p) {
+  if (j.contains("nvme_latency_us")) {
+    const json& v = j["nvme_latency_us"];
+    LT_CHECK(v.is_number() && v.get<double>() > 0, "{}: 'nvme_latency_us' must be a number > 0, got {}", src, v.dump());
+    p.nvme_latency_s = v.get<double>() * 1e-6;
+  }
+  auto whole = [&](const char* k, int64_t lo, int64_t hi) {
+    const json& v = j[k];
+    LT_CHECK(v.is_number_integer() && v.get<int64_t>() >= lo && v.get<int64_t>() <= hi,
+             "{}: '{}' must be a whole number in [{}, {}], got {}", src, k, lo, hi, v.dump());
+    return v.get<int64_t>();
+  };
+  if (j.contains("nvme_queue_depth")) p.nvme_queue_depth = int(whole("nvme_queue_depth", 1, 64));
+  if (j.contains("nvme_request_kib")) {
+    const int64_t kib = whole("nvme_request_kib", 4, 8192);
+    LT_CHECK(kib % 4 == 0, "{}: 'nvme_request_kib' must be a multiple of 4 (O_DIRECT's 4 KiB), got {}", src, kib);
+    p.nvme_request_bytes = kib * 1024;
+  }
+}
+
 }  // namespace
 
 json profile_to_json(const ResourceProfile& p) {
@@ -129,6 +151,9 @@ json profile_to_json(const ResourceProfile& p) {
   j["opt_8bit_mparams_per_s"] = p.opt_8bit_params_per_s / kM;
   j["gpu_measured"] = p.gpu_measured;
   if (p.scan_flops > 0) j["scan_tflops"] = p.scan_flops / kTF;
+  if (p.nvme_latency_s > 0) j["nvme_latency_us"] = p.nvme_latency_s * 1e6;
+  if (p.nvme_queue_depth > 0) j["nvme_queue_depth"] = p.nvme_queue_depth;
+  if (p.nvme_request_bytes > 0) j["nvme_request_kib"] = p.nvme_request_bytes / 1024;
   if (p.workspace_tokens > 0) {
     j["workspace_bytes"] = p.workspace_bytes;
     j["workspace_tokens"] = p.workspace_tokens;
@@ -153,7 +178,8 @@ ResourceProfile profile_from_json(const json& j, const std::string& src) {
       "name", "source", "hbm", "hbm_reserve", "dram", "nvme", "nvme_dir", "h2d_gbps", "d2h_gbps", "both_gbps",
       "nvme_read_gbps", "nvme_write_gbps", "host_mem_gbps", "gemm_tflops", "attn_tflops", "peak_tflops",
       "opt_fp32_mparams_per_s", "opt_8bit_mparams_per_s", "gpu_measured", "layer_timings", "notes", "scan_tflops",
-      "workspace_bytes", "workspace_tokens", "workspace_points", "head_timing"};
+      "workspace_bytes", "workspace_tokens", "workspace_points", "head_timing", "nvme_latency_us", "nvme_queue_depth",
+      "nvme_request_kib"};
   for (auto& [k, v] : j.items()) LT_CHECK(known.count(k), "{}: unknown field '{}'", src, k);
   auto req = [&](const std::string& k) -> const json& {
     LT_CHECK(j.contains(k), "{}: missing field '{}'", src, k);
@@ -219,6 +245,7 @@ ResourceProfile profile_from_json(const json& j, const std::string& src) {
     p.gpu_measured = j["gpu_measured"].get<bool>();
   }
   if (j.contains("scan_tflops")) p.scan_flops = num("scan_tflops", kTF);
+  nvme_queue_fields(j, src, p);
   if (j.contains("head_timing")) {
     const json& h = j["head_timing"];
     const std::string where = src + ": head_timing";

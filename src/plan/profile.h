@@ -67,6 +67,11 @@ struct ResourceProfile {
   double h2d_bw = 0, d2h_bw = 0;  // pinned, one direction at a time
   double both_bw = 0;             // sum of both directions when they run at once
   double nvme_read_bw = 0, nvme_write_bw = 0;
+  // The NVMe tier's io_uring queue (nvme/io_queue.h): the disk's latency for the rule (s; 0: its default), and the
+  // rule's overrides (0: the rule's figure): requests in flight, bytes per request.
+  double nvme_latency_s = 0;
+  int nvme_queue_depth = 0;
+  int64_t nvme_request_bytes = 0;
   double host_mem_bw = 0;         // host memory copy bandwidth (all threads)
   // Compute rates, FLOP/s (achieved, not peak).
   double gemm_flops = 0;  // bf16 dense GEMM

@@ -112,12 +112,25 @@ void charge_exposure(const Instance& in, const SlotTraffic& x, double ex, double
   else nvme += ex;
 }
 
-// The step's timeline: prologue, the slots in order (each waits for its layer's optimizer update), the
-// epilogue, later micro-batches, the last update. Fills R.pred's times, R.slot_start / slot_time,
+// The plan's checkpoint transfers on the NVMe lanes, which the moments' I/O queue shares (CheckpointNvmeIo).
+CheckpointNvmeIo checkpoint_nvme_io(const Instance& in, const std::vector<SlotTraffic>& slots) {
+  CheckpointNvmeIo ck;
+  ck.lead = in.step_prologue() + in.prologue();
+  ck.prologue_s = in.prologue();
+  ck.epilogue_s = in.epilogue();
+  for (const auto& x : slots) {
+    ck.slot_s.push_back(in.slot_time(x.C, x.h, x.d, x.r, x.w));
+    ck.read_s.push_back(x.r / in.bnr);
+    ck.write_s.push_back(x.w / in.bnw);
+  }
+  return ck;
+}
+
+// The step's timeline: prologue, the slots in order (each waits for its layer's optimizer update O), the
+// epilogue, later micro-batches, the last update (opt_last). Fills R.pred's times, R.slot_start / slot_time,
 // R.step_no_opt_s and (record_ops) R.ops.
-void simulate_time(const Instance& in, bool record_ops, SimResult& R) {
+void simulate_time(const Instance& in, const std::vector<double>& O, double opt_last, bool record_ops, SimResult& R) {
   const int L = in.L, S = in.slots();
-  const auto O = in.opt_done();  // O[j] layer j, O[L] head, O[L+1] embedding
   auto& pr = R.pred;
   auto op = [&](SimLane l, double a, double b, std::string lab, bool ex = false, int kind = -1) {
     if (record_ops && b > a) R.ops.push_back({l, a, b, std::move(lab), ex, kind});
@@ -210,18 +223,18 @@ void simulate_time(const Instance& in, bool record_ops, SimResult& R) {
     t += sepi;
   }
   t_no_opt += spro + sepi + in.device_update_s;
-  if (in.opt_last() > t) {  // an update still running at the step's end (the next step waits for it)
-    pr.exposed_optimizer_s += in.opt_last() - t;
-    t = in.opt_last();
+  if (opt_last > t) {  // an update still running at the step's end (the next step waits for it)
+    pr.exposed_optimizer_s += opt_last - t;
+    t = opt_last;
   }
   pr.step_s = t;
   R.step_no_opt_s = t_no_opt;
 }
 
 // Per plan window figures: its compute, and its slot's transfers and exposure at the slot's first window.
-void window_figures(const Instance& in, const Plan& p, const std::vector<int>& ws, SimResult& R) {
+void window_figures(const Instance& in, const Plan& p, const std::vector<int>& ws, double O0, SimResult& R) {
   const int S = in.slots();
-  const double first_start = in.opt_done()[0] + in.prologue();
+  const double first_start = O0 + in.prologue();
   std::vector<int> first_of_slot(size_t(S), -1);
   for (size_t k = 0; k < ws.size(); ++k)
     if (first_of_slot[size_t(ws[k])] < 0) first_of_slot[size_t(ws[k])] = int(k);
@@ -319,8 +332,11 @@ SimResult simulate(const Instance& in, const Plan& p, bool record_ops) {
   SimResult R;
   R.slots = plan_slot_traffic(in, p);
   const auto ws = window_slots(in, p);
-  simulate_time(in, record_ops, R);
-  window_figures(in, p, ws, R);
+  // O[j] layer j, O[L] head, O[L+1] embedding; the moments' NVMe queue shares the lanes with the checkpoints.
+  const auto ck = checkpoint_nvme_io(in, R.slots);
+  const auto O = in.opt_done(&ck);
+  simulate_time(in, O, in.opt_last(&ck), record_ops, R);
+  window_figures(in, p, ws, O[0], R);
   simulate_memory(in, p, ws, R);
   return R;
 }

@@ -229,6 +229,7 @@ TrainingPlan derive_training_plan(const PlacementSection& cfg, const ModelConfig
   tp.device_budget = cfg.gpu_mem.empty() ? -1 : parse_bytes(cfg.gpu_mem);
   tp.host_budget = cfg.host_mem.empty() ? -1 : parse_bytes(cfg.host_mem);
   tp.planned_dram = r.profile.dram_bytes;
+  tp.nvme_queue = nvme_queue_shape(r.profile);
   tp.extra_layer_forwards = extra_layer_forwards(model, o.plan);
   return tp;
 }
@@ -331,6 +332,12 @@ TrainingPlan make_training_plan(const TrainConfig& cfg, const ModelConfig& model
   tp.summary = format_plan_summary(plan_summary_of(r, solved, tp, device_name));
   if (!cfg.output.output_dir.empty()) write_plan_files(cfg.output.output_dir, r, solved.outcome);
   return tp;
+}
+
+IoQueueShape nvme_queue_shape(const ResourceProfile& p) {
+  const double latency = p.nvme_latency_s > 0 ? p.nvme_latency_s : kDefaultIoLatency;
+  return io_queue_shape(std::max(p.nvme_read_bw, p.nvme_write_bw), latency, unsigned(p.nvme_queue_depth),
+                        p.nvme_request_bytes);
 }
 
 std::optional<int> local_world_size(int world) {

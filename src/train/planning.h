@@ -13,7 +13,9 @@
 #include "dist/rank_cost.h"
 #include "exec/exec_plan.h"
 #include "model/model_config.h"
+#include "nvme/io_queue.h"
 #include "plan/plan.h"
+#include "plan/profile.h"
 #include "train/config.h"
 
 namespace lt::train {
@@ -37,7 +39,13 @@ struct TrainingPlan {
   // The DRAM budget this process planned with: the host's (host_mem, or what is available) divided by
   // the ranks on this host under `launch` (dist::rank_profile).
   int64_t planned_dram = 0;
+  // The NVMe tier's io_uring queue for the checkpoints' and the moments' files (nvme_queue_shape of the profile).
+  IoQueueShape nvme_queue;
 };
+
+// The profile's NVMe queue (nvme/io_queue.h): the rule at the larger of its NVMe read and write rates (one queue
+// does both) and its nvme_latency_us (else kDefaultIoLatency), with its nvme_queue_depth / nvme_request_kib.
+IoQueueShape nvme_queue_shape(const ResourceProfile& p);
 
 // Throws lt::Error with the planner's "does not fit: <resource> short by <bytes>" when no plan fits.
 // topo: under `lazytrain launch -n N` this rank's place (rank_topology()); the plan is then one rank's:

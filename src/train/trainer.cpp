@@ -23,6 +23,7 @@
 #include "model/accounting.h"
 #include "model/init.h"
 #include "model/sequence.h"
+#include "nvme/nvme_store.h"
 #include "train/checkpoint.h"
 #include "train/checkpoint_dir.h"
 #include "train/data_parallel.h"
@@ -120,6 +121,7 @@ class TrainSession {
     st_.refresh_all_streams();
     ExecOptions eo;
     eo.nvme_dir = cfg.placement.nvme_dir.empty() ? fs::path() : fs::path(cfg.placement.nvme_dir);
+    if (!eo.nvme_dir.empty()) eo.io = default_io(tp_.nvme_queue);
     eo.timing = true;
     eo.micro_batches = int32_t(shape_.rank_ga);
     executor_ = std::make_unique<Executor>(ms_.model, *bc_.backend, tp_.exec, st_, eo);

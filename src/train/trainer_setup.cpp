@@ -146,6 +146,7 @@ OptimizerSetup optimizer_setup(const TrainConfig& cfg, const TrainingPlan& tp, b
   // optimizer_nvme: all = every layer unit's moments on NVMe; auto = the plan's (the last
   // placement.nvme_layers layers, units L - k + 1 .. L).
   os.nvme_dir = cfg.placement.nvme_dir;
+  os.nvme_queue = tp.nvme_queue;
   os.nvme_all_layers = cfg.placement.optimizer_nvme == OptimizerNvme::All;
   const int64_t L = tp.model.layers;
   for (int64_t j = L - tp.placement.nvme_layers; j < L; ++j) os.nvme_units.insert(j + 1);

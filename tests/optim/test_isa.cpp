@@ -287,12 +287,13 @@ TEST(OptimThroughput, MeasuredRatesArePositive) {
 
 // The optimizer's own rate (its pool over split-master units, the figure the profile records): finite, positive,
 // and of the kernels' order (the pool adds scheduling, not a different amount of memory traffic).
-// Each rate is the best of three: another process on a 2-core machine slows single measurements by more than 4x.
+// One worker each and the best of three: with another test process on a 2-core machine, two workers that wait for
+// each other measured the pool at under a quarter of the kernels (a descheduled worker stalls the other).
 TEST(OptimThroughput, OptimizerRateIsOfTheKernelsOrder) {
   auto best_of_3 = [](auto measure) { return std::max({measure(), measure(), measure()}); };
   for (bool q8 : {false, true}) {
-    const double pool = best_of_3([&] { return lt::optim::measure_optimizer_rate(q8, 2, 1 << 20); });
-    const double kernels = best_of_3([&] { return lt::optim::measure_adamw_rate(q8, 2, 1 << 24); });
+    const double pool = best_of_3([&] { return lt::optim::measure_optimizer_rate(q8, 1, 1 << 20); });
+    const double kernels = best_of_3([&] { return lt::optim::measure_adamw_rate(q8, 1, 1 << 24); });
     EXPECT_TRUE(std::isfinite(pool) && pool > 0) << (q8 ? "8-bit" : "fp32") << ": " << pool;
     EXPECT_GT(pool, kernels / 4) << (q8 ? "8-bit" : "fp32");
     EXPECT_LT(pool, kernels * 4) << (q8 ? "8-bit" : "fp32");

@@ -56,6 +56,72 @@ TEST(PlanNvmeState, MomentPipelineByHand) {
   EXPECT_GT(r.pred.exposed_optimizer_s, 0);
 }
 
+// A 3-layer instance for the disk-sharing tests: units 0-2 (layers, on NVMe, updates of 1 s), 3 (head), 4 (embedding,
+// updated first); every moment image read ahead (3 slots).
+Instance three_layer_moments(std::vector<double> read, std::vector<double> write) {
+  Instance in;
+  in.L = 3;
+  in.opt = {1, 1, 1, 0, 0};
+  in.nvme_read = std::move(read);
+  in.nvme_write = std::move(write);
+  in.nvme_slots = 3;
+  return in;
+}
+
+// By hand: the moments' reads and write-backs use only the lane time the checkpoints' transfers leave.
+TEST(PlanNvmeState, MomentQueueSharesTheLanesByHand) {
+  const Instance in = three_layer_moments({1, 1, 1, 0, 0}, {2, 2, 2, 0, 0});
+  // Alone: updates 0-1, 1-2, 2-3 (head 3); write-backs 1-3, 3-5, 5-7; the read-ahead 7-10.
+  EXPECT_EQ(in.opt_done(), (std::vector<double>{3, 5, 7, 3, 0}));
+  EXPECT_DOUBLE_EQ(in.opt_last(), 10);
+  // Slots of 2 s, the first 1 s after layer 0's write-back; F0 and F1 write checkpoints for 1.5 s, F2 reads for 1 s.
+  CheckpointNvmeIo ck;
+  ck.lead = 1;
+  ck.slot_s.assign(7, 2.0);
+  ck.write_s = {1.5, 1.5, 0, 0, 0, 0, 0};
+  ck.read_s = {0, 0, 1, 0, 0, 0, 0};
+  // F0 starts at 5 (layer 1's write-back) and writes 5-6.5: layer 2's write-back waits, 6.5-8.5. F1 starts at 8.5
+  // (slot F0 ended at 7), F2 at 10.5 and reads 10.5-11.5: the read-ahead runs 8.5-10.5 and 11.5-12.5.
+  EXPECT_EQ(in.opt_done(&ck), (std::vector<double>{3, 5, 8.5, 3, 0}));
+  EXPECT_DOUBLE_EQ(in.opt_last(&ck), 12.5);
+  CheckpointNvmeIo short_ck = ck;
+  short_ck.slot_s.pop_back();
+  EXPECT_THROW(in.opt_done(&short_ck), Error);
+  // No checkpoint on the NVMe lanes: the queue alone.
+  ck.write_s.assign(7, 0.0);
+  ck.read_s.assign(7, 0.0);
+  EXPECT_FALSE(ck.any());
+  EXPECT_EQ(in.opt_done(&ck), in.opt_done());
+  EXPECT_DOUBLE_EQ(in.opt_last(&ck), 10);
+}
+
+// By hand through the simulator: boundary 1 on NVMe is written in F2 and read in H (2 s each at 5 B/s); the
+// read-ahead of the next step's moments shares the read lane with the H slot's read, and the step waits for it.
+TEST(PlanNvmeState, SimulatedStepCountsTheSharedDisk) {
+  Instance in = three_layer_moments({3, 3, 3, 0, 0}, {1, 1, 1, 0, 0});
+  in.rho = {1, 1, 1};
+  in.beta = {1, 1, 1};
+  in.head_s = 1;
+  in.A = 10;
+  in.P = {0, 0, 0};
+  in.G = {0, 0, 0};
+  in.bh = in.bd = in.bb = 10;  // a boundary's transfer takes 1 s, hidden under 1 s of compute
+  in.bnr = in.bnw = 5;
+  in.ws_fwd = {1, 1, 1};
+  in.ws_bwd = {1, 1, 1};
+  in.hbm_cap = in.dram_cap = in.nvme_cap = 1000;
+  const auto r = simulate(in, test::plan_for(in, {Tier::Gpu, Tier::Nvme, Tier::Gpu, Tier::Gpu}));
+  ASSERT_DOUBLE_EQ(r.slots[2].w, 10);  // F2
+  ASSERT_DOUBLE_EQ(r.slots[3].r, 10);  // H
+  // Write-backs 1-2, 2-3, 3-4; prologue at 2; F0 3-4, F1 4-5, F2 5-7, H 7-9 (reads 7-9), B2 9-10, B1, B0: 12.
+  EXPECT_DOUBLE_EQ(r.slot_start[3], 7);
+  // The read-ahead alone would run 4-7, 7-10, 10-13 (a 13 s step); beside H's read: 4-7, 9-12, 12-15.
+  EXPECT_DOUBLE_EQ(in.opt_last(), 13);
+  EXPECT_DOUBLE_EQ(r.pred.step_s, 15);
+  // Waits: 2 s for layer 0's write-back, 1 s before F0 (layer 1's), 3 s for the read-ahead at the end.
+  EXPECT_DOUBLE_EQ(r.pred.exposed_optimizer_s, 2 + 1 + 3);
+}
+
 // make_instance: the last k layers' moment images (4 KiB-rounded) at the profile's NVMe rates; the CPU times stay.
 TEST(PlanNvmeState, MomentTimesFromTheProfile) {
   const auto c = preset_config("tiny-qwen3");

@@ -58,6 +58,35 @@ TEST(Planner, ProfileErrors) {
   }
 }
 
+// The optional NVMe queue fields (nvme/io_queue.h): absent by default, round trip, errors naming the field.
+TEST(Planner, ProfileNvmeQueueFields) {
+  auto j = profile_to_json(test_profile());
+  EXPECT_FALSE(j.contains("nvme_queue_depth"));
+  j["nvme_latency_us"] = 80.0;
+  j["nvme_queue_depth"] = 16;
+  j["nvme_request_kib"] = 512;
+  const ResourceProfile p = profile_from_json(j, "q");
+  EXPECT_DOUBLE_EQ(p.nvme_latency_s, 80e-6);
+  EXPECT_EQ(p.nvme_queue_depth, 16);
+  EXPECT_EQ(p.nvme_request_bytes, 512 * 1024);
+  EXPECT_EQ(profile_to_json(p).dump(), j.dump());
+  auto error_of = [&](const char* k, nlohmann::json v) {
+    auto b = j;
+    b[k] = v;
+    try {
+      profile_from_json(b, "q.json");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(error_of("nvme_request_kib", 6).find("'nvme_request_kib' must be a multiple of 4 (O_DIRECT's 4 KiB), got 6"),
+            std::string::npos);
+  EXPECT_NE(error_of("nvme_queue_depth", 0).find("'nvme_queue_depth' must be a whole number in [1, 64], got 0"),
+            std::string::npos);
+  EXPECT_NE(error_of("nvme_latency_us", -5).find("'nvme_latency_us' must be a number > 0, got -5"), std::string::npos);
+}
+
 // A measured head timing: round trip, strict fields, and head_time scales it by the rows for the model it was
 // measured for (another model's hidden size or vocabulary: the GEMM estimate).
 TEST(Planner, HeadTimingMeasured) {
