@@ -276,14 +276,15 @@ struct KindCosts {
 };
 
 std::vector<KindCosts> kind_costs(const ModelConfig& c, int64_t batch, int64_t chunk, int64_t seq,
-                                  const ResourceProfile& prof) {
+                                  const ResourceProfile& prof, double attention_fraction) {
   std::vector<KindCosts> k(static_cast<size_t>(kNumLayerKinds));
   for (int i = 0; i < kNumLayerKinds; ++i) {
     const auto kind = LayerKind(i);
     if (c.count(kind) == 0) continue;
     // The executor keeps every chunk's internals, in ceil(batch / chunk) chunk-sized parts.
     const int64_t kept_rows = (batch + chunk - 1) / chunk * chunk;
-    k[size_t(i)] = {layer_times(prof, c, kind, batch, seq, chunk), layer_cost(c, kind, batch, seq), layer_cost(c, kind, chunk, seq),
+    k[size_t(i)] = {packed_layer_times(prof, c, kind, batch, seq, chunk, attention_fraction),
+                    layer_cost(c, kind, batch, seq), layer_cost(c, kind, chunk, seq),
                     layer_times(prof, c, kind, kept_rows, seq).keep_bytes};
   }
   return k;
@@ -457,7 +458,7 @@ Instance make_instance(const ModelConfig& c, int64_t batch, int64_t seq, const R
   in.head_s = head_time(prof, c, batch, seq);
   in.A = double(batch * seq * c.hidden * 2);  // bf16 hidden state, the same for every kind
   const auto lay = model_layout(c);
-  set_layers(in, c, lay, kind_costs(c, batch, chunk, seq, prof), o.ring);
+  set_layers(in, c, lay, kind_costs(c, batch, chunk, seq, prof, o.attention_fraction), o.ring);
   const double head_params = double(c.vocab * c.hidden + c.hidden);  // LM head matrix (tied: the embedding) + final norm
   in.P_head = 2.0 * head_params;
   in.G_head = 4.0 * head_params;  // fp32, as the layers'

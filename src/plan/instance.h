@@ -152,6 +152,7 @@ struct InstanceOptions {
   int micro_batches = 1;
   StepCollectives collectives;  // data parallelism: bytes per rank per step
   bool embedding_rows_first = true;  // PlanRequest::embedding_rows_first
+  double attention_fraction = 1.0;   // PlanRequest::attention_fraction (packed_layer_times)
 };
 
 Instance make_instance(const ModelConfig& c, int64_t batch, int64_t seq, const ResourceProfile& prof,

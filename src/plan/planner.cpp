@@ -134,6 +134,7 @@ Prepared prepare(const PlanRequest& r, StateChoice st) {
   io.placement = st.placement;
   io.collectives = r.collectives;
   io.embedding_rows_first = r.embedding_rows_first;
+  io.attention_fraction = r.attention_fraction;
   Prepared pr;
   pr.st = std::move(st);
   pr.chunk = r.chunk > 0 ? std::min(r.chunk, r.batch) : r.batch;
@@ -467,7 +468,9 @@ PlanOutcome make_plan(const PlanRequest& r) {
            r.world, r.ranks_per_host);
   PlanOutcome out;
   out.flops_per_step = model_flops_per_step(r.model, r.batch * r.seq * r.micro_batches);
-  out.flops_attn_per_step = model_flops_with_attention(r.model, full_rows(r.batch * r.micro_batches, r.seq));
+  StepRows rows = full_rows(r.batch * r.micro_batches, r.seq);
+  rows.sum_sq_len *= r.attention_fraction;  // packed rows: the segments' squares
+  out.flops_attn_per_step = model_flops_with_attention(r.model, rows);
   Prepared prep = choose_state(r);
   widen_8bit(r, prep);
   choose_device_and_kept(r, prep);

@@ -57,6 +57,10 @@ struct PlanRequest {
   // the rank's share of the host (dist::rank_profile); world > 1 shards the moments over the ranks,
   // keeps full fp32 master arrays and host gradients (what the data-parallel trainer runs: no device
   // gradients, bf16-sr masters or NVMe moments) and adds `collectives` to the PCIe lanes.
+  // Packed rows (docs/planner.md "Packed rows"): the data's expected sum over a row's segments of len^2 / seq^2; the
+  // attention core's share of each attention layer's time is scaled by it (packed_layer_times). 1: every row is one
+  // causal segment (unpacked rows).
+  double attention_fraction = 1.0;
   int world = 1;            // ranks in all
   int ranks_per_host = 1;   // ranks sharing one host's DRAM (messages: the host total)
   StepCollectives collectives;  // bytes per rank per step
@@ -85,7 +89,8 @@ struct PlanOutcome {
   StatePlacement placement;  // also in plan.placement
   StateBytes state;          // bytes and home of each part of the model state
   double flops_per_step = 0;  // 6 * N * batch * seq
-  double flops_attn_per_step = 0;  // + the sequence mixers, every row one segment (model_flops_with_attention)
+  // + the sequence mixers (model_flops_with_attention), every row's causal square times PlanRequest::attention_fraction
+  double flops_attn_per_step = 0;
   // Moments on the NVMe tier (placement.nvme_layers > 0): the disk's busy time per step for them (every read and
   // write-back, Instance::nvme_io_s) and what they add to the predicted step: the plan simulated as is against the
   // same plan with that I/O taking no time.

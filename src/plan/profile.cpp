@@ -391,4 +391,26 @@ LayerTimes layer_times(const ResourceProfile& p, const ModelConfig& c, LayerKind
   return r;
 }
 
+AttentionShare attention_share(const ResourceProfile& p, const ModelConfig& c, const LayerTimes& t, int64_t batch,
+                               int64_t seq) {
+  const double core_s = layer_cost(c, LayerKind::Attention, batch, seq).flops_core_fwd / p.attn_flops;
+  const double bwd = t.measured ? 2.5 : 2.0;
+  return {std::min(core_s, t.fwd_s), std::min(bwd * core_s, t.bwd_s), std::min(bwd * core_s, t.bwd_kept_s)};
+}
+
+LayerTimes packed_layer_times(const ResourceProfile& p, const ModelConfig& c, LayerKind k, int64_t batch, int64_t seq,
+                              int64_t chunk, double attention_fraction) {
+  LT_CHECK(attention_fraction > 0 && attention_fraction <= 1,
+           "plan: the attention fraction (sum of segment len^2 / seq^2 per row) must be in (0, 1], got {}",
+           attention_fraction);
+  LayerTimes t = layer_times(p, c, k, batch, seq, chunk);
+  if (k != LayerKind::Attention || attention_fraction == 1.0) return t;
+  const AttentionShare s = attention_share(p, c, t, batch, seq);
+  const double cut = 1.0 - attention_fraction;
+  t.fwd_s -= cut * s.fwd_s;
+  t.bwd_s -= cut * s.bwd_s;
+  t.bwd_kept_s -= cut * s.bwd_kept_s;
+  return t;
+}
+
 }  // namespace lt

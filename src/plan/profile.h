@@ -128,6 +128,21 @@ struct LayerTimes {
 // one sample at a time pays the small GEMMs' lower rate.
 LayerTimes layer_times(const ResourceProfile& p, const ModelConfig& c, LayerKind k, int64_t batch, int64_t seq,
                        int64_t chunk = 0);
+// The attention core's share of one attention layer's times at batch x seq rows that are each one causal segment:
+// its FLOPs (LayerCost::flops_core_fwd, all quadratic in the segment length) at the profile's attention rate
+// attn_flops. Forward 1x; backward 2x for an estimate (layer_times' rule), 2.5x for a measured timing (the GPU
+// profiler's attention rate counts forward + backward as 3.5x the forward FLOPs). Each share is at most the time.
+struct AttentionShare {
+  double fwd_s = 0, bwd_s = 0, bwd_kept_s = 0;
+};
+AttentionShare attention_share(const ResourceProfile& p, const ModelConfig& c, const LayerTimes& t, int64_t batch,
+                               int64_t seq);
+// layer_times for rows whose attention does `attention_fraction` of the full causal square's work (packed rows: the
+// expected sum over a row's segments of len^2 / seq^2; docs/planner.md "Packed rows"): an attention layer's
+// attention_share is scaled by it, the rest of its time and every other kind's are unchanged. Fraction 1:
+// layer_times exactly. Throws lt::Error unless 0 < attention_fraction <= 1.
+LayerTimes packed_layer_times(const ResourceProfile& p, const ModelConfig& c, LayerKind k, int64_t batch, int64_t seq,
+                              int64_t chunk, double attention_fraction);
 // The backend's workspace buffer for `tokens` rows from the profile (0 when it carries none): linear between
 // the measured sizes (workspace_points and workspace_bytes; an upper bound, the buffer being convex in the rows),
 // scaled by the rows from the nearest one outside them.

@@ -91,6 +91,12 @@ std::string layer_table(const ModelConfig& c, const Instance& in, const Plan& p)
 
 }  // namespace
 
+std::string packed_rows_line(const PlanRequest& r) {
+  if (r.attention_fraction == 1.0) return {};
+  return fmt::format("packed rows: the attention core's share of each attention layer's time scaled by {:.4f} (the "
+                     "data's sum of segment len^2 / seq^2 per row)\n", r.attention_fraction);
+}
+
 std::string plan_report(const PlanRequest& r, const PlanOutcome& o) {
   std::string s;
   const auto& in = o.inst;
@@ -101,6 +107,7 @@ std::string plan_report(const PlanRequest& r, const PlanOutcome& o) {
                    format_bytes(double(r.profile.hbm_bytes)), format_bytes(in.hbm_cap), format_bytes(in.dram_cap),
                    format_bytes(in.nvme_cap), format_bytes(in.A), format_bytes(in.ring), r.ring);
   s += kind_summary(r, in);
+  s += packed_rows_line(r);
   s += fmt::format("optimizer {}: {} tensors ({:.2f}B params) with 8-bit moments; master_weights {}, gradients {}; "
                    "model state in DRAM {}, in HBM {}\n", r.optimizer, o.eight_bit_tensors, double(o.eight_bit_params) / 1e9,
                    master_mode_name(o.placement.master),

@@ -9,7 +9,10 @@ namespace lt {
 // Checkpoints per tier, blocks, predicted step/TFLOPS with breakdown, peaks per tier, every
 // candidate side by side, and the MILP's objective/bound/gap/solve time.
 std::string plan_report(const PlanRequest& r, const PlanOutcome& o);
-// The predicted step's attention-inclusive TFLOPS (model_flops_with_attention, every row one segment), the
+// A line saying the attention core's share was scaled by r.attention_fraction (packed rows); empty when it is 1.
+std::string packed_rows_line(const PlanRequest& r);
+// The predicted step's attention-inclusive TFLOPS (model_flops_with_attention, every row's causal square times
+// r.attention_fraction), the
 // share of it 6*N leaves out, and both MFUs against the profile's peak; empty without a predicted step.
 std::string attention_line(const PlanRequest& r, const PlanOutcome& o);
 // Lanes over time: one row per lane, one rect per op, exposed GPU time in red.

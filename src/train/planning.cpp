@@ -231,6 +231,7 @@ TrainingPlan derive_training_plan(const PlacementSection& cfg, const ModelConfig
   tp.planned_dram = r.profile.dram_bytes;
   tp.nvme_queue = nvme_queue_shape(r.profile);
   tp.extra_layer_forwards = extra_layer_forwards(model, o.plan);
+  tp.attention_fraction = r.attention_fraction;
   return tp;
 }
 
@@ -324,12 +325,37 @@ void write_plan_files(const std::string& output_dir, const PlanRequest& r, const
 
 }  // namespace
 
+double attention_fraction(const std::vector<data::Batch>& batches, bool packed) {
+  StepRows rows;
+  int64_t n = 0, seq = 0;
+  for (const auto& b : batches) {
+    LT_CHECK(seq == 0 || b.seq == seq, "attention fraction: micro-batches of {} and {} tokens per row", seq, b.seq);
+    seq = b.seq;
+    n += b.batch;
+    for (int64_t i = 0; i < b.batch; ++i) add_row(rows, packed ? b.segments.data() + i * b.seq : nullptr, b.seq);
+  }
+  LT_CHECK(n > 0 && seq > 0, "attention fraction: no rows in {} micro-batches", batches.size());
+  return rows.sum_sq_len / (double(n) * double(seq) * double(seq));
+}
+
+double sampled_attention_fraction(const std::vector<data::Sample>& samples, const data::LoaderOptions& lo,
+                                  int64_t max_rows) {
+  if (!lo.packing) return 1.0;
+  data::DataLoader loader(&samples, lo);
+  std::vector<data::Batch> batches;
+  for (int64_t rows = 0; rows < std::max<int64_t>(1, max_rows); rows += lo.batch) batches.push_back(loader.next());
+  return attention_fraction(batches, true);
+}
+
 TrainingPlan make_training_plan(const TrainConfig& cfg, const ModelConfig& model, int64_t batch, int64_t seq,
-                                const std::string& device_name, bool on_gpu, const dist::Topology& topo) {
-  const PlanRequest r = plan_request_from_config(cfg, model, batch, seq, on_gpu, topo);
+                                const std::string& device_name, bool on_gpu, const dist::Topology& topo,
+                                double attention_fraction) {
+  PlanRequest r = plan_request_from_config(cfg, model, batch, seq, on_gpu, topo);
+  r.attention_fraction = attention_fraction;
   const SolvedPlan solved = solve_plan(cfg.placement, r);
   TrainingPlan tp = derive_training_plan(cfg.placement, model, r, solved.outcome);
   tp.summary = format_plan_summary(plan_summary_of(r, solved, tp, device_name));
+  if (const std::string line = packed_rows_line(r); !line.empty()) tp.summary += "  " + line;
   if (!cfg.output.output_dir.empty()) write_plan_files(cfg.output.output_dir, r, solved.outcome);
   return tp;
 }

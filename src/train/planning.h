@@ -10,6 +10,7 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "data/batch.h"
 #include "dist/rank_cost.h"
 #include "exec/exec_plan.h"
 #include "model/model_config.h"
@@ -41,7 +42,18 @@ struct TrainingPlan {
   int64_t planned_dram = 0;
   // The NVMe tier's io_uring queue for the checkpoints' and the moments' files (nvme_queue_shape of the profile).
   IoQueueShape nvme_queue;
+  double attention_fraction = 1.0;  // what the plan was made with (PlanRequest::attention_fraction)
 };
+
+// The attention fraction of micro-batches (PlanRequest::attention_fraction): the sum over their rows' segments of
+// len^2 over rows x seq^2. A row not packed is one segment, padding included (what the executor masks): 1.
+// Throws lt::Error when there are no rows.
+double attention_fraction(const std::vector<data::Batch>& batches, bool packed);
+// The attention fraction of the first micro-batches a loader with options lo draws from samples (from epoch 0's
+// start, so that a resumed run plans alike): whole micro-batches until max_rows rows (at least one micro-batch).
+// 1 without packing.
+double sampled_attention_fraction(const std::vector<data::Sample>& samples, const data::LoaderOptions& lo,
+                                  int64_t max_rows = 256);
 
 // The profile's NVMe queue (nvme/io_queue.h): the rule at the larger of its NVMe read and write rates (one queue
 // does both) and its nvme_latency_us (else kDefaultIoLatency), with its nvme_queue_depth / nvme_request_kib.
@@ -51,8 +63,10 @@ IoQueueShape nvme_queue_shape(const ResourceProfile& p);
 // topo: under `lazytrain launch -n N` this rank's place (rank_topology()); the plan is then one rank's:
 // its share of the host's DRAM (host_mem is the HOST's budget), its gradient_accumulation_steps
 // micro-batches, the collectives on its PCIe lanes (dist/rank_plan.h).
+// attention_fraction: the data's (sampled_attention_fraction; 1 for unpacked rows).
 TrainingPlan make_training_plan(const TrainConfig& cfg, const ModelConfig& model, int64_t batch, int64_t seq,
-                                const std::string& device_name, bool on_gpu, const dist::Topology& topo = {});
+                                const std::string& device_name, bool on_gpu, const dist::Topology& topo = {},
+                                double attention_fraction = 1.0);
 
 // The ranks on this host from LT_LOCAL_WORLD_SIZE (`launch` sets it; the one reader of the variable): nullopt when
 // unset. A clear error unless it is a whole number >= 1, and with world > 0 also <= world and dividing it.

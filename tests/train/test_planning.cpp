@@ -1,8 +1,11 @@
 // The training plan's NVMe queue (train/planning.h, nvme_queue_shape): the rule at the profile's faster NVMe rate and
-// its latency (or the default), and the profile's overrides.
+// its latency (or the default), and the profile's overrides. The data's attention fraction (attention_fraction,
+// sampled_attention_fraction) by hand.
 #include <gtest/gtest.h>
 
 #include "../common/repo_path.h"
+#include "core/error.h"
+#include "data/batch.h"
 #include "nvme/io_queue.h"
 #include "plan/profile.h"
 #include "train/planning.h"
@@ -30,6 +33,51 @@ TEST(Planning, NvmeQueueFromTheProfile) {
   s = train::nvme_queue_shape(p);
   EXPECT_EQ(s.depth, 32u);
   EXPECT_EQ(s.piece, 128 << 10);
+}
+
+// Rows of `seq` tokens with the given segment ids, one micro-batch.
+data::Batch batch_of(int64_t seq, const std::vector<std::vector<int32_t>>& rows) {
+  data::Batch b;
+  b.batch = int64_t(rows.size());
+  b.seq = seq;
+  for (const auto& r : rows) b.segments.insert(b.segments.end(), r.begin(), r.end());
+  return b;
+}
+
+TEST(Planning, AttentionFractionOfPackedRowsByHand) {
+  // Row 0: segments of 3, 2 and 3 tokens (9 + 4 + 9 = 22 of 64); row 1: one segment of 8 (64 of 64).
+  const auto b = batch_of(8, {{0, 0, 0, 1, 1, 2, 2, 2}, {0, 0, 0, 0, 0, 0, 0, 0}});
+  EXPECT_DOUBLE_EQ(train::attention_fraction({b}, true), 86.0 / 128.0);
+  EXPECT_DOUBLE_EQ(train::attention_fraction({b}, false), 1.0);  // unpacked rows: one segment each
+  // Two micro-batches: the rows of both.
+  const auto one = batch_of(8, {{0, 0, 0, 0, 1, 1, 1, 1}});  // 16 + 16 = 32 of 64
+  EXPECT_DOUBLE_EQ(train::attention_fraction({b, one}, true), (86.0 + 32.0) / 192.0);
+  EXPECT_THROW(train::attention_fraction({}, true), Error);
+}
+
+data::Sample sample_of(int n) {
+  data::Sample s;
+  s.ids.assign(size_t(n), 5);
+  s.labels.assign(size_t(n), 5);
+  return s;
+}
+
+TEST(Planning, SampledAttentionFractionPacksAsTheLoader) {
+  // Samples of 3, 2 and 3 tokens pack into one row of 8 in any order: 22 / 64; the next rows take the next epoch's.
+  const std::vector<data::Sample> samples = {sample_of(3), sample_of(2), sample_of(3)};
+  data::LoaderOptions lo;
+  lo.batch = 1;
+  lo.seq = 8;
+  lo.packing = true;
+  EXPECT_DOUBLE_EQ(train::sampled_attention_fraction(samples, lo, 1), 22.0 / 64.0);
+  EXPECT_DOUBLE_EQ(train::sampled_attention_fraction(samples, lo, 4), 22.0 / 64.0);
+  // Rows of 4: 3 | 2 | 3 | 3 ... one sample each (a row is closed with its padding as one more segment).
+  lo.seq = 4;
+  lo.shuffle = false;
+  // 3 + padding 1: 9 + 1 = 10; 2 + padding 2: 4 + 4 = 8; 3 + 1: 10 -> 28 / 48.
+  EXPECT_DOUBLE_EQ(train::sampled_attention_fraction(samples, lo, 3), 28.0 / 48.0);
+  lo.packing = false;
+  EXPECT_DOUBLE_EQ(train::sampled_attention_fraction(samples, lo, 3), 1.0);
 }
 
 }  // namespace

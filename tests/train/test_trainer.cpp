@@ -454,4 +454,26 @@ TEST(Trainer, ReportsTheOptimizersAchievedRate) {
   EXPECT_NE(all.find("\"optimizer_params_per_s\""), std::string::npos);
 }
 
+// The plan report's packed-rows line (plan/report.h packed_rows_line): the fraction it names, -1 without the line.
+double reported_attention_fraction(const fs::path& out) {
+  std::ifstream f(out / "plan_report.txt");
+  const std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const std::string key = "layer's time scaled by ";
+  const size_t at = all.find(key);
+  return at == std::string::npos ? -1.0 : std::stod(all.substr(at + key.size()));
+}
+
+TEST(Trainer, PackedRunPlansWithTheDatasAttentionFraction) {
+  TmpDir packed("_packed"), padded("_padded");
+  // builtin:math samples are under 96 tokens: rows of 160 hold two or more, so each row's segments' squares sum to
+  // well under 160^2.
+  run_training(tiny_config(packed.p, {"packing=true", "cutoff_len=160", "max_steps=1", "gradient_accumulation_steps=1"}),
+               quiet_hooks());
+  const double f = reported_attention_fraction(packed.p);
+  EXPECT_GT(f, 0.0);
+  EXPECT_LT(f, 0.75);
+  run_training(tiny_config(padded.p, {"max_steps=1", "gradient_accumulation_steps=1"}), quiet_hooks());
+  EXPECT_EQ(reported_attention_fraction(padded.p), -1.0);  // unpacked rows: fraction 1, no line
+}
+
 }  // namespace
