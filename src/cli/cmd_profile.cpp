@@ -1,6 +1,6 @@
 // `lazytrain profile -o profile.json`: measure this machine for the planner. Host memory bandwidth,
-// NVMe O_DIRECT write/read on --nvme-dir, CPU AdamW throughput (the optimizer's own kernels, fp32 and
-// 8-bit moments); GPU fields through the CUDA backend's registered profiler, else from --preset.
+// NVMe O_DIRECT write/read bandwidth and 4 KiB read latency on --nvme-dir, CPU AdamW throughput (the optimizer's
+// own kernels, fp32 and 8-bit moments); GPU fields through the CUDA backend's registered profiler, else from --preset.
 #include <cstdio>
 #include <thread>
 #include <vector>
@@ -60,10 +60,12 @@ void add_profile(CLI::App& app) {
       auto nv = measure_nvme(o->nvme_dir, parse_bytes(o->nvme_bytes), say);
       p.nvme_write_bw = nv.write_bw;
       p.nvme_read_bw = nv.read_bw;
+      p.nvme_latency_s = nv.latency_s;
       p.nvme_bytes = int64_t(0.9 * double(nv.free_bytes));
       p.nvme_dir = o->nvme_dir;
-      say(fmt::format("  NVMe write {:.2f} GB/s, read {:.2f} GB/s{}, {} free", nv.write_bw / 1e9, nv.read_bw / 1e9,
-                      nv.direct ? "" : " (buffered: O_DIRECT refused)", format_bytes(double(nv.free_bytes))));
+      say(fmt::format("  NVMe write {:.2f} GB/s, read {:.2f} GB/s, latency {:.0f} us (4 KiB read){}, {} free",
+                      nv.write_bw / 1e9, nv.read_bw / 1e9, nv.latency_s * 1e6, nv.direct ? "" : " (buffered: O_DIRECT refused)",
+                      format_bytes(double(nv.free_bytes))));
       if (!nv.direct) src += " [NVMe buffered, O_DIRECT refused]";
     }
 

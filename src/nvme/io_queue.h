@@ -9,7 +9,8 @@
 //           the submitting thread's own cost per request (prepare, submit, reap) stays under kIoSubmitShare of the
 //           request's transfer time.
 // The profile's nvme_read_gbps / nvme_write_gbps give B (the larger of the two: one queue does both), its
-// nvme_latency_us t; nvme_queue_depth and nvme_request_kib, when set, replace the rule's figures.
+// nvme_latency_us t (`lazytrain profile` measures it: plan/profile.h measure_nvme; a profile without it:
+// kDefaultIoLatency); nvme_queue_depth and nvme_request_kib, when set, replace the rule's figures.
 #pragma once
 #include <cstdint>
 #include <string>

@@ -163,9 +163,11 @@ GpuProfiler gpu_profiler();  // nullptr when none is registered
 using ProgressFn = std::function<void(const std::string&)>;
 // Host memory bandwidth (multi-threaded memcpy), bytes/s.
 double measure_host_bandwidth(int threads, int64_t bytes, const ProgressFn& progress = {});
-// NVMe write then read bandwidth with O_DIRECT on a temporary file in dir (removed afterwards).
+// NVMe write then read bandwidth with O_DIRECT on a temporary file in dir (removed afterwards), then the request
+// latency: the median of 64 single 4 KiB reads at random 4 KiB-aligned offsets of that file, one at a time.
 struct NvmeBandwidth {
   double write_bw = 0, read_bw = 0;
+  double latency_s = 0;  // the median 4 KiB read at queue depth 1, seconds (the profile's nvme_latency_us)
   int64_t free_bytes = 0;
   bool direct = true;  // false when the filesystem refused O_DIRECT (buffered I/O was measured)
 };

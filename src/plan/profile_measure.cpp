@@ -1,4 +1,4 @@
-// Short measurements for `lazytrain profile`: host memory bandwidth, NVMe O_DIRECT read/write, CPU
+// Short measurements for `lazytrain profile`: host memory bandwidth, NVMe O_DIRECT read/write and request latency, CPU
 // AdamW throughput (fp32 and 8-bit blockwise moments), and the GPU hook registry.
 #include <fcntl.h>
 #include <unistd.h>
@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -39,6 +40,32 @@ Buf aligned(int64_t bytes) {
   void* p = std::aligned_alloc(4096, size_t((bytes + 4095) / 4096 * 4096));
   LT_CHECK(p, "cannot allocate {} for the measurement", format_bytes(double(bytes)));
   return Buf(static_cast<char*>(p));
+}
+
+// The disk's request latency, seconds: the median time of `samples` single 4 KiB reads (pread, one at a time:
+// queue depth 1) at random 4 KiB-aligned offsets of the first `bytes` of the open file fd, O_DIRECT when fd is.
+// The offsets come from a fixed seed, uniform over the file's blocks (O_DIRECT reads bypass the page cache, so a
+// repeated block is read from the disk again). With buffered I/O the file's cache is dropped and read-ahead turned
+// off first (POSIX_FADV_DONTNEED, POSIX_FADV_RANDOM).
+double measure_read_latency(int fd, const std::filesystem::path& path, int64_t bytes, bool direct, int samples = 64) {
+  constexpr int64_t kBlock = 4096;
+  if (!direct) {
+    ::posix_fadvise(fd, 0, bytes, POSIX_FADV_DONTNEED);
+    ::posix_fadvise(fd, 0, bytes, POSIX_FADV_RANDOM);
+  }
+  Buf block = aligned(kBlock);
+  std::mt19937_64 rng(12345);
+  std::uniform_int_distribution<int64_t> pick(0, bytes / kBlock - 1);
+  std::vector<double> t(static_cast<size_t>(samples));
+  for (double& s : t) {
+    const int64_t off = pick(rng) * kBlock;
+    const double t0 = now_seconds();
+    LT_CHECK(::pread(fd, block.get(), size_t(kBlock), off) == kBlock, "4 KiB read at offset {} of {} failed: {}", off,
+             path.string(), std::strerror(errno));
+    s = now_seconds() - t0;
+  }
+  std::nth_element(t.begin(), t.begin() + samples / 2, t.end());
+  return t[size_t(samples / 2)];
 }
 }  // namespace
 
@@ -97,6 +124,8 @@ NvmeBandwidth measure_nvme(const std::filesystem::path& dir, int64_t bytes, cons
     for (int64_t off = 0; off < bytes; off += chunk)
       LT_CHECK(::pread(fd, buf.get(), size_t(chunk), off) == chunk, "read from {} failed: {}", path.string(), std::strerror(errno));
     r.read_bw = double(bytes) / (now_seconds() - t0);
+    if (progress) progress("NVMe: latency, the median of 64 single 4 KiB reads at random offsets (queue depth 1)");
+    r.latency_s = measure_read_latency(fd, path, bytes, r.direct);
   } catch (...) {
     cleanup();
     throw;

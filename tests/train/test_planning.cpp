@@ -2,6 +2,11 @@
 // its latency (or the default), and the profile's overrides. The data's attention fraction (attention_fraction,
 // sampled_attention_fraction) by hand.
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "../common/repo_path.h"
 #include "core/error.h"
@@ -33,6 +38,33 @@ TEST(Planning, NvmeQueueFromTheProfile) {
   s = train::nvme_queue_shape(p);
   EXPECT_EQ(s.depth, 32u);
   EXPECT_EQ(s.piece, 128 << 10);
+}
+
+// `lazytrain profile`'s NVMe measurement (plan/profile.h measure_nvme) on a small file in the temp directory: a
+// positive, finite latency that round-trips through the profile JSON as nvme_latency_us and sets the queue rule's
+// latency; a profile without the field (written before it was measured) loads with 0, and the rule's default applies.
+TEST(Planning, MeasuredNvmeLatencyInTheProfile) {
+  const auto dir = std::filesystem::temp_directory_path() / ("lt-latency-test-" + std::to_string(::getpid()));
+  const NvmeBandwidth nv = measure_nvme(dir, 8 << 20);
+  std::filesystem::remove_all(dir);
+  EXPECT_GT(nv.latency_s, 0);
+  EXPECT_TRUE(std::isfinite(nv.latency_s));
+  ResourceProfile p = load_profile_file(lt::testing::repo_root().string() + "/configs/profiles/rtx3090-24g.json");
+  p.nvme_read_bw = nv.read_bw;
+  p.nvme_write_bw = nv.write_bw;
+  p.nvme_latency_s = nv.latency_s;
+  nlohmann::json j = profile_to_json(p);
+  ASSERT_TRUE(j.contains("nvme_latency_us"));
+  const ResourceProfile back = profile_from_json(j, "measured");
+  EXPECT_NEAR(back.nvme_latency_s, nv.latency_s, 1e-12);
+  const double bw = std::max(nv.read_bw, nv.write_bw);
+  EXPECT_EQ(train::nvme_queue_shape(back).depth, io_queue_shape(bw, nv.latency_s).depth);
+  EXPECT_EQ(train::nvme_queue_shape(back).piece, io_queue_shape(bw, nv.latency_s).piece);
+  j.erase("nvme_latency_us");
+  const ResourceProfile old = profile_from_json(j, "old");
+  EXPECT_EQ(old.nvme_latency_s, 0);
+  EXPECT_EQ(train::nvme_queue_shape(old).depth, io_queue_shape(bw, kDefaultIoLatency).depth);
+  EXPECT_EQ(train::nvme_queue_shape(old).piece, io_queue_shape(bw, kDefaultIoLatency).piece);
 }
 
 // Rows of `seq` tokens with the given segment ids, one micro-batch.
