@@ -272,13 +272,10 @@ void MicroBatchRun::count_segment_runs() {
   seg_runs_.assign(size_t(B), 0);
   seg_longest_.assign(size_t(B), 0);
   for (int64_t b = 0; b < B; ++b) {
-    const int32_t* seg = mb_.segments + b * S;
-    for (int64_t r = 0, start = 0; r < S; ++r) {
-      if (r + 1 < S && seg[r + 1] == seg[r]) continue;  // r ends a run
+    for_each_segment_run(mb_.segments + b * S, S, [&](int64_t begin, int64_t end) {
       ++seg_runs_[size_t(b)];
-      seg_longest_[size_t(b)] = std::max(seg_longest_[size_t(b)], r + 1 - start);
-      start = r + 1;
-    }
+      seg_longest_[size_t(b)] = std::max(seg_longest_[size_t(b)], end - begin);
+    });
   }
 }
 

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "model/mixer.h"
 #include "model/param_layout.h"
+#include "model/sequence.h"
 
 namespace lt {
 
@@ -104,12 +105,7 @@ StepRows full_rows(int64_t rows, int64_t seq) {
 
 void add_row(StepRows& r, const int32_t* seg, int64_t seq) {
   r.tokens += seq;
-  int64_t begin = 0;
-  for (int64_t i = 1; i <= seq; ++i) {
-    if (i < seq && (!seg || seg[i] == seg[begin])) continue;
-    r.sum_sq_len += double(i - begin) * double(i - begin);
-    begin = i;
-  }
+  for_each_segment_run(seg, seq, [&](int64_t b, int64_t e) { r.sum_sq_len += double(e - b) * double(e - b); });
 }
 
 double sequence_mixer_flops(const ModelConfig& c, const StepRows& rows) {

@@ -20,6 +20,18 @@ struct SeqGeometry {
   int64_t tokens() const { return batch * seq; }
 };
 
+// Calls f(begin, end) for each maximal run of equal ids in seg[0, seq), in order: one packed segment each (a
+// row's padding tail is a run too). seg == nullptr: the one run [0, seq).
+template <class F>
+void for_each_segment_run(const int32_t* seg, int64_t seq, F&& f) {
+  int64_t begin = 0;
+  for (int64_t i = 1; i <= seq; ++i) {
+    if (i < seq && (!seg || seg[i] == seg[begin])) continue;
+    f(begin, i);
+    begin = i;
+  }
+}
+
 // Labels [B*S] in HF convention (labels[t] is token t itself, kIgnoreIndex ignored) to shifted targets.
 void shift_labels(const int32_t* labels, const SeqGeometry& g, int32_t* targets);
 

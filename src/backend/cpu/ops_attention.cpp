@@ -12,6 +12,7 @@
 #include "backend/cpu/ops_attention_impl.h"
 #include "backend/cpu/scratch.h"
 #include "core/error.h"
+#include "model/sequence.h"
 
 namespace lt::cpu {
 
@@ -179,13 +180,12 @@ std::optional<std::vector<Span>> segment_spans(const int32_t* seg, int64_t S) {
   if (S == 0) return spans;
   if (!seg) return std::vector<Span>{Span{0, S}};
   std::unordered_set<int32_t> ended;  // ids whose run is over
-  int64_t begin = 0;
-  for (int64_t i = 1; i <= S; ++i) {
-    if (i < S && seg[i] == seg[begin]) continue;
-    if (!ended.insert(seg[begin]).second) return std::nullopt;
-    spans.push_back(Span{begin, i});
-    begin = i;
-  }
+  bool contiguous = true;
+  for_each_segment_run(seg, S, [&](int64_t begin, int64_t end) {
+    contiguous = contiguous && ended.insert(seg[begin]).second;
+    spans.push_back(Span{begin, end});
+  });
+  if (!contiguous) return std::nullopt;
   return spans;
 }
 
