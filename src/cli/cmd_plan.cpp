@@ -74,8 +74,9 @@ void add_options(CLI::App* sub, PlanOpts& o) {
                   "auto | N (the first N layers' AdamW steps on the GPU; auto: the count that plans fastest)")
       ->capture_default_str();
   sub->add_option("--optimizer-nvme", o.optimizer_nvme,
-                  "none | auto (the last layers' moments on the NVMe tier when nothing else fits DRAM)")
-      ->check(CLI::IsMember({"none", "auto"}))
+                  "none | auto (the last layers' moments on the NVMe tier when nothing else fits DRAM) | all (every "
+                  "layer's)")
+      ->check(CLI::IsMember({"none", "auto", "all"}))
       ->capture_default_str();
   sub->add_option("--micro-batches", o.micro, "micro-batches per optimizer step (gradient accumulation)")->capture_default_str();
   sub->add_option("--ring", o.ring, "weight ring buffers on the GPU")->capture_default_str();
@@ -140,6 +141,7 @@ PlanRequest request_from(const PlanOpts& o, const dist::Topology& topo) {
   if (o.embedding_update != "auto") r.embedding_update_device = o.embedding_update == "device";
   r.device_update_layers = train::parse_device_update_layers(o.device_update_layers, "plan: --device-update-layers");
   r.allow_nvme_moments = o.optimizer_nvme == "auto";
+  r.nvme_all_layers = o.optimizer_nvme == "all";
   r.ring = o.ring;
   r.micro_batches = o.micro;
   r.chunk = o.chunk;

@@ -93,7 +93,7 @@ std::vector<Change> mode_changes(const PlanRequest& r) {
   if (r.optimizer == "adamw") add("optimizer: hybrid", [](PlanRequest& q) { q.optimizer = "hybrid"; });
   if (!dp && !device_layers && r.master != MasterMode::Bf16Sr && !(!r.master && r.allow_bf16_master))
     add("master_weights: bf16-sr", [](PlanRequest& q) { q.master = MasterMode::Bf16Sr; });
-  if (!dp && !r.allow_nvme_moments && r.profile.nvme_bytes > 0)
+  if (!dp && !r.allow_nvme_moments && !r.nvme_all_layers && r.profile.nvme_bytes > 0)
     add("optimizer_nvme: auto", [](PlanRequest& q) { q.allow_nvme_moments = true; });
   if (labels.size() >= 2) v.push_back({fmt::format("{}", fmt::join(labels, ", ")), all});
   return v;
@@ -105,7 +105,7 @@ bool nvme_change(const PlanRequest& r, Change& out) {
   if (r.world > 1) return false;
   PlanRequest base = r;
   std::string label;
-  if (!r.allow_nvme_moments) {
+  if (!r.allow_nvme_moments && !r.nvme_all_layers) {
     base.allow_nvme_moments = true;
     label = "optimizer_nvme: auto, ";
   }
@@ -210,7 +210,7 @@ FitAdvice fit_advice(const PlanRequest& r) {
     a.tried.push_back(m.label);
     if (fits(m.q)) return found(m);
   }
-  if (r.allow_nvme_moments || (r.world == 1 && r.profile.nvme_bytes > 0)) {
+  if (r.allow_nvme_moments || r.nvme_all_layers || (r.world == 1 && r.profile.nvme_bytes > 0)) {
     a.tried.push_back("more NVMe space");
     if (nvme_change(r, c)) return found(c);
   }

@@ -70,9 +70,9 @@ void check_data_parallel(const PlanRequest& r, const StatePlacement& p) {
   LT_CHECK(p.grad_dtype == GradDType::F32,
            "plan: gradient_dtype 'bf16' with world size {}: the data-parallel trainer keeps fp32 host "
            "gradients; use gradient_dtype fp32 or auto", r.world);
-  LT_CHECK(!r.allow_nvme_moments,
-           "plan: optimizer_nvme 'auto' with world size {}: the data-parallel trainer keeps the optimizer moments "
-           "in DRAM; use optimizer_nvme none", r.world);
+  LT_CHECK(!r.allow_nvme_moments && !r.nvme_all_layers,
+           "plan: optimizer_nvme '{}' with world size {}: the data-parallel trainer keeps the optimizer moments "
+           "in DRAM; use optimizer_nvme none", r.nvme_all_layers ? "all" : "auto", r.world);
 }
 
 }  // namespace
@@ -112,6 +112,8 @@ std::vector<StateChoice> placement_ladder(const PlanRequest& r) {
   StatePlacement p{r.master.value_or(MasterMode::Fp32), r.grads.value_or(GradHome::Host),
                    r.grad_dtype.value_or(GradDType::F32)};
   const bool single = r.world == 1;  // data parallel: the rungs its trainer runs (check_data_parallel)
+  LT_CHECK(!(r.nvme_all_layers && r.allow_nvme_moments), "plan: optimizer_nvme is either 'all' or 'auto'");
+  if (r.nvme_all_layers) p.nvme_layers = r.model.layers;
   if (!single) {
     check_data_parallel(r, p);
     p.moment_shards = r.world;

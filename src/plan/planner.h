@@ -36,6 +36,9 @@ struct PlanRequest {
   std::optional<GradDType> grad_dtype;  // of held gradients; unset: fp32, bf16 if fp32 does not fit
   bool allow_bf16_master = false;    // `--master-weights auto`
   bool allow_nvme_moments = false;   // `--optimizer-nvme auto`: the last rung puts layers' moments on NVMe
+  // `--optimizer-nvme all` (config optimizer_nvme: all): every decoder layer's moments on NVMe in every rung, so the
+  // plan's byte table, NVMe space and simulated disk time are those the trainer runs.
+  bool nvme_all_layers = false;
   bool explain = true;               // when nothing fits, re-plan to name the smallest change that fits
   // Of several placements on one level of the ladder that fit (placement.h), take the one whose plan simulates
   // fastest; false: the first (feasibility searches: --batch max, the fit advice's checks).

@@ -3,6 +3,8 @@
 
 #include <sys/statvfs.h>
 
+#include <filesystem>
+
 #include <fmt/format.h>
 
 #include "core/error.h"
@@ -14,6 +16,14 @@ int64_t free_disk_bytes(const std::string& dir) {
   struct statvfs s {};
   if (dir.empty() || ::statvfs(dir.c_str(), &s) != 0) return -1;
   return int64_t(s.f_bavail) * int64_t(s.f_frsize);
+}
+
+int64_t free_disk_bytes_of_future_dir(const std::string& dir) {
+  if (dir.empty()) return -1;
+  std::error_code ec;
+  std::filesystem::path p = std::filesystem::absolute(dir, ec);
+  while (!std::filesystem::exists(p, ec) && p.has_parent_path() && p.parent_path() != p) p = p.parent_path();
+  return free_disk_bytes(p.string());
 }
 
 void check_nvme_space(const std::string& dir, const NvmeNeed& need, int64_t free_bytes) {

@@ -9,6 +9,9 @@ namespace lt::train {
 // Bytes free to an unprivileged writer on the filesystem of dir (statvfs f_bavail x f_frsize); -1 when it cannot be
 // read (the directory does not exist).
 int64_t free_disk_bytes(const std::string& dir);
+// The same for a directory the run creates later: the free bytes of its nearest existing parent's filesystem (what
+// the planner may use before the directory exists); -1 when none can be read.
+int64_t free_disk_bytes_of_future_dir(const std::string& dir);
 
 struct NvmeNeed {
   int64_t moment_files = 0;  // the moments' unit images on NVMe (CpuAdamW::moment_homes().nvme)

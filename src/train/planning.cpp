@@ -1,7 +1,5 @@
 #include "train/planning.h"
 
-#include <sys/statvfs.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <cmath>
@@ -17,6 +15,7 @@
 #include "core/host_memory.h"
 #include "plan/state_report.h"
 #include "core/log.h"
+#include "train/nvme_space.h"
 #include "core/timer.h"
 #include "core/units.h"
 #include "dist/rank_plan.h"
@@ -36,11 +35,6 @@ int64_t available_or_default() {
   return b > 0 ? b : 8 * GiB;
 }
 
-int64_t free_disk_bytes(const std::string& dir) {
-  struct statvfs s {};
-  if (dir.empty() || ::statvfs(dir.c_str(), &s) != 0) return 0;
-  return int64_t(s.f_bavail) * int64_t(s.f_frsize);
-}
 
 // Achieved fp32 GEMM rate of this CPU at a layer-like shape (a few tens of ms).
 double measure_cpu_gemm_flops(const ModelConfig& m) {
@@ -70,7 +64,9 @@ ResourceProfile default_profile(const PlacementSection& cfg, const ModelConfig& 
   const int64_t reserve = std::max<int64_t>(int64_t(2) << 30, avail * 15 / 100);
   p.dram_bytes = cfg.host_mem.empty() ? std::max<int64_t>(avail / 2, avail - reserve) : parse_bytes(cfg.host_mem);
   p.nvme_dir = cfg.nvme_dir;
-  p.nvme_bytes = cfg.nvme_dir.empty() ? 0 : (cfg.nvme_mem.empty() ? free_disk_bytes(cfg.nvme_dir) : parse_bytes(cfg.nvme_mem));
+  p.nvme_bytes = cfg.nvme_dir.empty()       ? 0
+                 : !cfg.nvme_mem.empty() ? parse_bytes(cfg.nvme_mem)
+                                         : std::max<int64_t>(0, free_disk_bytes_of_future_dir(cfg.nvme_dir));
   p.nvme_read_bw = p.nvme_write_bw = 1e9;
   if (on_gpu) {
     LT_CHECK(gpu_profiler() != nullptr,
@@ -126,6 +122,7 @@ void place_state(PlanRequest& r, const PlacementSection& p, bool on_gpu) {
   if (p.gradient_dtype != GradientDtype::Auto)
     r.grad_dtype = p.gradient_dtype == GradientDtype::Bf16 ? GradDType::Bf16 : GradDType::F32;
   r.allow_nvme_moments = p.optimizer_nvme == OptimizerNvme::Auto;  // config_sections.cpp: needs nvme_dir
+  r.nvme_all_layers = p.optimizer_nvme == OptimizerNvme::All;
   // Kept internals (Plan::kept_layers): only on the GPU (the CPU backend's kept backward still re-runs the forward).
   r.keep_internals = p.keep_internals && on_gpu;
   r.embedding_rows_first = p.embedding_rows_first;
@@ -292,7 +289,8 @@ PlanSummary plan_summary_of(const PlanRequest& r, const SolvedPlan& solved,
   s.hbm_room = format_bytes(double(r.profile.hbm_bytes - r.profile.hbm_reserve));
   s.dram_peak = format_bytes(double(o.sim.pred.peak_dram));
   s.dram_room = format_bytes(double(r.profile.dram_bytes));
-  s.nvme_used = format_bytes(double(o.sim.pred.nvme_bytes));
+  // The moments' files and the checkpoints (the simulator counts only the latter; its DRAM peak holds the state).
+  s.nvme_used = format_bytes(double(o.sim.pred.nvme_bytes) + o.state.nvme());
   s.nvme_room = format_bytes(double(r.profile.nvme_bytes));
   if (r.world > 1) s.rank_memory = dist::rank_memory_line(r, o);
   return s;

@@ -232,6 +232,28 @@ TEST(PlanNvmeState, NvmeLevelOffersCountsPerHome) {
   EXPECT_LE(o.nvme_moments_cost_s, o.sim.pred.step_s);
 }
 
+// optimizer_nvme all: every rung of the ladder holds every layer's moments on NVMe, so the plan's table, NVMe bytes
+// and simulated disk time are those of what the trainer runs (they showed every moment in DRAM and no NVMe before).
+TEST(PlanNvmeState, AllLayersOnNvmeInEveryRung) {
+  auto r = test::tiny_state_request(double(GiB));
+  r.model.layers = 6;
+  r.optimizer = "adamw8bit";
+  r.nvme_all_layers = true;
+  r.profile.nvme_bytes = int64_t(1) << 30;
+  r.profile.nvme_read_bw = r.profile.nvme_write_bw = 2e9;
+  for (const auto& s : placement_ladder(r)) EXPECT_EQ(s.placement.nvme_layers, 6);
+  const auto o = make_plan(r);
+  ASSERT_TRUE(o.feasible) << o.why;
+  EXPECT_EQ(o.placement.nvme_layers, 6);
+  double nvme = 0;
+  for (int64_t j = 0; j < 6; ++j) nvme += layer_moment_bytes(r.model, j, o.plan.optimizer_8bit);
+  EXPECT_DOUBLE_EQ(o.state.moments_nvme, nvme);
+  EXPECT_GT(o.nvme_moments_io_s, 0);
+  // 'all' and 'auto' together are a contradiction, not a silent choice.
+  r.allow_nvme_moments = true;
+  EXPECT_THROW(placement_ladder(r), std::exception);
+}
+
 // The desktop targets (the commands, in the DP's space).
 PlanRequest desktop(const std::string& model, int64_t batch, double dram_gib) {
   PlanRequest r;

@@ -42,6 +42,8 @@ TEST(NvmeSpace, ReadsTheDisksFreeSpace) {
   lt::testing::TestDir d("lt_nvme_space_", "");
   EXPECT_GT(free_disk_bytes(d.p.string()), 0);
   EXPECT_EQ(free_disk_bytes((d.p / "missing").string()), -1);
+  // The planner reads a directory the run creates later on its parent's disk.
+  EXPECT_GT(free_disk_bytes_of_future_dir((d.p / "missing" / "deeper").string()), 0);
   EXPECT_NO_THROW(check_nvme_space(d.p.string(), {4096, 0, false}));
   EXPECT_NO_THROW(check_nvme_space((d.p / "missing").string(), {}));  // nothing goes to NVMe
   try {

@@ -412,6 +412,10 @@ TEST(Trainer, NvmeMomentsResumeOnNvmeBitIdentically) {
   EXPECT_EQ(resumed.losses, full.losses);
   expect_same_masters(full_dir.p, split_dir.p, 4);
   EXPECT_TRUE(fs::is_empty(nvme_dir.p)) << "NVMe moment files left behind";
+  // The plan counts what ran: every decoder layer's moments on NVMe (optimizer_nvme all).
+  nlohmann::json plan;
+  std::ifstream(split_dir.p / "plan.json") >> plan;
+  EXPECT_EQ(plan.value("nvme_moment_layers", int64_t(0)), 2);  // tiny-qwen2's 2 layers
 }
 
 namespace {
