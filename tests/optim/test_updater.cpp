@@ -189,7 +189,9 @@ namespace {
 
 // wait_first() while the next update's ranges are already hinted (the executor hints the next step's rows before
 // this step's lookup waits): it waits for the latest update's first ranges only, not for the whole unit, whose rest
-// runs after every other unit (one worker, ~8M elements behind it: the rest is still running when it returns).
+// runs after every other unit (one worker, ~8M elements behind it: the rest is usually still running when it returns).
+// A loaded machine can deschedule the waiting thread until the worker has done everything, so one early return in
+// five tries passes; a wait_first that waits for the whole unit never returns early.
 TEST(Updater, WaitFirstIgnoresTheNextUpdatesHint) {
   using namespace lt;
   using namespace lt::optim;
@@ -202,20 +204,24 @@ TEST(Updater, WaitFirstIgnoresTheNextUpdatesHint) {
   AdamWConfig cfg;
   cfg.threads = 1;
   cfg.chunk_elems = 1 << 12;
-  CpuAdamW opt(units, cfg);
-  std::vector<float> p0(static_cast<size_t>(n0), 0.5f), g0(p0), p1(static_cast<size_t>(n1), 0.5f), g1(p1);
-  opt.begin_step(1e-2f);
-  opt.set_first_ranges(0, {{0, 256}});
-  opt.submit(0, {p0.data(), g0.data(), nullptr});
-  opt.submit(1, {p1.data(), g1.data(), nullptr});
-  opt.add_grad_sumsq(0, 1.0);
-  opt.add_grad_sumsq(1, 1.0);
-  opt.set_first_ranges(0, {{512, 768}});  // the next update's hint
-  opt.wait_first(0);
-  EXPECT_LT(opt.stats().params_updated, n0 + n1) << "wait_first waited for the whole unit";
-  EXPECT_NE(p0[0], 0.5f);  // its first range is updated
-  opt.wait_all();
-  EXPECT_EQ(opt.stats().params_updated, n0 + n1);
+  bool early = false;
+  for (int attempt = 0; attempt < 5 && !early; ++attempt) {
+    CpuAdamW opt(units, cfg);
+    std::vector<float> p0(static_cast<size_t>(n0), 0.5f), g0(p0), p1(static_cast<size_t>(n1), 0.5f), g1(p1);
+    opt.begin_step(1e-2f);
+    opt.set_first_ranges(0, {{0, 256}});
+    opt.submit(0, {p0.data(), g0.data(), nullptr});
+    opt.submit(1, {p1.data(), g1.data(), nullptr});
+    opt.add_grad_sumsq(0, 1.0);
+    opt.add_grad_sumsq(1, 1.0);
+    opt.set_first_ranges(0, {{512, 768}});  // the next update's hint
+    opt.wait_first(0);
+    early = opt.stats().params_updated < n0 + n1;
+    EXPECT_NE(p0[0], 0.5f);  // its first range is updated
+    opt.wait_all();
+    EXPECT_EQ(opt.stats().params_updated, n0 + n1);
+  }
+  EXPECT_TRUE(early) << "wait_first waited for the whole unit in five tries";
 }
 
 }  // namespace
