@@ -9,14 +9,19 @@
 
 namespace lt {
 
-int64_t mem_available_bytes() {
+namespace {
+int64_t meminfo_bytes(const std::string& field) {
   std::ifstream in("/proc/meminfo");
   std::string key, unit;
   int64_t kb = 0;
   while (in >> key >> kb >> unit)
-    if (key == "MemAvailable:") return kb * 1024;
+    if (key == field) return kb * 1024;
   return 0;
 }
+}  // namespace
+
+int64_t mem_available_bytes() { return meminfo_bytes("MemAvailable:"); }
+int64_t mem_total_bytes() { return meminfo_bytes("MemTotal:"); }
 
 void advise_huge_pages(void* p, size_t bytes) {
 #ifdef MADV_HUGEPAGE

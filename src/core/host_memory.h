@@ -7,6 +7,8 @@ namespace lt {
 
 // MemAvailable from /proc/meminfo in bytes; 0 when it cannot be read.
 int64_t mem_available_bytes();
+// MemTotal from /proc/meminfo in bytes (the machine's physical memory); 0 when it cannot be read.
+int64_t mem_total_bytes();
 
 // Buffers that the optimizer and the transfers stream through (masters, gradients, states, bf16
 // copies) are hundreds of MiB; with 4 KiB pages every 4 KiB of each stream costs a TLB walk and restarts

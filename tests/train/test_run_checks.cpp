@@ -165,6 +165,16 @@ TEST(CutoffLen, LongerThanMaxPositionIsAnError) {
             3);
 }
 
+// host_mem above the machine's physical memory (MemTotal) is an error naming both, before a plan counts on memory
+// that is not there; within it the run trains.
+TEST(HostMem, AboveTheMachinesMemoryIsAnError) {
+  TmpDir d;
+  const auto e = run_error(tiny_run(d.p, {"host_mem=65536GiB"}));
+  EXPECT_NE(e.find("host_mem 65536GiB is more than this machine's memory"), std::string::npos) << e;
+  EXPECT_NE(e.find("MemTotal"), std::string::npos) << e;
+  EXPECT_EQ(run_training(tiny_run(d.p / "ok", {"host_mem=1GiB"}), quiet()).global_step, 3);
+}
+
 // A record far longer than cutoff_len (24k tokens) is truncated or skipped by `overlong`, and no batch is wider than
 // cutoff_len (it made every batch 23,912 wide).
 TEST(CutoffLen, OverlongRecordsNeverWidenTheBatch) {
