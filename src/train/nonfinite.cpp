@@ -91,28 +91,20 @@ const char* streak_what(const NonFiniteStop& s) {
 
 }  // namespace
 
-std::optional<NonFiniteParameter> first_nonfinite_parameter(const HostState& st, const ModelLayout& layout,
-                                                            int threads) {
-  std::vector<const ParamInfo*> tensors;
-  const std::vector<ScanPiece> pieces = scan_pieces(layout, tensors);
-  std::vector<int64_t> nan(pieces.size(), 0), inf(pieces.size(), 0);
+namespace {
+
+// Runs visit(piece index, piece, its fp32 master values) over the pieces on `threads` threads (0: all cores), each
+// piece once unless skip(piece) says it is not needed any more.
+template <class Skip, class Visit>
+void scan_masters(const HostState& st, const std::vector<ScanPiece>& pieces, int threads, Skip skip, Visit visit) {
   std::atomic<size_t> next{0};
-  std::atomic<int64_t> first_bad{int64_t(tensors.size())};  // lowest tensor ordinal found bad so far
   const auto work = [&] {
     std::vector<float> buf(static_cast<size_t>(kScanChunk));
     for (size_t i; (i = next.fetch_add(1)) < pieces.size();) {
       const ScanPiece& p = pieces[i];
-      if (p.tensor > first_bad.load()) continue;  // a tensor before it is bad already
+      if (skip(p)) continue;
       st.read_master(p.unit, p.offset, p.count, buf.data());
-      for (int64_t k = 0; k < p.count; ++k) {
-        const float x = buf[size_t(k)];
-        if (std::isnan(x)) ++nan[i];
-        else if (std::isinf(x)) ++inf[i];
-      }
-      if (nan[i] + inf[i] == 0) continue;
-      int64_t seen = first_bad.load();
-      while (p.tensor < seen && !first_bad.compare_exchange_weak(seen, p.tensor)) {
-      }
+      visit(i, p, buf.data());
     }
   };
   const int n = std::max(1, std::min(threads > 0 ? threads : int(std::thread::hardware_concurrency()),
@@ -121,6 +113,27 @@ std::optional<NonFiniteParameter> first_nonfinite_parameter(const HostState& st,
   for (int t = 1; t < n; ++t) pool.emplace_back(work);
   work();
   for (auto& t : pool) t.join();
+}
+
+}  // namespace
+
+std::optional<NonFiniteParameter> first_nonfinite_parameter(const HostState& st, const ModelLayout& layout,
+                                                            int threads) {
+  std::vector<const ParamInfo*> tensors;
+  const std::vector<ScanPiece> pieces = scan_pieces(layout, tensors);
+  std::vector<int64_t> nan(pieces.size(), 0), inf(pieces.size(), 0);
+  std::atomic<int64_t> first_bad{int64_t(tensors.size())};  // lowest tensor ordinal found bad so far
+  const auto after_bad = [&](const ScanPiece& p) { return p.tensor > first_bad.load(); };  // a lower one is bad
+  scan_masters(st, pieces, threads, after_bad, [&](size_t i, const ScanPiece& p, const float* x) {
+    for (int64_t k = 0; k < p.count; ++k) {
+      if (std::isnan(x[k])) ++nan[i];
+      else if (std::isinf(x[k])) ++inf[i];
+    }
+    if (nan[i] + inf[i] == 0) return;
+    int64_t seen = first_bad.load();
+    while (p.tensor < seen && !first_bad.compare_exchange_weak(seen, p.tensor)) {
+    }
+  });
   const int64_t bad = first_bad.load();
   if (bad == int64_t(tensors.size())) return std::nullopt;
   NonFiniteParameter r;  // every piece of the first bad tensor was read: a piece is skipped only after a lower one
@@ -128,6 +141,22 @@ std::optional<NonFiniteParameter> first_nonfinite_parameter(const HostState& st,
   r.numel = tensors[size_t(bad)]->numel;
   for (size_t i = 0; i < pieces.size(); ++i)
     if (pieces[i].tensor == bad) r.nan += nan[i], r.inf += inf[i];
+  return r;
+}
+
+LargestParameter largest_parameter(const HostState& st, const ModelLayout& layout, int threads) {
+  std::vector<const ParamInfo*> tensors;
+  const std::vector<ScanPiece> pieces = scan_pieces(layout, tensors);
+  std::vector<float> top(pieces.size(), 0.0f);
+  scan_masters(st, pieces, threads, [](const ScanPiece&) { return false; },
+               [&](size_t i, const ScanPiece& p, const float* x) {
+                 float m = 0;
+                 for (int64_t k = 0; k < p.count; ++k) m = std::max(m, std::fabs(x[k]));
+                 top[i] = m;
+               });
+  LargestParameter r;
+  for (size_t i = 0; i < pieces.size(); ++i)
+    if (top[i] > r.max_abs) r.max_abs = top[i], r.name = tensors[size_t(pieces[i].tensor)]->name;
   return r;
 }
 

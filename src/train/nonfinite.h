@@ -28,6 +28,14 @@ struct NonFiniteParameter {
 std::optional<NonFiniteParameter> first_nonfinite_parameter(const HostState& st, const ModelLayout& layout,
                                                             int threads);
 
+// The tensor holding the largest finite magnitude of the exact fp32 masters (layout order breaks ties), for a step
+// whose gradients are all zero: weights so large that the softmax saturates train nothing, silently.
+struct LargestParameter {
+  std::string name;
+  float max_abs = 0;
+};
+LargestParameter largest_parameter(const HostState& st, const ModelLayout& layout, int threads);
+
 // What one non-finite step is traced back to.
 struct NonFiniteStep {
   int64_t step = 0;  // the trainer's global step

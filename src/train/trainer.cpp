@@ -357,6 +357,7 @@ class TrainSession {
     advance_state(r, lr);
     if (leader_) write_trace_if_asked();
     const bool skipped = record_nonfinite(info, r.loss);
+    if (!skipped) warn_if_extreme_gradients(info.grad_norm, r);
     StepMetrics m =
         step_metrics(ts_, shape_, StepFigures{&r, info.grad_norm, lr, dt, nonpad, model_flops_with_attention(ms_.model, rows)}, flops_, peak_, bc_.gpu, tp_);
     m.update_skipped = skipped;
@@ -379,6 +380,33 @@ class TrainSession {
     }
     if (stop) report_stop(savable);
     return !stop;
+  }
+
+  // Gradients that are all exactly zero (with loss tokens and a finite loss) or finite but beyond any trained model's
+  // (a norm above kExtremeGradNorm) mean broken weights that train silently: huge finite weights (a q_proj at 1e30
+  // gave norms of 1e21-1e23 here, clipped every step, with a finite loss). Warned once a run, naming the largest
+  // weight.
+  static constexpr double kExtremeGradNorm = 1e6;
+  void warn_if_extreme_gradients(double grad_norm, const StepResult& r) {
+    if (extreme_gradients_warned_ || r.n_tokens <= 0 || !std::isfinite(r.loss) || !std::isfinite(grad_norm)) return;
+    const bool zero = grad_norm == 0.0, huge = grad_norm > kExtremeGradNorm;
+    if (!zero && !huge) return;
+    extreme_gradients_warned_ = true;
+    wait_updates();
+    const LargestParameter big = largest_parameter(st_, ms_.layout, int(cfg_.placement.threads));
+    const std::string what = zero ? "every gradient is exactly zero: no weight changes"
+                                  : fmt::format("gradient norm {:.3g}, beyond any trained model's (clipped to {})",
+                                                grad_norm, cfg_.optimizer.max_grad_norm);
+    logger_.message(fmt::format(
+        "warning: step {}: {} (loss {:.4f}). Weights far outside a trained model's range do this; the largest is {} "
+        "(|w| up to {:.3g}): check the model or checkpoint they were loaded from",
+        ts_.global_step, what, r.loss, big.name, double(big.max_abs)));
+    logger_.event(nlohmann::json{{"type", "extreme_gradients"},
+                                 {"step", ts_.global_step},
+                                 {"grad_norm", grad_norm},
+                                 {"largest_parameter", big.name},
+                                 {"max_abs", big.max_abs}}
+                      .dump());
   }
 
   // Whether the step was non-finite: the optimizer skipped its update for a non-finite gradient norm, or the loss is
@@ -566,6 +594,7 @@ class TrainSession {
   NonFiniteStep streak_first_;                      // the diagnosis of the streak's first step
   int64_t steps_this_run_ = 0;
   bool saved_at_current_ = false;
+  bool extreme_gradients_warned_ = false;
 };
 
 // Under `lazytrain launch -n N` (N > 1) this process is one rank of a data-parallel run.

@@ -345,6 +345,32 @@ TEST(NonFinite, OverflowWithFiniteWeightsNamesTheGradient) {
       << o.error;
 }
 
+// Huge finite weights (64 values of a q_proj at 1e30) leave the loss finite and make the gradient norm ~1e22, clipped
+// every step: the run warns once, at the first such step, naming the largest weight, records the event, and trains on.
+TEST(NonFinite, ExtremeGradientsFromHugeWeightsAreNamed) {
+  TmpDir t;
+  const Outcome o = run_caught(tiny_config(t.p, {"max_steps=4"}),
+                               huge_weights("model.layers.0.self_attn.q_proj.weight", 1e30f));
+  EXPECT_TRUE(o.error.empty()) << o.error;
+  const auto ev = records(t.p, "extreme_gradients");
+  ASSERT_EQ(ev.size(), 1u) << o.out;
+  EXPECT_EQ(ev[0]["step"], 2);
+  EXPECT_GT(ev[0]["grad_norm"].get<double>(), 1e20);
+  EXPECT_EQ(ev[0]["largest_parameter"], "model.layers.0.self_attn.q_proj.weight");
+  EXPECT_FLOAT_EQ(ev[0]["max_abs"].get<float>(), 1e30f);
+  EXPECT_TRUE(has(o.out, "warning: step 2: gradient norm ")) << o.out;
+  EXPECT_TRUE(has(o.out, "beyond any trained model's (clipped to 1)")) << o.out;
+  EXPECT_TRUE(has(o.out, "the largest is model.layers.0.self_attn.q_proj.weight (|w| up to 1e+30)")) << o.out;
+  EXPECT_EQ(records(t.p, "train").size(), 4u);
+  // An ordinary run says nothing of the kind.
+  TmpDir plain("_plain");
+  TrainHooks quiet;
+  quiet.install_signal_handlers = false;
+  const Outcome ok = run_caught(tiny_config(plain.p, {"max_steps=4"}), quiet);
+  EXPECT_TRUE(records(plain.p, "extreme_gradients").empty());
+  EXPECT_FALSE(has(ok.out, "beyond any trained model's")) << ok.out;
+}
+
 // A non-finite loss with a finite gradient norm (the update was applied before the loss was known) is reported and
 // counts toward max_skipped_steps as well: step 3, the second in a row, stops training (max_skipped_steps 2).
 TEST(NonFinite, NonFiniteLossWithAFiniteNormIsReportedAndStopsToo) {
