@@ -6,25 +6,18 @@ the last loss below the first; from the second step on (the first step's update 
 exposed optimizer at most 15 % of the step and the measured step within 10 % of the predicted one. RESUMED_DIR: the
 run killed with -9 and resumed from its checkpoint; every step it logged after the resume has the reference's loss,
 bit for bit. Prints a markdown table and the verdicts; exits 1 when a check fails."""
-import json
 import math
 import os
 import sys
 
+from smoke_check import steps  # the train records of a metrics.jsonl (a line cut by a kill is skipped)
+
 
 def records(d):
+    """The train records of d/metrics.jsonl by step (a resumed run logs the steps after its checkpoint again)."""
     out = {}
-    path = os.path.join(d, "metrics.jsonl")
-    if not os.path.exists(path):
-        return out
-    with open(path) as f:
-        for line in f:
-            try:
-                j = json.loads(line)
-            except ValueError:
-                continue  # a line cut by the kill
-            if j.get("type") == "train":
-                out.setdefault(j["step"], []).append(j)
+    for j in steps(os.path.join(d, "metrics.jsonl")):
+        out.setdefault(j["step"], []).append(j)
     return out
 
 
