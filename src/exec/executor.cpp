@@ -91,7 +91,7 @@ void Executor::prepare(const std::vector<MicroBatch>& mbs) {
 
 bool Executor::wants_next_step_ids() const { return hook_ && !impl_->emb_on_device; }
 
-StepResult Executor::train_step(const std::vector<MicroBatch>& mbs, int64_t loss_tokens) {
+StepResult Executor::train_step(const std::vector<MicroBatch>& mbs, int64_t loss_tokens, const StepCallbacks& cb) {
   Impl& I = *impl_;
   LT_CHECK(!mbs.empty(), "train_step: no micro-batches");
   StepResult res;
@@ -130,6 +130,8 @@ StepResult Executor::train_step(const std::vector<MicroBatch>& mbs, int64_t loss
   next_ids_.clear();
   try {
     for (int32_t m = 0; m < nmb; ++m) {
+      if (m > 0 && cb.stop && cb.stop(m)) throw StepInterrupted(m, nmb);
+      if (m + 1 == nmb && cb.before_last) cb.before_last();
       const double t_mb = now_seconds();
       MicroBatchRun run(I, mbs[size_t(m)], m, nmb, scale, true, hook_, waited, update_wait);
       run.run();
@@ -167,6 +169,10 @@ StepResult Executor::train_step(const std::vector<MicroBatch>& mbs, int64_t loss
     be_.wait(Lane::D2H, be_.record(Lane::Compute));
     be_.copy(Lane::D2H, I.p_scal.data(), I.d_scal.data(), I.d_scal.bytes(), OpLabel{"scalars.d2h", -1, -1});
     be_.synchronize();
+  } catch (const StepInterrupted&) {
+    I.recover_from_failure();
+    I.first_rows_pending.clear();
+    throw;
   } catch (const std::exception& e) {
     I.recover_from_failure();
     I.first_rows_pending.clear();  // the hinted update may not run: the next lookup waits for the whole table

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -101,6 +102,21 @@ struct WindowStats {
   double t_begin = 0, t_end = 0;  // seconds from the step start; [end of previous window's compute, end of this one's]
   WindowFigures measured;         // of the LAST micro-batch
   WindowFigures predicted;        // from the plan (zeros if it has none)
+};
+
+// Between the micro-batches of a step (gradient accumulation): whether to stop the step there, and what to do just
+// before its last micro-batch. The trainer begins the optimizer's step in before_last, so that a step stopped
+// earlier has not told the optimizer anything (its master weights and moments are the previous step's).
+struct StepCallbacks {
+  std::function<bool(int64_t next)> stop;  // polled before each micro-batch `next` after the first
+  std::function<void()> before_last;  // runs once, before the last micro-batch (with one micro-batch: first)
+};
+
+// train_step stopped by StepCallbacks::stop before micro-batch `next` of `total` (no update of this step ran).
+struct StepInterrupted : std::runtime_error {
+  int64_t next = 0, total = 0;
+  StepInterrupted(int64_t next_mb, int64_t total_mb)
+      : std::runtime_error("step stopped between micro-batches"), next(next_mb), total(total_mb) {}
 };
 
 struct StepResult {
@@ -191,7 +207,10 @@ class Executor {
   // loss_tokens > 0: the gradients are normalised by this count instead (a data-parallel rank's share of
   // a global batch: that batch's loss tokens, so that the ranks' gradients sum to one process's); the
   // result's loss and n_tokens stay this call's own.
-  StepResult train_step(const std::vector<MicroBatch>& micro_batches, int64_t loss_tokens = 0);
+  // cb: the stop check between micro-batches (StepInterrupted, after the same clean-up as an error) and the hook
+  // before the last one.
+  StepResult train_step(const std::vector<MicroBatch>& micro_batches, int64_t loss_tokens = 0,
+                        const StepCallbacks& cb = {});
   // Mean loss over non-ignored targets of one micro-batch (forward only, no gradients, no update). Its
   // forward waits for each unit's update like a step's (streaming device-held gradients as it goes).
   double eval_loss(const MicroBatch& mb, int64_t* n_tokens = nullptr);

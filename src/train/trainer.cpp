@@ -341,14 +341,26 @@ class TrainSession {
     if (dp_) {
       r = dp_->step(*executor_, mbs, float(lr), &local);
     } else {
-      hook_->begin_step(float(lr));
       // The next step's rows updated first.
       if (cfg_.placement.embedding_rows_first && executor_->wants_next_step_ids()) {
         std::vector<int32_t> next;
         for (const auto& b : loader_.peek(ga)) next.insert(next.end(), b.input_ids.begin(), b.input_ids.end());
         executor_->set_next_step_ids(std::move(next));
       }
-      r = executor_->train_step(mbs);
+      // A stop request between micro-batches ends the step there: the optimizer's step begins only at the last
+      // micro-batch, so the state is still the previous step's, saved as such.
+      StepCallbacks cb;
+      cb.stop = [&](int64_t next) {
+        return StopSignals::requested() ||
+               (hooks_.stop_before_micro_batch && hooks_.stop_before_micro_batch(ts_.global_step + 1, next));
+      };
+      cb.before_last = [&] { hook_->begin_step(float(lr)); };
+      try {
+        r = executor_->train_step(mbs, 0, cb);
+      } catch (const StepInterrupted& e) {
+        stop_mid_step(e);
+        return false;
+      }
     }
     LT_CHECK(optimizer().norm_known(), "internal: step {} ended without every unit's gradient reported",
              ts_.global_step + 1);
@@ -542,6 +554,25 @@ class TrainSession {
     const std::string self = "lazytrain ";
     if (!dp_ || cmd.rfind(self, 0) != 0) return cmd;
     return fmt::format("lazytrain launch -n {} -- {}", dp_->world(), cmd.substr(self.size()));
+  }
+
+  // A stop request between the micro-batches of step N+1: nothing of it was applied; the state of step N is saved
+  // (unless it already was, or it is the state after non-finite steps) and the run stops as after a step.
+  void stop_mid_step(const StepInterrupted& e) {
+    logger_.message(fmt::format("step {}: stopped before micro-batch {} of {}; the step is not applied",
+                                ts_.global_step + 1, e.next + 1, e.total));
+    if (steps_this_run_ == 0) {  // the state is the one this run started from: nothing to save
+      logger_.message(fmt::format("training stopped during its first step: nothing was trained in this run, nothing "
+                                  "saved{}", resume_ ? fmt::format("; resume again from {}", resume_->string()) : ""));
+      result_.interrupted = true;
+      return;
+    }
+    const bool savable = streak_.length() == 0;
+    if (savable && !saved_at_current_) {
+      save();
+      saved_at_current_ = true;
+    }
+    report_stop(savable);
   }
 
   void report_stop(bool saved) {

@@ -53,6 +53,8 @@ struct TrainHooks {
   // tests: runs before each step (its global step number, 1-based) once the previous updates are done, with the host
   // state and its layout: may change the weights (HostState::write_master) to inject a fault.
   std::function<void(int64_t step, HostState& st, const ModelLayout& layout)> before_step;
+  // tests: true behaves as if SIGTERM arrived before micro-batch `next` (0-based, >= 1) of global step `step`.
+  std::function<bool(int64_t step, int64_t next)> stop_before_micro_batch;
   bool install_signal_handlers = true;
   CommunicatorFactory make_communicator;  // null: dist::ShmCommunicator (ranks as processes on one host)
 };

@@ -15,6 +15,7 @@
 #include "../common/repo_path.h"
 #include "../common/test_dir.h"
 #include "core/error.h"
+#include "io/model_io.h"
 #include "train/checkpoint.h"
 #include "train/checkpoint_dir.h"
 #include "train/config.h"
@@ -216,4 +217,47 @@ TEST(StopSignal, BeforeTheFirstStepStopsDuringSetup) {
   EXPECT_TRUE(r.interrupted);
   EXPECT_EQ(r.global_step, 0);
   EXPECT_FALSE(latest_checkpoint(d.p).has_value());
+}
+
+// A stop request between the micro-batches of step 3 (gradient accumulation 2): the step is not applied, the state of
+// step 2 is saved as checkpoint-2, the run reports the stop; resumed, it gives the uninterrupted run's losses and final
+// masters bit for bit. During the first step of a run: nothing is saved.
+TEST(StopSignal, BetweenMicroBatchesSavesThePreviousStep) {
+  TmpDir d;
+  const std::vector<std::string> ov = {"gradient_accumulation_steps=2", "max_steps=4", "save_final=true"};
+  const TrainResult full = run_training(tiny_run(d.p / "full", ov), quiet());
+  ASSERT_EQ(full.losses.size(), 4u);
+  TrainHooks h = quiet();
+  std::vector<std::pair<int64_t, int64_t>> polled;
+  h.stop_before_micro_batch = [&](int64_t step, int64_t next) {
+    polled.emplace_back(step, next);
+    return step == 3;
+  };
+  ::testing::internal::CaptureStdout();
+  const TrainResult stopped = run_training(tiny_run(d.p / "split", ov), h);
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  EXPECT_TRUE(stopped.interrupted);
+  EXPECT_EQ(stopped.global_step, 2);
+  EXPECT_EQ(polled, (std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {2, 1}, {3, 1}}));
+  EXPECT_NE(out.find("step 3: stopped before micro-batch 2 of 2; the step is not applied"), std::string::npos) << out;
+  EXPECT_NE(out.find("training stopped after step 2/4; checkpoint saved to"), std::string::npos) << out;
+  ASSERT_TRUE(is_complete_checkpoint(checkpoint_path(d.p / "split", 2)));
+  const TrainResult resumed =
+      run_training(tiny_run(d.p / "split", {ov[0], ov[1], ov[2], "resume_from_checkpoint=auto"}), quiet());
+  EXPECT_EQ(resumed.losses, full.losses);
+  const ModelWeights a = load_model(checkpoint_path(d.p / "full", 4) / "trainer_state" / "master");
+  const ModelWeights b = load_model(checkpoint_path(d.p / "split", 4) / "trainer_state" / "master");
+  ASSERT_EQ(a.units.size(), b.units.size());
+  for (size_t u = 0; u < a.units.size(); ++u) EXPECT_EQ(a.units[u], b.units[u]) << "unit " << u;
+  // Stopped inside the first step of a run: the state is the one it started from; nothing is saved.
+  TrainHooks first = quiet();
+  first.stop_before_micro_batch = [](int64_t, int64_t) { return true; };
+  ::testing::internal::CaptureStdout();
+  const TrainResult none = run_training(tiny_run(d.p / "first", ov), first);
+  const std::string out1 = ::testing::internal::GetCapturedStdout();
+  EXPECT_TRUE(none.interrupted);
+  EXPECT_EQ(none.global_step, 0);
+  EXPECT_FALSE(latest_checkpoint(d.p / "first").has_value());
+  EXPECT_NE(out1.find("training stopped during its first step: nothing was trained in this run"), std::string::npos)
+      << out1;
 }
