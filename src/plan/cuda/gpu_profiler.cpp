@@ -283,7 +283,8 @@ void profile_gpu(ResourceProfile& p, const ModelConfig& c, int64_t batch, int64_
     };
     while (mb > 1 && (mb * seq > kMaxProfileTokens || need(mb) > int64_t(free_b) / 2)) mb = (mb + 1) / 2;
     if (mb < batch)
-      log_info("profile: layers measured at {} and 1 of the {} samples (the plan runs them in chunks)", mb, batch);
+      log_info("profile: layers measured at {} of the {} samples (the plan runs them in chunks), and at 1, 2, 4, ...",
+               mb, batch);
     const int64_t ws = tmp.layer_workspace_bytes(mb * seq, seq);
     o.gpu_mem_cap = std::min<int64_t>(int64_t(free_b) - (int64_t(256) << 20), need(mb) + o.margin);
     // What the planner must know of this backend: its one workspace buffer (32.1 GiB at the Qwen3.6-27B
@@ -306,11 +307,13 @@ void profile_gpu(ResourceProfile& p, const ModelConfig& c, int64_t batch, int64_
   measure_pcie(p, be);
   measure_gemm(p, be);
   measure_layers(p, be, c, mb, seq);
-  // Chunked plans at the other end: one sample per layer pass (the smallest chunk), where the GEMMs run below
-  // their large-shape rate.
-  if (mb < batch)
+  // Chunked plans: the layers at the powers of two below mb as well (1, 2, 4, ... samples a pass), where the GEMMs
+  // run below their large-shape rate; the planner interpolates a chunk's per-sample time between the nearest two
+  // (plan/profile.h layer_times, in log(samples)). With 1 and 36 samples only, every chunk between was that guess
+  // (a Gated DeltaNet layer of the Qwen3.6-27B shape on an H100: 5.58 ms a sample at 1, 4.52 at 36).
+  for (int64_t n = 1; n < mb; n *= 2)
     for (int k = 0; k < kNumLayerKinds; ++k)
-      if (c.count(LayerKind(k)) > 0) measure_layer_kind(p, be, c, LayerKind(k), 1, seq);
+      if (c.count(LayerKind(k)) > 0) measure_layer_kind(p, be, c, LayerKind(k), n, seq);
   p.gpu_measured = true;
 }
 
