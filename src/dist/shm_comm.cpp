@@ -31,7 +31,7 @@ namespace lt::dist {
 namespace fs = std::filesystem;
 
 namespace {
-constexpr uint64_t kMagic = 0x4c54'5348'4d43'0001ull;  // "LTSHMC" v1
+constexpr uint64_t kMagic = 0x4c54'5348'4d43'0002ull;  // "LTSHMC" v2
 constexpr int kMaxWorld = 1024;
 constexpr int64_t kPage = 4096;
 }  // namespace
@@ -43,6 +43,7 @@ struct ShmCommunicator::Shared {
   int64_t slot_bytes;
   std::atomic<uint32_t> generation;  // futex word: bumped by the last rank to arrive at a barrier
   std::atomic<int32_t> arrived;
+  std::atomic<int64_t> completed;    // barriers completed (set by the last rank to arrive, before the bump)
   std::atomic<int32_t> failed_rank;  // -1: none
   char fail_msg[512];
   std::atomic<int32_t> pid[kMaxWorld];
@@ -164,6 +165,7 @@ std::unique_ptr<ShmCommunicator> ShmCommunicator::create(const DistEnv& env, con
     sh->generation.store(0);
     sh->arrived.store(0);
     sh->failed_rank.store(-1);
+    sh->completed.store(0);
     for (int r = 0; r < kMaxWorld; ++r) {
       sh->pid[r].store(0);
       sh->passed[r].store(0);
@@ -253,6 +255,7 @@ void ShmCommunicator::sync(const char* op) {
   const uint32_t gen = sh_->generation.load();
   if (sh_->arrived.fetch_add(1) + 1 == world_) {
     sh_->arrived.store(0);
+    sh_->completed.store(my);
     sh_->generation.fetch_add(1);
     futex_wake_all(&sh_->generation);
     return;
@@ -261,7 +264,9 @@ void ShmCommunicator::sync(const char* op) {
   double next_liveness = t0 + 0.1;
   for (int spin = 0;; ++spin) {
     if (sh_->generation.load() != gen) {
-      check_failed();  // woken by abort()
+      // Completed, or woken by abort(): a rank that failed after the barrier completed is this rank's news at its
+      // next collective, not this one's (which passed).
+      if (sh_->completed.load() < my) check_failed();
       return;
     }
     if (spin < 200) {
@@ -270,6 +275,7 @@ void ShmCommunicator::sync(const char* op) {
     }
     futex_wait(&sh_->generation, gen, 0.02);
     if (sh_->generation.load() != gen) continue;
+    if (sh_->completed.load() >= my) return;
     check_failed();
     const double now = now_seconds();
     if (now < next_liveness) continue;

@@ -51,17 +51,6 @@ double measure_cpu_gemm_flops(const ModelConfig& m) {
   return 2.0 * double(n * k * o) * reps / dt;
 }
 
-// host_mem: the budget of this host's DRAM for the run (its ranks together). Above the machine's physical memory
-// the plan would pass and the process be killed for memory once it used it.
-int64_t host_mem_budget(const std::string& host_mem) {
-  const int64_t b = parse_bytes(host_mem), total = mem_total_bytes();
-  LT_CHECK(total <= 0 || b <= total,
-           "host_mem {} is more than this machine's memory ({} MemTotal in /proc/meminfo): the plan would use memory "
-           "that is not there and the run be killed once it does; set host_mem below that (unset: what is available "
-           "less a reserve)", host_mem, format_bytes(double(total)));
-  return b;
-}
-
 // The resource profile used when the config names none: the CPU backend's "device" is host memory,
 // its PCIe is memcpy; figures are measured quickly here rather than assumed.
 ResourceProfile default_profile(const PlacementSection& cfg, const ModelConfig& m, int64_t batch, int64_t seq,
@@ -73,7 +62,7 @@ ResourceProfile default_profile(const PlacementSection& cfg, const ModelConfig& 
   // 102 GiB RSS with a 104 GiB plan.
   const int64_t avail = available_or_default();
   const int64_t reserve = std::max<int64_t>(int64_t(2) << 30, avail * 15 / 100);
-  p.dram_bytes = cfg.host_mem.empty() ? std::max<int64_t>(avail / 2, avail - reserve) : host_mem_budget(cfg.host_mem);
+  p.dram_bytes = cfg.host_mem.empty() ? std::max<int64_t>(avail / 2, avail - reserve) : parse_bytes(cfg.host_mem);
   p.nvme_dir = cfg.nvme_dir;
   p.nvme_bytes = cfg.nvme_dir.empty()       ? 0
                  : !cfg.nvme_mem.empty() ? parse_bytes(cfg.nvme_mem)
@@ -159,7 +148,7 @@ PlanRequest plan_request_from_config(const TrainConfig& cfg, const ModelConfig& 
   r.profile = p.profile.empty() ? default_profile(p, model, batch, seq, on_gpu) : resolve_profile(p.profile);
   if (!p.profile.empty()) {
     if (!p.gpu_mem.empty()) r.profile.hbm_bytes = parse_bytes(p.gpu_mem);
-    if (!p.host_mem.empty()) r.profile.dram_bytes = host_mem_budget(p.host_mem);
+    if (!p.host_mem.empty()) r.profile.dram_bytes = parse_bytes(p.host_mem);
     if (!p.nvme_mem.empty()) r.profile.nvme_bytes = parse_bytes(p.nvme_mem);
     if (!p.nvme_dir.empty()) r.profile.nvme_dir = p.nvme_dir;
   }
@@ -333,6 +322,17 @@ void write_plan_files(const std::string& output_dir, const PlanRequest& r, const
 }
 
 }  // namespace
+
+// host_mem: the budget of this host's DRAM for the run (its ranks together). Above the machine's physical memory
+// the plan would pass and the process be killed for memory once it used it.
+void check_host_mem(const std::string& host_mem) {
+  if (host_mem.empty()) return;
+  const int64_t total = mem_total_bytes();
+  LT_CHECK(total <= 0 || parse_bytes(host_mem) <= total,
+           "host_mem {} is more than this machine's memory ({} MemTotal in /proc/meminfo): the plan would use memory "
+           "that is not there and the run be killed once it does; set host_mem below that (unset: what is available "
+           "less a reserve)", host_mem, format_bytes(double(total)));
+}
 
 double attention_fraction(const std::vector<data::Batch>& batches, bool packed) {
   StepRows rows;

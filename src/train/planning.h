@@ -59,6 +59,10 @@ double sampled_attention_fraction(const std::vector<data::Sample>& samples, cons
 // does both) and its nvme_latency_us (else kDefaultIoLatency), with its nvme_queue_depth / nvme_request_kib.
 IoQueueShape nvme_queue_shape(const ResourceProfile& p);
 
+// Throws when host_mem (the host's DRAM budget for the run) is above this machine's memory (MemTotal); the plans
+// themselves may describe other machines (a profile and host_mem for a host not this one).
+void check_host_mem(const std::string& host_mem);
+
 // Throws lt::Error with the planner's "does not fit: <resource> short by <bytes>" when no plan fits.
 // topo: under `lazytrain launch -n N` this rank's place (rank_topology()); the plan is then one rank's:
 // its share of the host's DRAM (host_mem is the HOST's budget), its gradient_accumulation_steps

@@ -650,6 +650,7 @@ TrainResult stopped_during_setup(const std::string& where) {
 
 TrainResult run_training(const TrainConfig& config, const TrainHooks& hooks) {
   const TrainConfig cfg = with_rank_threads(config);
+  check_host_mem(cfg.placement.host_mem);  // before anything is loaded
   if (cfg.placement.threads > 0) {
     openblas_set_num_threads(int(cfg.placement.threads));
     omp_set_num_threads(int(cfg.placement.threads));

@@ -86,6 +86,24 @@ TEST(ShmComm, FailingPeerStopsTheOthersAtOnceWithItsMessage) {
   EXPECT_EQ(r.codes, (std::vector<int>{0, 3, 0}));
 }
 
+// A rank that fails just after a barrier completed: the peer still waking from that barrier returns from it (it
+// passed) and meets the failure at its next collective, naming the failed rank there.
+TEST(ShmComm, FailureAfterACompletedBarrierIsTheNextCollectivesNews) {
+  const auto r = run_rank_processes(2, [](Communicator& c) {
+    if (c.rank() == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));  // rank 0 waits in the barrier by now
+      c.barrier();
+      fail("rank 1 broke after the barrier");
+    }
+    EXPECT_NO_THROW(c.barrier());
+    expect_error([&] {
+      float x = 1;
+      c.all_reduce(&x, 1, CommType::F32);
+    }, {"rank 1 failed", "rank 1 broke after the barrier", "all_reduce"});
+  });
+  EXPECT_EQ(r.codes, (std::vector<int>{0, 3}));
+}
+
 TEST(ShmComm, HungPeerTimesOutNamingTheRankAndTheCollective) {
   const auto r = run_rank_processes(
       2,
