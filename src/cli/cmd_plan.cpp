@@ -26,6 +26,7 @@ struct PlanOpts {
   int ring = 2, micro = 1;
   int world = 1, ranks_per_host = -1;  // -1: world
   double time_limit = 30, gap = 0.005, link_gbps = 0;
+  double attention_fraction = 1.0;  // packed rows: the data's sum over a row's segments of len^2 / seq^2
   bool no_compare = false, verbose = false, no_keep_internals = false;
 };
 
@@ -79,6 +80,11 @@ void add_options(CLI::App* sub, PlanOpts& o) {
       ->check(CLI::IsMember({"none", "auto", "all"}))
       ->capture_default_str();
   sub->add_option("--micro-batches", o.micro, "micro-batches per optimizer step (gradient accumulation)")->capture_default_str();
+  sub->add_option("--attention-fraction", o.attention_fraction,
+                  "packed rows: the expected sum over a row's segments of len^2 / seq^2 (the attention core's share "
+                  "of the causal square it computes; `lazytrain train` samples it from the data); 1: one sequence a row")
+      ->check(CLI::Range(1e-9, 1.0))
+      ->capture_default_str();
   sub->add_option("--ring", o.ring, "weight ring buffers on the GPU")->capture_default_str();
   sub->add_option("--chunk", o.chunk, "samples per chunk inside a layer pass (0: largest that fits)")->capture_default_str();
   sub->add_option("--time-limit", o.time_limit, "MILP time limit, seconds")->capture_default_str();
@@ -144,6 +150,7 @@ PlanRequest request_from(const PlanOpts& o, const dist::Topology& topo) {
   r.nvme_all_layers = o.optimizer_nvme == "all";
   r.ring = o.ring;
   r.micro_batches = o.micro;
+  r.attention_fraction = o.attention_fraction;
   r.chunk = o.chunk;
   r.compare = !o.no_compare;
   r.keep_internals = !o.no_keep_internals;

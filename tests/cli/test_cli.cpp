@@ -261,6 +261,27 @@ TEST(CliPlan, SeqMax) {
   }
 }
 
+// `plan --attention-fraction`: packed rows whose segments' causal squares are a small share of the row's plan a
+// faster step (the attention core scaled), and the attention-inclusive figures count only those squares; outside
+// (0, 1] it is an error naming the option.
+TEST(CliPlan, AttentionFractionOfPackedRows) {
+  const std::string base = "plan --model qwen2.5-0.5b --batch 1 --seq 16384 --profile " +
+                           quote(kSrc + "/configs/profiles/h200.json") + " --planner dp --no-compare ";
+  auto step_ms = [](const std::string& out) {
+    const size_t at = out.find("predicted step ");
+    return at == std::string::npos ? -1.0 : std::stod(out.substr(at + 15));
+  };
+  const auto whole = run_cli(base);
+  const auto packed = run_cli(base + "--attention-fraction 0.05");
+  ASSERT_EQ(whole.rc, 0) << whole.err;
+  ASSERT_EQ(packed.rc, 0) << packed.err;
+  EXPECT_GT(step_ms(packed.out), 0);
+  EXPECT_LT(step_ms(packed.out), 0.9 * step_ms(whole.out)) << whole.out << packed.out;
+  const auto bad = run_cli(base + "--attention-fraction 2");
+  EXPECT_NE(bad.rc, 0);
+  EXPECT_NE(bad.err.find("--attention-fraction"), std::string::npos) << bad.err;
+}
+
 TEST(CliPlan, BadWorldSizeArgumentsAreClearErrors) {
   struct Case {
     std::string args, needle;
