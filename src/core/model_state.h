@@ -89,6 +89,10 @@ struct StatePlacement {
   // The optimizer moments of the last nvme_layers decoder layers live in files on the NVMe tier
   // (optim/nvme_moments.h), staged through DRAM slots; 0 = every moment in DRAM.
   int64_t nvme_layers = 0;
+  // Split fp32 masters only: the 16-bit master remainders of those nvme_layers layers live in their NVMe moment
+  // images too (optim::UnitSpec::remainders_on_nvme): 2 B/param less DRAM, 2 B/param more NVMe, and each such layer's
+  // read and write-back per step grows by as much (the planner's last rung).
+  bool nvme_remainders = false;
   // Data parallelism (docs/distributed.md, "Planner"): the optimizer moments are sharded over
   // moment_shards ranks (each holds 1/moment_shards of them), and the master is a full fp32 array
   // beside the bf16 streaming copy (6 B/param instead of the split 4 B) when fp32_master_array.

@@ -34,6 +34,9 @@ DeviceUpdate::DeviceUpdate(Backend& be, HostState& st, int64_t unit, void* weigh
     own_w_ = Buffer(be, MemKind::Device, n * int64_t(dtype_size(st.stream_dtype())), "optim.device.weights");
     weights_ = own_w_.data();
   }
+  // (A unit whose remainders are in the optimizer's NVMe image has its moments there too: never updated here.)
+  LT_CHECK(!st.remainders_on_nvme(unit), "internal: the device update of {}, whose master remainders are on NVMe",
+           unit_name(unit));
   if (split_) lo_ = Buffer(be, MemKind::Device, n * 2, "optim.device.remainders");
   if (micro_batches > 1) {
     acc_ = Buffer(be, MemKind::Device, n * 4, "optim.device.grad_sum");

@@ -111,7 +111,15 @@ void HostState::read_master(int64_t u, int64_t off, int64_t n, float* dst) const
   switch (storage_) {
     case MasterStorage::Aliased:
     case MasterStorage::F32Copy: std::memcpy(dst, f32_ptr_[i] + off, size_t(n) * 4); break;
-    case MasterStorage::Split: optim::join_tile(hi_ptr_[i] + off, lo_[i].data() + off, dst, n); break;
+    case MasterStorage::Split:
+      if (remainders_on_nvme(u)) {
+        std::vector<uint16_t> lo(static_cast<size_t>(n));
+        rem_opt_->read_remainders(int(u), off, n, lo.data());
+        optim::join_tile(hi_ptr_[i] + off, lo.data(), dst, n);
+      } else {
+        optim::join_tile(hi_ptr_[i] + off, lo_[i].data() + off, dst, n);
+      }
+      break;
     case MasterStorage::Bf16: optim::widen_tile(hi_ptr_[i] + off, dst, n); break;
   }
 }
@@ -122,7 +130,15 @@ void HostState::write_master(int64_t u, const float* src) {
   switch (storage_) {
     case MasterStorage::Aliased:
     case MasterStorage::F32Copy: std::memcpy(f32_ptr_[i], src, size_t(n) * 4); break;
-    case MasterStorage::Split: optim::split_tile(src, hi_ptr_[i], lo_[i].data(), n); break;
+    case MasterStorage::Split:
+      if (remainders_on_nvme(u)) {
+        std::vector<uint16_t> lo(static_cast<size_t>(n));
+        optim::split_tile(src, hi_ptr_[i], lo.data(), n);
+        rem_opt_->write_remainders(int(u), lo.data());
+      } else {
+        optim::split_tile(src, hi_ptr_[i], lo_[i].data(), n);
+      }
+      break;
     // The starting weights round to nearest (even): stochastic rounding is for updates.
     case MasterStorage::Bf16:
       for (int64_t k = 0; k < n; ++k) hi_ptr_[i][k] = f32_to_bf16(src[k]);
@@ -150,7 +166,7 @@ optim::UnitBuffers HostState::update_buffers(int64_t u) {
       break;
     case MasterStorage::Split:
       b.bf16 = hi_ptr_[i];
-      b.lo = lo_[i].data();
+      b.lo = remainders_on_nvme(u) ? nullptr : lo_[i].data();
       break;
     case MasterStorage::Bf16: b.bf16 = hi_ptr_[i]; break;
   }
@@ -194,7 +210,30 @@ int64_t HostState::master_bytes() const {
     case MasterStorage::Split: per = stream_rebuilt() ? 8 : 4; break;
     case MasterStorage::Bf16: per = stream_rebuilt() ? 6 : 2; break;
   }
-  return per * total_numel();
+  int64_t on_nvme = 0;  // remainders in the optimizer's NVMe images: 2 B/param less here
+  for (int64_t u = 0; u < units(); ++u)
+    if (remainders_on_nvme(u)) on_nvme += numel(u);
+  return per * total_numel() - 2 * on_nvme;
+}
+
+void HostState::attach_nvme_remainders(optim::CpuAdamW& opt) {
+  const auto& specs = opt.units();
+  LT_CHECK(int64_t(specs.size()) == units(), "internal: the optimizer has {} units, the host state {}", specs.size(),
+           units());
+  for (int64_t u = 0; u < units(); ++u) {
+    if (!specs[size_t(u)].remainders_on_nvme || remainders_on_nvme(u)) continue;
+    LT_CHECK(storage_ == MasterStorage::Split,
+             "host state: unit {}'s master remainders are placed on NVMe, but the masters are stored as {} (only split "
+             "fp32 masters have remainders)", u, master_storage_name(storage_));
+    LT_CHECK(specs[size_t(u)].numel == numel(u), "internal: unit {} has {} elements in the optimizer, {} here", u,
+             specs[size_t(u)].numel, numel(u));
+    LT_CHECK(rem_opt_ == nullptr || rem_opt_ == &opt, "internal: host state remainders attached to two optimizers");
+    opt.write_remainders(int(u), lo_[size_t(u)].data());
+    std::vector<uint16_t>().swap(lo_[size_t(u)]);  // the DRAM array goes
+    rem_opt_ = &opt;
+    rem_nvme_.resize(size_t(units()), 0);
+    rem_nvme_[size_t(u)] = 1;
+  }
 }
 
 int64_t HostState::grad_bytes() const {

@@ -93,6 +93,16 @@ class HostState {
   int64_t master_bytes() const;
   int64_t grad_bytes() const;
 
+  // Split masters: the 16-bit remainders of the units whose optimizer keeps them in their NVMe moment image
+  // (optim::UnitSpec::remainders_on_nvme; the planner's StatePlacement::nvme_remainders) move there: each such
+  // unit's remainders are written into its image and its DRAM array is freed. From then on read_master/write_master
+  // join/split that unit's fp32 master with the remainders the optimizer reads/writes (between steps: checkpoint
+  // save and load, evaluation, the non-finite scan), and update_buffers(u).lo is null (the update finds them in the
+  // staging slot). opt must outlive this state's use of those units. (The DRAM arrays exist until this call: the
+  // trainer writes the starting weights before it builds the optimizer.)
+  void attach_nvme_remainders(optim::CpuAdamW& opt);
+  bool remainders_on_nvme(int64_t u) const { return rem_nvme_.size() > size_t(u) && rem_nvme_[size_t(u)]; }
+
  private:
   void allocate_unit(Backend& be, int64_t u, int64_t n, bool host_grad);
 
@@ -110,6 +120,8 @@ class HostState {
   std::vector<bf16_t*> hi_ptr_;
   std::vector<void*> stream_ptr_;
   std::vector<double> sumsq_;
+  optim::CpuAdamW* rem_opt_ = nullptr;        // attach_nvme_remainders
+  std::vector<char> rem_nvme_;                // units whose remainders are in the optimizer's NVMe images
 };
 
 }  // namespace lt

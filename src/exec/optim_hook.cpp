@@ -43,6 +43,7 @@ AdamWHook::AdamWHook(optim::CpuAdamW& opt, HostState& st)
   LT_CHECK(opt.config().master == st.optimizer_format(),
            "internal: optimizer masters are {}, the host state holds {}", optim::master_format_name(opt.config().master),
            master_storage_name(st.storage()));
+  st.attach_nvme_remainders(opt);  // units with UnitSpec::remainders_on_nvme, if any
 }
 
 AdamWHook::AdamWHook(const ModelLayout& layout, HostState& st, const OptimizerSetup& s)
@@ -53,14 +54,19 @@ AdamWHook::AdamWHook(const ModelLayout& layout, HostState& st, const OptimizerSe
     units.push_back(optim::unit_spec_from_layout(u, s.kind, &s.tensors_8bit));
     units.back().moments_on_nvme =
         (s.nvme_all_layers && u.kind == UnitKind::Layer) || s.nvme_units.count(int64_t(units.size() - 1));
+    // Only split masters have remainders (fp32 arrays, the CPU backend's aliased fp32 and bf16-sr do not).
+    units.back().remainders_on_nvme =
+        s.nvme_remainders && units.back().moments_on_nvme && c.master == optim::MasterFormat::Split;
   }
   owned_ = std::make_unique<optim::CpuAdamW>(std::move(units), c);
   opt_ = owned_.get();
+  st.attach_nvme_remainders(*opt_);
   const optim::MomentHomes h = opt_->moment_homes();
   if (h.nvme > 0)
-    log_info("optimizer moments: {} in DRAM, {} on NVMe under {} ({} DRAM staging; {} queue {})",
-             format_bytes(double(h.dram)), format_bytes(double(h.nvme)), s.nvme_dir, format_bytes(double(h.staging)),
-             c.nvme_io ? c.nvme_io->name() : "default", s.nvme_queue.describe());
+    log_info("optimizer moments: {} in DRAM, {} on NVMe under {}{} ({} DRAM staging; {} queue {})",
+             format_bytes(double(h.dram)), format_bytes(double(h.nvme)), s.nvme_dir,
+             h.remainders > 0 ? fmt::format(" (with {} of master remainders)", format_bytes(double(h.remainders))) : "",
+             format_bytes(double(h.staging)), c.nvme_io ? c.nvme_io->name() : "default", s.nvme_queue.describe());
 }
 
 void AdamWHook::begin_step(float lr) {

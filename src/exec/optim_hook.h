@@ -30,6 +30,9 @@ struct OptimizerSetup {
   // listed unit indices (the planner's choice).
   bool nvme_all_layers = false;
   std::set<int64_t> nvme_units;
+  // Split fp32 masters: those units' master remainders in their NVMe images too (StatePlacement::nvme_remainders;
+  // optim::UnitSpec::remainders_on_nvme): 2 B/param less DRAM, 2 B/param more disk I/O each way per step.
+  bool nvme_remainders = false;
   std::string nvme_dir;
   IoQueueShape nvme_queue;  // the io_uring queue of the moments' files (nvme/io_queue.h)
 };

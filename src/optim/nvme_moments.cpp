@@ -37,6 +37,7 @@ UnitImage unit_image(const UnitSpec& u) {
     }
     img.tensors.push_back(ti);
   }
+  if (u.remainders_on_nvme) img.lo = take(u.numel * 2);
   img.bytes = io_round_up(std::max<int64_t>(at, 1));
   return img;
 }
@@ -234,6 +235,30 @@ void NvmeMoments::read_image(int unit, void* buf) {
   }
   const double t0 = now_seconds();
   store_->read(k, 0, buf, bytes);
+  std::lock_guard<std::mutex> lk(mu_);
+  stats_.io_s += now_seconds() - t0;
+  stats_.read_bytes += bytes;
+}
+
+void NvmeMoments::read_part(int unit, int64_t offset, void* buf, int64_t bytes) {
+  int64_t k;
+  bool written;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    const Unit& u = units_[size_t(unit)];
+    LT_CHECK(u.phase != Phase::Writing, "internal: NVMe moments: unit {} read while its write-back is in flight", unit);
+    LT_CHECK(offset % kIoAlign == 0 && bytes % kIoAlign == 0 && offset >= 0 &&
+                 offset + bytes <= images_[size_t(unit)].bytes,
+             "internal: NVMe moments: read of bytes [{}, {}) of unit {}'s image", offset, offset + bytes, unit);
+    k = key(unit, u.gen);
+    written = u.written;
+  }
+  if (!written) {
+    std::memset(buf, 0, size_t(bytes));
+    return;
+  }
+  const double t0 = now_seconds();
+  store_->read(k, offset, buf, bytes);
   std::lock_guard<std::mutex> lk(mu_);
   stats_.io_s += now_seconds() - t0;
   stats_.read_bytes += bytes;

@@ -40,16 +40,21 @@ struct MomentArrays {
 };
 
 // Byte offsets of a unit's arrays in its image: per tensor in state-file order (fp32: m, v; 8-bit: mq,
-// vq, ms, vs), each 64-byte aligned; `bytes` is the whole, rounded up to kIoAlign.
+// vq, ms, vs), each 64-byte aligned, then (UnitSpec::remainders_on_nvme) the unit's numel 16-bit master
+// remainders at `lo`; `bytes` is the whole, rounded up to kIoAlign.
 struct UnitImage {
   struct Tensor {
     int64_t a = 0, b = 0, c = 0, d = 0;  // fp32: m at a, v at b; 8-bit: mq a, vq b, ms c, vs d
   };
   std::vector<Tensor> tensors;
+  int64_t lo = -1;  // byte offset of the remainders; -1: not in the image
   int64_t bytes = 0;
 };
 UnitImage unit_image(const UnitSpec& u);
 MomentArrays image_arrays(char* base, const UnitSpec& u, const UnitImage& img, size_t tensor);
+inline uint16_t* image_remainders(char* base, const UnitImage& img) {
+  return img.lo < 0 ? nullptr : reinterpret_cast<uint16_t*>(base + img.lo);
+}
 
 // kIoAlign-aligned heap bytes (staging slots, scratch).
 class IoBuffer {
@@ -113,6 +118,9 @@ class NvmeMoments {
   // no write in flight). buf: kIoAlign-aligned, image(unit).bytes long. A never-written unit reads as
   // zeros (the moments' initial value).
   void read_image(int unit, void* buf);
+  // Bytes [offset, offset + bytes) of the image (both multiples of kIoAlign, inside it) into buf (aligned);
+  // thread-safe (the unit must have no write in flight).
+  void read_part(int unit, int64_t offset, void* buf, int64_t bytes);
   // load(): stage_image writes a second generation of the file; commit_staged() switches every staged
   // unit to it and removes the old ones, discard_staged() removes the staged files.
   void stage_image(int unit, const void* buf);

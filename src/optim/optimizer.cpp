@@ -69,6 +69,10 @@ CpuAdamW::CpuAdamW(std::vector<UnitSpec> units, AdamWConfig cfg)
   state_.resize(units_.size());
   for (size_t u = 0; u < units_.size(); ++u) {
     const UnitSpec& us = units_[u];
+    LT_CHECK(!us.remainders_on_nvme || (us.moments_on_nvme && cfg_.master == MasterFormat::Split),
+             "optimizer: unit {} has its master remainders on NVMe, which needs its moments on NVMe too and split "
+             "masters (MasterFormat::Split; these masters are {}, moments {})",
+             u, master_format_name(cfg_.master), us.moments_on_nvme ? "on NVMe" : "in DRAM");
     state_[u].tensors.resize(us.tensors.size());
     for (size_t t = 0; t < us.tensors.size(); ++t) {
       const TensorSpec& ts = us.tensors[t];
@@ -282,6 +286,12 @@ void CpuAdamW::submit(int unit, const UnitBuffers& bufs) {
 }
 
 void CpuAdamW::enqueue_unit_locked(int unit) {
+  // The step's constants, fixed now: an NVMe unit's items are pushed when its read lands, which may be after the
+  // next begin_step (a new lr, the clip factor reset).
+  UnitState& us = state_[size_t(unit)];
+  us.q_lr = lr_;
+  us.q_clip = info_.clip_coef;
+  us.q_step = step_;
   if (units_[size_t(unit)].moments_on_nvme && !nvme_enqueue_locked(unit)) return;  // pushed once staged
   push_items_locked(unit);
 }
@@ -295,8 +305,8 @@ void CpuAdamW::push_items_locked(int unit) {
   for (size_t t = 0; t < spec.tensors.size(); ++t) {
     const TensorSpec& ts = spec.tensors[t];
     const GroupHyper& gh = cfg_.groups[size_t(ts.group)];
-    double lr = double(lr_) * double(gh.lr_scale);
-    AdamWScalars s = make_adamw_scalars(lr, gh.weight_decay, cfg_.beta1, cfg_.beta2, cfg_.eps, step_, info_.clip_coef);
+    double lr = double(us.q_lr) * double(gh.lr_scale);
+    AdamWScalars s = make_adamw_scalars(lr, gh.weight_decay, cfg_.beta1, cfg_.beta2, cfg_.eps, us.q_step, us.q_clip);
     // The first ranges inside this tensor, block-aligned and merged, then the rest of it after every other unit.
     std::vector<std::pair<int64_t, int64_t>> mine;
     for (auto [a, b] : first) {
@@ -326,7 +336,7 @@ void CpuAdamW::push_range_locked(int unit, int tensor, const AdamWScalars& s, in
                                  int64_t priority, bool first) {
   UnitState& us = state_[size_t(unit)];
   for (int64_t b = begin; b < end; b += cfg_.chunk_elems) {
-    WorkItem w{unit, tensor, b, std::min(cfg_.chunk_elems, end - b), s, step_, first};
+    WorkItem w{unit, tensor, b, std::min(cfg_.chunk_elems, end - b), s, us.q_step, first};
     ++us.pending;
     us.first_pending += first;
     pool_->push(priority, [this, w] { run_item(w); });
@@ -341,7 +351,9 @@ void CpuAdamW::run_item(const WorkItem& w) {
     const TensorSpec& ts = units_[size_t(w.unit)].tensors[size_t(w.tensor)];
     const MomentArrays st = arrays(w.unit, w.tensor);
     const int64_t off = ts.offset + w.begin;
-    const UnitBuffers& b = us.bufs;
+    UnitBuffers b = us.bufs;
+    // Remainders in the NVMe image (UnitSpec::remainders_on_nvme): updated in the staging slot.
+    if (units_[size_t(w.unit)].remainders_on_nvme) b.lo = image_remainders(us.nv.slot, nvme_->image(w.unit));
     if (cfg_.master == MasterFormat::F32 && b.grad) {  // the kernels' own format: no conversion
       bf16_t* out = b.bf16 ? b.bf16 + off : nullptr;
       update_range(ts, st, w, 0, b.master + off, b.grad + off, out, w.count);
@@ -380,7 +392,12 @@ void CpuAdamW::check_buffers(int unit, const UnitBuffers& b) const {
       LT_CHECK(b.master && !b.lo, "optimizer: submit({}): fp32 masters need `master` (and no remainders)", unit);
       break;
     case MasterFormat::Split:
-      LT_CHECK(!b.master && b.bf16 && b.lo, "optimizer: submit({}): split masters need `bf16` and `lo`", unit);
+      if (units_[size_t(unit)].remainders_on_nvme)
+        LT_CHECK(!b.master && b.bf16 && !b.lo,
+                 "optimizer: submit({}): the unit's master remainders are in its NVMe image "
+                 "(UnitSpec::remainders_on_nvme): pass `bf16` and no `lo`", unit);
+      else
+        LT_CHECK(!b.master && b.bf16 && b.lo, "optimizer: submit({}): split masters need `bf16` and `lo`", unit);
       break;
     case MasterFormat::Bf16Sr:
       LT_CHECK(!b.master && b.bf16 && !b.lo, "optimizer: submit({}): bf16-sr masters need `bf16` only", unit);

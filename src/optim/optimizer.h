@@ -72,6 +72,12 @@ struct UnitSpec {
   // The unit's moments live in a file under AdamWConfig::nvme_dir, staged through a small ring of DRAM
   // slots for its update (optim/nvme_moments.h); not part of the state file's layout.
   bool moments_on_nvme = false;
+  // MasterFormat::Split and moments_on_nvme only: the unit's 16-bit master remainders are part of its NVMe image
+  // too (2 B/param more in the file and the staging slot, none in DRAM): the update reads and writes them in the
+  // staging slot, so submit() takes UnitBuffers::lo = nullptr for the unit; read_remainders()/write_remainders()
+  // move them between the image and the caller (checkpoints, the fp32 master rebuilt). Never written, they are
+  // zero (the master equals its bf16 high half).
+  bool remainders_on_nvme = false;
 };
 
 // Per-group hyperparameters (PyTorch param groups). The effective lr of a group is lr * lr_scale.
@@ -105,6 +111,7 @@ struct AdamWConfig {
 // Where the moments are: DRAM arrays, DRAM staging slots of the NVMe tier, NVMe files (bytes).
 struct MomentHomes {
   int64_t dram = 0, staging = 0, nvme = 0;
+  int64_t remainders = 0;  // of nvme: master remainders in the images (UnitSpec::remainders_on_nvme)
 };
 
 // What the step decided once the global norm was known.
@@ -120,7 +127,8 @@ struct UnitBuffers {
   const float* grad = nullptr;  // [numel] fp32 gradient (read once); or grad_bf16 (exactly one of them)
   bf16_t* bf16 = nullptr;       // [numel] F32: streaming copy to write, may be null (no copy wanted);
                                 // Split: the high halves; Bf16Sr: the bf16 master (read and written)
-  uint16_t* lo = nullptr;       // [numel] Split: the remainders (read and written)
+  uint16_t* lo = nullptr;       // [numel] Split: the remainders (read and written); nullptr for a unit whose
+                                // remainders are in its NVMe image (UnitSpec::remainders_on_nvme)
   const bf16_t* grad_bf16 = nullptr;  // [numel] bf16 gradient
 };
 
@@ -207,8 +215,18 @@ class CpuAdamW {
   // records the unit/tensor layout and formats; load() rejects a file that does not match this
   // optimizer's layout, or is truncated or corrupted, with a message naming the file and the field.
   // Both wait for in-flight updates first.
+  // (Units with remainders on NVMe: the state file holds their moments only; load() keeps the remainders the
+  // unit's image holds.)
   void save(const std::filesystem::path& file);
   void load(const std::filesystem::path& file);
+
+  // The master remainders of a unit with UnitSpec::remainders_on_nvme, elements [offset, offset + n) of its flat
+  // buffer, read from its image (only the 4 KiB pages holding them). Thread-safe; not while the unit's update is in
+  // flight (throws), nor after a failed write-back lost them.
+  void read_remainders(int unit, int64_t offset, int64_t n, uint16_t* dst) const;
+  // Replaces all of the unit's remainders (numel of them) in its image, keeping its moments. Between steps only
+  // (waits for every update; throws in the middle of a step).
+  void write_remainders(int unit, const uint16_t* src);
 
  private:
   struct TensorState {
@@ -239,6 +257,8 @@ class CpuAdamW {
     bool first_used = false;                // the latest update ran first ranges
     std::vector<std::pair<int64_t, int64_t>> first;  // for the next push of the unit's items
     std::exception_ptr error;
+    float q_lr = 0, q_clip = 1;             // the step constants of the update queued last (enqueue_unit_locked)
+    int64_t q_step = 0;
   };
   struct WorkItem;
 

@@ -14,6 +14,7 @@
 //                failed file is removed); later updates, save() and read_state() of the unit refuse
 //                with the same advice until load() restores it.
 #include <algorithm>
+#include <cstring>
 
 #include "core/error.h"
 #include "optim/nvme_moments.h"
@@ -117,9 +118,10 @@ void CpuAdamW::on_nvme_event(int unit, bool write, uint64_t ticket, char* slot, 
     nv.lost = true;
     if (!us.error)
       us.error = error_ptr(fmt::format("optimizer: writing back the NVMe moments of unit {} failed: {}; unit {}'s master "
-                                       "and bf16 copy were updated in step {} but its updated moments are lost: resume "
+                                       "and bf16 copy were updated in step {} but its updated moments{} are lost: resume "
                                        "from the last checkpoint",
-                                       unit, what_of(err), unit, nv.step));
+                                       unit, what_of(err), unit, nv.step,
+                                       units_[size_t(unit)].remainders_on_nvme ? " and master remainders" : ""));
   } else if (nv.want) {
     nvme_request_locked(unit);
   }
@@ -144,7 +146,57 @@ MomentHomes CpuAdamW::moment_homes() const {
     h.staging = nvme_->slot_bytes() * nvme_->slots();
     h.nvme = nvme_->file_bytes();
   }
+  for (const UnitSpec& u : units_)
+    if (u.remainders_on_nvme) h.remainders += 2 * u.numel;
   return h;
+}
+
+// Remainders in the NVMe image (UnitSpec::remainders_on_nvme): the pages holding [offset, offset + n).
+void CpuAdamW::read_remainders(int unit, int64_t offset, int64_t n, uint16_t* dst) const {
+  LT_CHECK(unit >= 0 && size_t(unit) < units_.size() && units_[size_t(unit)].remainders_on_nvme,
+           "optimizer: read_remainders({}): the unit's master remainders are not on NVMe", unit);
+  LT_CHECK(offset >= 0 && n >= 0 && offset + n <= units_[size_t(unit)].numel,
+           "internal: read_remainders({}, {}, {}) outside the unit's {} elements", unit, offset, n,
+           units_[size_t(unit)].numel);
+  if (n == 0) return;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    const UnitState& us = state_[size_t(unit)];
+    LT_CHECK(!busy(us), "optimizer: the master remainders of unit {} were read while its update is in flight", unit);
+    LT_CHECK(!us.nv.lost,
+             "optimizer: the master remainders of unit {} were lost with its moments in a failed write-back at step {}; "
+             "resume from the last checkpoint", unit, us.nv.step);
+  }
+  const UnitImage& img = nvme_->image(unit);
+  const int64_t begin = img.lo + offset * 2, end = begin + n * 2;
+  const int64_t a = begin / kIoAlign * kIoAlign, b = io_round_up(end);
+  IoBuffer buf(b - a);
+  nvme_->read_part(unit, a, buf.data(), b - a);
+  std::memcpy(dst, buf.data() + (begin - a), size_t(n) * 2);
+}
+
+void CpuAdamW::write_remainders(int unit, const uint16_t* src) {
+  LT_CHECK(unit >= 0 && size_t(unit) < units_.size() && units_[size_t(unit)].remainders_on_nvme,
+           "optimizer: write_remainders({}): the unit's master remainders are not on NVMe", unit);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    LT_CHECK(norm_known_, "optimizer: cannot write the master remainders of unit {} in the middle of a step", unit);
+  }
+  wait_all();
+  std::lock_guard<std::mutex> lk(mu_);
+  // A slot staged for this step's update holds the old remainders: dropped, read again at the next begin_step.
+  nvme_release_leftovers_locked();
+  nvme_->quiesce();
+  char* img = nvme_->scratch();
+  nvme_->read_image(unit, img);  // the moments stay (zeros where lost: load() restores them)
+  std::memcpy(image_remainders(img, nvme_->image(unit)), src, size_t(units_[size_t(unit)].numel) * 2);
+  try {
+    nvme_->stage_image(unit, img);
+  } catch (...) {
+    nvme_->discard_staged();
+    throw;
+  }
+  nvme_->commit_staged();
 }
 
 }  // namespace lt::optim

@@ -281,7 +281,9 @@ void CpuAdamW::load(const std::filesystem::path& file) {
       const UnitSpec& spec = units_[u];
       fresh[u].resize(spec.tensors.size());
       if (spec.moments_on_nvme) {
-        std::memset(nvme_->scratch(), 0, size_t(nvme_->image(int(u)).bytes));
+        // Remainders in the image (UnitSpec::remainders_on_nvme) are not in the state file: kept as they are.
+        if (spec.remainders_on_nvme) nvme_->read_image(int(u), nvme_->scratch());
+        else std::memset(nvme_->scratch(), 0, size_t(nvme_->image(int(u)).bytes));
         for (size_t t = 0; t < spec.tensors.size(); ++t)
           read_payload(r, spec.tensors[t], image_arrays(nvme_->scratch(), spec, nvme_->image(int(u)), t));
         nvme_->stage_image(int(u), nvme_->scratch());

@@ -177,6 +177,7 @@ void predict(FitAdvice& a) {
     if (!o.feasible) return;
     a.step_s = o.sim.pred.step_s;
     a.nvme_layers = o.placement.nvme_layers;
+    a.nvme_remainders = remainders_on_nvme(o.placement);
     a.nvme_cost_s = o.nvme_moments_cost_s;
   } catch (const Error&) {
   }
@@ -188,7 +189,8 @@ std::string FitAdvice::text() const {
   if (step_s <= 0) return t;
   t += fmt::format(" (predicted step {:.2f} s", step_s);
   if (nvme_layers > 0)
-    t += fmt::format(", of which the moments of {} layers on NVMe add {:.2f} s", nvme_layers, nvme_cost_s);
+    t += fmt::format(", of which the moments {}of {} layers on NVMe add {:.2f} s",
+                     nvme_remainders ? "and master remainders " : "", nvme_layers, nvme_cost_s);
   return t + ")";
 }
 

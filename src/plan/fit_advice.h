@@ -24,6 +24,7 @@ struct FitAdvice {
   // what their I/O adds to the step (PlanOutcome::nvme_moments_cost_s). 0 when not planned.
   double step_s = 0, nvme_cost_s = 0;
   int64_t nvme_layers = 0;
+  bool nvme_remainders = false;     // their master remainders on NVMe too (StatePlacement::nvme_remainders)
   // "; it fits with <change> (predicted step X s[, of which the moments of K layers on NVMe add Y s])", or
   // "; none of these fits: <tried>".
   std::string text() const;

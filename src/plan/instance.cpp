@@ -367,7 +367,8 @@ void nvme_moment_times(Instance& in, const ModelConfig& c, const InstanceOptions
   in.nvme_write.assign(in.opt.size(), 0.0);
   for (int j = 0; j < in.L; ++j) {
     if (!moments_on_nvme(c, j, o.placement)) continue;
-    const double b = std::ceil(layer_moment_bytes(c, j, o.optimizer_8bit) / 4096.0) * 4096.0;
+    // + the master remainders in the same image (StatePlacement::nvme_remainders)
+    const double b = std::ceil(layer_nvme_image_bytes(c, j, o.optimizer_8bit, o.placement) / 4096.0) * 4096.0;
     in.nvme_read[size_t(j)] = b / in.bnr;
     in.nvme_write[size_t(j)] = b / in.bnw;
   }

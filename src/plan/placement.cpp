@@ -172,6 +172,23 @@ std::vector<StateChoice> placement_ladder(const PlanRequest& r) {
         push_home(q, h);
       }
     }
+    // 8. + those layers' master remainders in their NVMe images too (split fp32 masters only: the bf16-sr rung before
+    //    has none, and takes this place where it is allowed).
+    StatePlacement rp = p;
+    rp.nvme_remainders = true;
+    rp.nvme_layers = 1;
+    if (single && r.allow_nvme_remainders && remainders_on_nvme(rp)) {
+      ++level;
+      for (GradHome h : homes) {
+        StatePlacement q = rp;
+        q.grads = h;
+        if (q.host_bf16_grads() && !host_bf16_why.empty()) continue;
+        for (int64_t k : nvme_layer_counts(r, q, moments)) {
+          q.nvme_layers = k;
+          push_home(q, h);
+        }
+      }
+    }
   }
   LT_CHECK(!v.empty(), "plan: embedding_update device: {} (use embedding_update host or auto)", blocked);
   return v;
@@ -188,7 +205,9 @@ std::string describe_choice(const StateChoice& s) {
                               grad_home_name(s.placement.grads),
                               dtype ? fmt::format(" ({})", grad_dtype_name(s.placement.grad_dtype)) : "", s.q8.size());
   if (s.placement.embedding_8bit) d += " (embedding included)";
-  if (s.placement.nvme_layers > 0) d += fmt::format(", moments of {} layers on nvme", s.placement.nvme_layers);
+  if (s.placement.nvme_layers > 0)
+    d += fmt::format(", moments {}of {} layers on nvme", remainders_on_nvme(s.placement) ? "and master remainders " : "",
+                     s.placement.nvme_layers);
   return d;
 }
 

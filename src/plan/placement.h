@@ -12,6 +12,8 @@
 //   6. + bf16-sr master (2 B/param instead of 4)                 if master unset and allow_bf16_master
 //   7. + the last layers' moments on NVMe (a few counts from the fewest that fit up to room for every boundary in
 //      DRAM, for each gradient home)                                               if allow_nvme_moments
+//   8. + those layers' master remainders in the same NVMe files (StatePlacement::nvme_remainders: 2 B/param less
+//      DRAM for them, as much more disk I/O each way)            if allow_nvme_moments and the master is split fp32
 // From level 4 on every level has a rung per gradient home unless gradients are forced. On every rung the
 // embedding's update runs on the GPU where device_update_blocker allows (or as forced).
 // Forced modes (PlanRequest::master / grads / grad_dtype) are kept on every rung; adamw and adamw8bit

@@ -36,6 +36,9 @@ struct PlanRequest {
   std::optional<GradDType> grad_dtype;  // of held gradients; unset: fp32, bf16 if fp32 does not fit
   bool allow_bf16_master = false;    // `--master-weights auto`
   bool allow_nvme_moments = false;   // `--optimizer-nvme auto`: the last rung puts layers' moments on NVMe
+  // With allow_nvme_moments and split fp32 masters, a last rung puts those layers' master remainders on NVMe too
+  // (StatePlacement::nvme_remainders); false: not offered (a caller that cannot run it).
+  bool allow_nvme_remainders = true;
   // `--optimizer-nvme all` (config optimizer_nvme: all): every decoder layer's moments on NVMe in every rung, so the
   // plan's byte table, NVMe space and simulated disk time are those the trainer runs.
   bool nvme_all_layers = false;

@@ -148,9 +148,10 @@ std::string plan_report(const PlanRequest& r, const PlanOutcome& o) {
                    format_bytes(in.hbm_cap), format_bytes(double(q.peak_dram)), format_bytes(in.dram_cap),
                    format_bytes(double(q.nvme_bytes)), format_bytes(in.nvme_cap));
   if (o.placement.nvme_layers > 0)
-    s += fmt::format("  nvme moments: last {} layers, {} of files, {:.2f} s of disk I/O per step, adding {} ms to the step\n",
-                     o.placement.nvme_layers, format_bytes(o.state.nvme()), o.nvme_moments_io_s,
-                     ms(o.nvme_moments_cost_s));
+    s += fmt::format("  nvme moments: last {} layers{}, {} of files, {:.2f} s of disk I/O per step, adding {} ms to the "
+                     "step\n",
+                     o.placement.nvme_layers, remainders_on_nvme(o.placement) ? " with their master remainders" : "",
+                     format_bytes(o.state.nvme()), o.nvme_moments_io_s, ms(o.nvme_moments_cost_s));
   s += "\n" + memory_table(o);
   if (r.model.hybrid()) s += layer_table(r.model, in, p);
   s += "\ncandidates (same simulator):\n";

@@ -55,7 +55,11 @@ StateBytes model_state_bytes(const ModelConfig& c, const std::vector<std::string
     if (on_gpu && u.kind == UnitKind::Embedding) b.device_update = mb + 2.0 * n;
     if (on_gpu && u.kind == UnitKind::Layer) b.device_layers += mb + 8.0 * n;  // + weights 2, remainders 2, gradient 4
     (nvme ? b.moments_nvme : b.moments) += mb;
-    if (nvme) largest_nvme = std::max(largest_nvme, mb);
+    // The master remainders in the same image (split fp32): out of the DRAM master, into the file and its slot.
+    const double rem = nvme && remainders_on_nvme(s) ? 2.0 * n : 0.0;
+    b.master -= rem;
+    b.remainders_nvme += rem;
+    if (nvme) largest_nvme = std::max(largest_nvme, mb + rem);
     if (u.kind == UnitKind::Layer) largest_layer = std::max(largest_layer, n);
     if (u.kind == UnitKind::Head) head = n;
     if (u.kind == UnitKind::Embedding) emb = n;
@@ -92,6 +96,13 @@ double layer_moment_bytes(const ModelConfig& c, int64_t layer, const std::vector
   return b;
 }
 
+double layer_nvme_image_bytes(const ModelConfig& c, int64_t layer, const std::vector<std::string>& eight_bit,
+                              const StatePlacement& s) {
+  double b = layer_moment_bytes(c, layer, eight_bit);
+  if (remainders_on_nvme(s)) b += 2.0 * double(unit_param_count(model_layout(c).layer(layer)));
+  return b;
+}
+
 std::vector<StatePart> StateBytes::parts() const {
   std::vector<StatePart> v;
   v.push_back({placement.fp32_master_array ? std::string("master (fp32 array) + copy (bf16)")
@@ -116,6 +127,9 @@ std::vector<StatePart> StateBytes::parts() const {
   v.push_back({mom, StateHome::Dram, moments});
   if (moments_nvme > 0) {
     v.push_back({fmt::format("moments of the last {} layers", placement.nvme_layers), StateHome::Nvme, moments_nvme});
+    if (remainders_nvme > 0)
+      v.push_back({fmt::format("master remainders, last {} layers", placement.nvme_layers), StateHome::Nvme,
+                   remainders_nvme});
     v.push_back({"moment staging slots", StateHome::Dram, moment_staging});
   }
   if (staging > 0)

@@ -11,6 +11,9 @@
 //                            (2 layer buffers, the LM head's and the embedding's: one
 //                            buffer for both when untied)                                  HBM
 //   moments                  fp32 8 B, or 8-bit 2 B + one fp32 absmax per 256 per moment    DRAM
+//   the last nvme_layers layers' moments: in NVMe files, updated in DRAM staging slots (3 x the largest such layer's
+//                            image at most); nvme_remainders (split fp32 masters): their 2 B of master remainders
+//                            join the files (master 2 B/param in DRAM for them), the slots grow by as much   NVMe
 //   data parallel (placement.moment_shards > 1): moments / moment_shards (the rank's shard);
 //                            fp32_master_array: master fp32 4 B + bf16 streaming copy 2 B  DRAM
 //   embedding updated on the GPU (embedding_update_device): its remainders 2 B + fp32 moments 8 B in HBM instead of
@@ -69,11 +72,12 @@ struct StateBytes {
                                 //   moments, gradient
   double moments = 0;           // DRAM
   double moments_nvme = 0;      // moments of the NVMe layers (files on the NVMe tier)
+  double remainders_nvme = 0;   // the NVMe layers' master remainders in the same files (placement.nvme_remainders)
   double moment_staging = 0;    // DRAM slots the NVMe moments are updated in (3 x the largest such layer's)
   double staging = 0;           // pinned DRAM receiving the gradient D2H
   double dram() const { return master + grads_host + moments + moment_staging + staging; }
   double hbm() const { return grads_device + grad_scratch + resident_table + head_weights + device_update + device_layers; }
-  double nvme() const { return moments_nvme; }
+  double nvme() const { return moments_nvme + remainders_nvme; }
   // The non-empty parts with a display name ("master + copy (fp32)", "gradients (fp32, held)", ...).
   std::vector<StatePart> parts() const;
 };
@@ -86,5 +90,13 @@ inline bool moments_on_nvme(const ModelConfig& c, int64_t layer, const StatePlac
 }
 // Moment bytes of decoder layer j (its tensors' formats from eight_bit).
 double layer_moment_bytes(const ModelConfig& c, int64_t layer, const std::vector<std::string>& eight_bit);
+// Whether s keeps the NVMe layers' master remainders in their files: asked for, and the masters are split fp32 (not
+// bf16-sr, not fp32 arrays).
+inline bool remainders_on_nvme(const StatePlacement& s) {
+  return s.nvme_remainders && s.nvme_layers > 0 && s.master == MasterMode::Fp32 && !s.fp32_master_array;
+}
+// The NVMe image of decoder layer j under s: its moment bytes, + 2 B/param of remainders (remainders_on_nvme).
+double layer_nvme_image_bytes(const ModelConfig& c, int64_t layer, const std::vector<std::string>& eight_bit,
+                              const StatePlacement& s);
 
 }  // namespace lt

@@ -123,6 +123,9 @@ void place_state(PlanRequest& r, const PlacementSection& p, bool on_gpu) {
     r.grad_dtype = p.gradient_dtype == GradientDtype::Bf16 ? GradDType::Bf16 : GradDType::F32;
   r.allow_nvme_moments = p.optimizer_nvme == OptimizerNvme::Auto;  // config_sections.cpp: needs nvme_dir
   r.nvme_all_layers = p.optimizer_nvme == OptimizerNvme::All;
+  // The NVMe layers' master remainders on NVMe (the planner's last rung, StatePlacement::nvme_remainders): only where
+  // the masters are split (a bf16-streaming backend: the GPU; the CPU backend streams its fp32 masters whole).
+  r.allow_nvme_remainders = on_gpu;
   // Kept internals (Plan::kept_layers): only on the GPU (the CPU backend's kept backward still re-runs the forward).
   r.keep_internals = p.keep_internals && on_gpu;
   r.embedding_rows_first = p.embedding_rows_first;

@@ -150,6 +150,7 @@ OptimizerSetup optimizer_setup(const TrainConfig& cfg, const TrainingPlan& tp, b
   os.nvme_all_layers = cfg.placement.optimizer_nvme == OptimizerNvme::All;
   const int64_t L = tp.model.layers;
   for (int64_t j = L - tp.placement.nvme_layers; j < L; ++j) os.nvme_units.insert(j + 1);
+  os.nvme_remainders = tp.placement.nvme_remainders;  // those units' master remainders in their NVMe images
   return os;
 }
 

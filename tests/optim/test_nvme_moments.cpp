@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -85,10 +86,11 @@ struct Model {
     for (auto& u : s) u.moments_on_nvme = false;
     return s;
   }
+  std::vector<char> lo_on_nvme;  // units whose remainders the optimizer keeps (UnitSpec::remainders_on_nvme)
   UnitBuffers buf(int u) {
     UnitBuffers b;
     if (master == MasterFormat::F32) b.master = p[size_t(u)].data();
-    else b.lo = lo[size_t(u)].data();
+    else if (lo_on_nvme.empty() || !lo_on_nvme[size_t(u)]) b.lo = lo[size_t(u)].data();
     b.bf16 = hi[size_t(u)].data();
     b.grad = g[size_t(u)].data();
     return b;
@@ -185,6 +187,158 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{false, 1, 1, MasterFormat::F32, true}, Case{false, 2, 2, MasterFormat::F32, false},
                       Case{true, 1, 3, MasterFormat::F32, true}, Case{true, 3, 2, MasterFormat::F32, false},
                       Case{true, 2, 1, MasterFormat::Split, true}, Case{false, 3, 3, MasterFormat::Split, false}));
+
+// Split masters with the remainders of the NVMe units in their images (UnitSpec::remainders_on_nvme): masters (bf16
+// high halves and remainders) and moments equal the all-DRAM run bit for bit over the steps (a skipped one among
+// them); the state file is the same; loading one keeps the image's remainders; write_remainders replaces them.
+TEST(NvmeMoments, RemaindersOnNvmeEqualDramOverSteps) {
+  for (const bool q8 : {false, true}) {
+    const fs::path root = temp_root(q8 ? "rem8" : "rem32");
+    Model md(4, q8, MasterFormat::Split, false), mn = md;  // units 1 and 3 on NVMe
+    AdamWConfig cfg;
+    cfg.threads = 2;
+    cfg.chunk_elems = 256;
+    cfg.master = MasterFormat::Split;
+    CpuAdamW dram(md.dram_specs(), cfg);
+    cfg.nvme_dir = root;
+    cfg.nvme_slots = 2;
+    auto specs = mn.specs;
+    mn.lo_on_nvme.assign(specs.size(), 0);
+    for (size_t u = 0; u < specs.size(); ++u) specs[u].remainders_on_nvme = mn.lo_on_nvme[u] = specs[u].moments_on_nvme;
+    {
+      CpuAdamW nvme(specs, cfg);
+      const MomentHomes h = nvme.moment_homes();
+      EXPECT_EQ(h.remainders, 2 * (specs[1].numel + specs[3].numel));
+      EXPECT_GE(h.nvme, h.remainders + state_bytes(specs[1].numel, StateFormat::F32));
+      for (int u : {1, 3}) {
+        nvme.write_remainders(u, mn.lo[size_t(u)].data());
+        std::fill(mn.lo[size_t(u)].begin(), mn.lo[size_t(u)].end(), uint16_t(0xdead));  // not read from here
+      }
+      auto expect_same = [&](const std::string& where) {
+        for (int u = 0; u < md.units(); ++u) {
+          EXPECT_EQ(md.hi[size_t(u)], mn.hi[size_t(u)]) << where << ": bf16 of unit " << u;
+          std::vector<uint16_t> lo(md.lo[size_t(u)].size());
+          if (mn.lo_on_nvme[size_t(u)]) nvme.read_remainders(u, 0, int64_t(lo.size()), lo.data());
+          else lo = mn.lo[size_t(u)];
+          EXPECT_EQ(md.lo[size_t(u)], lo) << where << ": remainders of unit " << u;
+        }
+      };
+      for (int step = 1; step <= 4; ++step) {
+        const bool nan = step == 3;  // skipped: the staged slots are released unwritten
+        run_step(dram, md, step, step % 2 == 0, nan);
+        run_step(nvme, mn, step, step % 2 == 0, nan);
+        expect_same(fmt::format("step {}", step));
+      }
+      EXPECT_EQ(nvme.step_count(), 3);
+      // A range of remainders straddling pages: the same as the whole.
+      std::vector<uint16_t> part(2001);
+      nvme.read_remainders(1, 777, 2001, part.data());
+      EXPECT_TRUE(std::equal(part.begin(), part.end(), md.lo[1].begin() + 777));
+      dram.save(root / "dram.state");
+      nvme.save(root / "nvme.state");
+      EXPECT_TRUE(file_bytes(root / "dram.state") == file_bytes(root / "nvme.state")) << "moments differ";
+      for (int u = 0; u < md.units(); ++u)
+        for (int t = 0; t < 3; ++t) {
+          std::vector<float> m1, v1, m2, v2;
+          dram.read_state(u, t, m1, v1);
+          nvme.read_state(u, t, m2, v2);
+          EXPECT_EQ(m1, m2) << "unit " << u << " tensor " << t;
+          EXPECT_EQ(v1, v2) << "unit " << u << " tensor " << t;
+        }
+      // Loading a state file keeps the remainders in the images; both continue alike.
+      nvme.load(root / "dram.state");
+      expect_same("after load");
+      run_step(dram, md, 5);
+      run_step(nvme, mn, 5);
+      expect_same("step 5 after load");
+      // The caller's remainders are refused for such a unit; write_remainders replaces them, keeping the moments.
+      UnitBuffers b = mn.buf(1);
+      b.lo = mn.lo[1].data();
+      nvme.begin_step(1e-3f);
+      try {
+        nvme.submit(1, b);
+        ADD_FAILURE() << "submit with `lo` for a unit with remainders on NVMe";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("remainders_on_nvme"), std::string::npos) << e.what();
+      }
+      for (int u = 0; u < mn.units(); ++u) nvme.add_grad_sumsq(u, std::nan(""));  // ends the step, skipped
+      std::vector<uint16_t> ones(md.lo[3].size(), 1), back(ones.size());
+      nvme.write_remainders(3, ones.data());
+      nvme.read_remainders(3, 0, int64_t(back.size()), back.data());
+      EXPECT_EQ(back, ones);
+      std::vector<float> m1, v1, m2, v2;
+      dram.read_state(3, 0, m1, v1);
+      nvme.read_state(3, 0, m2, v2);
+      EXPECT_EQ(m1, m2);
+      EXPECT_EQ(v1, v2);
+    }
+    fs::remove_all(root);
+  }
+}
+
+// Posix I/O whose reads take 30 ms: a staged update starts well after the step that queued it.
+class SlowReads final : public IoLayer {
+ public:
+  std::shared_ptr<IoLayer> base = posix_io();
+  std::string name() const override { return "slow-reads"; }
+  int open(const std::string& p, int f, int m) override { return base->open(p, f, m); }
+  int close(int fd) override { return base->close(fd); }
+  int unlink(const std::string& p) override { return base->unlink(p); }
+  int64_t pread(int fd, void* b, int64_t n, int64_t off) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    return base->pread(fd, b, n, off);
+  }
+  int64_t pwrite(int fd, const void* b, int64_t n, int64_t off) override { return base->pwrite(fd, b, n, off); }
+};
+
+// An NVMe unit's update whose read lands after the next begin_step (one slot, slow reads) uses its own step's
+// learning rate and clip factor, not the next step's (it took the new lr and a reset clip factor of 1 before).
+TEST(NvmeMoments, LateStagedUpdateKeepsItsStepsConstants) {
+  const fs::path root = temp_root("late");
+  Model md(3, false, MasterFormat::F32, true), mn = md;
+  AdamWConfig cfg;
+  cfg.threads = 2;
+  cfg.max_grad_norm = 0.05f;  // clipping active
+  CpuAdamW dram(md.dram_specs(), cfg);
+  cfg.nvme_dir = root;
+  cfg.nvme_slots = 1;
+  cfg.nvme_io = std::make_shared<SlowReads>();
+  {
+    CpuAdamW nvme(mn.specs, cfg);
+    run_step(dram, md, 1);
+    run_step(nvme, mn, 1);  // the files exist: the next reads are slow
+    start_step(dram, md, 2);
+    start_step(nvme, mn, 2);
+    EXPECT_LT(nvme.last_step().clip_coef, 1.0f);
+    dram.begin_step(5e-3f);  // the next step begins before the staged updates ran
+    nvme.begin_step(5e-3f);
+    for (int u = 0; u < md.units(); ++u) {
+      dram.wait(u);
+      nvme.wait(u);
+    }
+    expect_same_weights(md, mn, "updates staged after the next begin_step");
+  }
+  fs::remove_all(root);
+}
+
+TEST(NvmeMoments, RemaindersOnNvmeNeedSplitMastersAndNvmeMoments) {
+  const fs::path root = temp_root("remcheck");
+  Model m(2, false, MasterFormat::F32, true);
+  AdamWConfig cfg;
+  cfg.threads = 1;
+  cfg.nvme_dir = root;
+  auto specs = m.specs;
+  specs[1].remainders_on_nvme = true;
+  EXPECT_THROW(CpuAdamW(specs, cfg), Error);  // fp32 masters have no remainders
+  cfg.master = MasterFormat::Split;
+  specs[1].moments_on_nvme = false;
+  EXPECT_THROW(CpuAdamW(specs, cfg), Error);  // the moments in DRAM
+  specs[1].moments_on_nvme = true;
+  CpuAdamW ok(specs, cfg);
+  std::vector<uint16_t> lo(size_t(specs[0].numel));
+  EXPECT_THROW(ok.read_remainders(0, 0, 1, lo.data()), Error);  // unit 0's are the caller's
+  fs::remove_all(root);
+}
 
 TEST(NvmeMoments, StateFilesLoadAcrossHomes) {
   const fs::path root = temp_root("homes");

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
 #include "core/units.h"
 #include "model/accounting.h"
@@ -252,6 +254,113 @@ TEST(PlanNvmeState, AllLayersOnNvmeInEveryRung) {
   // 'all' and 'auto' together are a contradiction, not a silent choice.
   r.allow_nvme_moments = true;
   EXPECT_THROW(placement_ladder(r), std::exception);
+}
+
+// The NVMe layers' master remainders in their files (StatePlacement::nvme_remainders) by hand: 2 B/param of those
+// layers out of the DRAM master into the NVMe files, the staging slots (3 of the largest image) grow by as much per
+// slot, each image's read and write-back too; nothing with bf16-sr masters (no remainders) or fp32 master arrays.
+TEST(PlanNvmeState, NvmeRemaindersBytesByHand) {
+  auto c = preset_config("tiny-qwen3");
+  c.layers = 8;
+  const auto q8 = choose_8bit(c, "adamw8bit", 0);
+  StatePlacement p{MasterMode::Fp32, GradHome::Host, GradDType::F32};
+  p.nvme_layers = 6;
+  const StateBytes m = model_state_bytes(c, q8, p);
+  p.nvme_remainders = true;
+  ASSERT_TRUE(remainders_on_nvme(p));
+  const StateBytes r = model_state_bytes(c, q8, p);
+  const double lm = layer_moment_bytes(c, 7, q8);
+  EXPECT_DOUBLE_EQ(r.master, m.master - 2 * 6 * kLayer);
+  EXPECT_DOUBLE_EQ(r.master, 4 * (kEmb + kHead + 2 * kLayer) + 2 * 6 * kLayer);
+  EXPECT_DOUBLE_EQ(r.remainders_nvme, 2 * 6 * kLayer);
+  EXPECT_DOUBLE_EQ(r.moments_nvme, m.moments_nvme);
+  EXPECT_DOUBLE_EQ(r.nvme(), m.nvme() + 2 * 6 * kLayer);
+  EXPECT_DOUBLE_EQ(m.moment_staging, 3 * lm);
+  EXPECT_DOUBLE_EQ(r.moment_staging, 3 * (lm + 2 * kLayer));
+  EXPECT_DOUBLE_EQ(r.dram(), m.dram() - 2 * 6 * kLayer + 3 * 2 * kLayer);
+  EXPECT_DOUBLE_EQ(layer_nvme_image_bytes(c, 7, q8, p), lm + 2 * kLayer);
+  const std::string t = state_table(r, r.params);
+  EXPECT_NE(t.find("master remainders, last 6 layers     nvme"), std::string::npos) << t;
+  // No remainders to move: bf16-sr masters, fp32 master arrays, no NVMe layers.
+  StatePlacement sr = p, arr = p, none = p;
+  sr.master = MasterMode::Bf16Sr;
+  arr.fp32_master_array = true;
+  none.nvme_layers = 0;
+  for (const StatePlacement& q : {sr, arr, none}) {
+    EXPECT_FALSE(remainders_on_nvme(q));
+    StatePlacement without = q;
+    without.nvme_remainders = false;
+    EXPECT_DOUBLE_EQ(model_state_bytes(c, q8, q).dram(), model_state_bytes(c, q8, without).dram());
+    EXPECT_DOUBLE_EQ(model_state_bytes(c, q8, q).nvme(), model_state_bytes(c, q8, without).nvme());
+  }
+  // The instance: each such layer's image read and written with its remainders.
+  auto prof = load_profile_file(lt::testing::repo_root().string() + "/configs/profiles/h200.json");
+  prof.nvme_read_bw = 2e6;
+  prof.nvme_write_bw = 1e6;
+  InstanceOptions o;
+  o.optimizer_8bit = q8;
+  o.placement = p;
+  const Instance in = make_instance(c, 1, 64, prof, o);
+  const double image = std::ceil((lm + 2 * kLayer) / 4096) * 4096;
+  EXPECT_DOUBLE_EQ(in.nvme_read[7], image / 2e6);
+  EXPECT_DOUBLE_EQ(in.nvme_write[7], image / 1e6);
+  EXPECT_DOUBLE_EQ(in.nvme_read[1], 0);
+}
+
+// The ladder offers the remainders on NVMe as its last level, only where the master is split fp32 (forced fp32 or
+// bf16-sr not allowed) and the moments may go to NVMe; a DRAM budget only it meets makes the plan take it, and
+// plan.json, the report and the memory table carry it.
+TEST(PlanNvmeState, NvmeRemaindersOnlyAsTheLastRungWhereTheyRun) {
+  auto r = test::tiny_state_request(0);
+  r.model.layers = 8;
+  r.optimizer = "adamw8bit";
+  r.master = MasterMode::Fp32;
+  r.allow_nvme_moments = true;
+  r.profile.nvme_bytes = int64_t(1) << 30;
+  r.profile.nvme_read_bw = r.profile.nvme_write_bw = 2e9;
+  // Every layer's moments and remainders on NVMe, gradients held in bf16: that fits, the same without remainders not.
+  StatePlacement need{MasterMode::Fp32, GradHome::Device, GradDType::Bf16, true, 8};
+  need.nvme_remainders = true;
+  const auto all8 = choose_8bit(r.model, "adamw8bit", 0, need);
+  const double fits = model_state_bytes(r.model, all8, need).dram();
+  need.nvme_remainders = false;
+  ASSERT_LT(fits + 0.25 * kLayer, model_state_bytes(r.model, all8, need).dram());
+  r.profile.dram_bytes = int64_t(fits + 0.25 * kLayer);
+  const auto ladder = placement_ladder(r);
+  const int last = ladder.back().level;
+  int rungs = 0;
+  for (const auto& s : ladder) {
+    EXPECT_EQ(s.placement.nvme_remainders, s.level == last) << describe_choice(s);
+    if (s.level != last) continue;
+    ++rungs;
+    EXPECT_GE(s.placement.nvme_layers, 1);
+    EXPECT_NE(describe_choice(s).find("moments and master remainders of"), std::string::npos) << describe_choice(s);
+  }
+  EXPECT_GE(rungs, 1);
+  const auto o = make_plan(r);
+  ASSERT_TRUE(o.feasible) << o.why;
+  EXPECT_TRUE(o.placement.nvme_remainders);
+  EXPECT_EQ(o.placement.nvme_layers, 8);
+  EXPECT_DOUBLE_EQ(o.state.remainders_nvme, 2 * 8 * kLayer);
+  const auto j = plan_to_json(o.plan);
+  EXPECT_TRUE(j.at("nvme_remainders").get<bool>());
+  EXPECT_TRUE(plan_from_json(j).placement.nvme_remainders);
+  const std::string rep = plan_report(r, o);
+  EXPECT_NE(rep.find("nvme moments: last 8 layers with their master remainders"), std::string::npos) << rep;
+  EXPECT_NE(rep.find("master remainders, last 8 layers"), std::string::npos) << rep;
+  // Absent from older plans and where not chosen.
+  auto j2 = j;
+  j2.erase("nvme_remainders");
+  EXPECT_FALSE(plan_from_json(j2).placement.nvme_remainders);
+  // Not offered: bf16-sr masters allowed (that rung comes first, and has no remainders), or no NVMe moments.
+  auto sr = r;
+  sr.master.reset();
+  sr.allow_bf16_master = true;
+  for (const auto& s : placement_ladder(sr)) EXPECT_FALSE(s.placement.nvme_remainders) << describe_choice(s);
+  auto dram_only = r;
+  dram_only.allow_nvme_moments = false;
+  dram_only.profile.dram_bytes = int64_t(1e9);
+  for (const auto& s : placement_ladder(dram_only)) EXPECT_FALSE(s.placement.nvme_remainders) << describe_choice(s);
 }
 
 // The desktop targets (the commands, in the DP's space).
