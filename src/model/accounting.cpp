@@ -143,8 +143,9 @@ int64_t unit_param_count(const UnitLayout& u) {
 }
 
 int64_t head_chunk_workspace_bytes(const ModelConfig& c, int64_t chunk_tokens) {
-  // fp32 logits of the chunk and their gradient (softmax - onehot), written in place or beside.
-  return 2 * chunk_tokens * c.vocab * 4;
+  // fp32 logits of the chunk and their bf16 gradient (softmax - onehot), as the CUDA head carves them
+  // (backend/cuda/layer/layer.cpp LayerEngine::head_workspace_bytes).
+  return chunk_tokens * c.vocab * (4 + 2);
 }
 
 }  // namespace lt

@@ -57,7 +57,7 @@ double head_flops_fwd(const ModelConfig& c, int64_t tokens);
 int64_t parameter_count(const ModelConfig& c);
 // Real parameters of one unit (no alignment padding).
 int64_t unit_param_count(const UnitLayout& u);
-// Transient bytes of the chunked LM head + cross-entropy for one chunk: fp32 logits and their gradient.
+// Transient bytes of the chunked LM head + cross-entropy for one chunk: fp32 logits and their bf16 gradient.
 int64_t head_chunk_workspace_bytes(const ModelConfig& c, int64_t chunk_tokens);
 
 }  // namespace lt

@@ -148,7 +148,7 @@ struct InstanceOptions {
   std::vector<std::string> optimizer_8bit;  // tensors with 8-bit moments
   StatePlacement placement;                 // master mode and gradient home
   bool allow_nvme = true;
-  int64_t head_chunk_tokens = 1024;
+  int64_t head_chunk_tokens = 4096;  // the CUDA head's logits chunk (LayerEngine::head_chunk_)
   int micro_batches = 1;
   StepCollectives collectives;  // data parallelism: bytes per rank per step
   bool embedding_rows_first = true;  // PlanRequest::embedding_rows_first

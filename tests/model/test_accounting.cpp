@@ -48,7 +48,7 @@ TEST(Accounting, ScalesWithShape) {
   // 6*N*tokens convention
   EXPECT_DOUBLE_EQ(model_flops_per_step(c, 1024), 6.0 * 7615616512.0 * 1024);
   EXPECT_DOUBLE_EQ(head_flops_fwd(c, 10), 2.0 * 10 * 3584 * 152064);
-  EXPECT_EQ(head_chunk_workspace_bytes(c, 128), 2 * 128 * 152064 * 4);
+  EXPECT_EQ(head_chunk_workspace_bytes(c, 128), 128 * 152064 * (4 + 2));
   EXPECT_THROW(layer_cost(c, 0, 1024), lt::Error);
   EXPECT_THROW(layer_cost(c, 1, 1024, 3), lt::Error);
 }
