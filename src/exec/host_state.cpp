@@ -66,7 +66,7 @@ void HostState::allocate_unit(Backend& be, int64_t u, int64_t n, bool host_grad)
         hi_.back().assign(size_t(n), 0);
         hi = hi_.back().data();
       }
-      if (storage_ == MasterStorage::Split) lo_.back().assign(size_t(n), 0);
+      if (storage_ == MasterStorage::Split && !opt_.nvme_remainder_units.count(u)) lo_.back().assign(size_t(n), 0);
       break;
   }
   f32_ptr_.push_back(f);
@@ -104,6 +104,12 @@ bool HostState::stream_rebuilt() const {
   return stream_dtype_ == DType::F32 && (storage_ == MasterStorage::Split || storage_ == MasterStorage::Bf16);
 }
 
+void HostState::check_remainders_home(int64_t u) const {
+  LT_CHECK(storage_ != MasterStorage::Split || remainders_on_nvme(u) || !lo_[size_t(u)].empty() || numel(u) == 0,
+           "internal: unit {}'s master remainders live in the optimizer's NVMe image (nvme_remainder_units), which "
+           "is not attached yet (attach_nvme_remainders before the masters are written or read)", u);
+}
+
 void HostState::read_master(int64_t u, int64_t off, int64_t n, float* dst) const {
   const size_t i = size_t(u);
   LT_CHECK(off >= 0 && n >= 0 && off + n <= numel(u), "internal: read_master({}, {}, {}) outside the unit's {} elements",
@@ -112,9 +118,9 @@ void HostState::read_master(int64_t u, int64_t off, int64_t n, float* dst) const
     case MasterStorage::Aliased:
     case MasterStorage::F32Copy: std::memcpy(dst, f32_ptr_[i] + off, size_t(n) * 4); break;
     case MasterStorage::Split:
-      if (remainders_on_nvme(u)) {
-        std::vector<uint16_t> lo(static_cast<size_t>(n));
-        rem_opt_->read_remainders(int(u), off, n, lo.data());
+      if (remainders_on_nvme(u) || lo_[i].empty()) {  // not attached yet: zero remainders, as the image starts
+        std::vector<uint16_t> lo(static_cast<size_t>(n), 0);
+        if (remainders_on_nvme(u)) rem_opt_->read_remainders(int(u), off, n, lo.data());
         optim::join_tile(hi_ptr_[i] + off, lo.data(), dst, n);
       } else {
         optim::join_tile(hi_ptr_[i] + off, lo_[i].data() + off, dst, n);
@@ -127,6 +133,7 @@ void HostState::read_master(int64_t u, int64_t off, int64_t n, float* dst) const
 void HostState::write_master(int64_t u, const float* src) {
   const int64_t n = numel(u);
   const size_t i = size_t(u);
+  check_remainders_home(u);
   switch (storage_) {
     case MasterStorage::Aliased:
     case MasterStorage::F32Copy: std::memcpy(f32_ptr_[i], src, size_t(n) * 4); break;
@@ -228,12 +235,16 @@ void HostState::attach_nvme_remainders(optim::CpuAdamW& opt) {
     LT_CHECK(specs[size_t(u)].numel == numel(u), "internal: unit {} has {} elements in the optimizer, {} here", u,
              specs[size_t(u)].numel, numel(u));
     LT_CHECK(rem_opt_ == nullptr || rem_opt_ == &opt, "internal: host state remainders attached to two optimizers");
-    opt.write_remainders(int(u), lo_[size_t(u)].data());
+    if (!lo_[size_t(u)].empty()) opt.write_remainders(int(u), lo_[size_t(u)].data());  // else: zeros, as allocated
     std::vector<uint16_t>().swap(lo_[size_t(u)]);  // the DRAM array goes
     rem_opt_ = &opt;
     rem_nvme_.resize(size_t(units()), 0);
     rem_nvme_[size_t(u)] = 1;
   }
+  for (int64_t u : opt_.nvme_remainder_units)
+    LT_CHECK(storage_ != MasterStorage::Split || u >= units() || remainders_on_nvme(u),
+             "internal: unit {} has no DRAM remainder array (nvme_remainder_units), but its optimizer keeps its "
+             "remainders in DRAM (UnitSpec::remainders_on_nvme unset)", u);
 }
 
 int64_t HostState::grad_bytes() const {

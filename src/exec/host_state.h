@@ -12,6 +12,7 @@
 // With tied embeddings the head has no LM matrix: its gradient lands in unit 0.
 #pragma once
 #include <cstdint>
+#include <set>
 #include <vector>
 
 #include "backend/backend.h"
@@ -46,6 +47,10 @@ struct HostStateOptions {
   // The first device_update_layers layers too (StatePlacement::device_update_layers): their masters here are copies
   // written back at Executor::flush_updates, and they have no host gradient.
   int64_t device_update_layers = 0;
+  // Units whose split-master remainders live only in the optimizer's NVMe images (StatePlacement::nvme_remainders):
+  // no DRAM array is ever allocated for them, so the DRAM the plan counts is never exceeded; their masters are
+  // written and read once attach_nvme_remainders has run (the trainer builds the optimizer before the weights).
+  std::set<int64_t> nvme_remainder_units;
   bool updated_on_device(int64_t u) const {
     return (u == 0 && embedding_update_device) || (u >= 1 && u <= device_update_layers);
   }
@@ -98,10 +103,14 @@ class HostState {
   // unit's remainders are written into its image and its DRAM array is freed. From then on read_master/write_master
   // join/split that unit's fp32 master with the remainders the optimizer reads/writes (between steps: checkpoint
   // save and load, evaluation, the non-finite scan), and update_buffers(u).lo is null (the update finds them in the
-  // staging slot). opt must outlive this state's use of those units. (The DRAM arrays exist until this call: the
-  // trainer writes the starting weights before it builds the optimizer.)
+  // staging slot). opt must outlive this state's use of those units. Units in HostStateOptions::nvme_remainder_units
+  // never had a DRAM array: their images start at zero remainders (the zero masters), and their masters are written
+  // after this call.
   void attach_nvme_remainders(optim::CpuAdamW& opt);
   bool remainders_on_nvme(int64_t u) const { return rem_nvme_.size() > size_t(u) && rem_nvme_[size_t(u)]; }
+  // Split masters whose remainders have no home yet (nvme_remainder_units before attach_nvme_remainders): a write is
+  // a clear error instead of one through a null array (a read sees zero remainders, as the image starts).
+  void check_remainders_home(int64_t u) const;
 
  private:
   void allocate_unit(Backend& be, int64_t u, int64_t n, bool host_grad);

@@ -200,12 +200,18 @@ class TrainSession {
   }
 
   // The single-process hook, or the data-parallel rank's shard optimizer (then null here).
+  // One process: the optimizer first, then the starting weights, so that remainders kept in its NVMe images
+  // (nvme_remainder_units) are written there and never held in DRAM.
   std::unique_ptr<AdamWHook> make_update_hook() {
-    load_weights_into(st_);
     const OptimizerSetup os = optimizer_setup(cfg_, tp_, bc_.gpu);
-    if (!dp_) return std::make_unique<AdamWHook>(ms_.layout, st_, os);
-    dp_->attach(ms_.layout, st_, os);
-    return nullptr;
+    if (dp_) {
+      load_weights_into(st_);
+      dp_->attach(ms_.layout, st_, os);
+      return nullptr;
+    }
+    auto hook = std::make_unique<AdamWHook>(ms_.layout, st_, os);
+    load_weights_into(st_);
+    return hook;
   }
 
   optim::CpuAdamW& optimizer() { return dp_ ? dp_->optimizer() : hook_->optimizer(); }

@@ -163,6 +163,10 @@ HostStateOptions host_state_options(const TrainingPlan& tp) {
   o.device_update_layers = tp.placement.device_update_layers;
   // Units whose gradient the host computes (the embedding when its table is not on the device).
   if (o.grads == GradHome::Device) o.host_grad_units = host_grad_units(tp.model, tp.exec);
+  // The NVMe-moment layers' remainders (units L - k + 1 .. L, as optimizer_setup's nvme_units): never in DRAM.
+  if (tp.placement.nvme_remainders)
+    for (int64_t j = tp.model.layers - tp.placement.nvme_layers; j < tp.model.layers; ++j)
+      o.nvme_remainder_units.insert(j + 1);
   return o;
 }
 

@@ -48,14 +48,18 @@ OptimizerSetup setup(const fs::path& nvme_dir, bool remainders) {
 
 // Steps [first, last] (1-based; batch seeds 100 + step - 1); from `from` when it has masters; saves the masters and
 // the optimizer state to `to` at the end when given.
+// never_in_dram: the NVMe units' remainders get no DRAM array (HostStateOptions::nvme_remainder_units) and the
+// weights are written after the hook exists, as the trainer does; else written before it, the arrays moved at attach.
 TrainRun train(const ModelConfig& c, const OptimizerSetup& os, int first, int last, const Saved* from = nullptr,
-          Saved* to = nullptr) {
+          Saved* to = nullptr, bool never_in_dram = false) {
   CpuBackend be(c, test::cpu_opts());
   HostStateOptions ho;
   ho.split_on_fp32_stream = true;  // split fp32 masters on the CPU backend, as on a bf16-streaming one
+  if (never_in_dram) ho.nvme_remainder_units = os.nvme_units;
   HostState st(be, ho);
-  test::random_weights(be.layout(), st, 4);  // written before the hook, as the trainer does
+  if (!never_in_dram) test::random_weights(be.layout(), st, 4);
   AdamWHook hook(be.layout(), st, os);
+  if (never_in_dram) test::random_weights(be.layout(), st, 4);
   if (from) {  // resume: the masters after the hook exists (trainer_setup.cpp resume_from), then the moments
     for (int64_t u = 0; u < st.units(); ++u) st.write_master(u, from->masters[size_t(u)].data());
     hook.optimizer().load(from->optimizer);
@@ -139,6 +143,31 @@ TEST(NvmeRemainders, TrainBitIdenticallyToDramAndResume) {
   EXPECT_EQ(e.losses, b.losses);
   EXPECT_TRUE(bit_equal(e.masters, dram.masters));
   EXPECT_TRUE(fs::is_empty(nvme.p)) << "NVMe files left behind";
+}
+
+// The trainer's order: the NVMe units' remainders never in DRAM (no array from the start, the weights written once the
+// optimizer exists): the same run bit for bit, and a master written before the optimizer is a clear error.
+TEST(NvmeRemainders, NeverInDramWhenTheOptimizerComesFirst) {
+  const ModelConfig c = test::tiny_config(Arch::Qwen2, 3, false);
+  TmpDir nvme("never");
+  const TrainRun dram = train(c, setup({}, false), 1, 3);
+  const TrainRun never = train(c, setup(nvme.p, true), 1, 3, nullptr, nullptr, true);
+  EXPECT_EQ(never.losses, dram.losses);
+  EXPECT_TRUE(bit_equal(never.masters, dram.masters));
+  EXPECT_EQ(never.nvme_units, (std::vector<int64_t>{2, 3}));
+  CpuBackend be(c, test::cpu_opts());
+  HostStateOptions ho;
+  ho.split_on_fp32_stream = true;
+  ho.nvme_remainder_units = {2, 3};
+  HostState st(be, ho);
+  std::vector<float> w(size_t(st.numel(2)), 0.25f);
+  try {
+    st.write_master(2, w.data());
+    ADD_FAILURE() << "a master written with no home for its remainders";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not attached yet"), std::string::npos) << e.what();
+  }
+  st.write_master(1, w.data());  // a unit with its remainders in DRAM
 }
 
 // Without split masters (the CPU backend's aliased fp32 master) the setup's remainders option changes nothing.
