@@ -161,10 +161,11 @@ std::vector<StateChoice> placement_ladder(const PlanRequest& r) {
     p.master = MasterMode::Bf16Sr;
     push();
   }
-  if (r.allow_nvme_moments && r.profile.nvme_bytes > 0) {
+  // A level of NVMe rungs from `base`: every gradient home, each with the layer counts worth planning.
+  auto push_nvme_level = [&](const StatePlacement& base) {
     ++level;
     for (GradHome h : homes) {
-      StatePlacement q = p;
+      StatePlacement q = base;
       q.grads = h;
       if (q.host_bf16_grads() && !host_bf16_why.empty()) continue;
       for (int64_t k : nvme_layer_counts(r, q, moments)) {
@@ -172,23 +173,15 @@ std::vector<StateChoice> placement_ladder(const PlanRequest& r) {
         push_home(q, h);
       }
     }
+  };
+  if (r.allow_nvme_moments && r.profile.nvme_bytes > 0) {
+    push_nvme_level(p);
     // 8. + those layers' master remainders in their NVMe images too (split fp32 masters only: the bf16-sr rung before
     //    has none, and takes this place where it is allowed).
     StatePlacement rp = p;
     rp.nvme_remainders = true;
     rp.nvme_layers = 1;
-    if (single && r.allow_nvme_remainders && remainders_on_nvme(rp)) {
-      ++level;
-      for (GradHome h : homes) {
-        StatePlacement q = rp;
-        q.grads = h;
-        if (q.host_bf16_grads() && !host_bf16_why.empty()) continue;
-        for (int64_t k : nvme_layer_counts(r, q, moments)) {
-          q.nvme_layers = k;
-          push_home(q, h);
-        }
-      }
-    }
+    if (single && r.allow_nvme_remainders && remainders_on_nvme(rp)) push_nvme_level(rp);
   }
   LT_CHECK(!v.empty(), "plan: embedding_update device: {} (use embedding_update host or auto)", blocked);
   return v;
