@@ -222,9 +222,10 @@ TEST(StopSignal, BeforeTheFirstStepStopsDuringSetup) {
 // A stop request between the micro-batches of step 3 (gradient accumulation 2): the step is not applied, the state of
 // step 2 is saved as checkpoint-2, the run reports the stop; resumed, it gives the uninterrupted run's losses and final
 // masters bit for bit. During the first step of a run: nothing is saved.
-TEST(StopSignal, BetweenMicroBatchesSavesThePreviousStep) {
+void stop_between_micro_batches(const std::vector<std::string>& extra) {
   TmpDir d;
-  const std::vector<std::string> ov = {"gradient_accumulation_steps=2", "max_steps=4", "save_final=true"};
+  std::vector<std::string> ov = {"gradient_accumulation_steps=2", "max_steps=4", "save_final=true"};
+  ov.insert(ov.end(), extra.begin(), extra.end());
   const TrainResult full = run_training(tiny_run(d.p / "full", ov), quiet());
   ASSERT_EQ(full.losses.size(), 4u);
   TrainHooks h = quiet();
@@ -242,8 +243,9 @@ TEST(StopSignal, BetweenMicroBatchesSavesThePreviousStep) {
   EXPECT_NE(out.find("step 3: stopped before micro-batch 2 of 2; the step is not applied"), std::string::npos) << out;
   EXPECT_NE(out.find("training stopped after step 2/4; checkpoint saved to"), std::string::npos) << out;
   ASSERT_TRUE(is_complete_checkpoint(checkpoint_path(d.p / "split", 2)));
-  const TrainResult resumed =
-      run_training(tiny_run(d.p / "split", {ov[0], ov[1], ov[2], "resume_from_checkpoint=auto"}), quiet());
+  auto resume = ov;
+  resume.push_back("resume_from_checkpoint=auto");
+  const TrainResult resumed = run_training(tiny_run(d.p / "split", resume), quiet());
   EXPECT_EQ(resumed.losses, full.losses);
   const ModelWeights a = load_model(checkpoint_path(d.p / "full", 4) / "trainer_state" / "master");
   const ModelWeights b = load_model(checkpoint_path(d.p / "split", 4) / "trainer_state" / "master");
@@ -260,4 +262,11 @@ TEST(StopSignal, BetweenMicroBatchesSavesThePreviousStep) {
   EXPECT_FALSE(latest_checkpoint(d.p / "first").has_value());
   EXPECT_NE(out1.find("training stopped during its first step: nothing was trained in this run"), std::string::npos)
       << out1;
+}
+
+TEST(StopSignal, BetweenMicroBatchesSavesThePreviousStep) { stop_between_micro_batches({}); }
+// The same with the gradients held on the device (summed there over the micro-batches, streamed to the optimizer
+// during the next step's forward) and in bf16.
+TEST(StopSignal, BetweenMicroBatchesWithDeviceGradients) {
+  stop_between_micro_batches({"gradients=device", "gradient_dtype=bf16"});
 }
