@@ -412,13 +412,15 @@ class TrainSession {
     extreme_gradients_warned_ = true;
     wait_updates();
     const LargestParameter big = largest_parameter(st_, ms_.layout, int(cfg_.placement.threads));
-    const std::string what = zero ? "every gradient is exactly zero: no weight changes"
-                                  : fmt::format("gradient norm {:.3g}, beyond any trained model's (clipped to {})",
-                                                grad_norm, cfg_.optimizer.max_grad_norm);
-    logger_.message(fmt::format(
-        "warning: step {}: {} (loss {:.4f}). Weights far outside a trained model's range do this; the largest is {} "
-        "(|w| up to {:.3g}): check the model or checkpoint they were loaded from",
-        ts_.global_step, what, r.loss, big.name, double(big.max_abs)));
+    const std::string largest = fmt::format("{} (|w| up to {:.3g})", big.name, double(big.max_abs));
+    const std::string text =
+        zero ? fmt::format("every gradient is exactly zero: the step carries no signal (all-zero weights or a saturated "
+                           "softmax do this); the largest weight is {}", largest)
+             : fmt::format("gradient norm {:.3g}, beyond any trained model's (clipped to {}); weights far outside a "
+                           "trained model's range do this: the largest is {}",
+                           grad_norm, cfg_.optimizer.max_grad_norm, largest);
+    logger_.message(fmt::format("warning: step {}: {} (loss {:.4f}); check the model or checkpoint they were loaded from",
+                                ts_.global_step, text, r.loss));
     logger_.event(nlohmann::json{{"type", "extreme_gradients"},
                                  {"step", ts_.global_step},
                                  {"grad_norm", grad_norm},

@@ -362,6 +362,23 @@ TEST(NonFinite, ExtremeGradientsFromHugeWeightsAreNamed) {
   EXPECT_TRUE(has(o.out, "beyond any trained model's (clipped to 1)")) << o.out;
   EXPECT_TRUE(has(o.out, "the largest is model.layers.0.self_attn.q_proj.weight (|w| up to 1e+30)")) << o.out;
   EXPECT_EQ(records(t.p, "train").size(), 4u);
+  // Every weight zero (the hidden states are zero, so is every gradient): the exact zero is named too.
+  TmpDir z("_zero");
+  TrainHooks zero;
+  zero.install_signal_handlers = false;
+  zero.before_step = [](int64_t step, HostState& st, const ModelLayout&) {
+    if (step != 2) return;
+    for (int64_t u = 0; u < st.units(); ++u) {
+      std::vector<float> w(size_t(st.numel(u)), 0.0f);
+      st.write_master(u, w.data());
+    }
+  };
+  const Outcome oz = run_caught(tiny_config(z.p, {"max_steps=3"}), zero);
+  const auto zev = records(z.p, "extreme_gradients");
+  ASSERT_EQ(zev.size(), 1u) << oz.out << oz.error;
+  EXPECT_EQ(zev[0]["grad_norm"].get<double>(), 0.0);
+  EXPECT_TRUE(has(oz.out, "warning: step 2: every gradient is exactly zero: the step carries no signal")) << oz.out;
+  EXPECT_TRUE(has(oz.out, "the largest weight is ")) << oz.out;
   // An ordinary run says nothing of the kind.
   TmpDir plain("_plain");
   TrainHooks quiet;
