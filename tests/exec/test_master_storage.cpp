@@ -7,18 +7,13 @@
 #include <cstring>
 #include <vector>
 
-#include "exec/executor.h"
-#include "exec/optim_hook.h"
-#include "exec_test_util.h"
+#include "hook_run.h"
 
 namespace lt {
 namespace {
 
-struct TrainRun {
-  std::vector<double> losses, norms;
-  std::vector<std::vector<float>> masters;
-  int64_t master_bytes = 0;
-};
+using TrainRun = test::HookRun;
+using test::bit_equal;
 
 TrainRun train(const ModelConfig& c, HostStateOptions ho, optim::OptimizerKind kind, int steps, uint64_t sr_seed = 1) {
   CpuBackend be(c, test::cpu_opts());
@@ -31,33 +26,7 @@ TrainRun train(const ModelConfig& c, HostStateOptions ho, optim::OptimizerKind k
   os.threads = 2;
   os.sr_seed = sr_seed;
   AdamWHook hook(be.layout(), st, os);
-  ExecPlan p = ExecPlan::keep_all(c.layers, 2, 8);
-  p.tier[1] = CkptTier::Cpu;
-  p.tier[2] = CkptTier::None;
-  Executor ex(c, be, p, st);
-  ex.set_update_hook(&hook);
-  TrainRun r;
-  for (int s = 0; s < steps; ++s) {
-    auto b = test::random_batch(c, 2, 8, 100 + uint64_t(s));
-    hook.begin_step(3e-3f);
-    auto res = ex.train_step({{b.ids.data(), b.targets.data(), nullptr, nullptr}});
-    r.losses.push_back(res.loss);
-    r.norms.push_back(res.grad_norm);
-  }
-  hook.wait_all();
-  for (int64_t u = 0; u < st.units(); ++u) {
-    r.masters.emplace_back(size_t(st.numel(u)));
-    st.read_master(u, r.masters.back().data());
-  }
-  r.master_bytes = st.master_bytes();
-  return r;
-}
-
-bool bit_equal(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t u = 0; u < a.size(); ++u)
-    if (a[u].size() != b[u].size() || std::memcmp(a[u].data(), b[u].data(), a[u].size() * 4) != 0) return false;
-  return true;
+  return test::train_with_hook(c, be, st, hook, 1, steps);
 }
 
 TEST(MasterStorage, SplitFp32MasterTrainsBitIdenticallyToTheFp32Layout) {

@@ -11,9 +11,7 @@
 #include <unistd.h>
 #include <vector>
 
-#include "exec/executor.h"
-#include "exec/optim_hook.h"
-#include "exec_test_util.h"
+#include "hook_run.h"
 
 namespace lt {
 namespace {
@@ -25,12 +23,10 @@ struct Saved {
   fs::path optimizer;  // empty: start from the random weights
 };
 
-struct TrainRun {
-  std::vector<double> losses, norms;
-  std::vector<std::vector<float>> masters;
-  int64_t master_bytes = 0;
+struct TrainRun : test::HookRun {
   std::vector<int64_t> nvme_units;  // units whose remainders were on NVMe
 };
+using test::bit_equal;
 
 OptimizerSetup setup(const fs::path& nvme_dir, bool remainders) {
   OptimizerSetup os;
@@ -64,39 +60,17 @@ TrainRun train(const ModelConfig& c, const OptimizerSetup& os, int first, int la
     for (int64_t u = 0; u < st.units(); ++u) st.write_master(u, from->masters[size_t(u)].data());
     hook.optimizer().load(from->optimizer);
   }
-  ExecPlan p = ExecPlan::keep_all(c.layers, 2, 8);
-  p.tier[1] = CkptTier::Cpu;
-  p.tier[2] = CkptTier::None;
-  Executor ex(c, be, p, st);
-  ex.set_update_hook(&hook);
   TrainRun r;
-  for (int s = first; s <= last; ++s) {
-    auto b = test::random_batch(c, 2, 8, 100 + uint64_t(s - 1));
-    hook.begin_step(3e-3f);
-    auto res = ex.train_step({{b.ids.data(), b.targets.data(), nullptr, nullptr}});
-    r.losses.push_back(res.loss);
-    r.norms.push_back(res.grad_norm);
-  }
-  hook.wait_all();
+  static_cast<test::HookRun&>(r) = test::train_with_hook(c, be, st, hook, first, last);
   for (int64_t u = 0; u < st.units(); ++u) {
-    r.masters.emplace_back(size_t(st.numel(u)));
-    st.read_master(u, r.masters.back().data());
     if (st.remainders_on_nvme(u)) r.nvme_units.push_back(u);
     EXPECT_EQ(st.update_buffers(u).lo == nullptr, st.remainders_on_nvme(u)) << "unit " << u;
   }
-  r.master_bytes = st.master_bytes();
   if (to) {
     to->masters = r.masters;
     hook.optimizer().save(to->optimizer);
   }
   return r;
-}
-
-bool bit_equal(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t u = 0; u < a.size(); ++u)
-    if (a[u].size() != b[u].size() || std::memcmp(a[u].data(), b[u].data(), a[u].size() * 4) != 0) return false;
-  return true;
 }
 
 struct TmpDir {
