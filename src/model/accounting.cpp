@@ -148,4 +148,8 @@ int64_t head_chunk_workspace_bytes(const ModelConfig& c, int64_t chunk_tokens) {
   return chunk_tokens * c.vocab * (4 + 2);
 }
 
+int64_t head_workspace_bytes(const ModelConfig& c, int64_t tokens, int64_t chunk_rows) {
+  return tokens * (2 * c.hidden * 2 + 2 * 4) + head_chunk_workspace_bytes(c, std::min(chunk_rows, tokens));
+}
+
 }  // namespace lt

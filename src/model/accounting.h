@@ -59,5 +59,8 @@ int64_t parameter_count(const ModelConfig& c);
 int64_t unit_param_count(const UnitLayout& u);
 // Transient bytes of the chunked LM head + cross-entropy for one chunk: fp32 logits and their bf16 gradient.
 int64_t head_chunk_workspace_bytes(const ModelConfig& c, int64_t chunk_tokens);
+// Transient bytes of one head call over `tokens` rows in chunks of `chunk_rows`: the two bf16 copies of the rows'
+// hidden state and two fp32 per-row scalars beside the logits chunk (as the CUDA head carves its workspace).
+int64_t head_workspace_bytes(const ModelConfig& c, int64_t tokens, int64_t chunk_rows);
 
 }  // namespace lt

@@ -484,11 +484,13 @@ Instance make_instance(const ModelConfig& c, int64_t batch, int64_t seq, const R
     in.G_head /= 2.0;
   }
   in.hbm_cap = double(prof.hbm_bytes - prof.hbm_reserve);
-  const int64_t head_chunk = std::min<int64_t>(o.head_chunk_tokens, batch * seq);
   // The head's weights and gradient buffer are on the device for the whole step (the state's head_weights and
-  // grad_scratch, in hbm_fixed); its slot adds the logits chunk and dy_L.
-  in.ws_head = double(head_chunk_workspace_bytes(c, head_chunk)) + in.A;
-  backend_workspace_floor(in, c, prof, chunk * seq, std::min(head_chunk, chunk * seq));
+  // grad_scratch, in hbm_fixed); its slot adds dy_L and the head call's workspace. The head runs once per chunk of
+  // samples (MicroBatchRun's for_chunks), so its logits chunk is at most the chunk's rows: at chunks of one sample
+  // the Qwen3.5/3.6 head carves 1.42 GiB of logits, not the 5.68 GiB of a full 4,096-row chunk.
+  const int64_t head_rows = chunk * seq;
+  in.ws_head = double(head_workspace_bytes(c, head_rows, o.head_chunk_tokens)) + in.A;
+  backend_workspace_floor(in, c, prof, head_rows, std::min(o.head_chunk_tokens, head_rows));
   in.ws_pro = in.A;
   const StateBytes state = model_state_bytes(c, o.optimizer_8bit, o.placement);
   in.hbm_fixed = state.hbm();

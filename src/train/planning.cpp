@@ -315,11 +315,14 @@ std::string format_plan_summary(const PlanSummary& s) {
   return out;
 }
 
-// plan.json and plan_report.txt in the output directory.
+// plan.json, plan_report.txt and profile.json (the profile planned with, measured at start unless the config named
+// one: `lazytrain plan --profile <output_dir>/profile.json` plans other shapes on this machine without measuring it
+// again) in the output directory.
 void write_plan_files(const std::string& output_dir, const PlanRequest& r, const PlanOutcome& o) {
   std::error_code ec;
   std::filesystem::create_directories(output_dir, ec);
   save_plan(o.plan, std::filesystem::path(output_dir) / "plan.json");
+  save_profile(r.profile, std::filesystem::path(output_dir) / "profile.json");
   std::ofstream rep(std::filesystem::path(output_dir) / "plan_report.txt");
   rep << plan_report(r, o);
 }

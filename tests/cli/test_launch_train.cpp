@@ -188,7 +188,7 @@ TEST_F(LaunchTrain, RankZeroAloneWritesTheOutputWithEveryRanksFigures) {
   for (const auto& e : fs::directory_iterator(dir_ / "dp2")) names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
   EXPECT_EQ(names, (std::vector<std::string>{"checkpoint-2", "checkpoint-4", "metrics.jsonl", "plan.json",
-                                             "plan_report.txt"}));
+                                             "plan_report.txt", "profile.json"}));
   const auto recs = train_records(dir_ / "dp2");
   ASSERT_EQ(recs.size(), 4u);  // one record per step: rank 0 alone writes
   for (const auto& j : recs) {

@@ -322,6 +322,27 @@ TEST(PlanState, BackendWorkspaceIsAFloorUnderTheWorkingSets) {
   EXPECT_THROW(profile_from_json(j2, "p.json"), Error);  // not ascending
 }
 
+// The head runs once per chunk of samples, so its slot holds one chunk's rows: at chunks of one sample of a large
+// vocabulary the logits chunk is seq rows, not head_chunk_tokens (the 27B shape at 76 GiB planned its moments onto
+// NVMe at chunks of 9 for a 4.3 GiB head slot that does not exist at chunks of 1).
+TEST(PlanState, HeadSlotHoldsOneChunksRows) {
+  auto c = tiny();
+  c.vocab = 200000;
+  const auto prof = load_profile_file(lt::testing::repo_root().string() + "/configs/profiles/h200.json");
+  InstanceOptions o;
+  o.head_chunk_tokens = 4096;
+  const int64_t batch = 16, seq = 1024;
+  o.chunk = 1;
+  const Instance one = make_instance(c, batch, seq, prof, o);
+  EXPECT_DOUBLE_EQ(one.ws_head, double(head_workspace_bytes(c, seq, 4096)) + one.A);
+  EXPECT_DOUBLE_EQ(double(head_workspace_bytes(c, seq, 4096)),
+                   double(seq * (4 * c.hidden + 8) + head_chunk_workspace_bytes(c, seq)));
+  o.chunk = 8;  // 8,192 rows: the logits chunk stops at 4,096 rows, the hidden-state copies grow
+  const Instance eight = make_instance(c, batch, seq, prof, o);
+  EXPECT_DOUBLE_EQ(eight.ws_head, double(8 * seq * (4 * c.hidden + 8) + head_chunk_workspace_bytes(c, 4096)) + eight.A);
+  EXPECT_GT(eight.ws_head - one.ws_head, 2.9 * double(head_chunk_workspace_bytes(c, seq)));
+}
+
 // The simulator with held gradients, by hand on a 2-layer instance (test_simulator.cpp's numbers).
 TEST(PlanState, SimulatorWithHeldGradientsByHand) {
   Instance in = test::two_layer_instance();

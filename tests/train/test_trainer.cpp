@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "io/model_io.h"
+#include "plan/profile.h"
 #include "train/checkpoint.h"
 #include "train/checkpoint_dir.h"
 #include "train/config.h"
@@ -478,6 +479,16 @@ TEST(Trainer, PackedRunPlansWithTheDatasAttentionFraction) {
   EXPECT_LT(f, 0.75);
   run_training(tiny_config(padded.p, {"max_steps=1", "gradient_accumulation_steps=1"}), quiet_hooks());
   EXPECT_EQ(reported_attention_fraction(padded.p), -1.0);  // unpacked rows: fraction 1, no line
+}
+
+// The profile a run planned with is in its output directory, loadable for `lazytrain plan --profile`, with the
+// config's caps applied.
+TEST(Trainer, WritesTheProfileItPlannedWith) {
+  TmpDir t;
+  run_training(tiny_config(t.p, {"max_steps=1", "gradient_accumulation_steps=1", "host_mem=3GiB"}), quiet_hooks());
+  const ResourceProfile p = load_profile_file(t.p / "profile.json");
+  EXPECT_EQ(p.dram_bytes, int64_t(3) << 30);
+  EXPECT_GT(p.opt_fp32_params_per_s, 0);
 }
 
 }  // namespace
