@@ -66,17 +66,18 @@ inline GradDType parse_grad_dtype(const std::string& s) {
 }
 
 // The pinned ring through which gradients held on the device reach the optimizer (exec/grad_stream.h),
-// in elements: kGradRingDepth median held units, at most all of them, at least the largest (an untied
+// in elements: `depth` median held units, at most all of them, at least the largest (an untied
 // LM head, which then streams with the ring to itself). Depth measured on the H200 with Qwen2.5-14B:
-// 3 layers in flight left 1.8-2.0 s of the optimizer exposed per step, 8 about 1.0-1.2 s.
+// 3 layers in flight left 1.8-2.0 s of the optimizer exposed per step, 8 about 1.0-1.2 s; the default is 8
+// (StatePlacement::grad_ring_depth, config gradient_ring_depth).
 // The executor allocates it and the planner (plan/state_bytes.cpp) counts it from this one function.
 constexpr int kGradRingDepth = 8;
-inline int64_t grad_ring_elems(std::vector<int64_t> unit_sizes) {
+inline int64_t grad_ring_elems(std::vector<int64_t> unit_sizes, int depth = kGradRingDepth) {
   if (unit_sizes.empty()) return 0;
   std::sort(unit_sizes.begin(), unit_sizes.end());
   int64_t all = 0;
   for (int64_t n : unit_sizes) all += n;
-  return std::max(unit_sizes.back(), std::min(all, int64_t(kGradRingDepth) * unit_sizes[unit_sizes.size() / 2]));
+  return std::max(unit_sizes.back(), std::min(all, int64_t(depth) * unit_sizes[unit_sizes.size() / 2]));
 }
 
 // The storage modes of one run. The planner fills it (plan JSON: "master_weights", "gradients");
@@ -93,6 +94,10 @@ struct StatePlacement {
   // images too (optim::UnitSpec::remainders_on_nvme): 2 B/param less DRAM, 2 B/param more NVMe, and each such layer's
   // read and write-back per step grows by as much (the planner's last rung).
   bool nvme_remainders = false;
+  // Gradients held on the device: the pinned staging ring's depth in median units (grad_ring_elems). A shallower ring
+  // gives its DRAM (2 B/param of a layer in bf16 per unit) to checkpoints; the optimizer then runs at most that many
+  // units ahead of the next forward.
+  int grad_ring_depth = kGradRingDepth;
   // Data parallelism (docs/distributed.md, "Planner"): the optimizer moments are sharded over
   // moment_shards ranks (each holds 1/moment_shards of them), and the master is a full fp32 array
   // beside the bf16 streaming copy (6 B/param instead of the split 4 B) when fp32_master_array.

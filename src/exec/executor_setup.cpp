@@ -97,7 +97,7 @@ bool held_grads_direct(DType grad, int32_t micro_batches, GradDType held) {
 // Device and pinned bytes of the weight gradients: per-micro-batch buffers (host gradients, or
 // accumulation into the held buffers) and the held buffers with their staging ring.
 ExecMemory grad_memory(const ModelConfig& c, const ExecPlan& p, const ModelLayout& lay, DType grad, GradHome home,
-                       int32_t micro_batches, GradDType held_dtype) {
+                       int32_t micro_batches, GradDType held_dtype, int ring_depth) {
   const int64_t g = int64_t(dtype_size(grad));
   ExecMemory m;
   const int64_t head = lay.head().numel, emb = embedding_on_device(c, p) ? lay.embedding().numel : 0;
@@ -112,7 +112,7 @@ ExecMemory grad_memory(const ModelConfig& c, const ExecPlan& p, const ModelLayou
   const DType held = held_grad_dtype(grad, micro_batches, held_dtype);
   m.device = (held_grads_direct(grad, micro_batches, held_dtype) ? 0 : scratch) +
              GradStream::device_bytes(order, numel, held);
-  m.pinned = GradStream::pinned_bytes(order, numel, held);
+  m.pinned = GradStream::pinned_bytes(order, numel, held, ring_depth);
   return m;
 }
 
@@ -138,12 +138,13 @@ int64_t plan_workspace_bytes(const Backend& be, const ExecPlan& p) {
 }
 
 ExecMemory executor_memory(const ModelConfig& c, const ExecPlan& p, BackendDTypes dt, int64_t workspace_bytes,
-                           GradHome grads, int32_t micro_batches, GradDType held_dtype, int64_t kept_bytes) {
+                           GradHome grads, int32_t micro_batches, GradDType held_dtype, int64_t kept_bytes,
+                           int grad_ring_depth) {
   const auto lay = model_layout(c);
   const int64_t L = c.layers, T = p.batch * p.seq;
   const int64_t w = int64_t(dtype_size(dt.weight)), a = int64_t(dtype_size(dt.act));
   const int64_t A = T * c.hidden * a, Apad = io_round_up(A), ln = lay.max_layer_numel();
-  const ExecMemory gm = grad_memory(c, p, lay, dt.grad, grads, micro_batches, held_dtype);
+  const ExecMemory gm = grad_memory(c, p, lay, dt.grad, grads, micro_batches, held_dtype, grad_ring_depth);
   ExecMemory m;
   m.device = p.ring * ln * w + lay.head().numel * w + 4 * T * 4 + (2 + L + 2) * 8 + count_act_buffers(p) * A +
              workspace_bytes + gm.device + kept_bytes;
@@ -306,7 +307,7 @@ void Executor::Impl::allocate_grads() {
     for (auto& g : gslot) g = Buffer(be, MemKind::Device, lay.max_layer_numel() * int64_t(g_sz), "grads.layer");
   }
   if (device) {
-    dgrads = std::make_unique<GradStream>(be, held_grad_order(c, P), unit_numels(lay), held);
+    dgrads = std::make_unique<GradStream>(be, held_grad_order(c, P), unit_numels(lay), held, st.options().grad_ring_depth);
   }
   host_bf16 = st.options().host_bf16_grads();
   if (host_bf16) {

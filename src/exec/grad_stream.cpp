@@ -12,10 +12,10 @@ namespace lt {
 namespace {
 
 // Ring capacity in elements (core/model_state.h grad_ring_elems).
-int64_t ring_elems(const std::vector<int64_t>& order, const std::vector<int64_t>& numel) {
+int64_t ring_elems(const std::vector<int64_t>& order, const std::vector<int64_t>& numel, int depth) {
   std::vector<int64_t> n;
   for (int64_t u : order) n.push_back(numel[size_t(u)]);
-  return grad_ring_elems(std::move(n));
+  return grad_ring_elems(std::move(n), depth);
 }
 
 }  // namespace
@@ -26,11 +26,13 @@ int64_t GradStream::device_bytes(const std::vector<int64_t>& order, const std::v
   return b;
 }
 
-int64_t GradStream::pinned_bytes(const std::vector<int64_t>& order, const std::vector<int64_t>& numel, DType dtype) {
-  return ring_elems(order, numel) * int64_t(dtype_size(dtype));
+int64_t GradStream::pinned_bytes(const std::vector<int64_t>& order, const std::vector<int64_t>& numel, DType dtype,
+                                 int depth) {
+  return ring_elems(order, numel, depth) * int64_t(dtype_size(dtype));
 }
 
-GradStream::GradStream(Backend& be, std::vector<int64_t> order, const std::vector<int64_t>& numel, DType dtype)
+GradStream::GradStream(Backend& be, std::vector<int64_t> order, const std::vector<int64_t>& numel, DType dtype,
+                       int depth)
     : be_(be), order_(std::move(order)), pos_(numel.size(), -1), dtype_(dtype), held_(numel.size()),
       units_(numel.size()) {
   const int64_t esz = int64_t(dtype_size(dtype));
@@ -40,7 +42,7 @@ GradStream::GradStream(Backend& be, std::vector<int64_t> order, const std::vecto
     held_[size_t(u)] = std::make_unique<Buffer>(be, MemKind::Device, numel[size_t(u)] * esz, "grads.held");
   }
   if (order_.empty()) return;
-  cap_ = ring_elems(order_, numel) * esz;
+  cap_ = ring_elems(order_, numel, depth) * esz;
   ring_ = std::make_unique<Buffer>(be, MemKind::Pinned, cap_, "grads.staging");
   worker_ = std::make_unique<HostWorker>("grad-stream");
 }

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "core/model_state.h"
 #include "exec/host_worker.h"
 
 namespace lt {
@@ -32,7 +33,9 @@ class GradStream {
   // order: the device-held units, in the order the next forward waits for them; numel: elements of
   // every unit (indexed by unit); dtype: of the held buffers. Allocates one device buffer per held unit
   // ("grads.held") and a pinned staging ring ("grads.staging", see above).
-  GradStream(Backend& be, std::vector<int64_t> order, const std::vector<int64_t>& numel, DType dtype);
+  // depth: the ring's depth in median units (StatePlacement::grad_ring_depth).
+  GradStream(Backend& be, std::vector<int64_t> order, const std::vector<int64_t>& numel, DType dtype,
+             int depth = kGradRingDepth);
   // Streams what is left (flush) and waits for every update that reads a slot, so no callback or
   // update refers to the slots after it returns; errors are logged.
   ~GradStream();
@@ -41,7 +44,8 @@ class GradStream {
 
   // Bytes GradStream allocates: device (held buffers) and pinned (the ring).
   static int64_t device_bytes(const std::vector<int64_t>& order, const std::vector<int64_t>& numel, DType dtype);
-  static int64_t pinned_bytes(const std::vector<int64_t>& order, const std::vector<int64_t>& numel, DType dtype);
+  static int64_t pinned_bytes(const std::vector<int64_t>& order, const std::vector<int64_t>& numel, DType dtype,
+                              int depth = kGradRingDepth);
 
   bool held(int64_t u) const { return held_[size_t(u)] != nullptr; }
   void* buffer(int64_t u) const { return held_[size_t(u)]->data(); }

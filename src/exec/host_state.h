@@ -51,6 +51,8 @@ struct HostStateOptions {
   // no DRAM array is ever allocated for them, so the DRAM the plan counts is never exceeded; their masters are
   // written and read once attach_nvme_remainders has run (the trainer builds the optimizer before the weights).
   std::set<int64_t> nvme_remainder_units;
+  // Gradients held on the device: the depth of their pinned staging ring (StatePlacement::grad_ring_depth).
+  int grad_ring_depth = kGradRingDepth;
   bool updated_on_device(int64_t u) const {
     return (u == 0 && embedding_update_device) || (u >= 1 && u <= device_update_layers);
   }

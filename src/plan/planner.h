@@ -52,6 +52,9 @@ struct PlanRequest {
   // The trainer runs an untied host-looked-up table's next-step rows first (config embedding_rows_first): the
   // next forward does not wait for the whole table's update (Instance::embedding_first).
   bool embedding_rows_first = true;
+  // Gradients held on the device: the depth of their pinned staging ring in median layers (StatePlacement::
+  // grad_ring_depth, kept on every rung). The simulated step does not model a shallow ring's effect on the optimizer.
+  int grad_ring_depth = kGradRingDepth;
   // The embedding's update on the GPU (StatePlacement::embedding_update_device): unset = wherever eligible
   // (placement.h device_update_eligible), true = required (an error naming why not, when it cannot), false = never.
   std::optional<bool> embedding_update_device;

@@ -69,7 +69,7 @@ StateBytes model_state_bytes(const ModelConfig& c, const std::vector<std::string
   // copied straight into the pinned gradients).
   b.staging = s.host_bf16_grads()             ? 0.0
               : s.grads == GradHome::Host ? 2.0 * 2.0 * largest_layer
-                                          : held_b * double(grad_ring_elems(held_units));
+                                          : held_b * double(grad_ring_elems(held_units, s.grad_ring_depth));
   // The executor's per-micro-batch fp32 gradient buffers (exec/executor_setup.cpp grad_memory): with host
   // gradients two layers', the head's and (tied: on the device) the embedding's, which the backward writes and
   // the D2H reads; with bf16 held ones the same, an untied head and the resident embedding sharing one

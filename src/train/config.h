@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "core/model_state.h"
 #include "train/config_choices.h"
 
 namespace lt::train {
@@ -82,6 +83,9 @@ struct PlacementSection {
                                                        // all = every layer's
   bool keep_internals = true;        // let the planner keep the last layers' forward internals in HBM (Plan::kept_layers)
   bool embedding_rows_first = true;  // untied table looked up on the host: the next step's rows of its update first
+  // Gradients held on the device: their pinned staging ring's depth in median layers (fewer: less DRAM, the optimizer
+  // at most that many layers ahead of the next forward).
+  int64_t gradient_ring_depth = kGradRingDepth;
   // The first k decoder layers' AdamW steps on the GPU (their weights, gradients and optimizer state in HBM):
   // nullopt = "auto" (the k the planner simulates fastest, on a GPU where it can; 0 on the CPU backend), or a count.
   std::optional<int64_t> device_update_layers;

@@ -105,6 +105,7 @@ const std::vector<Field>& config_fields() {
       field("optimizer_nvme", &C::placement, &P::optimizer_nvme),
       field("keep_internals", &C::placement, &P::keep_internals),
       field("embedding_rows_first", &C::placement, &P::embedding_rows_first),
+      field("gradient_ring_depth", &C::placement, &P::gradient_ring_depth),
       field("embedding_update", &C::placement, &P::embedding_update),
       field("device_update_layers", &C::placement, &P::device_update_layers),
       field("backend", &C::placement, &P::backend),
@@ -184,6 +185,8 @@ void validate_placement(const PlacementSection& p) {
   if (p.device_update_layers)  // a config built in code; parsed ones are "auto" or a count >= 0
     LT_CHECK(*p.device_update_layers >= 0, "config: device_update_layers must be auto or a count of layers >= 0, "
              "got '{}'", *p.device_update_layers);
+  LT_CHECK(p.gradient_ring_depth >= 1 && p.gradient_ring_depth <= 1024,
+           "config: gradient_ring_depth must be a count of layers in [1, 1024], got {}", p.gradient_ring_depth);
   LT_CHECK(p.optimizer_nvme == OptimizerNvme::None || !p.nvme_dir.empty(),
            "config: optimizer_nvme: {} may keep layers' optimizer moments in files on NVMe and needs nvme_dir (a "
            "directory on a local SSD)", name_of(p.optimizer_nvme));

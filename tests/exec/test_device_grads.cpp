@@ -20,7 +20,7 @@ namespace {
 struct Outcome {
   std::vector<double> loss, norm, opt_norm, eval;
   std::vector<std::vector<float>> masters;
-  int64_t grad_bytes = 0, peak_device = 0, failures = 0;
+  int64_t grad_bytes = 0, peak_device = 0, failures = 0, pinned = 0;
   bool host_bf16_grads = false;
 };
 
@@ -35,6 +35,7 @@ struct Case {
   bool eval_after_step_1 = false;
   bool flush = true;  // flush_updates before wait_all (false: the executor's destructor does it)
   bool round_host_embedding = false;  // round_host_grads: the host-computed embedding's gradient too
+  int ring_depth = kGradRingDepth;    // the held gradients' staging ring (HostStateOptions::grad_ring_depth)
 };
 
 std::vector<optim::UnitSpec> unit_specs(const ModelLayout& lay) {
@@ -77,6 +78,7 @@ Outcome train(const Case& s, GradHome home, const BeforeStep& before = {}, GradD
   ho.grads = home;
   ho.grad_dtype = held;
   if (home == GradHome::Device) ho.host_grad_units = host_grad_units(s.c, s.p);
+  ho.grad_ring_depth = s.ring_depth;
   HostState st(be, ho);
   r.host_bf16_grads = ho.host_bf16_grads();
   test::random_weights(be.layout(), st, 11);
@@ -98,7 +100,9 @@ Outcome train(const Case& s, GradHome home, const BeforeStep& before = {}, GradD
     ExecOptions eo;
     eo.nvme_dir = dir;
     eo.micro_batches = s.nmb;
+    const int64_t pinned0 = be.memory().current(MemKind::Pinned);
     Executor ex(s.c, be, s.p, st, eo);
+    r.pinned = be.memory().current(MemKind::Pinned) - pinned0;
     ex.set_update_hook(&hook_used);
     for (int step = 0; step < s.steps; ++step) {
       const test::StepBatches sb = test::step_batches(s.c, s.p, s.nmb, 100 + 10 * step);
@@ -187,6 +191,31 @@ TEST(ExecDeviceGrads, TrainingMatchesHostGradientsBitForBit) {
           ++cases;
         }
   EXPECT_EQ(cases, 16);
+}
+
+// A shallower staging ring (StatePlacement::grad_ring_depth) pins less and trains bit for bit the same: down to one
+// median unit (the largest unit then streams with the ring to itself), with offloaded checkpoints.
+TEST(ExecDeviceGrads, ShallowRingTrainsTheSameAndPinsLess) {
+  for (bool tied : {false, true}) {
+    Case s;
+    s.c = test::tiny_config(Arch::Qwen2, 6, tied);
+    s.p = offload_plan(s.c.layers, 2, 8);
+    const Outcome deep = train(s, GradHome::Device);
+    int64_t last_pinned = deep.pinned;
+    for (int depth : {4, 2, 1}) {
+      s.ring_depth = depth;
+      const std::string what = fmt::format("tied {} depth {}", tied, depth);
+      const Outcome shallow = train(s, GradHome::Device);
+      expect_same(deep, shallow, what);
+      EXPECT_LT(shallow.pinned, last_pinned) << what;
+      last_pinned = shallow.pinned;
+      CpuBackend be(s.c, test::cpu_opts());
+      const int64_t ws = be.layer_workspace_bytes(s.p.batch * s.p.seq);
+      EXPECT_EQ(executor_memory(s.c, s.p, be.dtypes(), ws, GradHome::Device, 1, GradDType::F32, 0, depth).pinned,
+                shallow.pinned - (deep.pinned - executor_memory(s.c, s.p, be.dtypes(), ws, GradHome::Device).pinned))
+          << what;
+    }
+  }
 }
 
 // Held in bf16: with one micro-batch the optimizer sees the fp32 gradient rounded to nearest-even, and

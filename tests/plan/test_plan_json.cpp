@@ -42,6 +42,18 @@ TEST(PlanJson, RoundTrip) {
   EXPECT_EQ(plan_windows(q).size(), 13u + 2u);  // 2L+1 + recompute windows R_1 and R_3
 }
 
+// The held gradients' staging ring depth: written only when not the default, read back, 0 refused.
+TEST(PlanJson, GradientRingDepth) {
+  Plan p = sample_plan();
+  EXPECT_FALSE(plan_to_json(p).contains("gradient_ring_depth"));
+  p.placement.grad_ring_depth = 3;
+  json j = plan_to_json(p);
+  EXPECT_EQ(j.at("gradient_ring_depth"), 3);
+  EXPECT_EQ(plan_from_json(j).placement.grad_ring_depth, 3);
+  j["gradient_ring_depth"] = 0;
+  expect_error(j, "'gradient_ring_depth' must be >= 1, got 0");
+}
+
 TEST(PlanJson, RejectsMalformed) {
   json good = plan_to_json(sample_plan());
   {

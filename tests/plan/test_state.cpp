@@ -70,6 +70,8 @@ TEST(PlanState, BytesPerModeByHand) {
     EXPECT_DOUBLE_EQ(b.grads_device, 2 * kN);
     EXPECT_DOUBLE_EQ(b.staging, 2 * kN);
     EXPECT_DOUBLE_EQ(b.grad_scratch, 4 * (2 * kLayer + std::max(kHead, kEmb)));  // head and embedding share
+    s.grad_ring_depth = 1;  // one median unit, at least the largest
+    EXPECT_DOUBLE_EQ(model_state_bytes(c, all_matrices(c), s).staging, 2 * std::max({kEmb, kHead, kLayer}));
   }
   // Tied embeddings: the head unit is the final norm only; the tied matrix's gradient is held with the rest.
   const auto t = preset_config("tiny-qwen2");

@@ -285,6 +285,14 @@ TEST(TrainConfig, AnOverrideCorrectsAnEnumValueOfTheFile) {
   EXPECT_FALSE(c.placement.device_update_layers.has_value());
 }
 
+// gradient_ring_depth: a count of layers >= 1, passed to the plan request.
+TEST(TrainConfig, GradientRingDepthIsACountOfLayers) {
+  EXPECT_EQ(parse_config("model_name_or_path: x\n", "t.yaml").placement.gradient_ring_depth, lt::kGradRingDepth);
+  EXPECT_EQ(parse_config("model_name_or_path: x\ngradient_ring_depth: 3\n", "t.yaml").placement.gradient_ring_depth, 3);
+  const std::string e = err_of("model_name_or_path: x\ngradient_ring_depth: 0\n");
+  EXPECT_NE(e.find("gradient_ring_depth must be a count of layers in [1, 1024], got 0"), std::string::npos) << e;
+}
+
 // device_update_layers: "auto" or a count >= 0; anything else names the key, where it was set and the value.
 TEST(TrainConfig, DeviceUpdateLayersIsAutoOrACount) {
   EXPECT_EQ(parse_config("model_name_or_path: x\ndevice_update_layers: 0\n", "t.yaml").placement.device_update_layers,
