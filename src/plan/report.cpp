@@ -103,9 +103,14 @@ std::string plan_report(const PlanRequest& r, const PlanOutcome& o) {
   s += fmt::format("model {} ({} layers, hidden {}), batch {} x seq {} x {} micro-batches = {} tokens/step, profile {}\n",
                    r.model.name, r.model.layers, r.model.hidden, r.batch, r.seq, r.micro_batches,
                    r.batch * r.seq * r.micro_batches, r.profile.name);
-  s += fmt::format("caps: gpu {} (usable {}), dram {}, nvme {}; boundary {}, weight ring {} (largest layer x {})\n",
+  // NVMe: the profile's space; the checkpoints get what the moment files leave (Instance::nvme_cap).
+  const double nvme_files = o.state.nvme();
+  s += fmt::format("caps: gpu {} (usable {}), dram {}, nvme {}{}; boundary {}, weight ring {} (largest layer x {})\n",
                    format_bytes(double(r.profile.hbm_bytes)), format_bytes(in.hbm_cap), format_bytes(in.dram_cap),
-                   format_bytes(in.nvme_cap), format_bytes(in.A), format_bytes(in.ring), r.ring);
+                   format_bytes(double(r.profile.nvme_bytes)),
+                   nvme_files > 0 ? fmt::format(" ({} for checkpoints beside the moment files)", format_bytes(in.nvme_cap))
+                                  : std::string(),
+                   format_bytes(in.A), format_bytes(in.ring), r.ring);
   s += kind_summary(r, in);
   s += packed_rows_line(r);
   s += fmt::format("optimizer {}: {} tensors ({:.2f}B params) with 8-bit moments; master_weights {}, gradients {}; "
@@ -146,7 +151,7 @@ std::string plan_report(const PlanRequest& r, const PlanOutcome& o) {
                    ms(q.exposed_optimizer_s));
   s += fmt::format("  peaks: gpu {} of {}, dram {} of {}, nvme {} of {}\n", format_bytes(double(q.peak_hbm)),
                    format_bytes(in.hbm_cap), format_bytes(double(q.peak_dram)), format_bytes(in.dram_cap),
-                   format_bytes(double(q.nvme_bytes)), format_bytes(in.nvme_cap));
+                   format_bytes(double(q.nvme_bytes) + nvme_files), format_bytes(double(r.profile.nvme_bytes)));
   if (o.placement.nvme_layers > 0)
     s += fmt::format("  nvme moments: last {} layers{}, {} of files, {:.2f} s of disk I/O per step, adding {} ms to the "
                      "step\n",

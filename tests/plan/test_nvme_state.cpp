@@ -466,6 +466,14 @@ TEST(PlanNvmeState, Qwen35_9bWith48GiB) {
             std::string::npos)
       << report;
   EXPECT_NE(report.find("gradients host (bf16)"), std::string::npos) << report;
+  // The peaks line counts the moment files against the profile's NVMe space, as the byte table does.
+  EXPECT_NE(report.find(fmt::format(", nvme {} of {}\n", format_bytes(o.sim.pred.nvme_bytes + o.state.nvme()),
+                                    format_bytes(double(r.profile.nvme_bytes)))),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find(fmt::format("{} for checkpoints beside the moment files", format_bytes(o.inst.nvme_cap))),
+            std::string::npos)
+      << report;
   // The fastest rung of the level is never slower than the first that fits.
   auto first = r;
   first.fastest_placement = false;
