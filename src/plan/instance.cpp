@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <set>
 
 #include "core/error.h"
@@ -209,6 +210,30 @@ std::vector<double> Instance::opt_done(const CheckpointNvmeIo* ck) const {
     return o;
   }
   return NvmePipeline(*this, ck).run();
+}
+
+std::vector<double> Instance::opt_done_ring(const std::vector<double>& reach) const {
+  std::vector<double> o(opt.size(), 0.0);
+  std::deque<std::pair<size_t, double>> flight;  // copied units still holding ring bytes, in copy order
+  double t = 0, d2h = 0, used = 0;
+  for (size_t u : opt_order()) {
+    if (u < opt_d2h.size() && opt_d2h[u] > 0) {
+      const double b = opt_d2h[u] * bd;
+      double room = 0;  // when the ring has room for u: the oldest units' slots freed first
+      while (!flight.empty() && used + b > grad_ring_bytes * (1 + 1e-9)) {
+        const auto [v, vb] = flight.front();
+        flight.pop_front();
+        used -= vb;
+        room = std::max({room, o[v], v < reach.size() ? reach[v] : 0.0});
+      }
+      d2h = std::max(d2h, room) + opt_d2h[u];
+      flight.emplace_back(u, b);
+      used += b;
+      t = std::max(t, d2h);
+    }
+    o[u] = (t += opt[u]);
+  }
+  return o;
 }
 
 double Instance::nvme_io_s() const {
@@ -496,8 +521,10 @@ Instance make_instance(const ModelConfig& c, int64_t batch, int64_t seq, const R
   in.hbm_fixed = state.hbm();
   // The embedding updated on the GPU with several micro-batches: their gradients summed in an fp32 accumulator.
   if (o.placement.embedding_update_device && o.micro_batches > 1) in.hbm_fixed += 4.0 * double(c.vocab * c.hidden);
-  if (o.placement.grads == GradHome::Device)
+  if (o.placement.grads == GradHome::Device) {
     hold_gradients(in, c, lay, o.placement.grad_dtype == GradDType::Bf16 ? 2.0 : 4.0);
+    in.grad_ring_bytes = state.staging;
+  }
   // An untied table looked up on the host, one process, with the trainer's rows-first order (embedding_rows_first):
   // the next batch's rows of its update go first (the rest last), so the next forward does not wait for the table.
   in.embedding_first = !o.embedding_rows_first || c.tied || embedding_resident_for(c, o.placement) ||

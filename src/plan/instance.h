@@ -76,6 +76,10 @@ struct Instance {
   // Gradients held on the device (gradients: device): D2H time of each unit's gradient, indexed as opt
   // (empty: none). One stream from the step's start in opt_order(); a unit's update waits for its gradient.
   std::vector<double> opt_d2h;
+  // The pinned staging ring those gradients stream through (exec/grad_stream.h; 0: unbounded): a unit's D2H waits
+  // for room, and a unit's part of the ring is freed only when the next forward has waited for its update. See
+  // opt_done_ring().
+  double grad_ring_bytes = 0;
   // Units whose moments live on the NVMe tier (StatePlacement::nvme_layers, optim/nvme_moments.h), indexed as opt
   // (empty: none; 0 for a unit in DRAM): the read and the write-back of the unit's moment image. One I/O queue
   // (write-backs first, then reads in update order) through nvme_slots DRAM slots: the first nvme_slots units are
@@ -114,6 +118,10 @@ struct Instance {
   // With ck (non-null, any()), the NVMe units' reads and write-backs share the lanes with the checkpoints
   // (CheckpointNvmeIo's rule).
   std::vector<double> opt_done(const CheckpointNvmeIo* ck = nullptr) const;
+  // opt_done without NVMe units, with the staging ring bounded (grad_ring_bytes > 0): unit u's gradient
+  // (opt_d2h[u] * bd bytes) is copied once the ring has room for it, room freed by the units copied before it at
+  // max(O(u'), reach[u']), reach[u'] = when the next forward waits for u' (its slot start; the simulator's).
+  std::vector<double> opt_done_ring(const std::vector<double>& reach) const;
   std::vector<size_t> opt_order() const;  // embedding (L+1), layers 0..L-1, head (L): the executor's
   // The next forward waits for the embedding's whole update (a table on the device, tied or resident; data
   // parallelism); false: only for the next batch's rows, which the optimizer runs first (an untied table looked

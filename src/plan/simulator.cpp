@@ -334,8 +334,23 @@ SimResult simulate(const Instance& in, const Plan& p, bool record_ops) {
   const auto ws = window_slots(in, p);
   // O[j] layer j, O[L] head, O[L+1] embedding; the moments' NVMe queue shares the lanes with the checkpoints.
   const auto ck = checkpoint_nvme_io(in, R.slots);
-  const auto O = in.opt_done(&ck);
+  auto O = in.opt_done(&ck);
+  const SimResult base = R;
   simulate_time(in, O, in.opt_last(&ck), record_ops, R);
+  // A bounded gradient ring frees a unit's slot only when the next forward has waited for it, and the forward's
+  // waits depend on the updates: iterate from the unbounded ring's times (later slots only move later) until the
+  // updates' ends stop moving. The NVMe-moment pipeline keeps its own model (the ring not bounded there).
+  if (in.grad_ring_bytes > 0 && !in.opt_d2h.empty() && in.nvme_read.empty()) {
+    for (int it = 0; it < 16; ++it) {
+      std::vector<double> reach(O.size(), 0.0);  // the embedding and layer 0: waited for at the step's start
+      for (int j = 1; j <= in.L; ++j) reach[size_t(j)] = R.slot_start[size_t(j - 1)];
+      auto next = in.opt_done_ring(reach);
+      if (next == O) break;
+      O = std::move(next);
+      R = base;
+      simulate_time(in, O, *std::max_element(O.begin(), O.end()), record_ops, R);
+    }
+  }
   window_figures(in, p, ws, O[0], R);
   simulate_memory(in, p, ws, R);
   return R;

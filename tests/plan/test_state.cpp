@@ -366,6 +366,37 @@ TEST(PlanState, SimulatorWithHeldGradientsByHand) {
   EXPECT_FALSE(simulate(in, test::plan_for(in, {Tier::Gpu, Tier::Gpu, Tier::Gpu})).fits);
 }
 
+// A bounded staging ring (Instance::grad_ring_bytes, from gradient_ring_depth): a unit's gradient comes down once the
+// units before it have left the ring, each at its update's end or when the next forward waits for it, if later.
+TEST(PlanState, BoundedGradientRingByHand) {
+  Instance in = test::two_layer_instance();
+  in.G = {0, 0};
+  in.G_head = 0;
+  in.opt = {1, 1, 1, 1};
+  in.opt_d2h = {0.5, 0.5, 0.5, 0.5};  // 5 bytes each at bd = 10
+  in.hbm_fixed = 100;
+  const auto unbounded = in.opt_done();
+  EXPECT_EQ(unbounded, (std::vector<double>{2.5, 3.5, 4.5, 1.5}));
+  in.grad_ring_bytes = 5;  // one unit at a time; the forward waits for layer 1 at 10 and for the head at 20
+  // Order embedding, layer 0, layer 1, head: 0.5 + 1 = 1.5; the embedding leaves at 1.5: 2 + 1 = 3; layer 0 leaves
+  // at 3: 3.5 + 1 = 4.5; layer 1 leaves when the forward waits for it (10): 10.5 + 1 = 11.5.
+  EXPECT_EQ(in.opt_done_ring({0, 10, 20, 0}), (std::vector<double>{3, 4.5, 11.5, 1.5}));
+  const Plan p = test::plan_for(in, {Tier::Gpu, Tier::Gpu, Tier::Gpu});
+  in.grad_ring_bytes = 0;
+  const SimResult free_ring = simulate(in, p);
+  in.grad_ring_bytes = 20;  // every unit fits: as unbounded
+  EXPECT_DOUBLE_EQ(simulate(in, p).pred.step_s, free_ring.pred.step_s);
+  in.grad_ring_bytes = 5;
+  const SimResult one = simulate(in, p);
+  EXPECT_GT(one.pred.exposed_optimizer_s, free_ring.pred.exposed_optimizer_s);
+  EXPECT_GT(one.pred.step_s, free_ring.pred.step_s);
+  // The times are a fixed point: the updates' ends from the forward's waits of the simulated step.
+  std::vector<double> reach(4, 0.0);
+  for (int j = 1; j <= in.L; ++j) reach[size_t(j)] = one.slot_start[size_t(j - 1)];
+  const auto O = in.opt_done_ring(reach);
+  EXPECT_DOUBLE_EQ(one.slot_start[1], std::max(one.slot_start[0] + one.slot_time[0], O[2]));
+}
+
 // The last rung: the moments of the fewest last layers on NVMe, only when allowed and the disk holds them;
 // the files count against the disk in the report, and the plan records the count.
 TEST(PlanState, NvmeMomentRungWhenAllowed) {
