@@ -23,7 +23,8 @@ struct PlanOpts {
   std::string gpu_mem, host_mem, nvme_mem, out, svg, master, grads = "auto", grad_dtype = "auto", optimizer_nvme = "none",
               embedding_update = "auto", device_update_layers = "auto";
   int64_t chunk = 0;
-  int ring = 2, micro = 1, grad_ring_depth = kGradRingDepth;
+  int ring = 2, micro = 1;
+  std::string grad_ring_depth = std::to_string(kGradRingDepth);
   int world = 1, ranks_per_host = -1;  // -1: world
   double time_limit = 30, gap = 0.005, link_gbps = 0;
   double attention_fraction = 1.0;  // packed rows: the data's sum over a row's segments of len^2 / seq^2
@@ -75,8 +76,8 @@ void add_options(CLI::App* sub, PlanOpts& o) {
                   "auto | N (the first N layers' AdamW steps on the GPU; auto: the count that plans fastest)")
       ->capture_default_str();
   sub->add_option("--gradient-ring-depth", o.grad_ring_depth,
-                  "gradients held on the device: their pinned staging ring's depth in layers (less DRAM when smaller)")
-      ->check(CLI::Range(1, 1024))
+                  "auto | N: gradients held on the device, their pinned staging ring's depth in layers (less DRAM when "
+                  "smaller; auto: the depth that plans fastest)")
       ->capture_default_str();
   sub->add_option("--optimizer-nvme", o.optimizer_nvme,
                   "none | auto (the last layers' moments on the NVMe tier when nothing else fits DRAM) | all (every "
@@ -151,7 +152,8 @@ PlanRequest request_from(const PlanOpts& o, const dist::Topology& topo) {
   if (o.embedding_update != "auto") r.embedding_update_device = o.embedding_update == "device";
   r.device_update_layers = train::parse_device_update_layers(o.device_update_layers, "plan: --device-update-layers");
   r.allow_nvme_moments = o.optimizer_nvme == "auto";
-  r.grad_ring_depth = o.grad_ring_depth;
+  const auto depth = train::parse_auto_count(o.grad_ring_depth, "plan: --gradient-ring-depth", 1);
+  r.grad_ring_depth = depth ? int(*depth) : 0;
   r.nvme_all_layers = o.optimizer_nvme == "all";
   r.ring = o.ring;
   r.micro_batches = o.micro;

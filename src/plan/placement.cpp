@@ -114,8 +114,8 @@ std::vector<StateChoice> placement_ladder(const PlanRequest& r) {
   const bool single = r.world == 1;  // data parallel: the rungs its trainer runs (check_data_parallel)
   LT_CHECK(!(r.nvme_all_layers && r.allow_nvme_moments), "plan: optimizer_nvme is either 'all' or 'auto'");
   if (r.nvme_all_layers) p.nvme_layers = r.model.layers;
-  LT_CHECK(r.grad_ring_depth >= 1, "plan: gradient_ring_depth must be >= 1, got {}", r.grad_ring_depth);
-  p.grad_ring_depth = r.grad_ring_depth;
+  LT_CHECK(r.grad_ring_depth >= 0, "plan: gradient_ring_depth must be auto (0) or >= 1, got {}", r.grad_ring_depth);
+  p.grad_ring_depth = r.grad_ring_depth > 0 ? r.grad_ring_depth : kGradRingDepth;
   if (!single) {
     check_data_parallel(r, p);
     p.moment_shards = r.world;

@@ -256,6 +256,7 @@ void choose_device_layers(const PlanRequest& r, Prepared& best, double opt_scale
 
 void choose_kept(const PlanRequest& r, Prepared& best);
 
+
 // Device layers and kept internals together. Both take HBM, and the kept search runs on what the device layers leave:
 // the counts the device search gives at the profile's optimizer rate (k_lo) and at kOptimizerMargin times slower
 // (k_hi) bound the candidates; each k in [k_lo, k_hi] gets its kept search, and the one whose step with the slower
@@ -461,18 +462,16 @@ void nvme_moments_cost(PlanOutcome& out) {
 
 }  // namespace
 
-PlanOutcome make_plan(const PlanRequest& r) {
-  LT_CHECK(r.batch >= 1, "plan: batch must be >= 1, got {}", r.batch);
-  LT_CHECK(r.world >= 1 && r.ranks_per_host >= 1 && r.ranks_per_host <= r.world,
-           "plan: world size must be >= 1 and ranks per host in [1, world], got world {} and ranks per host {}",
-           r.world, r.ranks_per_host);
+namespace {
+
+// The plan for a chosen model state: the device-updated layers and kept internals, the candidates (the MILP's
+// included), the fastest of them.
+PlanOutcome plan_state(const PlanRequest& r, Prepared prep) {
   PlanOutcome out;
   out.flops_per_step = model_flops_per_step(r.model, r.batch * r.seq * r.micro_batches);
   StepRows rows = full_rows(r.batch * r.micro_batches, r.seq);
   rows.sum_sq_len *= r.attention_fraction;  // packed rows: the segments' squares
   out.flops_attn_per_step = model_flops_with_attention(r.model, rows);
-  Prepared prep = choose_state(r);
-  widen_8bit(r, prep);
   choose_device_and_kept(r, prep);
   record_state(r, prep, out);
   score_candidates(r, plan_meta(r, prep.chunk, prep.st, prep.inst.kept), out);
@@ -492,6 +491,39 @@ PlanOutcome make_plan(const PlanRequest& r) {
   for (auto& cd : out.candidates)
     if (cd.feasible) cd.sim.pred.tflops = out.flops_per_step / cd.sim.pred.step_s / 1e12;
   nvme_moments_cost(out);
+  return out;
+}
+
+// The held gradients' staging ring (StatePlacement::grad_ring_depth) when the request leaves it to the planner
+// (PlanRequest::grad_ring_depth 0): each unit less leaves a layer's gradient of DRAM to the checkpoints (and so to
+// larger chunks), at the price the simulator gives a bounded ring. The whole plan (the MILP's too: the DP alone does
+// not see what NVMe checkpoints at larger chunks give) at 4 and 2 units beside 8; the fastest predicted step wins
+// (ties: the deeper ring).
+void try_shallower_rings(const PlanRequest& r, const Prepared& deep, PlanOutcome& out) {
+  if (r.grad_ring_depth != 0 || deep.st.placement.grads != GradHome::Device) return;
+  for (int depth : {4, 2}) {
+    StateChoice st = deep.st;
+    st.placement.grad_ring_depth = depth;
+    if (!state_fits(r, st)) continue;
+    Prepared pr = prepare(r, std::move(st));
+    if (!pr.dp.feasible) continue;
+    PlanOutcome o = plan_state(r, std::move(pr));
+    if (o.feasible && (!out.feasible || o.sim.pred.step_s < out.sim.pred.step_s * (1 - 1e-6))) out = std::move(o);
+  }
+  log_debug("plan: gradient ring depth {}", out.placement.grad_ring_depth);
+}
+
+}  // namespace
+
+PlanOutcome make_plan(const PlanRequest& r) {
+  LT_CHECK(r.batch >= 1, "plan: batch must be >= 1, got {}", r.batch);
+  LT_CHECK(r.world >= 1 && r.ranks_per_host >= 1 && r.ranks_per_host <= r.world,
+           "plan: world size must be >= 1 and ranks per host in [1, world], got world {} and ranks per host {}",
+           r.world, r.ranks_per_host);
+  Prepared prep = choose_state(r);
+  widen_8bit(r, prep);
+  PlanOutcome out = plan_state(r, prep);
+  try_shallower_rings(r, prep, out);
   return out;
 }
 

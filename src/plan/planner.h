@@ -53,7 +53,8 @@ struct PlanRequest {
   // next forward does not wait for the whole table's update (Instance::embedding_first).
   bool embedding_rows_first = true;
   // Gradients held on the device: the depth of their pinned staging ring in median layers (StatePlacement::
-  // grad_ring_depth, kept on every rung). The simulated step does not model a shallow ring's effect on the optimizer.
+  // grad_ring_depth, kept on every rung); 0: the planner's (8, or a shallower ring where its DRAM makes the simulated
+  // step faster; the simulator bounds the optimizer by the ring, Instance::opt_done_ring).
   int grad_ring_depth = kGradRingDepth;
   // The embedding's update on the GPU (StatePlacement::embedding_update_device): unset = wherever eligible
   // (placement.h device_update_eligible), true = required (an error naming why not, when it cannot), false = never.

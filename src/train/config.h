@@ -84,8 +84,8 @@ struct PlacementSection {
   bool keep_internals = true;        // let the planner keep the last layers' forward internals in HBM (Plan::kept_layers)
   bool embedding_rows_first = true;  // untied table looked up on the host: the next step's rows of its update first
   // Gradients held on the device: their pinned staging ring's depth in median layers (fewer: less DRAM, the optimizer
-  // at most that many layers ahead of the next forward).
-  int64_t gradient_ring_depth = kGradRingDepth;
+  // at most that many layers ahead of the next forward); nullopt = "auto" (the depth the planner simulates fastest).
+  std::optional<int64_t> gradient_ring_depth = kGradRingDepth;
   // The first k decoder layers' AdamW steps on the GPU (their weights, gradients and optimizer state in HBM):
   // nullopt = "auto" (the k the planner simulates fastest, on a GPU where it can; 0 on the CPU backend), or a count.
   std::optional<int64_t> device_update_layers;
@@ -148,6 +148,8 @@ void validate_config(const TrainConfig& c);
 // device_update_layers as a count, or nullopt for "auto". Throws lt::Error naming `what` (the key or the option) for
 // anything else.
 std::optional<int64_t> parse_device_update_layers(const std::string& v, const std::string& what);
+// "auto" (nullopt) or a count >= min; else throws lt::Error "<what> must be auto or a count of layers >= <min>, got '<v>'".
+std::optional<int64_t> parse_auto_count(const std::string& v, const std::string& what, int64_t min);
 
 // The nearest key by edit distance, or "" when none is close (distance > max(2, len/3)).
 std::string nearest_key(const std::string& key);

@@ -27,16 +27,22 @@ Slot slot_of(const char* key, E* p) {
                   }};
 }
 
-Slot slot_of(const char* key, std::optional<int64_t>* p) {
+// "auto" or a count of layers >= min (device_update_layers: 0, gradient_ring_depth: 1).
+Slot slot_of(const char* key, std::optional<int64_t>* p, int64_t min) {
   return TextSlot{[p] { return *p ? std::to_string(**p) : std::string("auto"); },
-                  [p, key](const std::string& text, const std::string& source) {
-                    *p = parse_device_update_layers(text, fmt::format("{}: {}", source, key));
+                  [p, key, min](const std::string& text, const std::string& source) {
+                    *p = parse_auto_count(text, fmt::format("{}: {}", source, key), min);
                   }};
 }
 
 template <class S, class T>
 Field field(const char* key, S TrainConfig::*section, T S::*member) {
   return {key, [key, section, member](TrainConfig& c) { return slot_of(key, &(c.*section.*member)); }};
+}
+
+template <class S>
+Field auto_count_field(const char* key, S TrainConfig::*section, std::optional<int64_t> S::*member, int64_t min) {
+  return {key, [key, section, member, min](TrainConfig& c) { return slot_of(key, &(c.*section.*member), min); }};
 }
 
 }  // namespace
@@ -105,9 +111,9 @@ const std::vector<Field>& config_fields() {
       field("optimizer_nvme", &C::placement, &P::optimizer_nvme),
       field("keep_internals", &C::placement, &P::keep_internals),
       field("embedding_rows_first", &C::placement, &P::embedding_rows_first),
-      field("gradient_ring_depth", &C::placement, &P::gradient_ring_depth),
+      auto_count_field("gradient_ring_depth", &C::placement, &P::gradient_ring_depth, 1),
       field("embedding_update", &C::placement, &P::embedding_update),
-      field("device_update_layers", &C::placement, &P::device_update_layers),
+      auto_count_field("device_update_layers", &C::placement, &P::device_update_layers, 0),
       field("backend", &C::placement, &P::backend),
       field("threads", &C::placement, &P::threads),
       field("peak_tflops", &C::output, &O::peak_tflops),
@@ -122,6 +128,10 @@ const std::vector<Field>& config_fields() {
 }
 
 std::optional<int64_t> parse_device_update_layers(const std::string& v, const std::string& what) {
+  return parse_auto_count(v, what, 0);
+}
+
+std::optional<int64_t> parse_auto_count(const std::string& v, const std::string& what, int64_t min) {
   if (v == "auto") return std::nullopt;
   size_t used = 0;
   long long k = -1;
@@ -130,8 +140,8 @@ std::optional<int64_t> parse_device_update_layers(const std::string& v, const st
   } catch (const std::exception&) {
     used = 0;
   }
-  LT_CHECK(used == v.size() && !v.empty() && k >= 0,
-           "{} must be auto or a count of layers >= 0, got '{}'", what, v);
+  LT_CHECK(used == v.size() && !v.empty() && k >= min,
+           "{} must be auto or a count of layers >= {}, got '{}'", what, min, v);
   return int64_t(k);
 }
 
@@ -185,8 +195,9 @@ void validate_placement(const PlacementSection& p) {
   if (p.device_update_layers)  // a config built in code; parsed ones are "auto" or a count >= 0
     LT_CHECK(*p.device_update_layers >= 0, "config: device_update_layers must be auto or a count of layers >= 0, "
              "got '{}'", *p.device_update_layers);
-  LT_CHECK(p.gradient_ring_depth >= 1 && p.gradient_ring_depth <= 1024,
-           "config: gradient_ring_depth must be a count of layers in [1, 1024], got {}", p.gradient_ring_depth);
+  if (p.gradient_ring_depth)  // a config built in code; parsed ones are "auto" or a count >= 1
+    LT_CHECK(*p.gradient_ring_depth >= 1 && *p.gradient_ring_depth <= 1024,
+             "config: gradient_ring_depth must be auto or a count of layers in [1, 1024], got {}", *p.gradient_ring_depth);
   LT_CHECK(p.optimizer_nvme == OptimizerNvme::None || !p.nvme_dir.empty(),
            "config: optimizer_nvme: {} may keep layers' optimizer moments in files on NVMe and needs nvme_dir (a "
            "directory on a local SSD)", name_of(p.optimizer_nvme));

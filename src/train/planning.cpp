@@ -129,7 +129,7 @@ void place_state(PlanRequest& r, const PlacementSection& p, bool on_gpu) {
   // Kept internals (Plan::kept_layers): only on the GPU (the CPU backend's kept backward still re-runs the forward).
   r.keep_internals = p.keep_internals && on_gpu;
   r.embedding_rows_first = p.embedding_rows_first;
-  r.grad_ring_depth = int(p.gradient_ring_depth);
+  r.grad_ring_depth = p.gradient_ring_depth ? int(*p.gradient_ring_depth) : 0;  // 0: the planner's
   // The tied embedding's update on the GPU (exec/device_update.h): auto only on a GPU (the CPU backend's "device" is
   // one compute thread, slower than the multi-threaded CPU optimizer).
   if (p.embedding_update != EmbeddingUpdate::Auto)

@@ -243,5 +243,39 @@ TEST(Planner, ReportHasTheAttentionInclusiveTflops) {
   EXPECT_NE(plan_report(r, o).find(line), std::string::npos);
 }
 
+// gradient_ring_depth auto (PlanRequest::grad_ring_depth 0): with gradients held on the device and DRAM short (the
+// 27B shape under an 80 GB card's 76 GiB and a 116 GiB host), a shallower staging ring whose DRAM the checkpoints
+// use plans a faster step than the default 8; a fixed depth is kept; with DRAM to spare the gradients go to the host
+// and the depth stays the default.
+TEST(Planner, GradientRingDepthAutoTradesTheRingsDram) {
+  PlanRequest r;
+  r.model = preset_config("qwen3.6-27b");
+  r.batch = 72;
+  r.seq = 1024;
+  r.profile = load_profile_file(lt::testing::repo_root().string() + "/configs/profiles/h800-80g.json");
+  r.profile.hbm_bytes = int64_t(76) << 30;
+  r.profile.dram_bytes = int64_t(116) << 30;
+  r.optimizer = "adamw8bit";
+  r.allow_bf16_master = true;
+  r.planner = "dp";
+  r.compare = false;
+  const PlanOutcome fixed = make_plan(r);
+  ASSERT_TRUE(fixed.feasible) << fixed.why;
+  EXPECT_EQ(fixed.placement.grads, GradHome::Device);
+  EXPECT_EQ(fixed.placement.grad_ring_depth, kGradRingDepth);
+  r.grad_ring_depth = 0;
+  const PlanOutcome chosen = make_plan(r);
+  ASSERT_TRUE(chosen.feasible) << chosen.why;
+  EXPECT_LT(chosen.placement.grad_ring_depth, kGradRingDepth);
+  EXPECT_LT(chosen.sim.pred.step_s, fixed.sim.pred.step_s);
+  EXPECT_LT(chosen.state.staging, fixed.state.staging);
+  EXPECT_EQ(chosen.plan.placement.grad_ring_depth, chosen.placement.grad_ring_depth);  // into plan.json
+  r.profile.dram_bytes = int64_t(400) << 30;
+  const PlanOutcome roomy = make_plan(r);
+  ASSERT_TRUE(roomy.feasible) << roomy.why;
+  EXPECT_EQ(roomy.placement.grads, GradHome::Host);
+  EXPECT_EQ(roomy.placement.grad_ring_depth, kGradRingDepth);
+}
+
 }  // namespace
 }  // namespace lt

@@ -285,12 +285,20 @@ TEST(TrainConfig, AnOverrideCorrectsAnEnumValueOfTheFile) {
   EXPECT_FALSE(c.placement.device_update_layers.has_value());
 }
 
-// gradient_ring_depth: a count of layers >= 1, passed to the plan request.
-TEST(TrainConfig, GradientRingDepthIsACountOfLayers) {
-  EXPECT_EQ(parse_config("model_name_or_path: x\n", "t.yaml").placement.gradient_ring_depth, lt::kGradRingDepth);
-  EXPECT_EQ(parse_config("model_name_or_path: x\ngradient_ring_depth: 3\n", "t.yaml").placement.gradient_ring_depth, 3);
-  const std::string e = err_of("model_name_or_path: x\ngradient_ring_depth: 0\n");
-  EXPECT_NE(e.find("gradient_ring_depth must be a count of layers in [1, 1024], got 0"), std::string::npos) << e;
+// gradient_ring_depth: auto or a count of layers >= 1 (default 8).
+TEST(TrainConfig, GradientRingDepthIsAutoOrACountOfLayers) {
+  EXPECT_EQ(parse_config("model_name_or_path: x\n", "t.yaml").placement.gradient_ring_depth,
+            std::optional<int64_t>(lt::kGradRingDepth));
+  EXPECT_EQ(parse_config("model_name_or_path: x\ngradient_ring_depth: 3\n", "t.yaml").placement.gradient_ring_depth,
+            std::optional<int64_t>(3));
+  EXPECT_FALSE(parse_config("model_name_or_path: x\ngradient_ring_depth: auto\n", "t.yaml").placement.gradient_ring_depth);
+  for (const char* bad : {"0", "-1", "deep"}) {
+    const std::string e = err_of(std::string("model_name_or_path: x\ngradient_ring_depth: ") + bad + "\n");
+    EXPECT_NE(e.find("t.yaml (line 2): gradient_ring_depth must be auto or a count of layers >= 1, got '" +
+                     std::string(bad) + "'"),
+              std::string::npos)
+        << e;
+  }
 }
 
 // device_update_layers: "auto" or a count >= 0; anything else names the key, where it was set and the value.

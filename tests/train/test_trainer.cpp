@@ -434,6 +434,20 @@ TEST(Trainer, EmbeddingRowsFirstTrainsExactlyAsWithout) {
   expect_same_masters(plain_dir.p, first_dir.p, 4);
 }
 
+// gradient_ring_depth with gradients held on the device: a one-unit staging ring (recorded in plan.json) trains
+// exactly as the default one, bit for bit.
+TEST(Trainer, GradientRingDepthTrainsExactlyAsTheDefault) {
+  TmpDir deep_dir("_ring8"), shallow_dir("_ring1");
+  const std::vector<std::string> ov = {"gradients=device", "max_steps=4", "gradient_accumulation_steps=1"};
+  TrainResult deep = run_training(tiny_config(deep_dir.p, ov), quiet_hooks());
+  TrainResult shallow = run_training(tiny_config(shallow_dir.p, plus(ov, "gradient_ring_depth=1")), quiet_hooks());
+  ASSERT_EQ(deep.losses.size(), 4u);
+  EXPECT_EQ(shallow.losses, deep.losses);
+  expect_same_masters(deep_dir.p, shallow_dir.p, 4);
+  std::ifstream f(shallow_dir.p / "plan.json");
+  EXPECT_EQ(nlohmann::json::parse(f).at("gradient_ring_depth"), 1);
+}
+
 }  // namespace
 
 namespace {
