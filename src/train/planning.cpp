@@ -255,6 +255,9 @@ struct PlanSummary {
 std::string placement_notes(const StatePlacement& p) {
   return (p.grads == GradHome::Device || p.grad_dtype != GradDType::F32 ? fmt::format(" ({})", grad_dtype_name(p.grad_dtype))
                                                                          : std::string()) +
+         (p.grads == GradHome::Device && p.grad_ring_depth != kGradRingDepth
+              ? fmt::format(", a staging ring of {} layers", p.grad_ring_depth)
+              : std::string()) +
          (p.embedding_update_device ? ", the embedding's update on the GPU" : "") +
          (p.device_update_layers > 0
               ? fmt::format(", the first {} layers' updates on the GPU", p.device_update_layers)

@@ -446,6 +446,15 @@ TEST(Trainer, GradientRingDepthTrainsExactlyAsTheDefault) {
   expect_same_masters(deep_dir.p, shallow_dir.p, 4);
   std::ifstream f(shallow_dir.p / "plan.json");
   EXPECT_EQ(nlohmann::json::parse(f).at("gradient_ring_depth"), 1);
+  // The plan reports a smaller ring.
+  auto ring_line = [](const fs::path& dir) {
+    std::ifstream rep(dir / "plan_report.txt");
+    const std::string all((std::istreambuf_iterator<char>(rep)), std::istreambuf_iterator<char>());
+    const size_t at = all.find("gradient staging ring (pinned)");
+    return at == std::string::npos ? std::string() : all.substr(at, all.find('\n', at) - at);
+  };
+  EXPECT_FALSE(ring_line(deep_dir.p).empty());
+  EXPECT_NE(ring_line(shallow_dir.p), ring_line(deep_dir.p));
 }
 
 }  // namespace
