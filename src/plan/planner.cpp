@@ -388,9 +388,10 @@ void record_state(const PlanRequest& r, const Prepared& prep, PlanOutcome& out) 
 }
 
 // Every plan the request asks to score: the DP's, the heuristics (all of them with compare, the
-// requested one, and all-gpu for milp: one simulation, the tie-break's candidate), then the MILP
-// warm-started from the best so far.
-void score_candidates(const PlanRequest& r, const Plan& meta, PlanOutcome& out) {
+// requested one, and all-gpu for milp: one simulation, the tie-break's candidate), for milp the tiers of `carried`
+// (a plan of the same chunk under a tighter model state: they fit here too), then the MILP warm-started from the best
+// so far.
+void score_candidates(const PlanRequest& r, const Plan& meta, PlanOutcome& out, const Plan* carried = nullptr) {
   const Instance& in = out.inst;
   auto with_tiers = [&](std::vector<Tier> t) {
     Plan p = meta;
@@ -414,6 +415,8 @@ void score_candidates(const PlanRequest& r, const Plan& meta, PlanOutcome& out) 
              "sqrt or cpu-all", r.planner);
     return;
   }
+  if (carried && carried->chunk == meta.chunk && carried->tier.size() == size_t(in.L + 1))
+    out.candidates.push_back(score(in, with_tiers(carried->tier), "deeper ring's"));
   const Candidate* best = nullptr;
   for (auto& cd : out.candidates)
     if (cd.feasible && (!best || cd.sim.pred.step_s < best->sim.pred.step_s)) best = &cd;
@@ -466,7 +469,7 @@ namespace {
 
 // The plan for a chosen model state: the device-updated layers and kept internals, the candidates (the MILP's
 // included), the fastest of them.
-PlanOutcome plan_state(const PlanRequest& r, Prepared prep) {
+PlanOutcome plan_state(const PlanRequest& r, Prepared prep, const Plan* carried = nullptr) {
   PlanOutcome out;
   out.flops_per_step = model_flops_per_step(r.model, r.batch * r.seq * r.micro_batches);
   StepRows rows = full_rows(r.batch * r.micro_batches, r.seq);
@@ -474,7 +477,7 @@ PlanOutcome plan_state(const PlanRequest& r, Prepared prep) {
   out.flops_attn_per_step = model_flops_with_attention(r.model, rows);
   choose_device_and_kept(r, prep);
   record_state(r, prep, out);
-  score_candidates(r, plan_meta(r, prep.chunk, prep.st, prep.inst.kept), out);
+  score_candidates(r, plan_meta(r, prep.chunk, prep.st, prep.inst.kept), out, carried);
   const Candidate* best = choose_candidate(r, out);
   if (!best) {
     out.why = why_not(r, out, prep.st, prep.chunk);
@@ -497,8 +500,8 @@ PlanOutcome plan_state(const PlanRequest& r, Prepared prep) {
 // The held gradients' staging ring (StatePlacement::grad_ring_depth) when the request leaves it to the planner
 // (PlanRequest::grad_ring_depth 0): each unit less leaves a layer's gradient of DRAM to the checkpoints (and so to
 // larger chunks), at the price the simulator gives a bounded ring. The whole plan (the MILP's too: the DP alone does
-// not see what NVMe checkpoints at larger chunks give) at 4 and 2 units beside 8; the fastest predicted step wins
-// (ties: the deeper ring).
+// not see what NVMe checkpoints at larger chunks give) at 4 and 2 units beside 8, each MILP also offered the deeper
+// ring's checkpoints (a time-limited solve can miss them); the fastest predicted step wins (ties: the deeper ring).
 void try_shallower_rings(const PlanRequest& r, const Prepared& deep, PlanOutcome& out) {
   if (r.grad_ring_depth != 0 || deep.st.placement.grads != GradHome::Device) return;
   for (int depth : {4, 2}) {
@@ -507,7 +510,7 @@ void try_shallower_rings(const PlanRequest& r, const Prepared& deep, PlanOutcome
     if (!state_fits(r, st)) continue;
     Prepared pr = prepare(r, std::move(st));
     if (!pr.dp.feasible) continue;
-    PlanOutcome o = plan_state(r, std::move(pr));
+    PlanOutcome o = plan_state(r, std::move(pr), out.feasible ? &out.plan : nullptr);
     if (o.feasible && (!out.feasible || o.sim.pred.step_s < out.sim.pred.step_s * (1 - 1e-6))) out = std::move(o);
   }
   log_debug("plan: gradient ring depth {}", out.placement.grad_ring_depth);
