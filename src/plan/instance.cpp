@@ -236,6 +236,21 @@ std::vector<double> Instance::opt_done_ring(const std::vector<double>& reach) co
   return o;
 }
 
+Instance Instance::solver_view() const {
+  Instance v = *this;
+  if (nvme_read.empty()) return v;
+  double compute = head_s, reads = 0, writes = 0;
+  for (int j = 0; j < L; ++j) compute += rho[size_t(j)] + beta[size_t(j)];
+  for (size_t u = 0; u < nvme_read.size(); ++u) {
+    reads += nvme_read[u];
+    writes += nvme_write[u];
+  }
+  if (compute <= 0) return v;
+  v.bnr = bnr * std::max(0.1, 1.0 - reads / compute);
+  v.bnw = bnw * std::max(0.1, 1.0 - writes / compute);
+  return v;
+}
+
 double Instance::nvme_io_s() const {
   double t = 0;
   for (size_t u = 0; u < nvme_read.size(); ++u) t += nvme_read[u] + nvme_write[u];

@@ -90,6 +90,11 @@ struct Instance {
   int nvme_slots = 3;  // AdamWConfig::nvme_slots
   // The I/O queue's busy time per step (every read and write-back of the NVMe units).
   double nvme_io_s() const;
+  // The instance the DP and the MILP plan on: with NVMe-moment units, the checkpoints' NVMe rates lowered by the share
+  // of a step the moments' reads (writes) keep the disk busy, the step taken as its compute (layers and head, no
+  // recompute: the share is the largest it can be), at least a tenth of the rate left. The simulator keeps the true
+  // rates and shares the lanes op by op (CheckpointNvmeIo); the solvers' slot rows have no such coupling.
+  Instance solver_view() const;
   // GPU memory, bytes. Usable = hbm cap - reserve; hbm_fixed is held for the whole step (the model's
   // gradients with gradients: device), so the plan's slots have hbm_room().
   double hbm_cap = 0, hbm_fixed = 0;

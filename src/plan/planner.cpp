@@ -141,7 +141,7 @@ Prepared prepare(const PlanRequest& r, StateChoice st) {
   for (;;) {
     io.chunk = pr.chunk;
     pr.inst = make_instance(r.model, r.batch, r.seq, r.profile, io);
-    pr.dp = solve_dp(pr.inst);
+    pr.dp = solve_dp(pr.inst.solver_view());
     if (pr.dp.feasible || r.chunk > 0 || pr.chunk == 1) break;
     pr.chunk = (pr.chunk + 1) / 2;
   }
@@ -317,7 +317,7 @@ void choose_kept(const PlanRequest& r, Prepared& best) {
   for (int k = 1; k <= tail; ++k) {
     Instance in = with_kept(best.inst, k);
     if (in.hbm_fixed >= in.hbm_cap) break;  // more kept layers only take more
-    DpResult dp = solve_dp(in);
+    DpResult dp = solve_dp(in.solver_view());
     const double step = step_of(in, dp);
     if (step < best_step * (1 - 1e-6)) {
       best_step = step;
@@ -420,7 +420,7 @@ void score_candidates(const PlanRequest& r, const Plan& meta, PlanOutcome& out, 
   const Candidate* best = nullptr;
   for (auto& cd : out.candidates)
     if (cd.feasible && (!best || cd.sim.pred.step_s < best->sim.pred.step_s)) best = &cd;
-  auto ms = solve_milp(in, r.milp, best ? &best->plan : nullptr);
+  auto ms = solve_milp(in.solver_view(), r.milp, best ? &best->plan : nullptr);
   out.milp = ms;
   if (ms.feasible) {
     Plan p = meta;

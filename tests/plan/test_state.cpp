@@ -397,6 +397,21 @@ TEST(PlanState, BoundedGradientRingByHand) {
   EXPECT_DOUBLE_EQ(one.slot_start[1], std::max(one.slot_start[0] + one.slot_time[0], O[2]));
 }
 
+// The solvers' view of an instance with NVMe-moment units: the checkpoints get the disk's rates less the share of the
+// step's compute the moments' reads and writes take (at least a tenth); the simulator's instance keeps the rates.
+TEST(PlanState, SolverViewSharesTheDiskWithTheMoments) {
+  Instance in = test::two_layer_instance();  // compute: rho 1 + 1, beta 3 + 3, head 2 = 10 s; disk 5 B/s each way
+  EXPECT_DOUBLE_EQ(in.solver_view().bnr, in.bnr);  // no NVMe units
+  in.nvme_read = {2, 0, 0, 0};
+  in.nvme_write = {0, 3, 0, 0};
+  const Instance v = in.solver_view();
+  EXPECT_DOUBLE_EQ(v.bnr, 5 * (1 - 2.0 / 10));
+  EXPECT_DOUBLE_EQ(v.bnw, 5 * (1 - 3.0 / 10));
+  EXPECT_DOUBLE_EQ(in.bnr, 5);
+  in.nvme_read = {20, 0, 0, 0};  // more than the step's compute: a tenth of the rate left
+  EXPECT_DOUBLE_EQ(in.solver_view().bnr, 0.5);
+}
+
 // The last rung: the moments of the fewest last layers on NVMe, only when allowed and the disk holds them;
 // the files count against the disk in the report, and the plan records the count.
 TEST(PlanState, NvmeMomentRungWhenAllowed) {
