@@ -51,6 +51,28 @@ double measure_cpu_gemm_flops(const ModelConfig& m) {
   return 2.0 * double(n * k * o) * reps / dt;
 }
 
+}  // namespace
+
+bool measure_profile_nvme(ResourceProfile& p) {
+  constexpr int64_t kBytes = int64_t(256) << 20;
+  if (p.nvme_dir.empty() || p.nvme_bytes < 2 * kBytes) return false;
+  try {
+    const NvmeBandwidth nv = measure_nvme(p.nvme_dir, kBytes);
+    p.nvme_read_bw = nv.read_bw;
+    p.nvme_write_bw = nv.write_bw;
+    p.nvme_latency_s = nv.latency_s;
+    log_info("profile: NVMe under {}: read {:.2f} GB/s, write {:.2f} GB/s, {:.0f} us a 4 KiB read{}", p.nvme_dir,
+             nv.read_bw * 1e-9, nv.write_bw * 1e-9, nv.latency_s * 1e6, nv.direct ? "" : " (buffered: O_DIRECT refused)");
+    return true;
+  } catch (const Error& e) {
+    log_warn("profile: the NVMe rates under {} were not measured ({}); planning with {:.2f} / {:.2f} GB/s", p.nvme_dir,
+             e.what(), p.nvme_read_bw * 1e-9, p.nvme_write_bw * 1e-9);
+    return false;
+  }
+}
+
+namespace {
+
 // The resource profile used when the config names none: the CPU backend's "device" is host memory,
 // its PCIe is memcpy; figures are measured quickly here rather than assumed.
 ResourceProfile default_profile(const PlacementSection& cfg, const ModelConfig& m, int64_t batch, int64_t seq,
@@ -76,6 +98,7 @@ ResourceProfile default_profile(const PlacementSection& cfg, const ModelConfig& 
     p.name = "measured-gpu";
     p.source = "measured at start by lazytrain train (GPU profiler)";
     gpu_profiler()(p, m, batch, seq);
+    measure_profile_nvme(p);  // the assumed 1 GB/s where it cannot
     if (!cfg.gpu_mem.empty()) p.hbm_bytes = std::min(p.hbm_bytes, parse_bytes(cfg.gpu_mem));
     // The CPU optimizer lane runs on this host: measure it with the real kernels (a fraction of a
     // second), so the planner predicts the exposed optimizer time instead of treating it as unknown.

@@ -59,6 +59,11 @@ double sampled_attention_fraction(const std::vector<data::Sample>& samples, cons
 // does both) and its nvme_latency_us (else kDefaultIoLatency), with its nvme_queue_depth / nvme_request_kib.
 IoQueueShape nvme_queue_shape(const ResourceProfile& p);
 
+// The NVMe tier's rates and request latency measured under p.nvme_dir (a 256 MiB file written and read back with
+// O_DIRECT, then removed) into p, where it has room for twice that; otherwise, or when the measurement fails
+// (logged), p keeps what it has. Returns whether it measured. The trainer's start-up profile on a GPU calls it.
+bool measure_profile_nvme(ResourceProfile& p);
+
 // Throws when host_mem (the host's DRAM budget for the run) is above this machine's memory (MemTotal); the plans
 // themselves may describe other machines (a profile and host_mem for a host not this one).
 void check_host_mem(const std::string& host_mem);

@@ -76,6 +76,34 @@ data::Batch batch_of(int64_t seq, const std::vector<std::vector<int32_t>>& rows)
   return b;
 }
 
+// The start-up profile's NVMe rates: measured under nvme_dir where it has room (the file removed afterwards), else
+// left as they were, a failed measurement included.
+TEST(Planning, MeasuresTheNvmeRatesWhereItCan) {
+  const auto dir = std::filesystem::temp_directory_path() / ("lt_measure_nvme_" + std::to_string(::getpid()));
+  ResourceProfile p;
+  p.nvme_read_bw = p.nvme_write_bw = 1e9;
+  EXPECT_FALSE(train::measure_profile_nvme(p));  // no nvme_dir
+  p.nvme_dir = dir.string();
+  p.nvme_bytes = int64_t(256) << 20;  // room for less than twice the file
+  EXPECT_FALSE(train::measure_profile_nvme(p));
+  EXPECT_EQ(p.nvme_read_bw, 1e9);
+  p.nvme_bytes = int64_t(8) << 30;
+  ASSERT_TRUE(train::measure_profile_nvme(p));
+  EXPECT_GT(p.nvme_read_bw, 0);
+  EXPECT_NE(p.nvme_read_bw, 1e9);
+  EXPECT_GT(p.nvme_write_bw, 0);
+  EXPECT_GT(p.nvme_latency_s, 0);
+  EXPECT_TRUE(std::filesystem::is_empty(dir));  // the measurement's file is gone
+  std::filesystem::remove_all(dir);
+  ResourceProfile q;
+  q.nvme_read_bw = q.nvme_write_bw = 1e9;
+  q.nvme_dir = "/proc/lt-no-such-dir";  // cannot be created: a warning, the rates kept
+  q.nvme_bytes = int64_t(8) << 30;
+  EXPECT_FALSE(train::measure_profile_nvme(q));
+  EXPECT_EQ(q.nvme_read_bw, 1e9);
+  EXPECT_EQ(q.nvme_write_bw, 1e9);
+}
+
 TEST(Planning, AttentionFractionOfPackedRowsByHand) {
   // Row 0: segments of 3, 2 and 3 tokens (9 + 4 + 9 = 22 of 64); row 1: one segment of 8 (64 of 64).
   const auto b = batch_of(8, {{0, 0, 0, 1, 1, 2, 2, 2}, {0, 0, 0, 0, 0, 0, 0, 0}});
