@@ -256,7 +256,6 @@ void choose_device_layers(const PlanRequest& r, Prepared& best, double opt_scale
 
 void choose_kept(const PlanRequest& r, Prepared& best);
 
-
 // Device layers and kept internals together. Both take HBM, and the kept search runs on what the device layers leave:
 // the counts the device search gives at the profile's optimizer rate (k_lo) and at kOptimizerMargin times slower
 // (k_hi) bound the candidates; each k in [k_lo, k_hi] gets its kept search, and the one whose step with the slower
@@ -416,7 +415,7 @@ void score_candidates(const PlanRequest& r, const Plan& meta, PlanOutcome& out, 
     return;
   }
   if (carried && carried->chunk == meta.chunk && carried->tier.size() == size_t(in.L + 1))
-    out.candidates.push_back(score(in, with_tiers(carried->tier), "deeper ring's"));
+    out.candidates.push_back(score(in, with_tiers(carried->tier), "deeper ring"));
   const Candidate* best = nullptr;
   for (auto& cd : out.candidates)
     if (cd.feasible && (!best || cd.sim.pred.step_s < best->sim.pred.step_s)) best = &cd;
