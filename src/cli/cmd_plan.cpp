@@ -150,7 +150,7 @@ PlanRequest request_from(const PlanOpts& o, const dist::Topology& topo) {
   if (o.grads != "auto") r.grads = parse_grad_home(o.grads);
   if (o.grad_dtype != "auto") r.grad_dtype = parse_grad_dtype(o.grad_dtype);
   if (o.embedding_update != "auto") r.embedding_update_device = o.embedding_update == "device";
-  r.device_update_layers = train::parse_device_update_layers(o.device_update_layers, "plan: --device-update-layers");
+  r.device_update_layers = train::parse_auto_count(o.device_update_layers, "plan: --device-update-layers", 0);
   r.allow_nvme_moments = o.optimizer_nvme == "auto";
   const auto depth = train::parse_auto_count(o.grad_ring_depth, "plan: --gradient-ring-depth", 1);
   r.grad_ring_depth = depth ? int(*depth) : 0;

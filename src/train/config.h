@@ -145,10 +145,8 @@ TrainConfig load_config(const std::filesystem::path& file, const std::vector<std
 // Checks cross-field constraints (positive sizes, byte strings, planner names). Throws lt::Error.
 void validate_config(const TrainConfig& c);
 
-// device_update_layers as a count, or nullopt for "auto". Throws lt::Error naming `what` (the key or the option) for
-// anything else.
-std::optional<int64_t> parse_device_update_layers(const std::string& v, const std::string& what);
-// "auto" (nullopt) or a count >= min; else throws lt::Error "<what> must be auto or a count of layers >= <min>, got '<v>'".
+// A count of layers >= min (device_update_layers: 0, gradient_ring_depth: 1), or nullopt for "auto". Throws lt::Error
+// "<what> must be auto or a count of layers >= <min>, got '<v>'" (`what`: the key or the option) for anything else.
 std::optional<int64_t> parse_auto_count(const std::string& v, const std::string& what, int64_t min);
 
 // The nearest key by edit distance, or "" when none is close (distance > max(2, len/3)).

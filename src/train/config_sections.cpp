@@ -1,5 +1,5 @@
 // Where each key of a training config lives in TrainConfig's sections, the values its enums and
-// device_update_layers accept, and the checks across keys (validate_config).
+// auto-or-count keys (device_update_layers, gradient_ring_depth) accept, and the checks across keys (validate_config).
 #include <cmath>
 #include <type_traits>
 
@@ -125,10 +125,6 @@ const std::vector<Field>& config_fields() {
       field("max_new_tokens", &C::eval, &E::max_new_tokens),
   };
   return f;
-}
-
-std::optional<int64_t> parse_device_update_layers(const std::string& v, const std::string& what) {
-  return parse_auto_count(v, what, 0);
 }
 
 std::optional<int64_t> parse_auto_count(const std::string& v, const std::string& what, int64_t min) {
