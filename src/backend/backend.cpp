@@ -111,6 +111,20 @@ void fail_workspace_held(const char* op, const OpLabel& l, int64_t rows, int64_t
        op, l.what, l.window, l.index, rows, format_bytes(double(asks)), format_bytes(double(held)));
 }
 
+void Backend::head_loss_lse(const void*, const void*, const int32_t*, const DevGeometry&, const void*, float, void*, void*,
+                            float*, double*, OpLabel) {
+  fail("backend {}: no LM head gradient by vocabulary slices (head_grad_slices needs has_sliced_head_grad)", name());
+}
+
+void Backend::head_lm_grad_slice(const void*, const void*, const int32_t*, const DevGeometry&, const void*, const float*,
+                                 float, int64_t, int64_t, void*, OpLabel) {
+  fail("backend {}: no LM head gradient by vocabulary slices (head_grad_slices needs has_sliced_head_grad)", name());
+}
+
+void Backend::embed_backward_acc(const int32_t*, int64_t, const void*, void*, DType, double*, OpLabel) {
+  fail("backend {}: no embedding gradient accumulated into a held gradient", name());
+}
+
 void Backend::adamw_step(const AdamWStepScalars&, float*, bf16_t*, uint16_t*, const float*, float*, float*, int64_t,
                          OpLabel) {
   fail("backend {}: no optimizer update on the device (use embedding_update: host)", name());

@@ -262,6 +262,25 @@ class Backend {
   // out[n_rows, vocab] (fp32, device) = logits of the given rows (rows: device int64).
   virtual void head_logits(const void* head_w, const void* lm_w, const void* x, const int64_t* rows,
                            int64_t n_rows, float* out, OpLabel l) = 0;
+  // ---- the LM head's weight gradient by vocabulary slices (no [vocab, hidden] fp32 buffer; has_sliced_head_grad) ----
+  // head_loss_lse: head_loss without the LM weight's gradient: d_norm_w ACCUMULATES the final norm's gradient (hidden
+  // elements) and lse (device float[g.tokens()]) receives each row's log-sum-exp of its logits.
+  // head_lm_grad_slice: dw[n_v, hidden] (dtypes().grad, ACCUMULATES) += rows v0 .. v0+n_v-1 of the d_lm_w that head_loss
+  // would accumulate for the same rows, computed again from their logits in those columns and lse: one more logits
+  // GEMM for the whole head, and each gradient element summed over the rows in the order head_loss sums it.
+  virtual bool has_sliced_head_grad() const { return false; }
+  virtual void head_loss_lse(const void* head_w, const void* lm_w, const int32_t* targets, const DevGeometry& g,
+                             const void* x, float loss_scale, void* dx, void* d_norm_w, float* lse, double* acc,
+                             OpLabel l);
+  virtual void head_lm_grad_slice(const void* head_w, const void* lm_w, const int32_t* targets, const DevGeometry& g,
+                                  const void* x, const float* lse, float loss_scale, int64_t v0, int64_t n_v, void* dw,
+                                  OpLabel l);
+  // The embedding's gradient accumulated into a held one: acc (acc_dtype, the table's shape) += each id's rows of dx
+  // summed in token order, rounded once (BF16: as grad_add rounds), so that it equals embed_backward into a zeroed
+  // dtypes().grad buffer followed by grad_add; if sumsq != nullptr, *sumsq += the sum of squares of the whole acc as
+  // stored afterwards. For held bf16 gradients without a table-sized fp32 buffer.
+  virtual void embed_backward_acc(const int32_t* ids, int64_t T, const void* dx, void* acc, DType acc_dtype,
+                                  double* sumsq, OpLabel l);
   // *out (device double) += sum of squares of grad[0..n) (dtypes().grad), accumulated in fp64.
   // Used for exact global-norm clipping without a second pass over gradients on the host.
   virtual void grad_sumsq(const void* grad, int64_t n, double* out, OpLabel l) = 0;

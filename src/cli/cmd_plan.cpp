@@ -21,7 +21,7 @@ namespace {
 struct PlanOpts {
   std::string model, batch = "1", seq = "1024", profile = "h800-80g", planner = "milp", optimizer = "hybrid";
   std::string gpu_mem, host_mem, nvme_mem, out, svg, master, grads = "auto", grad_dtype = "auto", optimizer_nvme = "none",
-              embedding_update = "auto", device_update_layers = "auto";
+              embedding_update = "auto", device_update_layers = "auto", head_gradient = "auto";
   int64_t chunk = 0;
   int ring = 2, micro = 1;
   std::string grad_ring_depth = std::to_string(kGradRingDepth);
@@ -78,6 +78,11 @@ void add_options(CLI::App* sub, PlanOpts& o) {
   sub->add_option("--gradient-ring-depth", o.grad_ring_depth,
                   "auto | N: gradients held on the device, their pinned staging ring's depth in layers (less DRAM when "
                   "smaller; auto: the depth that plans fastest)")
+      ->capture_default_str();
+  sub->add_option("--head-gradient", o.head_gradient,
+                  "full | slices | auto: gradients held on the device in bf16, the untied LM head's weight gradient "
+                  "by vocabulary slices (no [vocab, hidden] fp32 buffers; one more logits GEMM); auto: the faster plan")
+      ->check(CLI::IsMember({"full", "slices", "auto"}))
       ->capture_default_str();
   sub->add_option("--optimizer-nvme", o.optimizer_nvme,
                   "none | auto (the last layers' moments on the NVMe tier when nothing else fits DRAM) | all (every "
@@ -154,6 +159,7 @@ PlanRequest request_from(const PlanOpts& o, const dist::Topology& topo) {
   r.allow_nvme_moments = o.optimizer_nvme == "auto";
   const auto depth = train::parse_auto_count(o.grad_ring_depth, "plan: --gradient-ring-depth", 1);
   r.grad_ring_depth = depth ? int(*depth) : 0;
+  if (o.head_gradient != "auto") r.head_grad_slices = o.head_gradient == "slices";
   r.nvme_all_layers = o.optimizer_nvme == "all";
   r.ring = o.ring;
   r.micro_batches = o.micro;

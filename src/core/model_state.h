@@ -98,6 +98,10 @@ struct StatePlacement {
   // gives its DRAM (2 B/param of a layer in bf16 per unit) to checkpoints; the optimizer then runs at most that many
   // units ahead of the next forward.
   int grad_ring_depth = kGradRingDepth;
+  // Gradients held on the device in bf16 with an untied LM head: the head's weight gradient is computed by vocabulary
+  // slices straight into its held gradient (one more logits GEMM) and the embedding's accumulated into its held one,
+  // so neither needs a [vocab, hidden] fp32 buffer on the device (Backend::head_lm_grad_slice).
+  bool head_grad_slices = false;
   // Data parallelism (docs/distributed.md, "Planner"): the optimizer moments are sharded over
   // moment_shards ranks (each holds 1/moment_shards of them), and the master is a full fp32 array
   // beside the bf16 streaming copy (6 B/param instead of the split 4 B) when fp32_master_array.

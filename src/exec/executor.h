@@ -94,6 +94,9 @@ struct ExecOptions {
   // micro-batch); > 1 = each micro-batch's gradient is added into fp32 held accumulators on the device
   // (Backend::grad_add), beside per-micro-batch buffers as with host gradients (any count works).
   int32_t micro_batches = 1;
+  // HostStateOptions::head_grad_slices: the vocabulary rows of one slice; 0 = head_grad_slice_rows (256 MiB of fp32).
+  // Tests set fewer, so that a small vocabulary still splits.
+  int64_t head_slice_rows = 0;
 };
 
 struct WindowStats {
@@ -166,11 +169,11 @@ struct ExecMemory {
   int64_t device = 0, pinned = 0, nvme = 0;
 };
 // kept_bytes: the kept layers' buffers (kept_internals_bytes), device; grad_ring_depth: of held gradients' staging
-// ring (StatePlacement::grad_ring_depth), pinned.
+// ring (StatePlacement::grad_ring_depth), pinned; head_slices: StatePlacement::head_grad_slices.
 ExecMemory executor_memory(const ModelConfig& c, const ExecPlan& p, BackendDTypes dt, int64_t workspace_bytes,
                            GradHome grads = GradHome::Host, int32_t micro_batches = 1,
                            GradDType held_dtype = GradDType::F32, int64_t kept_bytes = 0,
-                           int grad_ring_depth = kGradRingDepth);
+                           int grad_ring_depth = kGradRingDepth, bool head_slices = false);
 // The backend workspace the executor holds for a plan (Backend::hold_workspace, before its other device buffers):
 // the largest over every call the plan makes (layer_workspace_bytes at each chunk size, embed_workspace_bytes over
 // the micro-batch). executor_memory's workspace_bytes.

@@ -80,6 +80,12 @@ struct Executor::Impl {
   bool updated_on_device(int64_t unit) const { return device_update(unit) != nullptr; }
   void* emb_grad = nullptr;   // where the backward writes the embedding's / head's gradient: emb_g /
   void* head_grad = nullptr;  // head_g, or their held buffers when held_direct
+  // HostStateOptions::head_grad_slices: the head's gradient by vocabulary slices into its held buffer (the final
+  // norm's in head_norm_g, one slice of the LM weight's in head_slice_g: head_slice_rows x hidden, fp32; each row's
+  // log-sum-exp in head_lse) and the embedding's straight into its held buffer: no emb_g / head_g.
+  bool head_slices = false;
+  int64_t head_slice_rows = 0;
+  Buffer head_norm_g, head_slice_g, head_lse;
 
   // device
   WorkspaceHold workspace;  // released when the executor ends, after its work is done (~Impl)

@@ -10,6 +10,7 @@
 #include "core/log.h"
 #include "core/units.h"
 #include "exec/executor_impl.h"
+#include "model/accounting.h"
 
 namespace lt {
 
@@ -97,7 +98,7 @@ bool held_grads_direct(DType grad, int32_t micro_batches, GradDType held) {
 // Device and pinned bytes of the weight gradients: per-micro-batch buffers (host gradients, or
 // accumulation into the held buffers) and the held buffers with their staging ring.
 ExecMemory grad_memory(const ModelConfig& c, const ExecPlan& p, const ModelLayout& lay, DType grad, GradHome home,
-                       int32_t micro_batches, GradDType held_dtype, int ring_depth) {
+                       int32_t micro_batches, GradDType held_dtype, int ring_depth, bool head_slices) {
   const int64_t g = int64_t(dtype_size(grad));
   ExecMemory m;
   const int64_t head = lay.head().numel, emb = embedding_on_device(c, p) ? lay.embedding().numel : 0;
@@ -106,7 +107,12 @@ ExecMemory grad_memory(const ModelConfig& c, const ExecPlan& p, const ModelLayou
     if (held_dtype == GradDType::Bf16) m.device += 2 * lay.max_layer_numel() * 2;  // host bf16: the rounding pieces
     return m;
   }
-  const int64_t scratch = (2 * lay.max_layer_numel() + (shared_head_embedding_grad(c, p) ? std::max(head, emb) : head + emb)) * g;
+  // With head slices: the head's norm and one vocabulary slice instead of the head's and the embedding's buffers, and
+  // each row's log-sum-exp.
+  const int64_t heads = head_slices                        ? c.hidden + head_grad_slice_rows(c) * c.hidden
+                        : shared_head_embedding_grad(c, p) ? std::max(head, emb)
+                                                           : head + emb;
+  const int64_t scratch = (2 * lay.max_layer_numel() + heads) * g + (head_slices ? p.batch * p.seq * 4 : 0);
   const auto order = held_grad_order(c, p);
   const auto numel = unit_numels(lay);
   const DType held = held_grad_dtype(grad, micro_batches, held_dtype);
@@ -139,12 +145,12 @@ int64_t plan_workspace_bytes(const Backend& be, const ExecPlan& p) {
 
 ExecMemory executor_memory(const ModelConfig& c, const ExecPlan& p, BackendDTypes dt, int64_t workspace_bytes,
                            GradHome grads, int32_t micro_batches, GradDType held_dtype, int64_t kept_bytes,
-                           int grad_ring_depth) {
+                           int grad_ring_depth, bool head_slices) {
   const auto lay = model_layout(c);
   const int64_t L = c.layers, T = p.batch * p.seq;
   const int64_t w = int64_t(dtype_size(dt.weight)), a = int64_t(dtype_size(dt.act));
   const int64_t A = T * c.hidden * a, Apad = io_round_up(A), ln = lay.max_layer_numel();
-  const ExecMemory gm = grad_memory(c, p, lay, dt.grad, grads, micro_batches, held_dtype, grad_ring_depth);
+  const ExecMemory gm = grad_memory(c, p, lay, dt.grad, grads, micro_batches, held_dtype, grad_ring_depth, head_slices);
   ExecMemory m;
   m.device = p.ring * ln * w + lay.head().numel * w + 4 * T * 4 + (2 + L + 2) * 8 + count_act_buffers(p) * A +
              workspace_bytes + gm.device + kept_bytes;
@@ -298,7 +304,18 @@ void Executor::Impl::allocate_grads() {
   const bool device = st.options().grads == GradHome::Device;
   const DType held = held_grad_dtype(be.dtypes().grad, ex.opts_.micro_batches, st.options().grad_dtype);
   held_direct = device && held_grads_direct(be.dtypes().grad, ex.opts_.micro_batches, st.options().grad_dtype);
-  if (!held_direct) {
+  head_slices = st.options().head_grad_slices;
+  if (head_slices) {
+    LT_CHECK(device && !held_direct && !c.tied && emb_on_device && be.has_sliced_head_grad(),
+             "executor: the head's gradient by vocabulary slices needs gradients held on the device in bf16, an untied "
+             "LM head and a backend that has it ({}): here gradients {}, held {}, tied {}",
+             be.name(), device ? "device" : "host", held_direct ? "directly" : "in accumulators", c.tied);
+    head_slice_rows = ex.opts_.head_slice_rows > 0 ? std::min(ex.opts_.head_slice_rows, c.vocab) : head_grad_slice_rows(c);
+    head_norm_g = Buffer(be, MemKind::Device, c.hidden * int64_t(g_sz), "grads.head_norm");
+    head_slice_g = Buffer(be, MemKind::Device, head_slice_rows * c.hidden * int64_t(g_sz), "grads.head_slice");
+    head_lse = Buffer(be, MemKind::Device, T * 4, "head.lse");
+    for (auto& g : gslot) g = Buffer(be, MemKind::Device, lay.max_layer_numel() * int64_t(g_sz), "grads.layer");
+  } else if (!held_direct) {
     const bool share = device && shared_head_embedding_grad(c, P);
     const int64_t head_n = share ? std::max(lay.head().numel, lay.embedding().numel) : lay.head().numel;
     if (emb_on_device && !share)
@@ -319,8 +336,8 @@ void Executor::Impl::allocate_grads() {
              "gradient_dtype fp32, or device_update_layers 0 and embedding_update host)");
     for (auto& g : g16) g = Buffer(be, MemKind::Device, lay.max_layer_numel() * 2, "grads.bf16_pieces");
   }
-  if (emb_on_device) emb_grad = held_direct ? dgrads->buffer(0) : emb_g ? emb_g.data() : head_g.data();
-  head_grad = held_direct ? dgrads->buffer(L + 1) : head_g.data();
+  if (emb_on_device) emb_grad = held_direct || head_slices ? dgrads->buffer(0) : emb_g ? emb_g.data() : head_g.data();
+  head_grad = held_direct || head_slices ? dgrads->buffer(L + 1) : head_g.data();
   if (st.options().embedding_update_device) {
     LT_CHECK(emb_on_device, "executor: embedding_update device needs the table on the device (tied to the LM head); "
              "this plan looks it up on the host");

@@ -53,6 +53,8 @@ struct HostStateOptions {
   std::set<int64_t> nvme_remainder_units;
   // Gradients held on the device: the depth of their pinned staging ring (StatePlacement::grad_ring_depth).
   int grad_ring_depth = kGradRingDepth;
+  // The head's and the embedding's held gradients written without their fp32 buffers (StatePlacement::head_grad_slices).
+  bool head_grad_slices = false;
   bool updated_on_device(int64_t u) const {
     return (u == 0 && embedding_update_device) || (u >= 1 && u <= device_update_layers);
   }

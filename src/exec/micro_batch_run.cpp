@@ -135,24 +135,35 @@ void MicroBatchRun::forward_layer(int64_t j) {
   release_offloaded(cur_w_, ev);
 }
 
+const char* MicroBatchRun::lm_weights() const {
+  if (I.c.tied) return I.emb_w.as<char>();
+  return I.head_w.as<char>() + be.layout().head().find("lm_head.weight").offset * int64_t(I.w_sz);
+}
+
 // Window L: final norm, LM head and loss; in training the head's gradient and dY of the last layer.
 void MicroBatchRun::head() {
   const int64_t L = I.L;
-  const auto& lay = be.layout();
   cur_w_ = int32_t(L);
   issue_window_transfers(cur_w_);
   be.wait(Lane::Compute, head_ready_);
   if (I.emb_on_device) be.wait(Lane::Compute, emb_ready_);
-  const char* lm_w = nullptr;
-  char* d_lm_w = nullptr;
-  if (I.c.tied) {
-    lm_w = I.emb_w.as<char>();
-    d_lm_w = static_cast<char*>(I.emb_grad);
-  } else {
-    const int64_t off = lay.head().find("lm_head.weight").offset;
-    lm_w = I.head_w.as<char>() + off * int64_t(I.w_sz);
-    d_lm_w = static_cast<char*>(I.head_grad) + off * int64_t(I.g_sz);
-  }
+  const bool sliced = train_ && I.head_slices;
+  if (sliced) head_by_slices(lm_weights());
+  else head_with_grads();
+  const Event ev = be.record(Lane::Compute);
+  I.pool->release(xbuf_[size_t(L)], {ev});
+  xbuf_[size_t(L)] = -1;
+  release_offloaded(cur_w_, ev);
+  if (train_ && !sliced) grad_done(L + 1, I.head_grad, be.layout().head().numel);
+}
+
+// The head's loss and, in training, its gradient in head_grad (and emb_grad when tied).
+void MicroBatchRun::head_with_grads() {
+  const int64_t L = I.L;
+  const auto& lay = be.layout();
+  const char* lm_w = lm_weights();
+  char* d_lm_w = I.c.tied ? static_cast<char*>(I.emb_grad)
+                          : static_cast<char*>(I.head_grad) + lay.head().find("lm_head.weight").offset * int64_t(I.g_sz);
   if (train_) {
     zero_grad(L + 1, I.head_grad, lay.head().numel * int64_t(I.g_sz), I.held_direct);
     // A tied head writes the embedding's gradient; an untied one's is zeroed before its own backward
@@ -165,11 +176,6 @@ void MicroBatchRun::head() {
                  train_ ? row(X(dy_), r0) : nullptr, train_ ? I.head_grad : nullptr, train_ ? d_lm_w : nullptr,
                  I.d_scal.as<double>(), lab("head", -1));
   });
-  const Event ev = be.record(Lane::Compute);
-  I.pool->release(xbuf_[size_t(L)], {ev});
-  xbuf_[size_t(L)] = -1;
-  release_offloaded(cur_w_, ev);
-  if (train_) grad_done(L + 1, I.head_grad, lay.head().numel);
 }
 
 // Block [s, e) of the backward, from window w: its inner boundaries s+1 .. e-1 recomputed, then its
@@ -223,9 +229,7 @@ void MicroBatchRun::backward_layer(int64_t j) {
       be.layer_backward_kept(j, wt, g, x, row(X(dy_), r0), row(X(dx), r0), dw, keep, lab("bwd", int32_t(j)));
     else be.layer_backward(j, wt, g, x, row(X(dy_), r0), row(X(dx), r0), dw, lab("bwd", int32_t(j)));
   });
-  if (j == 0 && I.emb_on_device && !I.c.tied)
-    zero_grad(0, I.emb_grad, lay.embedding().numel * int64_t(I.g_sz), I.held_direct);
-  if (j == 0 && I.emb_on_device) be.embed_backward(I.d_ids.as<int32_t>(), I.T, X(dx), I.emb_grad, lab("embed.bwd", 0));
+  if (j == 0 && I.emb_on_device) embed_backward(X(dx));
   end_use();
   const Event ev = use_done_[size_t(use_ - 1)];
   I.pool->release(xbuf_[size_t(j)], {ev});
@@ -241,7 +245,7 @@ void MicroBatchRun::backward_layer(int64_t j) {
 void MicroBatchRun::finish_embedding(int32_t w) {
   cur_w_ = w;
   if (I.emb_on_device) {
-    grad_done(0, I.emb_grad, be.layout().embedding().numel);
+    if (!I.head_slices) grad_done(0, I.emb_grad, be.layout().embedding().numel);  // else done in embed_backward
   } else {
     be.wait(Lane::D2H, be.record(Lane::Compute));
     be.copy(Lane::D2H, I.p_dx0.data(), X(dy_), I.A, lab("dx0.d2h", 0));

@@ -94,10 +94,14 @@ class MicroBatchRun {
   void embed_inputs();
   void forward_layer(int64_t j);
   void head();
+  const char* lm_weights() const;  // the LM head's matrix: lm_head.weight, or the embedding when tied
+  void head_with_grads();
+  void head_by_slices(const char* lm_w);  // training with Executor::Impl::head_slices (exec/head_grads.cpp)
   int32_t backward_block(int64_t s, int64_t e, int32_t w);
   void enter_block_window(int64_t s, int32_t w, bool& reloaded);
   void backward_layer(int64_t j);
   void finish_embedding(int32_t w);
+  void embed_backward(const void* dx);  // the embedding's gradient on the device (exec/head_grads.cpp)
 
   void wait_update(int64_t unit, bool first_only = false);
   bool lookup_rows_first() const;  // this micro-batch's tokens are all among the embedding rows updated first

@@ -152,4 +152,9 @@ int64_t head_workspace_bytes(const ModelConfig& c, int64_t tokens, int64_t chunk
   return tokens * (2 * c.hidden * 2 + 2 * 4) + head_chunk_workspace_bytes(c, std::min(chunk_rows, tokens));
 }
 
+int64_t head_grad_slice_rows(const ModelConfig& c) {
+  const int64_t floats = (int64_t(256) << 20) / 4;
+  return std::clamp<int64_t>(floats / std::max<int64_t>(c.hidden, 1), 1, std::max<int64_t>(c.vocab, 1));
+}
+
 }  // namespace lt

@@ -62,5 +62,8 @@ int64_t head_chunk_workspace_bytes(const ModelConfig& c, int64_t chunk_tokens);
 // Transient bytes of one head call over `tokens` rows in chunks of `chunk_rows`: the two bf16 copies of the rows'
 // hidden state and two fp32 per-row scalars beside the logits chunk (as the CUDA head carves its workspace).
 int64_t head_workspace_bytes(const ModelConfig& c, int64_t tokens, int64_t chunk_rows);
+// The vocabulary rows of one slice of the LM head's weight gradient (StatePlacement::head_grad_slices): its fp32
+// buffer of rows x hidden is at most 256 MiB.
+int64_t head_grad_slice_rows(const ModelConfig& c);
 
 }  // namespace lt

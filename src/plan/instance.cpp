@@ -497,6 +497,9 @@ Instance make_instance(const ModelConfig& c, int64_t batch, int64_t seq, const R
   in.micro_batches = o.micro_batches;
   in.coll = o.collectives;
   in.head_s = head_time(prof, c, batch, seq);
+  // By vocabulary slices the head computes its logits once more: a fourth GEMM of its size beside the forward's, dX's
+  // and dW's (the slices' softmax and norm again are left out).
+  if (o.placement.head_grad_slices) in.head_s *= 4.0 / 3.0;
   in.A = double(batch * seq * c.hidden * 2);  // bf16 hidden state, the same for every kind
   const auto lay = model_layout(c);
   set_layers(in, c, lay, kind_costs(c, batch, chunk, seq, prof, o.attention_fraction), o.ring);
@@ -534,6 +537,7 @@ Instance make_instance(const ModelConfig& c, int64_t batch, int64_t seq, const R
   in.ws_pro = in.A;
   const StateBytes state = model_state_bytes(c, o.optimizer_8bit, o.placement);
   in.hbm_fixed = state.hbm();
+  if (o.placement.head_grad_slices) in.hbm_fixed += 4.0 * double(batch * seq);  // each row's log-sum-exp
   // The embedding updated on the GPU with several micro-batches: their gradients summed in an fp32 accumulator.
   if (o.placement.embedding_update_device && o.micro_batches > 1) in.hbm_fixed += 4.0 * double(c.vocab * c.hidden);
   if (o.placement.grads == GradHome::Device) {

@@ -116,6 +116,7 @@ std::vector<StateChoice> placement_ladder(const PlanRequest& r) {
   if (r.nvme_all_layers) p.nvme_layers = r.model.layers;
   LT_CHECK(r.grad_ring_depth >= 0, "plan: gradient_ring_depth must be auto (0) or >= 1, got {}", r.grad_ring_depth);
   p.grad_ring_depth = r.grad_ring_depth > 0 ? r.grad_ring_depth : kGradRingDepth;
+  p.head_grad_slices = r.head_grad_slices.value_or(false);  // kept only where it applies (planner.cpp prepare)
   if (!single) {
     check_data_parallel(r, p);
     p.moment_shards = r.world;

@@ -311,6 +311,7 @@ json plan_to_json(const Plan& p) {
   if (p.placement.nvme_layers > 0) j["nvme_moment_layers"] = p.placement.nvme_layers;
   if (p.placement.nvme_remainders) j["nvme_remainders"] = true;
   if (p.placement.grad_ring_depth != kGradRingDepth) j["gradient_ring_depth"] = p.placement.grad_ring_depth;
+  if (p.placement.head_grad_slices) j["head_grad_slices"] = true;
   if (p.placement.moment_shards > 1) j["moment_shards"] = p.placement.moment_shards;
   if (p.placement.fp32_master_array) j["fp32_master_array"] = true;
   if (p.placement.embedding_update_device) j["embedding_update"] = "device";
@@ -397,6 +398,7 @@ StatePlacement placement_from(Obj& o, const std::string& source) {
     s.nvme_remainders = o.get_or<bool>("nvme_remainders", false);
     s.grad_ring_depth = int(o.get_or<int64_t>("gradient_ring_depth", kGradRingDepth));
     LT_CHECK(s.grad_ring_depth >= 1, "field 'gradient_ring_depth' must be >= 1, got {}", s.grad_ring_depth);
+    s.head_grad_slices = o.get_or<bool>("head_grad_slices", false);
     s.moment_shards = int(o.get_or<int64_t>("moment_shards", 1));
     LT_CHECK(s.moment_shards >= 1, "field 'moment_shards' must be >= 1, got {}", s.moment_shards);
     s.fp32_master_array = o.get_or<bool>("fp32_master_array", false);

@@ -127,6 +127,7 @@ constexpr double kOptimizerMargin = 1.2;
 
 // Chunk: the whole batch if the DP finds a plan with it, else halve.
 Prepared prepare(const PlanRequest& r, StateChoice st) {
+  st.placement.head_grad_slices = st.placement.head_grad_slices && head_grad_slices_apply(r.model, st.placement);
   InstanceOptions io;
   io.ring = r.ring;
   io.micro_batches = r.micro_batches;
@@ -515,6 +516,22 @@ void try_shallower_rings(const PlanRequest& r, const Prepared& deep, PlanOutcome
   log_debug("plan: gradient ring depth {}", out.placement.grad_ring_depth);
 }
 
+// The head's gradient by vocabulary slices (StatePlacement::head_grad_slices) when the request leaves it to the
+// planner: the [vocab, hidden] fp32 buffers' HBM goes to larger chunks or kept checkpoints for one more logits GEMM;
+// the whole plan (and its ring depths) with them, the faster kept (ties: without).
+void try_head_slices(const PlanRequest& r, const Prepared& base, PlanOutcome& out) {
+  if (r.head_grad_slices.has_value() || !head_grad_slices_apply(r.model, base.st.placement)) return;
+  StateChoice st = base.st;
+  st.placement.head_grad_slices = true;
+  if (!state_fits(r, st)) return;
+  Prepared pr = prepare(r, std::move(st));
+  if (!pr.dp.feasible) return;
+  PlanOutcome o = plan_state(r, pr, out.feasible ? &out.plan : nullptr);
+  try_shallower_rings(r, pr, o);
+  if (o.feasible && (!out.feasible || o.sim.pred.step_s < out.sim.pred.step_s * (1 - 1e-6))) out = std::move(o);
+  log_debug("plan: head gradient by slices {}", out.placement.head_grad_slices);
+}
+
 }  // namespace
 
 PlanOutcome make_plan(const PlanRequest& r) {
@@ -526,6 +543,7 @@ PlanOutcome make_plan(const PlanRequest& r) {
   widen_8bit(r, prep);
   PlanOutcome out = plan_state(r, prep);
   try_shallower_rings(r, prep, out);
+  try_head_slices(r, prep, out);
   return out;
 }
 

@@ -56,6 +56,9 @@ struct PlanRequest {
   // grad_ring_depth, kept on every rung); 0: the planner's (8, or a shallower ring where its DRAM makes the simulated
   // step faster; the simulator bounds the optimizer by the ring, Instance::opt_done_ring).
   int grad_ring_depth = kGradRingDepth;
+  // The head's gradient by vocabulary slices (StatePlacement::head_grad_slices, where head_grad_slices_apply): unset =
+  // the planner's (the step planned with them too, and the faster kept), true = wherever it applies, false = never.
+  std::optional<bool> head_grad_slices;
   // The embedding's update on the GPU (StatePlacement::embedding_update_device): unset = wherever eligible
   // (placement.h device_update_eligible), true = required (an error naming why not, when it cannot), false = never.
   std::optional<bool> embedding_update_device;

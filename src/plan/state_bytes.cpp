@@ -20,6 +20,10 @@ double master_bytes_per_param(const StatePlacement& s) {
 
 bool embedding_resident_for(const ModelConfig& c, const StatePlacement& s) { return s.grads == GradHome::Device && !c.tied; }
 
+bool head_grad_slices_apply(const ModelConfig& c, const StatePlacement& s) {
+  return s.grads == GradHome::Device && s.grad_dtype == GradDType::Bf16 && !c.tied;
+}
+
 const char* state_home_name(StateHome h) {
   static constexpr const char* kNames[] = {"gpu", "dram", "nvme"};
   return kNames[size_t(h)];
@@ -80,6 +84,8 @@ StateBytes model_state_bytes(const ModelConfig& c, const std::vector<std::string
   if (s.grads == GradHome::Host)
     b.grad_scratch = 4.0 * (2.0 * largest_layer + head + (c.tied ? emb : 0.0)) +
                      (s.host_bf16_grads() ? 2.0 * 2.0 * largest_layer : 0.0);
+  else if (s.grad_dtype == GradDType::Bf16 && s.head_grad_slices)  // the head's norm and one slice of its matrix
+    b.grad_scratch = 4.0 * (2.0 * largest_layer + double(c.hidden) * double(1 + head_grad_slice_rows(c)));
   else if (s.grad_dtype == GradDType::Bf16)
     b.grad_scratch = 4.0 * (2.0 * largest_layer + (c.tied ? head + emb : std::max(head, emb)));
   if (embedding_resident_for(c, s)) b.resident_table = 2.0 * emb;
@@ -111,7 +117,9 @@ std::vector<StatePart> StateBytes::parts() const {
   if (grads_device > 0)
     v.push_back({fmt::format("gradients ({}, held)", grad_dtype_name(placement.grad_dtype)), StateHome::Gpu, grads_device});
   if (grad_scratch > 0)
-    v.push_back({placement.host_bf16_grads() ? "gradient scratch (fp32, bf16)" : "gradient scratch (fp32)",
+    v.push_back({placement.host_bf16_grads()    ? "gradient scratch (fp32, bf16)"
+                 : placement.head_grad_slices ? "gradient scratch (fp32, head sliced)"
+                                              : "gradient scratch (fp32)",
                  StateHome::Gpu, grad_scratch});
   if (resident_table > 0) v.push_back({"embedding table (resident)", StateHome::Gpu, resident_table});
   if (head_weights > 0) v.push_back({"head weights (bf16)", StateHome::Gpu, head_weights});

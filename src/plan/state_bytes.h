@@ -45,6 +45,9 @@ double master_bytes_per_param(const StatePlacement& s);  // 6 with fp32_master_a
 // The planner makes an untied embedding resident in HBM when gradients are held there (Plan::
 // embedding_resident): its fp32 host gradient (4 B/param of the vocabulary) would otherwise stay in DRAM.
 bool embedding_resident_for(const ModelConfig& c, const StatePlacement& s);
+// Where the head's gradient can go by vocabulary slices (StatePlacement::head_grad_slices): gradients held on the
+// device in bf16 (accumulated from fp32 pieces) and an untied head.
+bool head_grad_slices_apply(const ModelConfig& c, const StatePlacement& s);
 
 enum class StateHome : uint8_t { Gpu, Dram, Nvme };
 const char* state_home_name(StateHome h);  // "gpu", "dram", "nvme"

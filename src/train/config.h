@@ -86,6 +86,9 @@ struct PlacementSection {
   // Gradients held on the device: their pinned staging ring's depth in median layers (fewer: less DRAM, the optimizer
   // at most that many layers ahead of the next forward); nullopt = "auto" (the depth the planner simulates fastest).
   std::optional<int64_t> gradient_ring_depth = kGradRingDepth;
+  // Gradients held on the device in bf16, untied head: its weight gradient by vocabulary slices (no [vocab, hidden]
+  // fp32 buffers, one more logits GEMM; StatePlacement::head_grad_slices), full, or auto (the faster plan).
+  HeadGradient head_gradient = HeadGradient::Auto;
   // The first k decoder layers' AdamW steps on the GPU (their weights, gradients and optimizer state in HBM):
   // nullopt = "auto" (the k the planner simulates fastest, on a GPU where it can; 0 on the CPU backend), or a count.
   std::optional<int64_t> device_update_layers;

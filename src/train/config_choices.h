@@ -16,6 +16,7 @@ enum class MasterWeights { Fp32, Bf16Sr, Auto };         // master_weights
 enum class GradientHome { Host, Device, Auto };          // gradients
 enum class GradientDtype { Fp32, Bf16, Auto };           // gradient_dtype
 enum class EmbeddingUpdate { Host, Device, Auto };       // embedding_update
+enum class HeadGradient { Full, Slices, Auto };          // head_gradient
 enum class OptimizerNvme { None, Auto, All };            // optimizer_nvme
 enum class BackendKind { Auto, Cpu, Cuda };              // backend
 enum class SaveDtype { Bf16, Fp32 };                     // save_dtype
@@ -50,6 +51,9 @@ constexpr std::array<Choice<GradientDtype>, 3> choices(GradientDtype) {
 }
 constexpr std::array<Choice<EmbeddingUpdate>, 3> choices(EmbeddingUpdate) {
   return {{{EmbeddingUpdate::Host, "host"}, {EmbeddingUpdate::Device, "device"}, {EmbeddingUpdate::Auto, "auto"}}};
+}
+constexpr std::array<Choice<HeadGradient>, 3> choices(HeadGradient) {
+  return {{{HeadGradient::Full, "full"}, {HeadGradient::Slices, "slices"}, {HeadGradient::Auto, "auto"}}};
 }
 constexpr std::array<Choice<OptimizerNvme>, 3> choices(OptimizerNvme) {
   return {{{OptimizerNvme::None, "none"}, {OptimizerNvme::Auto, "auto"}, {OptimizerNvme::All, "all"}}};

@@ -112,6 +112,7 @@ const std::vector<Field>& config_fields() {
       field("keep_internals", &C::placement, &P::keep_internals),
       field("embedding_rows_first", &C::placement, &P::embedding_rows_first),
       auto_count_field("gradient_ring_depth", &C::placement, &P::gradient_ring_depth, 1),
+      field("head_gradient", &C::placement, &P::head_gradient),
       field("embedding_update", &C::placement, &P::embedding_update),
       auto_count_field("device_update_layers", &C::placement, &P::device_update_layers, 0),
       field("backend", &C::placement, &P::backend),

@@ -153,6 +153,7 @@ void place_state(PlanRequest& r, const PlacementSection& p, bool on_gpu) {
   r.keep_internals = p.keep_internals && on_gpu;
   r.embedding_rows_first = p.embedding_rows_first;
   r.grad_ring_depth = p.gradient_ring_depth ? int(*p.gradient_ring_depth) : 0;  // 0: the planner's
+  if (p.head_gradient != HeadGradient::Auto) r.head_grad_slices = p.head_gradient == HeadGradient::Slices;
   // The tied embedding's update on the GPU (exec/device_update.h): auto only on a GPU (the CPU backend's "device" is
   // one compute thread, slower than the multi-threaded CPU optimizer).
   if (p.embedding_update != EmbeddingUpdate::Auto)
@@ -281,6 +282,7 @@ std::string placement_notes(const StatePlacement& p) {
          (p.grads == GradHome::Device && p.grad_ring_depth != kGradRingDepth
               ? fmt::format(", a staging ring of {} layers", p.grad_ring_depth)
               : std::string()) +
+         (p.head_grad_slices ? ", the head's gradient by vocabulary slices" : "") +
          (p.embedding_update_device ? ", the embedding's update on the GPU" : "") +
          (p.device_update_layers > 0
               ? fmt::format(", the first {} layers' updates on the GPU", p.device_update_layers)

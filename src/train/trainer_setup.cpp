@@ -162,6 +162,7 @@ HostStateOptions host_state_options(const TrainingPlan& tp) {
   o.embedding_update_device = tp.placement.embedding_update_device;
   o.device_update_layers = tp.placement.device_update_layers;
   o.grad_ring_depth = tp.placement.grad_ring_depth;
+  o.head_grad_slices = tp.placement.head_grad_slices;
   // Units whose gradient the host computes (the embedding when its table is not on the device).
   if (o.grads == GradHome::Device) o.host_grad_units = host_grad_units(tp.model, tp.exec);
   // The NVMe-moment layers' remainders (units L - k + 1 .. L, as optimizer_setup's nvme_units): never in DRAM.

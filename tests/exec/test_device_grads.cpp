@@ -36,6 +36,7 @@ struct Case {
   bool flush = true;  // flush_updates before wait_all (false: the executor's destructor does it)
   bool round_host_embedding = false;  // round_host_grads: the host-computed embedding's gradient too
   int ring_depth = kGradRingDepth;    // the held gradients' staging ring (HostStateOptions::grad_ring_depth)
+  int64_t head_slice_rows = 0;        // > 0: the head's gradient by vocabulary slices of this many rows
 };
 
 std::vector<optim::UnitSpec> unit_specs(const ModelLayout& lay) {
@@ -79,6 +80,7 @@ Outcome train(const Case& s, GradHome home, const BeforeStep& before = {}, GradD
   ho.grad_dtype = held;
   if (home == GradHome::Device) ho.host_grad_units = host_grad_units(s.c, s.p);
   ho.grad_ring_depth = s.ring_depth;
+  ho.head_grad_slices = s.head_slice_rows > 0;
   HostState st(be, ho);
   r.host_bf16_grads = ho.host_bf16_grads();
   test::random_weights(be.layout(), st, 11);
@@ -100,6 +102,7 @@ Outcome train(const Case& s, GradHome home, const BeforeStep& before = {}, GradD
     ExecOptions eo;
     eo.nvme_dir = dir;
     eo.micro_batches = s.nmb;
+    eo.head_slice_rows = s.head_slice_rows;
     const int64_t pinned0 = be.memory().current(MemKind::Pinned);
     Executor ex(s.c, be, s.p, st, eo);
     r.pinned = be.memory().current(MemKind::Pinned) - pinned0;
@@ -248,6 +251,43 @@ TEST(ExecDeviceGrads, Bf16HeldGradientsAreTheRoundedFp32Gradients) {
       const Outcome f2 = train(s, GradHome::Device), b2 = train(s, GradHome::Device, {}, GradDType::Bf16);
       for (size_t k = 0; k < f2.loss.size(); ++k) EXPECT_NEAR(f2.loss[k], b2.loss[k], 1e-3 * std::abs(f2.loss[k])) << what;
     }
+}
+
+// The head's gradient by vocabulary slices and the embedding's straight into its held buffer (bf16 held gradients,
+// untied head, resident table): the same sums in the same order, each held element rounded once per micro-batch, so
+// training is bit for bit that of the fp32 buffers, whatever the slices (one, uneven, one row each), with several
+// micro-batches and offloaded checkpoints; and the device holds no [vocab, hidden] fp32 buffer.
+TEST(ExecDeviceGrads, HeadGradientBySlicesTrainsTheSameWithoutTheTableSizedBuffers) {
+  for (int nmb : {1, 2}) {
+    Case s;
+    s.c = test::tiny_config(Arch::Qwen3, 4, false);
+    s.p = offload_plan(s.c.layers, 2, 8);
+    s.p.embedding_resident = true;
+    s.nmb = nmb;
+    s.steps = 3;
+    const Outcome full = train(s, GradHome::Device, {}, GradDType::Bf16);
+    CpuBackend be(s.c, test::cpu_opts());
+    const int64_t ws = plan_workspace_bytes(be, s.p);
+    auto predicted = [&](bool slices) {
+      return executor_memory(s.c, s.p, be.dtypes(), ws, GradHome::Device, nmb, GradDType::Bf16, 0, kGradRingDepth,
+                             slices).device;
+    };
+    int64_t one_slice_peak = 0;
+    for (int64_t rows : {s.c.vocab, int64_t(7), int64_t(1)}) {
+      s.head_slice_rows = rows;
+      const std::string what = fmt::format("micro-batches {} slice rows {}", nmb, rows);
+      const Outcome sliced = train(s, GradHome::Device, {}, GradDType::Bf16);
+      expect_same(full, sliced, what);
+      if (rows == s.c.vocab) {  // head_grad_slice_rows of this model: the executor's memory as predicted
+        EXPECT_EQ(full.peak_device - sliced.peak_device, predicted(false) - predicted(true)) << what;
+        one_slice_peak = sliced.peak_device;
+      } else {
+        EXPECT_EQ(one_slice_peak - sliced.peak_device, 4 * s.c.hidden * (s.c.vocab - rows)) << what;
+      }
+    }
+    // The fp32 [vocab, hidden] buffers are what it saves: their bytes less one slice's, the norm's and the lse.
+    EXPECT_GT(predicted(false) - predicted(true), 0);
+  }
 }
 
 TEST(ExecDeviceGrads, RandomPlansMatchHostGradients) {

@@ -215,4 +215,95 @@ TEST(Head, LossAndGradientsMatchCpuReference) {
   }
 }
 
+// The head's weight gradient by vocabulary slices (Backend::head_loss_lse + head_lm_grad_slice, uneven slices) is the
+// full pass's: the loss, dX and the norm's gradient bit for bit (the same kernels), the LM weight's within the GEMMs'
+// own rounding (each slice is a GEMM of another shape), both near the fp32 reference; lse as the reference's.
+TEST(Head, GradientBySlicesIsTheFullPasssGradient) {
+  REQUIRE_GPU();
+  ModelConfig c = small_config("qwen2");
+  c.tied = false;
+  const ModelLayout layout = model_layout(c);
+  const UnitLayout& hl = layout.head();
+  const int64_t T = 300, H = c.hidden, V = c.vocab, S = 37, norm_off = hl.find("norm.weight").offset;
+  std::mt19937 rng(37);
+  auto hw = unit_weights(hl, rng);
+  const float* lm = hw.data() + hl.find("lm_head.weight").offset;
+  std::vector<float> lmv(lm, lm + V * H);
+  auto x = round_bf16(randn(sz(T * H), rng));
+  std::vector<int32_t> tg(sz(T));
+  for (int64_t t = 0; t < T; ++t) tg[sz(t)] = t % 7 == 0 ? -100 : int32_t(rng() % V);
+  std::vector<float> dx_ref(sz(T * H)), dn_ref(sz(H), 0.f), dlm_ref(sz(V * H), 0.f), lse_ref(sz(T));
+  const float scale = 1.f / 200;
+  cpu::head_forward_lse(c, hl, hw.data(), lmv.data(), tg.data(), T, x.data(), scale, dx_ref.data(), dn_ref.data(),
+                        lse_ref.data());
+  cpu::head_forward_backward(c, hl, hw.data(), lmv.data(), tg.data(), T, x.data(), scale, dx_ref.data(),
+                             std::vector<float>(sz(hl.numel), 0.f).data(), dlm_ref.data());
+  CudaBackendOptions o;
+  o.gpu_mem_cap = int64_t(3) << 30;
+  CudaBackend be(c, o);
+  ASSERT_TRUE(be.has_sliced_head_grad());
+  be.set_head_chunk_rows(128);  // several chunks
+  Dev d{be};
+  void* dhw = d.put_bf16(hw);
+  const void* dlm = static_cast<const uint16_t*>(dhw) + hl.find("lm_head.weight").offset;
+  void* dxx = d.put_bf16(x);
+  auto* dtg = static_cast<const int32_t*>(d.put(tg));
+  const DevGeometry g{3, 100, nullptr, nullptr};
+  void *gx = d.zeros(T * H * 2), *ghw = d.zeros(hl.numel * 4), *glm = d.zeros(V * H * 4), *acc = d.zeros(16);
+  be.head_loss(dhw, dlm, dtg, g, dxx, scale, gx, ghw, glm, static_cast<double*>(acc), {});
+  void *gx2 = d.zeros(T * H * 2), *gn2 = d.zeros(H * 4), *lse = d.zeros(T * 4), *acc2 = d.zeros(16);
+  be.head_loss_lse(dhw, dlm, dtg, g, dxx, scale, gx2, gn2, static_cast<float*>(lse), static_cast<double*>(acc2), {});
+  std::vector<float> sliced(sz(V * H));
+  void* dw = d.zeros(S * H * 4);
+  for (int64_t v0 = 0; v0 < V; v0 += S) {
+    const int64_t nv = std::min(S, V - v0);
+    be.fill_zero(Lane::Compute, dw, nv * H * 4, {});
+    be.head_lm_grad_slice(dhw, dlm, dtg, g, dxx, static_cast<const float*>(lse), scale, v0, nv, dw, {});
+    auto part = down<float>(dw, sz(nv * H));
+    std::copy(part.begin(), part.end(), sliced.begin() + v0 * H);
+  }
+  be.synchronize();
+  EXPECT_EQ(down<double>(acc, 2), down<double>(acc2, 2));
+  EXPECT_EQ(down_bf16(gx, sz(T * H)), down_bf16(gx2, sz(T * H)));
+  const auto full_hw = down<float>(ghw, sz(hl.numel));
+  EXPECT_EQ(std::vector<float>(full_hw.begin() + norm_off, full_hw.begin() + norm_off + H), down<float>(gn2, sz(H)));
+  EXPECT_LE(rel_err(sliced, down<float>(glm, sz(V * H))), 1e-5);
+  EXPECT_LE(rel_err(sliced, dlm_ref), 3e-2);
+  EXPECT_LE(rel_err(down<float>(lse, sz(T)), lse_ref), 1e-3);
+}
+
+// The embedding's gradient accumulated into a held gradient (Backend::embed_backward_acc) equals embed_backward into a
+// zeroed fp32 buffer followed by grad_add, bit for bit, in bf16 and fp32, with its sum of squares.
+TEST(EmbeddingBackward, AccumulatedIntoAHeldGradientIsBackwardThenAdd) {
+  REQUIRE_GPU();
+  ModelConfig c = small_config("qwen2");
+  const int64_t T = 300, H = c.hidden, n = c.vocab * H;
+  std::mt19937 rng(41);
+  std::vector<int32_t> ids(sz(T));
+  for (auto& id : ids) id = int32_t(rng() % 40);  // repeats
+  auto dx = round_bf16(randn(sz(T * H), rng));
+  auto held = round_bf16(randn(sz(n), rng, 0.1f));
+  CudaBackendOptions o;
+  o.gpu_mem_cap = int64_t(3) << 30;
+  CudaBackend be(c, o);
+  Dev d{be};
+  auto* dids = static_cast<const int32_t*>(d.put(ids));
+  void* ddx = d.put_bf16(dx);
+  for (DType dt : {DType::BF16, DType::F32}) {
+    std::vector<float> start(held);
+    void* a = dt == DType::BF16 ? d.put_bf16(start) : d.put(start);
+    void* b = dt == DType::BF16 ? d.put_bf16(start) : d.put(start);
+    void* demb = d.zeros(n * 4);
+    void* sums = d.zeros(16);
+    be.embed_backward(dids, T, ddx, demb, {});
+    be.grad_add(a, dt, demb, n, static_cast<double*>(sums), {});
+    be.embed_backward_acc(dids, T, ddx, b, dt, static_cast<double*>(sums) + 1, {});
+    be.synchronize();
+    const size_t bytes = sz(n) * dtype_size(dt);
+    EXPECT_EQ(down<uint8_t>(a, bytes), down<uint8_t>(b, bytes)) << dtype_name(dt);
+    const auto s = down<double>(sums, 2);
+    EXPECT_EQ(s[0], s[1]) << dtype_name(dt);
+  }
+}
+
 }  // namespace

@@ -277,5 +277,46 @@ TEST(Planner, GradientRingDepthAutoTradesTheRingsDram) {
   EXPECT_EQ(roomy.placement.grad_ring_depth, kGradRingDepth);
 }
 
+// The Qwen3.6-27B shape on an 80 GB card: the head's gradient by vocabulary slices (the planner's choice unless the
+// request fixes it) gives the [vocab, hidden] fp32 buffers' 4.4 GiB to the activations: multi-sample chunks where the
+// full buffers leave none; plan.json carries it; a tied head never takes it.
+TEST(Planner, HeadGradientBySlicesGivesTheTableSizedBuffersToTheChunks) {
+  PlanRequest r;
+  r.model = preset_config("qwen3.6-27b");
+  r.batch = 72;
+  r.seq = 1024;
+  r.profile = load_profile_file(lt::testing::repo_root().string() + "/configs/profiles/h800-80g.json");
+  r.profile.hbm_bytes = int64_t(76) << 30;
+  r.profile.dram_bytes = int64_t(108) << 30;
+  r.optimizer = "adamw8bit";
+  r.allow_bf16_master = true;
+  r.planner = "dp";
+  r.compare = false;
+  r.explain = false;
+  r.head_grad_slices = false;
+  const PlanOutcome full = make_plan(r);
+  r.head_grad_slices.reset();
+  const PlanOutcome chosen = make_plan(r);
+  ASSERT_TRUE(chosen.feasible) << chosen.why;
+  EXPECT_TRUE(chosen.placement.head_grad_slices);
+  EXPECT_TRUE(chosen.plan.placement.head_grad_slices);
+  EXPECT_GT(chosen.plan.chunk, 1);
+  if (full.feasible) {
+    EXPECT_LT(chosen.sim.pred.step_s, full.sim.pred.step_s);
+    EXPECT_LT(full.plan.chunk, chosen.plan.chunk);
+  }
+  EXPECT_NEAR(full.state.hbm() - chosen.state.hbm(), 4.0 * 5120 * double(248320 - head_grad_slice_rows(r.model)), 1.0);
+  r.head_grad_slices = true;
+  const PlanOutcome forced = make_plan(r);
+  ASSERT_TRUE(forced.feasible) << forced.why;
+  EXPECT_EQ(forced.plan.chunk, chosen.plan.chunk);
+  r.model = preset_config("qwen2.5-3b");  // tied
+  r.head_grad_slices.reset();
+  r.batch = 8;
+  const PlanOutcome tied = make_plan(r);
+  ASSERT_TRUE(tied.feasible) << tied.why;
+  EXPECT_FALSE(tied.placement.head_grad_slices);
+}
+
 }  // namespace
 }  // namespace lt

@@ -72,6 +72,19 @@ TEST(PlanState, BytesPerModeByHand) {
     EXPECT_DOUBLE_EQ(b.grad_scratch, 4 * (2 * kLayer + std::max(kHead, kEmb)));  // head and embedding share
     s.grad_ring_depth = 1;  // one median unit, at least the largest
     EXPECT_DOUBLE_EQ(model_state_bytes(c, all_matrices(c), s).staging, 2 * std::max({kEmb, kHead, kLayer}));
+    // The head's gradient by vocabulary slices: the final norm's and one slice's fp32 rows instead of the shared
+    // [vocab, hidden] buffer; everything else as before.
+    s.grad_ring_depth = kGradRingDepth;
+    s.head_grad_slices = true;
+    ASSERT_TRUE(head_grad_slices_apply(c, s));
+    const auto sl = model_state_bytes(c, all_matrices(c), s);
+    const double rows = double(head_grad_slice_rows(c));
+    EXPECT_DOUBLE_EQ(sl.grad_scratch, 4 * (2 * kLayer + double(c.hidden) * (1 + rows)));
+    EXPECT_DOUBLE_EQ(b.hbm() - sl.hbm(), 4 * (std::max(kHead, kEmb) - double(c.hidden) * (1 + rows)));
+    EXPECT_DOUBLE_EQ(sl.dram(), b.dram());
+    EXPECT_FALSE(head_grad_slices_apply(c, {MasterMode::Bf16Sr, GradHome::Device, GradDType::F32}));
+    EXPECT_FALSE(head_grad_slices_apply(c, {MasterMode::Bf16Sr, GradHome::Host, GradDType::Bf16}));
+    EXPECT_FALSE(head_grad_slices_apply(preset_config("tiny-qwen2"), s));  // tied
   }
   // Tied embeddings: the head unit is the final norm only; the tied matrix's gradient is held with the rest.
   const auto t = preset_config("tiny-qwen2");

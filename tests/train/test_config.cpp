@@ -301,6 +301,18 @@ TEST(TrainConfig, GradientRingDepthIsAutoOrACountOfLayers) {
   }
 }
 
+// head_gradient: full | slices | auto (the default); anything else names the key and the names it takes.
+TEST(TrainConfig, HeadGradientIsFullSlicesOrAuto) {
+  EXPECT_EQ(parse_config("model_name_or_path: x\n", "t.yaml").placement.head_gradient, HeadGradient::Auto);
+  EXPECT_EQ(parse_config("model_name_or_path: x\nhead_gradient: slices\n", "t.yaml").placement.head_gradient,
+            HeadGradient::Slices);
+  EXPECT_EQ(parse_config("model_name_or_path: x\n", "t.yaml", {"head_gradient=full"}).placement.head_gradient,
+            HeadGradient::Full);
+  const std::string e = err_of("model_name_or_path: x\nhead_gradient: sliced\n");
+  EXPECT_NE(e.find("head_gradient"), std::string::npos) << e;
+  EXPECT_NE(e.find("full, slices, auto"), std::string::npos) << e;
+}
+
 // device_update_layers: "auto" or a count >= 0; anything else names the key, where it was set and the value.
 TEST(TrainConfig, DeviceUpdateLayersIsAutoOrACount) {
   EXPECT_EQ(parse_config("model_name_or_path: x\ndevice_update_layers: 0\n", "t.yaml").placement.device_update_layers,

@@ -457,6 +457,28 @@ TEST(Trainer, GradientRingDepthTrainsExactlyAsTheDefault) {
   EXPECT_NE(ring_line(shallow_dir.p), ring_line(deep_dir.p));
 }
 
+// head_gradient: slices (bf16 gradients held on the device, an untied head): the run trains bit for bit as with the
+// full fp32 buffers; plan.json and the plan's report say so.
+TEST(Trainer, HeadGradientBySlicesTrainsExactlyAsTheFullGradient) {
+  TmpDir full_dir("_head_full"), sliced_dir("_head_slices");
+  const std::vector<std::string> ov = {"gradients=device", "gradient_dtype=bf16", "max_steps=3",
+                                       "gradient_accumulation_steps=1", "model_overrides={tie_word_embeddings: false}"};
+  TrainResult full = run_training(tiny_config(full_dir.p, plus(ov, "head_gradient=full")), quiet_hooks());
+  TrainResult sliced = run_training(tiny_config(sliced_dir.p, plus(ov, "head_gradient=slices")), quiet_hooks());
+  ASSERT_EQ(full.losses.size(), 3u);
+  EXPECT_EQ(sliced.losses, full.losses);
+  expect_same_masters(full_dir.p, sliced_dir.p, 3);
+  auto plan_json = [](const fs::path& dir) {
+    std::ifstream f(dir / "plan.json");
+    return nlohmann::json::parse(f);
+  };
+  EXPECT_EQ(plan_json(sliced_dir.p).at("head_grad_slices"), true);
+  EXPECT_FALSE(plan_json(full_dir.p).contains("head_grad_slices"));
+  std::ifstream rep(sliced_dir.p / "plan_report.txt");
+  const std::string all((std::istreambuf_iterator<char>(rep)), std::istreambuf_iterator<char>());
+  EXPECT_NE(all.find("gradient scratch (fp32, head sliced)"), std::string::npos) << all;
+}
+
 }  // namespace
 
 namespace {

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <numeric>
 #include <thread>
 
 #include <omp.h>
@@ -395,6 +396,46 @@ void CpuBackend::embed_backward(const int32_t* ids, int64_t T, const void* dx, v
   impl_->push(Lane::Compute, std::move(t));
 }
 
+// Each id's rows summed in token order from zero (embed_backward's sum), then added into its row of acc as
+// grad_add adds; the sum of squares over the whole acc in element order, as grad_add's.
+void CpuBackend::embed_backward_acc(const int32_t* ids, int64_t T, const void* dx, void* acc, DType acc_dtype,
+                                    double* sumsq, OpLabel l) {
+  LT_CHECK(acc_dtype == DType::F32 || acc_dtype == DType::BF16,
+           "embed_backward_acc: accumulator dtype {} (expected F32 or BF16)", dtype_name(acc_dtype));
+  Task t;
+  t.fn = [this, ids, T, dx, acc, acc_dtype, sumsq] {
+    const int64_t H = cfg_.hidden, n = cfg_.vocab * H;
+    std::vector<int64_t> order(static_cast<size_t>(T));
+    std::iota(order.begin(), order.end(), int64_t(0));
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return ids[a] < ids[b]; });
+    std::vector<float> row(static_cast<size_t>(H));
+    const float* d = static_cast<const float*>(dx);
+    for (size_t i = 0; i < order.size();) {
+      const int64_t id = ids[order[i]];
+      std::fill(row.begin(), row.end(), 0.0f);
+      for (; i < order.size() && ids[order[i]] == id; ++i)
+        for (int64_t h = 0; h < H; ++h) row[size_t(h)] += d[order[i] * H + h];
+      if (acc_dtype == DType::F32) {
+        float* a = static_cast<float*>(acc) + id * H;
+        for (int64_t h = 0; h < H; ++h) a[h] += row[size_t(h)];
+      } else {
+        bf16_t* a = static_cast<bf16_t*>(acc) + id * H;
+        for (int64_t h = 0; h < H; ++h) a[h] = f32_to_bf16(bf16_to_f32(a[h]) + row[size_t(h)]);
+      }
+    }
+    if (!sumsq) return;
+    double s = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double v = acc_dtype == DType::F32 ? double(static_cast<const float*>(acc)[i])
+                                               : double(bf16_to_f32(static_cast<const bf16_t*>(acc)[i]));
+      s += v * v;
+    }
+    *sumsq += s;
+  };
+  t.label = l;
+  impl_->push(Lane::Compute, std::move(t));
+}
+
 void CpuBackend::layer_forward(int64_t layer, const void* w, const DevGeometry& g, const void* x, void* y, OpLabel l) {
   LT_CHECK(layer >= 0 && layer < cfg_.layers, "cpu backend: layer {} out of range [0, {})", layer, cfg_.layers);
   workspace_for(layer_call_workspace(g.tokens()), "layer_forward", l, g.tokens());
@@ -487,6 +528,46 @@ void CpuBackend::head_loss(const void* head_w, const void* lm_w, const int32_t* 
           static_cast<float*>(d_head_w), static_cast<float*>(d_lm_w));
       acc[0] += res.loss_sum;
       acc[1] += double(res.n_tokens);
+    }
+  };
+  t.label = l;
+  impl_->push(Lane::Compute, std::move(t));
+}
+
+void CpuBackend::head_loss_lse(const void* head_w, const void* lm_w, const int32_t* targets, const DevGeometry& g,
+                               const void* x, float loss_scale, void* dx, void* d_norm_w, float* lse, double* acc,
+                               OpLabel l) {
+  workspace_for(head_call_workspace(g.seq), "head_loss_lse", l, g.tokens());
+  Task t;
+  t.fn = [this, head_w, lm_w, targets, g, x, loss_scale, dx, d_norm_w, lse, acc] {
+    const int64_t S = g.seq, H = cfg_.hidden;
+    for (int64_t b = 0; b < g.batch; ++b) {  // sample by sample, as head_loss
+      const int64_t r0 = b * S;
+      auto res = cpu::head_forward_lse(cfg_, layout_.head(), static_cast<const float*>(head_w),
+                                       static_cast<const float*>(lm_w), targets + r0, S,
+                                       static_cast<const float*>(x) + r0 * H, loss_scale,
+                                       dx ? static_cast<float*>(dx) + r0 * H : nullptr, static_cast<float*>(d_norm_w),
+                                       lse + r0);
+      acc[0] += res.loss_sum;
+      acc[1] += double(res.n_tokens);
+    }
+  };
+  t.label = l;
+  impl_->push(Lane::Compute, std::move(t));
+}
+
+void CpuBackend::head_lm_grad_slice(const void* head_w, const void* lm_w, const int32_t* targets, const DevGeometry& g,
+                                    const void* x, const float* lse, float loss_scale, int64_t v0, int64_t n_v,
+                                    void* dw, OpLabel l) {
+  workspace_for(head_call_workspace(g.seq), "head_lm_grad_slice", l, g.tokens());
+  Task t;
+  t.fn = [this, head_w, lm_w, targets, g, x, lse, loss_scale, v0, n_v, dw] {
+    const int64_t S = g.seq, H = cfg_.hidden;
+    for (int64_t b = 0; b < g.batch; ++b) {
+      const int64_t r0 = b * S;
+      cpu::head_lm_grad_slice(cfg_, layout_.head(), static_cast<const float*>(head_w), static_cast<const float*>(lm_w),
+                              targets + r0, S, static_cast<const float*>(x) + r0 * H, lse + r0, loss_scale, v0, n_v,
+                              static_cast<float*>(dw));
     }
   };
   t.label = l;

@@ -78,6 +78,14 @@ class CpuBackend : public Backend {  // not final: tests spy on it
                  OpLabel l) override;
   void head_logits(const void* head_w, const void* lm_w, const void* x, const int64_t* rows, int64_t n_rows,
                    float* out, OpLabel l) override;
+  bool has_sliced_head_grad() const override { return true; }
+  void head_loss_lse(const void* head_w, const void* lm_w, const int32_t* targets, const DevGeometry& g, const void* x,
+                     float loss_scale, void* dx, void* d_norm_w, float* lse, double* acc, OpLabel l) override;
+  void head_lm_grad_slice(const void* head_w, const void* lm_w, const int32_t* targets, const DevGeometry& g,
+                          const void* x, const float* lse, float loss_scale, int64_t v0, int64_t n_v, void* dw,
+                          OpLabel l) override;
+  void embed_backward_acc(const int32_t* ids, int64_t T, const void* dx, void* acc, DType acc_dtype, double* sumsq,
+                          OpLabel l) override;
   void grad_sumsq(const void* grad, int64_t n, double* out, OpLabel l) override;
   void grad_add(void* acc, DType acc_dtype, const void* grad, int64_t n, double* sumsq, OpLabel l) override;
   void adamw_step(const AdamWStepScalars& s, float* p, bf16_t* hi, uint16_t* lo, const float* g, float* m, float* v,

@@ -120,9 +120,14 @@ void embedding_bwd(const int32_t* ids, int64_t n, int64_t hidden, const float* d
 // logits [n, vocab] are overwritten with d(loss_sum * grad_scale)/dlogits (rows with target -100 get 0)
 // when want_grad, else left unchanged. Per-row losses (fp32; lse from a double sum) are added in row
 // order into *loss_sum; *n_valid is incremented by the number of non-ignored rows.
+// lse != nullptr: receives each row's log-sum-exp (ignored rows: 0).
 // Throws lt::Error for targets outside [0, vocab) other than -100.
 void cross_entropy(float* logits, const int32_t* targets, int64_t n, int64_t vocab, float grad_scale,
-                   bool want_grad, double* loss_sum, int64_t* n_valid);
+                   bool want_grad, double* loss_sum, int64_t* n_valid, float* lse = nullptr);
+// The same gradient in vocabulary columns [v0, v0 + n_v) of each row from its lse: z [n, n_v] (those columns' logits)
+// is overwritten with (softmax - onehot) * grad_scale, as cross_entropy writes those columns.
+void cross_entropy_slice_grad(float* z, const int32_t* targets, int64_t n, int64_t v0, int64_t n_v, const float* lse,
+                              float grad_scale);
 
 // AdamW with fp32 moments (Backend::adamw_step): the optimizer's fp32 element update (optim/adamw_kernels.h) in the
 // same operations and order, over an fp32 master p, or (p null) the split master hi/lo (core/split_master.h).

@@ -51,7 +51,7 @@ void embedding_bwd(const int32_t* ids, int64_t n, int64_t hidden, const float* d
 }
 
 void cross_entropy(float* logits, const int32_t* targets, int64_t n, int64_t vocab, float grad_scale, bool want_grad,
-                   double* loss_sum, int64_t* n_valid) {
+                   double* loss_sum, int64_t* n_valid, float* lse_out) {
   for (int64_t r = 0; r < n; ++r)
     LT_CHECK(targets[r] == -100 || (targets[r] >= 0 && targets[r] < vocab),
              "cross_entropy: target {} at row {} is outside [0, {}) and is not -100", targets[r], r, vocab);
@@ -62,11 +62,13 @@ void cross_entropy(float* logits, const int32_t* targets, int64_t n, int64_t voc
     const int32_t t = targets[r];
     if (t == -100) {
       if (want_grad) std::fill(z, z + vocab, 0.0f);
+      if (lse_out) lse_out[r] = 0.0f;
       continue;
     }
     const float m = vec::row_max(z, vocab);
     const double sum = vec::sum_exp(z, vocab, m);
     const float lse = m + float(std::log(sum));
+    if (lse_out) lse_out[r] = lse;
     row_loss[size_t(r)] = lse - z[t];
     if (want_grad) {
       // d loss / d z_i = softmax_i - [i == t]
@@ -78,6 +80,21 @@ void cross_entropy(float* logits, const int32_t* targets, int64_t n, int64_t voc
     if (targets[r] == -100) continue;
     *loss_sum += double(row_loss[size_t(r)]);
     *n_valid += 1;
+  }
+}
+
+void cross_entropy_slice_grad(float* z, const int32_t* targets, int64_t n, int64_t v0, int64_t n_v, const float* lse,
+                              float grad_scale) {
+#pragma omp parallel for schedule(static) if (n * n_v > 65536)
+  for (int64_t r = 0; r < n; ++r) {
+    float* zr = z + r * n_v;
+    const int32_t t = targets[r];
+    if (t == -100) {
+      std::fill(zr, zr + n_v, 0.0f);
+      continue;
+    }
+    vec::exp_scale_inplace(zr, n_v, lse[r], grad_scale);
+    if (t >= v0 && t < v0 + n_v) zr[t - v0] -= grad_scale;
   }
 }
 

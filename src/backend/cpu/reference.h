@@ -42,6 +42,16 @@ struct HeadResult {
 HeadResult head_forward_backward(const ModelConfig& c, const UnitLayout& head_lay, const float* head_w,
                                  const float* lm_w, const int32_t* targets, int64_t T, const float* x,
                                  float loss_scale, float* dx, float* d_head_w, float* d_lm_w, int64_t seq = 0);
+// head_forward_backward without the LM weight's gradient: d_norm_w accumulates the final norm's (hidden elements),
+// lse (nullable) receives each row's log-sum-exp (0 for rows without a target, or in chunks without any).
+HeadResult head_forward_lse(const ModelConfig& c, const UnitLayout& head_lay, const float* head_w, const float* lm_w,
+                            const int32_t* targets, int64_t T, const float* x, float loss_scale, float* dx,
+                            float* d_norm_w, float* lse, int64_t seq = 0);
+// dw[n_v, hidden] += rows v0 .. v0+n_v-1 of the d_lm_w head_forward_backward accumulates for the same rows (the same
+// token chunks and summation order), from those columns' logits computed again and head_forward_lse's lse.
+void head_lm_grad_slice(const ModelConfig& c, const UnitLayout& head_lay, const float* head_w, const float* lm_w,
+                        const int32_t* targets, int64_t T, const float* x, const float* lse, float loss_scale,
+                        int64_t v0, int64_t n_v, float* dw, int64_t seq = 0);
 // Token chunking of the head: every sample (seq > 0: rows b*seq..; seq == 0: all T rows as one sample)
 // is split into equal chunks of at most head_chunk_rows(vocab) rows (~320 MiB of logits). The chunks
 // depend only on the sample's length, so d_lm_w is bit-identical however samples are grouped into calls

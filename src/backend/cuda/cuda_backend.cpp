@@ -371,6 +371,24 @@ void CudaBackend::embed_backward(const int32_t* ids, int64_t T, const void* dx, 
   });
 }
 
+void CudaBackend::embed_backward_acc(const int32_t* ids, int64_t T, const void* dx, void* acc, DType acc_dtype,
+                                     double* sumsq, OpLabel l) {
+  LT_CHECK(acc_dtype == DType::F32 || acc_dtype == DType::BF16,
+           "embed_backward_acc: accumulator dtype {} (expected F32 or BF16)", dtype_name(acc_dtype));
+  Impl& m = *impl_;
+  const int64_t n = cfg_.vocab * cfg_.hidden;
+  enqueue(m, Lane::Compute, l, 0, [&](cudaStream_t s) {
+    ensure_ws(m, mem_, m.eng->embed_workspace_bytes(T), "embed_backward_acc", l, T);
+    if (acc_dtype == DType::F32) {
+      cuda::embed_bwd(ids, T, cfg_.hidden, cfg_.vocab, dx, static_cast<float*>(acc), m.ws, m.ws_bytes, s);
+      if (sumsq) cuda::sumsq_accum(static_cast<const float*>(acc), n, sumsq, m.sumsq_partial, s);
+    } else {
+      cuda::embed_bwd_acc_bf16(ids, T, cfg_.hidden, cfg_.vocab, dx, acc, m.ws, m.ws_bytes, s);
+      if (sumsq) cuda::sumsq_accum_bf16(acc, n, sumsq, m.sumsq_partial, s);
+    }
+  });
+}
+
 void CudaBackend::layer_forward(int64_t layer, const void* w, const DevGeometry& g, const void* x, void* y,
                                 OpLabel l) {
   layer_forward_keep(layer, w, g, x, y, nullptr, l);
@@ -412,8 +430,31 @@ void CudaBackend::head_loss(const void* head_w, const void* lm_w, const int32_t*
   Impl& m = *impl_;
   enqueue(m, Lane::Compute, l, 0, [&](cudaStream_t s) {
     ensure_ws(m, mem_, m.eng->head_workspace_bytes(g.tokens()), "head_loss", l, g.tokens());
+    float* d_norm_w = d_head_w ? static_cast<float*>(d_head_w) + layout_.head().find("norm.weight").offset : nullptr;
+    m.eng->head_loss(layout_.head(), head_w, lm_w, targets, g.tokens(), x, loss_scale, dx, d_norm_w,
+                     static_cast<float*>(d_lm_w), nullptr, acc, m.err_dev, m.ws, s);
+  });
+}
+
+void CudaBackend::head_loss_lse(const void* head_w, const void* lm_w, const int32_t* targets, const DevGeometry& g,
+                                const void* x, float loss_scale, void* dx, void* d_norm_w, float* lse, double* acc,
+                                OpLabel l) {
+  Impl& m = *impl_;
+  enqueue(m, Lane::Compute, l, 0, [&](cudaStream_t s) {
+    ensure_ws(m, mem_, m.eng->head_workspace_bytes(g.tokens()), "head_loss_lse", l, g.tokens());
     m.eng->head_loss(layout_.head(), head_w, lm_w, targets, g.tokens(), x, loss_scale, dx,
-                     static_cast<float*>(d_head_w), static_cast<float*>(d_lm_w), acc, m.err_dev, m.ws, s);
+                     static_cast<float*>(d_norm_w), nullptr, lse, acc, m.err_dev, m.ws, s);
+  });
+}
+
+void CudaBackend::head_lm_grad_slice(const void* head_w, const void* lm_w, const int32_t* targets,
+                                     const DevGeometry& g, const void* x, const float* lse, float loss_scale,
+                                     int64_t v0, int64_t n_v, void* dw, OpLabel l) {
+  Impl& m = *impl_;
+  enqueue(m, Lane::Compute, l, 0, [&](cudaStream_t s) {
+    ensure_ws(m, mem_, m.eng->head_workspace_bytes(g.tokens()), "head_lm_grad_slice", l, g.tokens());
+    m.eng->head_lm_grad_slice(layout_.head(), head_w, lm_w, targets, g.tokens(), x, lse, loss_scale, v0, n_v,
+                              static_cast<float*>(dw), m.ws, s);
   });
 }
 

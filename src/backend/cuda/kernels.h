@@ -95,13 +95,20 @@ void embed_fwd(const void* emb, const int32_t* ids, int64_t n, int64_t hidden, i
 int64_t embed_bwd_workspace_bytes(int64_t n);
 void embed_bwd(const int32_t* ids, int64_t n, int64_t hidden, int64_t vocab, const void* dx, float* demb,
                void* workspace, int64_t workspace_bytes, cudaStream_t st);
+// The same sums added into a bf16 table, each element rounded once (add_f32_to_bf16's rounding of the fp32 sum).
+void embed_bwd_acc_bf16(const int32_t* ids, int64_t n, int64_t hidden, int64_t vocab, const void* dx, void* acc,
+                        void* workspace, int64_t workspace_bytes, cudaStream_t st);
 
 // ---------------------------------------------------------------- cross-entropy over fp32 logits
 // Per row r < n: row_loss[r] = lse(logits[r]) - logits[r, t] (0 for t == -100). If dlogits (bf16 [n, vocab])
 // is given, it receives (softmax - onehot) * grad_scale (zero rows for ignored targets).
-// Targets outside [0, vocab) other than -100 set *err to 2.
+// Targets outside [0, vocab) other than -100 set *err to 2. lse (nullable): each row's log-sum-exp (0 if ignored).
 void cross_entropy(const float* logits, const int32_t* targets, int64_t n, int64_t vocab, float grad_scale,
-                   void* dlogits, float* row_loss, int* err, cudaStream_t st);
+                   void* dlogits, float* row_loss, int* err, cudaStream_t st, float* lse = nullptr);
+// dlogits [n, nv] (bf16) = the columns [v0, v0 + nv) of cross_entropy's dlogits, from those columns' logits [n, nv]
+// and each row's lse.
+void cross_entropy_slice_grad(const float* logits, const int32_t* targets, int64_t n, int64_t v0, int64_t nv,
+                              int64_t vocab, const float* lse, float grad_scale, void* dlogits, cudaStream_t st);
 // acc[0] += sum of row_loss[0..n) (fp64, fixed order); acc[1] += number of targets != -100.
 void loss_accumulate(const float* row_loss, const int32_t* targets, int64_t n, double* acc, cudaStream_t st);
 

@@ -32,9 +32,14 @@ __global__ void iota_kernel(int32_t* v, int64_t n) {
   if (i < n) v[i] = int32_t(i);
 }
 
-// One block per sorted position that starts a run of equal ids: sums that id's rows in token order.
+__device__ inline void add_rounded(float* a, float v) { *a += v; }
+__device__ inline void add_rounded(bf16* a, float v) { *a = __float2bfloat16_rn(__bfloat162float(*a) + v); }
+
+// One block per sorted position that starts a run of equal ids: sums that id's rows in token order and adds the sum
+// to its row (bf16: rounded once, as add_f32_to_bf16 rounds).
+template <class Acc>
 __global__ void embed_bwd_kernel(const int32_t* keys, const int32_t* tok, int64_t n, int64_t hidden, int64_t vocab,
-                                 const bf16* dx, float* demb) {
+                                 const bf16* dx, Acc* demb) {
   const int64_t i = blockIdx.x;
   const int32_t id = keys[i];
   if ((i > 0 && keys[i - 1] == id) || id < 0 || id >= vocab) return;
@@ -43,7 +48,7 @@ __global__ void embed_bwd_kernel(const int32_t* keys, const int32_t* tok, int64_
   for (int64_t c = threadIdx.x; c < hidden; c += blockDim.x) {
     float acc = 0.f;
     for (int64_t j = i; j < end; ++j) acc += __bfloat162float(dx[int64_t(tok[j]) * hidden + c]);
-    demb[int64_t(id) * hidden + c] += acc;
+    add_rounded(demb + int64_t(id) * hidden + c, acc);
   }
 }
 
@@ -80,7 +85,8 @@ __device__ double block_sum(double v, double* sh) {
 // One block per row: online max/sum-exp pass, then the gradient pass.
 constexpr int kCeThreads = 512;
 __global__ void __launch_bounds__(kCeThreads) ce_kernel(const float* logits, const int32_t* targets, int64_t vocab,
-                                                        float scale, bf16* dlogits, float* row_loss, int* err) {
+                                                        float scale, bf16* dlogits, float* row_loss, float* lse_out,
+                                                        int* err) {
   __shared__ float sm[kCeThreads / 32], ss[kCeThreads / 32];
   __shared__ float s_lse;
   const int64_t r = blockIdx.x;
@@ -121,6 +127,7 @@ __global__ void __launch_bounds__(kCeThreads) ce_kernel(const float* logits, con
     const float lse = M + float(log(tot));
     s_lse = lse;
     row_loss[r] = (ignored || bad) ? 0.f : lse - x[tgt];
+    if (lse_out) lse_out[r] = (ignored || bad) ? 0.f : lse;
   }
   __syncthreads();
   if (!dlogits) return;
@@ -130,6 +137,24 @@ __global__ void __launch_bounds__(kCeThreads) ce_kernel(const float* logits, con
   for (int64_t c = threadIdx.x; c < vocab; c += kCeThreads) {
     float g = __expf(x[c] - lse);
     if (c == tgt) g -= 1.f;
+    d[c] = __float2bfloat16(g * sc);
+  }
+}
+
+// The gradient of cross_entropy in vocabulary columns [v0, v0 + nv) from each row's lse: one block per row, the
+// same expression as ce_kernel's gradient pass.
+__global__ void __launch_bounds__(kCeThreads) ce_slice_grad_kernel(const float* logits, const int32_t* targets,
+                                                                   int64_t v0, int64_t nv, int64_t vocab,
+                                                                   const float* lse, float scale, bf16* dlogits) {
+  const int64_t r = blockIdx.x;
+  const float* x = logits + r * nv;
+  const int32_t tgt = targets[r];
+  const float sc = (tgt == -100 || tgt < 0 || tgt >= vocab) ? 0.f : scale;
+  const float l = lse[r];
+  bf16* d = dlogits + r * nv;
+  for (int64_t c = threadIdx.x; c < nv; c += kCeThreads) {
+    float g = sc == 0.f ? 0.f : __expf(x[c] - l);  // an ignored row's lse is 0: its exp could overflow
+    if (c + v0 == tgt) g -= 1.f;
     d[c] = __float2bfloat16(g * sc);
   }
 }
@@ -195,8 +220,11 @@ int64_t embed_bwd_workspace_bytes(int64_t n) {
   return int64_t(3 * align256(size_t(n) * 4) + align256(cub_temp_bytes(n)));
 }
 
-void embed_bwd(const int32_t* ids, int64_t n, int64_t hidden, int64_t vocab, const void* dx, float* demb,
-               void* workspace, int64_t workspace_bytes, cudaStream_t st) {
+namespace {
+
+template <class Acc>
+void embed_bwd_t(const int32_t* ids, int64_t n, int64_t hidden, int64_t vocab, const void* dx, Acc* demb,
+                 void* workspace, int64_t workspace_bytes, cudaStream_t st) {
   if (n == 0) return;
   LT_CUDA_REQUIRE(n < (int64_t(1) << 31), "embedding backward: too many tokens");
   LT_CUDA_REQUIRE(workspace_bytes >= embed_bwd_workspace_bytes(n), "embedding backward: workspace too small");
@@ -211,16 +239,36 @@ void embed_bwd(const int32_t* ids, int64_t n, int64_t hidden, int64_t vocab, con
   LT_CUDA_LAUNCH();
   // Stable LSD radix sort: equal ids keep token order, so each id's rows are summed in token order.
   LT_CUDA(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, ids, keys_out, vals_in, vals_out, int(n), 0, 32, st));
-  embed_bwd_kernel<<<unsigned(n), 256, 0, st>>>(keys_out, vals_out, n, hidden, vocab, static_cast<const bf16*>(dx),
+  embed_bwd_kernel<Acc><<<unsigned(n), 256, 0, st>>>(keys_out, vals_out, n, hidden, vocab, static_cast<const bf16*>(dx),
                                                 demb);
   LT_CUDA_LAUNCH();
 }
 
+}  // namespace
+
+void embed_bwd(const int32_t* ids, int64_t n, int64_t hidden, int64_t vocab, const void* dx, float* demb,
+               void* workspace, int64_t workspace_bytes, cudaStream_t st) {
+  embed_bwd_t(ids, n, hidden, vocab, dx, demb, workspace, workspace_bytes, st);
+}
+
+void embed_bwd_acc_bf16(const int32_t* ids, int64_t n, int64_t hidden, int64_t vocab, const void* dx, void* acc,
+                        void* workspace, int64_t workspace_bytes, cudaStream_t st) {
+  embed_bwd_t(ids, n, hidden, vocab, dx, static_cast<bf16*>(acc), workspace, workspace_bytes, st);
+}
+
 void cross_entropy(const float* logits, const int32_t* targets, int64_t n, int64_t vocab, float grad_scale,
-                   void* dlogits, float* row_loss, int* err, cudaStream_t st) {
+                   void* dlogits, float* row_loss, int* err, cudaStream_t st, float* lse) {
   if (n == 0) return;
   ce_kernel<<<unsigned(n), kCeThreads, 0, st>>>(logits, targets, vocab, grad_scale, static_cast<bf16*>(dlogits),
-                                                row_loss, err);
+                                                row_loss, lse, err);
+  LT_CUDA_LAUNCH();
+}
+
+void cross_entropy_slice_grad(const float* logits, const int32_t* targets, int64_t n, int64_t v0, int64_t nv,
+                              int64_t vocab, const float* lse, float grad_scale, void* dlogits, cudaStream_t st) {
+  if (n == 0 || nv == 0) return;
+  ce_slice_grad_kernel<<<unsigned(n), kCeThreads, 0, st>>>(logits, targets, v0, nv, vocab, lse, grad_scale,
+                                                           static_cast<bf16*>(dlogits));
   LT_CUDA_LAUNCH();
 }
 

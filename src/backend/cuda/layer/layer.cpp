@@ -243,14 +243,28 @@ void LayerEngine::embed_backward(const int32_t* ids, int64_t T, const void* dx, 
   cuda::embed_bwd(ids, T, c_.hidden, c_.vocab, dx, demb, ws, ws_bytes, st);
 }
 
+namespace {
+
+// dW[nv, H] (fp32) += dlogits[n, nv]^T hn[n, H]: the LM weight's gradient from n rows.
+void lm_grad_rows(Gemm& gemm, const u16* dlog, const u16* hn, int64_t n, int64_t nv, int64_t H, float* dw,
+                  cudaStream_t st) {
+  GemmArgs d;
+  d.trans_a = true;
+  d.m = nv, d.n = H, d.k = n;
+  d.a = dlog, d.b = hn, d.c = dw, d.c_f32 = true, d.beta = 1.f;
+  gemm.run(d, st);
+}
+
+}  // namespace
+
 void LayerEngine::head_loss(const UnitLayout& lay, const void* head_w, const void* lm_w, const int32_t* targets,
-                            int64_t T, const void* x, float loss_scale, void* dx, float* d_head_w, float* d_lm_w,
-                            double* acc, int* err, void* ws, cudaStream_t st) {
+                            int64_t T, const void* x, float loss_scale, void* dx, float* d_norm_w, float* d_lm_w,
+                            float* lse, double* acc, int* err, void* ws, cudaStream_t st) {
   if (T == 0) return;
   const int64_t H = c_.hidden, V = c_.vocab;
   const float eps = float(c_.rms_eps);
   const bool grad = dx != nullptr;
-  LT_CHECK(!grad || (d_head_w && d_lm_w), "head_loss: dx given without d_head_w/d_lm_w");
+  LT_CHECK(!grad || d_norm_w, "head_loss: dx given without d_norm_w");
   const int64_t C = std::min(head_chunk_, T);
   Carve cv(ws);
   u16* hn = cv.take<u16>(T * H);
@@ -270,21 +284,46 @@ void LayerEngine::head_loss(const UnitLayout& lay, const void* head_w, const voi
     a.m = n, a.n = V, a.k = H;
     a.a = hn + r0 * H, a.b = lm_w, a.c = logits, a.c_f32 = true;
     gemm_.run(a, st);
-    cross_entropy(logits, targets + r0, n, V, loss_scale, grad ? dlog : nullptr, row_loss + r0, err, st);
+    cross_entropy(logits, targets + r0, n, V, loss_scale, grad ? dlog : nullptr, row_loss + r0, err, st,
+                  lse ? lse + r0 : nullptr);
     if (!grad) continue;
     GemmArgs d;  // dhn[n, H] = dlogits W
     d.m = n, d.n = H, d.k = V;
     d.a = dlog, d.b = lm_w, d.c = dhn + r0 * H;
     gemm_.run(d, st);
-    GemmArgs dwa;  // dW[V, H] += dlogits^T hn
-    dwa.trans_a = true;
-    dwa.m = V, dwa.n = H, dwa.k = n;
-    dwa.a = dlog, dwa.b = hn + r0 * H, dwa.c = d_lm_w, dwa.c_f32 = true, dwa.beta = 1.f;
-    gemm_.run(dwa, st);
+    if (d_lm_w) lm_grad_rows(gemm_, dlog, hn + r0 * H, n, V, H, d_lm_w, st);
   }
   loss_accumulate(row_loss, targets, T, acc, st);
-  if (grad)
-    rmsnorm_bwd(x, norm_w, dhn, nullptr, T, H, eps, dx, d_head_w + nw.offset, rstd, partial, st, norm_off_);
+  if (grad) rmsnorm_bwd(x, norm_w, dhn, nullptr, T, H, eps, dx, d_norm_w, rstd, partial, st, norm_off_);
+}
+
+// The slice's logits again in the chunks head_loss takes (head_chunk_ rows), their gradient from lse, and
+// dW[v0 .. v0+nv) += dlogits^T hn in head_loss's order. Carved like head_loss, the logits [C, nv] <= [C, V].
+void LayerEngine::head_lm_grad_slice(const UnitLayout& lay, const void* head_w, const void* lm_w,
+                                     const int32_t* targets, int64_t T, const void* x, const float* lse,
+                                     float loss_scale, int64_t v0, int64_t nv, float* dw, void* ws, cudaStream_t st) {
+  if (T == 0) return;
+  const int64_t H = c_.hidden, V = c_.vocab;
+  LT_CHECK(v0 >= 0 && nv >= 1 && v0 + nv <= V, "head_lm_grad_slice: columns [{}, {}) outside the vocabulary of {}", v0,
+           v0 + nv, V);
+  const int64_t C = std::min(head_chunk_, T);
+  Carve cv(ws);
+  u16* hn = cv.take<u16>(T * H);
+  float* logits = cv.take<float>(C * nv);
+  u16* dlog = cv.take<u16>(C * nv);
+  const u16* norm_w = static_cast<const u16*>(head_w) + lay.find("norm.weight").offset;
+  const u16* w_slice = static_cast<const u16*>(lm_w) + v0 * H;
+  rmsnorm_fwd(x, norm_w, T, H, float(c_.rms_eps), hn, nullptr, st, norm_off_);
+  for (int64_t r0 = 0; r0 < T; r0 += C) {
+    const int64_t n = std::min(C, T - r0);
+    GemmArgs a;  // logits[n, nv] = hn W[v0 .. v0+nv)^T (fp32)
+    a.trans_b = true;
+    a.m = n, a.n = nv, a.k = H;
+    a.a = hn + r0 * H, a.b = w_slice, a.c = logits, a.c_f32 = true;
+    gemm_.run(a, st);
+    cross_entropy_slice_grad(logits, targets + r0, n, v0, nv, V, lse + r0, loss_scale, dlog, st);
+    lm_grad_rows(gemm_, dlog, hn + r0 * H, n, nv, H, dw, st);
+  }
 }
 
 void LayerEngine::head_logits(const UnitLayout& lay, const void* head_w, const void* lm_w, const void* x,

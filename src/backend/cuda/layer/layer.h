@@ -54,10 +54,15 @@ class LayerEngine {
   void embed_forward(const void* emb, const int32_t* ids, int64_t T, void* x, int* err, cudaStream_t st);
   void embed_backward(const int32_t* ids, int64_t T, const void* dx, float* demb, void* ws, int64_t ws_bytes,
                       cudaStream_t st);
-  // Final norm + LM head + CE; acc[0] += loss sum, acc[1] += counted tokens. dx == nullptr: loss only.
+  // Final norm + LM head + CE; acc[0] += loss sum, acc[1] += counted tokens. dx == nullptr: loss only; else d_norm_w
+  // (the final norm's weight) ACCUMULATES, and d_lm_w too unless null (Backend::head_loss_lse). lse: nullable.
   void head_loss(const UnitLayout& head_lay, const void* head_w, const void* lm_w, const int32_t* targets, int64_t T,
-                 const void* x, float loss_scale, void* dx, float* d_head_w, float* d_lm_w, double* acc, int* err,
-                 void* ws, cudaStream_t st);
+                 const void* x, float loss_scale, void* dx, float* d_norm_w, float* d_lm_w, float* lse, double* acc,
+                 int* err, void* ws, cudaStream_t st);
+  // Backend::head_lm_grad_slice in the same workspace as head_loss on T rows.
+  void head_lm_grad_slice(const UnitLayout& head_lay, const void* head_w, const void* lm_w, const int32_t* targets,
+                          int64_t T, const void* x, const float* lse, float loss_scale, int64_t v0, int64_t nv,
+                          float* dw, void* ws, cudaStream_t st);
   void head_logits(const UnitLayout& head_lay, const void* head_w, const void* lm_w, const void* x,
                    const int64_t* rows, int64_t n_rows, float* out, void* ws, cudaStream_t st);
 
