@@ -154,7 +154,8 @@ int64_t head_workspace_bytes(const ModelConfig& c, int64_t tokens, int64_t chunk
 
 int64_t head_grad_slice_rows(const ModelConfig& c) {
   const int64_t floats = (int64_t(256) << 20) / 4;
-  return std::clamp<int64_t>(floats / std::max<int64_t>(c.hidden, 1), 1, std::max<int64_t>(c.vocab, 1));
+  const int64_t rows = floats / std::max<int64_t>(c.hidden, 1) / 256 * 256;  // whole GEMM tiles
+  return std::clamp<int64_t>(rows, 1, std::max<int64_t>(c.vocab, 1));
 }
 
 }  // namespace lt

@@ -63,7 +63,7 @@ int64_t head_chunk_workspace_bytes(const ModelConfig& c, int64_t chunk_tokens);
 // hidden state and two fp32 per-row scalars beside the logits chunk (as the CUDA head carves its workspace).
 int64_t head_workspace_bytes(const ModelConfig& c, int64_t tokens, int64_t chunk_rows);
 // The vocabulary rows of one slice of the LM head's weight gradient (StatePlacement::head_grad_slices): its fp32
-// buffer of rows x hidden is at most 256 MiB.
+// buffer of rows x hidden is at most 256 MiB, rows a multiple of 256 (or the whole vocabulary).
 int64_t head_grad_slice_rows(const ModelConfig& c);
 
 }  // namespace lt
