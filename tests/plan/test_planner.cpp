@@ -243,22 +243,29 @@ TEST(Planner, ReportHasTheAttentionInclusiveTflops) {
   EXPECT_NE(plan_report(r, o).find(line), std::string::npos);
 }
 
-// gradient_ring_depth auto (PlanRequest::grad_ring_depth 0): with gradients held on the device and DRAM short (the
-// 27B shape under an 80 GB card's 76 GiB and a 116 GiB host), a shallower staging ring whose DRAM the checkpoints
-// use plans a faster step than the default 8; a fixed depth is kept; with DRAM to spare the gradients go to the host
-// and the depth stays the default.
-TEST(Planner, GradientRingDepthAutoTradesTheRingsDram) {
+// The Qwen3.6-27B shape at batch 72 x 1024 under an 80 GB card's 76 GiB and a host budget, 8-bit moments, bf16-sr
+// masters allowed, the DP alone.
+PlanRequest qwen36_27b_on_80gb(int64_t dram_gib) {
   PlanRequest r;
   r.model = preset_config("qwen3.6-27b");
   r.batch = 72;
   r.seq = 1024;
   r.profile = load_profile_file(lt::testing::repo_root().string() + "/configs/profiles/h800-80g.json");
   r.profile.hbm_bytes = int64_t(76) << 30;
-  r.profile.dram_bytes = int64_t(116) << 30;
+  r.profile.dram_bytes = dram_gib << 30;
   r.optimizer = "adamw8bit";
   r.allow_bf16_master = true;
   r.planner = "dp";
   r.compare = false;
+  return r;
+}
+
+// gradient_ring_depth auto (PlanRequest::grad_ring_depth 0): with gradients held on the device and DRAM short (the
+// 27B shape under an 80 GB card's 76 GiB and a 116 GiB host), a shallower staging ring whose DRAM the checkpoints
+// use plans a faster step than the default 8; a fixed depth is kept; with DRAM to spare the gradients go to the host
+// and the depth stays the default.
+TEST(Planner, GradientRingDepthAutoTradesTheRingsDram) {
+  PlanRequest r = qwen36_27b_on_80gb(116);
   const PlanOutcome fixed = make_plan(r);
   ASSERT_TRUE(fixed.feasible) << fixed.why;
   EXPECT_EQ(fixed.placement.grads, GradHome::Device);
@@ -281,17 +288,7 @@ TEST(Planner, GradientRingDepthAutoTradesTheRingsDram) {
 // request fixes it) gives the [vocab, hidden] fp32 buffers' 4.4 GiB to the activations: multi-sample chunks where the
 // full buffers leave none; plan.json carries it; a tied head never takes it.
 TEST(Planner, HeadGradientBySlicesGivesTheTableSizedBuffersToTheChunks) {
-  PlanRequest r;
-  r.model = preset_config("qwen3.6-27b");
-  r.batch = 72;
-  r.seq = 1024;
-  r.profile = load_profile_file(lt::testing::repo_root().string() + "/configs/profiles/h800-80g.json");
-  r.profile.hbm_bytes = int64_t(76) << 30;
-  r.profile.dram_bytes = int64_t(108) << 30;
-  r.optimizer = "adamw8bit";
-  r.allow_bf16_master = true;
-  r.planner = "dp";
-  r.compare = false;
+  PlanRequest r = qwen36_27b_on_80gb(108);
   r.explain = false;
   r.head_grad_slices = false;
   const PlanOutcome full = make_plan(r);

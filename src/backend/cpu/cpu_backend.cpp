@@ -511,67 +511,55 @@ void CpuBackend::layer_backward_kept(int64_t layer, const void* w, const DevGeom
   layer_backward(layer, w, g, x, dy, dx, dw, l);
 }
 
-void CpuBackend::head_loss(const void* head_w, const void* lm_w, const int32_t* targets, const DevGeometry& g,
-                           const void* x, float loss_scale, void* dx, void* d_head_w, void* d_lm_w, double* acc,
-                           OpLabel l) {
-  workspace_for(head_call_workspace(g.seq), "head_loss", l, g.tokens());
+// The head's ops run sample by sample (rows r0 = b * seq ..), so that their sums are accumulated in the same order
+// however the executor chunks the batch: one compute task calling fn(r0) for each sample.
+void CpuBackend::push_head_samples(const char* op, const DevGeometry& g, OpLabel l, std::function<void(int64_t)> fn) {
+  workspace_for(head_call_workspace(g.seq), op, l, g.tokens());
   Task t;
-  t.fn = [this, head_w, lm_w, targets, g, x, loss_scale, dx, d_head_w, d_lm_w, acc] {
-    // Sample by sample, so that the loss sum is accumulated in the same order however the executor
-    // chunks the batch.
-    const int64_t S = g.seq, H = cfg_.hidden;
-    for (int64_t b = 0; b < g.batch; ++b) {
-      const int64_t r0 = b * S;
-      auto res = cpu::head_forward_backward(
-          cfg_, layout_.head(), static_cast<const float*>(head_w), static_cast<const float*>(lm_w), targets + r0, S,
-          static_cast<const float*>(x) + r0 * H, loss_scale, dx ? static_cast<float*>(dx) + r0 * H : nullptr,
-          static_cast<float*>(d_head_w), static_cast<float*>(d_lm_w));
-      acc[0] += res.loss_sum;
-      acc[1] += double(res.n_tokens);
-    }
+  t.fn = [g, fn = std::move(fn)] {
+    for (int64_t b = 0; b < g.batch; ++b) fn(b * g.seq);
   };
   t.label = l;
   impl_->push(Lane::Compute, std::move(t));
+}
+
+void CpuBackend::head_loss(const void* head_w, const void* lm_w, const int32_t* targets, const DevGeometry& g,
+                           const void* x, float loss_scale, void* dx, void* d_head_w, void* d_lm_w, double* acc,
+                           OpLabel l) {
+  push_head_samples("head_loss", g, l, [=, this](int64_t r0) {
+    const int64_t H = cfg_.hidden;
+    auto res = cpu::head_forward_backward(
+        cfg_, layout_.head(), static_cast<const float*>(head_w), static_cast<const float*>(lm_w), targets + r0, g.seq,
+        static_cast<const float*>(x) + r0 * H, loss_scale, dx ? static_cast<float*>(dx) + r0 * H : nullptr,
+        static_cast<float*>(d_head_w), static_cast<float*>(d_lm_w));
+    acc[0] += res.loss_sum;
+    acc[1] += double(res.n_tokens);
+  });
 }
 
 void CpuBackend::head_loss_lse(const void* head_w, const void* lm_w, const int32_t* targets, const DevGeometry& g,
                                const void* x, float loss_scale, void* dx, void* d_norm_w, float* lse, double* acc,
                                OpLabel l) {
-  workspace_for(head_call_workspace(g.seq), "head_loss_lse", l, g.tokens());
-  Task t;
-  t.fn = [this, head_w, lm_w, targets, g, x, loss_scale, dx, d_norm_w, lse, acc] {
-    const int64_t S = g.seq, H = cfg_.hidden;
-    for (int64_t b = 0; b < g.batch; ++b) {  // sample by sample, as head_loss
-      const int64_t r0 = b * S;
-      auto res = cpu::head_forward_lse(cfg_, layout_.head(), static_cast<const float*>(head_w),
-                                       static_cast<const float*>(lm_w), targets + r0, S,
-                                       static_cast<const float*>(x) + r0 * H, loss_scale,
-                                       dx ? static_cast<float*>(dx) + r0 * H : nullptr, static_cast<float*>(d_norm_w),
-                                       lse + r0);
-      acc[0] += res.loss_sum;
-      acc[1] += double(res.n_tokens);
-    }
-  };
-  t.label = l;
-  impl_->push(Lane::Compute, std::move(t));
+  push_head_samples("head_loss_lse", g, l, [=, this](int64_t r0) {
+    const int64_t H = cfg_.hidden;
+    auto res = cpu::head_forward_lse(cfg_, layout_.head(), static_cast<const float*>(head_w),
+                                     static_cast<const float*>(lm_w), targets + r0, g.seq,
+                                     static_cast<const float*>(x) + r0 * H, loss_scale,
+                                     dx ? static_cast<float*>(dx) + r0 * H : nullptr, static_cast<float*>(d_norm_w),
+                                     lse + r0);
+    acc[0] += res.loss_sum;
+    acc[1] += double(res.n_tokens);
+  });
 }
 
 void CpuBackend::head_lm_grad_slice(const void* head_w, const void* lm_w, const int32_t* targets, const DevGeometry& g,
                                     const void* x, const float* lse, float loss_scale, int64_t v0, int64_t n_v,
                                     void* dw, OpLabel l) {
-  workspace_for(head_call_workspace(g.seq), "head_lm_grad_slice", l, g.tokens());
-  Task t;
-  t.fn = [this, head_w, lm_w, targets, g, x, lse, loss_scale, v0, n_v, dw] {
-    const int64_t S = g.seq, H = cfg_.hidden;
-    for (int64_t b = 0; b < g.batch; ++b) {
-      const int64_t r0 = b * S;
-      cpu::head_lm_grad_slice(cfg_, layout_.head(), static_cast<const float*>(head_w), static_cast<const float*>(lm_w),
-                              targets + r0, S, static_cast<const float*>(x) + r0 * H, lse + r0, loss_scale, v0, n_v,
-                              static_cast<float*>(dw));
-    }
-  };
-  t.label = l;
-  impl_->push(Lane::Compute, std::move(t));
+  push_head_samples("head_lm_grad_slice", g, l, [=, this](int64_t r0) {
+    cpu::head_lm_grad_slice(cfg_, layout_.head(), static_cast<const float*>(head_w), static_cast<const float*>(lm_w),
+                            targets + r0, g.seq, static_cast<const float*>(x) + r0 * cfg_.hidden, lse + r0,
+                            loss_scale, v0, n_v, static_cast<float*>(dw));
+  });
 }
 
 void CpuBackend::head_logits(const void* head_w, const void* lm_w, const void* x, const int64_t* rows, int64_t n_rows,

@@ -9,6 +9,7 @@
 // take their workspace as the CUDA backend's do (grown at the call that needs more unless a run holds it), sized
 // by what the reference allocates.
 #pragma once
+#include <functional>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -108,6 +109,7 @@ class CpuBackend : public Backend {  // not final: tests spy on it
   // theirs. A failure is the compute lane's error, reported by the next check() as a failed op's (the lane then
   // skips the op).
   void workspace_for(int64_t bytes, const char* op, OpLabel l, int64_t rows);
+  void push_head_samples(const char* op, const DevGeometry& g, OpLabel l, std::function<void(int64_t)> fn);
 
   CpuBackendOptions opt_;
   std::unique_ptr<Impl> impl_;
