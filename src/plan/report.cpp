@@ -116,7 +116,8 @@ std::string plan_report(const PlanRequest& r, const PlanOutcome& o) {
   s += fmt::format("optimizer {}: {} tensors ({:.2f}B params) with 8-bit moments; master_weights {}, gradients {}; "
                    "model state in DRAM {}, in HBM {}\n", r.optimizer, o.eight_bit_tensors, double(o.eight_bit_params) / 1e9,
                    master_mode_name(o.placement.master),
-                   fmt::format("{} ({})", grad_home_name(o.placement.grads), grad_dtype_name(o.placement.grad_dtype)),
+                   fmt::format("{} ({}){}", grad_home_name(o.placement.grads), grad_dtype_name(o.placement.grad_dtype),
+                               o.placement.head_grad_slices ? ", the head's by vocabulary slices" : ""),
                    format_bytes(in.dram_fixed), format_bytes(in.hbm_fixed));
   if (o.dp) s += fmt::format("dp: {} in {:.3f} s ({} states)\n", o.dp->feasible ? "feasible" : "infeasible", o.dp->solve_s, o.dp->states);
   if (o.milp) {
