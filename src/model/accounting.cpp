@@ -62,12 +62,14 @@ LayerCost layer_cost(const ModelConfig& c, LayerKind kind, int64_t batch, int64_
   const int64_t f32_elems = 2 + mx.saved_f32;
   r.internal_bytes = Ti * (act_elems * A + f32_elems * 4);
 
-  // Transient peak beyond the saved internals and the boundaries (see docs/model.md):
-  //  forward with nothing retained: hn + gate + up + act live at once inside the MLP       T*(H+3F)
-  //  backward MLP: d(act), d(gate), d(up) + d(hn) + dh                                      T*(3F+2H)
+  // Transient peak beyond the saved internals and the boundaries (see docs/model.md); the MLP's F-wide buffers hold
+  // one pass of R = mlp_pass_rows rows (all T below ~1 GiB of them):
+  //  forward with nothing retained: hn + gate + up + act live at once inside the MLP       T*H + R*3F
+  //  backward MLP: d(act), d(gate), d(up) + d(hn) + dh                                      R*3F + T*2H
   //  backward mixer: its gradients of internals + dxn + dh, and its fp32 accumulators       T*(bwd_act+2H) + 4*T*bwd_f32
-  const int64_t fwd = Ti * (H + 3 * F) * A;
-  const int64_t bwd_mlp = Ti * (3 * F + 2 * H) * A;
+  const int64_t R = mlp_pass_rows(c, Ti);
+  const int64_t fwd = (Ti * H + R * 3 * F) * A;
+  const int64_t bwd_mlp = (R * 3 * F + Ti * 2 * H) * A;
   const int64_t bwd_mix = Ti * (mx.bwd_act + 2 * H) * A + Ti * mx.bwd_f32 * 4;
   r.workspace_bytes = std::max({fwd, bwd_mlp, bwd_mix});
   return r;
@@ -150,6 +152,18 @@ int64_t head_chunk_workspace_bytes(const ModelConfig& c, int64_t chunk_tokens) {
 
 int64_t head_workspace_bytes(const ModelConfig& c, int64_t tokens, int64_t chunk_rows) {
   return tokens * (2 * c.hidden * 2 + 2 * 4) + head_chunk_workspace_bytes(c, std::min(chunk_rows, tokens));
+}
+
+int64_t mlp_pass_bound(const ModelConfig& c) {
+  const int64_t per_row = 6 * std::max<int64_t>(c.ffn, 1);
+  return std::max<int64_t>(1024, (int64_t(1) << 30) / per_row / 256 * 256);
+}
+
+int64_t mlp_pass_rows(const ModelConfig& c, int64_t T, int64_t bound) {
+  const int64_t most = bound > 0 ? bound : mlp_pass_bound(c);
+  if (T <= most) return std::max<int64_t>(T, 1);
+  const int64_t passes = (T + most - 1) / most;
+  return (T + passes - 1) / passes;
 }
 
 int64_t head_grad_slice_rows(const ModelConfig& c) {

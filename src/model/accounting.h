@@ -62,6 +62,13 @@ int64_t head_chunk_workspace_bytes(const ModelConfig& c, int64_t chunk_tokens);
 // Transient bytes of one head call over `tokens` rows in chunks of `chunk_rows`: the two bf16 copies of the rows'
 // hidden state and two fp32 per-row scalars beside the logits chunk (as the CUDA head carves its workspace).
 int64_t head_workspace_bytes(const ModelConfig& c, int64_t tokens, int64_t chunk_rows);
+// The MLP's rows per pass in a layer call of T rows: the gate/up output and the activation (6 B x ffn a row) are
+// carved for this many rows, not T, so that no buffer grows with the sequence times the FFN width. All T up to about
+// 1 GiB of them, else T in equal passes under that (long sequences); set_mlp_rows overrides the bound (tests).
+int64_t mlp_pass_rows(const ModelConfig& c, int64_t T, int64_t bound = 0);
+// The bound of mlp_pass_rows: 1 GiB / (6 B x ffn) in multiples of 256 rows, at least 1,024.
+int64_t mlp_pass_bound(const ModelConfig& c);
+
 // The vocabulary rows of one slice of the LM head's weight gradient (StatePlacement::head_grad_slices): its fp32
 // buffer of rows x hidden is at most 256 MiB, rows a multiple of 256 (or the whole vocabulary).
 int64_t head_grad_slice_rows(const ModelConfig& c);

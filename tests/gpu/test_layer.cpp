@@ -80,7 +80,8 @@ struct Dev {
 struct LayerCase {
   std::string kind;
   int64_t batch, seq;
-  bool packed;  // segments + explicit positions
+  bool packed;            // segments + explicit positions
+  int64_t mlp_bound = 0;  // > 0: the MLP in passes of at most this many rows (CudaBackend::set_mlp_pass_bound)
 };
 class LayerTest : public ::testing::TestWithParam<LayerCase> {};
 
@@ -110,6 +111,7 @@ TEST_P(LayerTest, ForwardBackwardMatchCpuReference) {
   CudaBackendOptions o;
   o.gpu_mem_cap = int64_t(4) << 30;
   CudaBackend be(c, o);
+  if (lc.mlp_bound > 0) be.set_mlp_pass_bound(lc.mlp_bound);
   {
     Dev d{be};
     void* dw_ = d.put_bf16(w);
@@ -158,10 +160,12 @@ TEST_P(LayerTest, ForwardBackwardMatchCpuReference) {
 INSTANTIATE_TEST_SUITE_P(Archs, LayerTest,
                          ::testing::Values(LayerCase{"qwen2", 2, 100, false}, LayerCase{"qwen3", 2, 70, false},
                                            LayerCase{"llama", 1, 130, true}, LayerCase{"qwen2", 3, 64, true},
-                                           LayerCase{"qwen3", 1, 1, false}),
+                                           LayerCase{"qwen3", 1, 1, false}, LayerCase{"qwen2", 2, 100, false, 48},
+                                           LayerCase{"llama", 1, 130, true, 64}),
                          [](const auto& info) {
                            return info.param.kind + "_B" + std::to_string(info.param.batch) + "_S" +
-                                  std::to_string(info.param.seq) + (info.param.packed ? "_packed" : "");
+                                  std::to_string(info.param.seq) + (info.param.packed ? "_packed" : "") +
+                                  (info.param.mlp_bound > 0 ? "_mlp" + std::to_string(info.param.mlp_bound) : "");
                          });
 
 TEST(Head, LossAndGradientsMatchCpuReference) {

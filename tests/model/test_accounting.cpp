@@ -53,6 +53,27 @@ TEST(Accounting, ScalesWithShape) {
   EXPECT_THROW(layer_cost(c, 1, 1024, 3), lt::Error);
 }
 
+// The MLP's passes (mlp_pass_rows): all rows up to ~1 GiB of its F-wide buffers, equal passes above, so that at 256k
+// tokens the Qwen2.5-7B layer's workspace holds one pass of gate/up/act, not 256k rows of them.
+TEST(Accounting, MlpPassesBoundTheFfnWideBuffers) {
+  auto c = preset_config("qwen2.5-7b");  // F 18944: 113,664 B a row
+  EXPECT_EQ(mlp_pass_bound(c), 9216);
+  EXPECT_EQ(mlp_pass_rows(c, 4096), 4096);
+  EXPECT_EQ(mlp_pass_rows(c, 9216), 9216);
+  EXPECT_EQ(mlp_pass_rows(c, 9217), 4609);      // two equal passes
+  EXPECT_EQ(mlp_pass_rows(c, 262144), 9040);    // 29 passes
+  EXPECT_EQ(mlp_pass_rows(c, 200, 64), 50);     // a bound of 64: four passes
+  EXPECT_EQ(mlp_pass_rows(c, 0), 1);
+  EXPECT_EQ(mlp_pass_bound(preset_config("tiny-qwen2")), (int64_t(1) << 30) / (6 * 128) / 256 * 256);
+  const auto small = layer_cost(c, 1, 4096), at_len = layer_cost(c, 1, 262144);
+  const int64_t H = c.hidden, F = c.ffn;
+  EXPECT_GE(small.workspace_bytes, 4096 * (3 * F + 2 * H) * 2);  // below the bound: every row in one pass
+  // At 256k tokens the F-wide part is one pass of 9,040 rows: the attention's backward (T x (2Q + 2KV + 2H) bf16 and
+  // an fp32 dq) sets the workspace, 11.8 GB, not the MLP's 31.7 GB of T x (H + 3F).
+  EXPECT_LT(double(at_len.workspace_bytes), 262144.0 * double(H + 3 * F) * 2 / 2);
+  EXPECT_GE(at_len.workspace_bytes, (262144 * H + 9040 * 3 * F) * 2);
+}
+
 // Attention-inclusive model FLOPs (docs/metrics.md "TFLOPS with attention"), by hand.
 TEST(Accounting, AttentionFlopsTinyQwen2ByHand) {
   auto c = preset_config("tiny-qwen2");  // 2 layers, all full attention; q_dim 4 * 16 = 64

@@ -135,6 +135,7 @@ int64_t CudaBackend::arena_peak() const { return impl_->arena->peak(); }
 void* CudaBackend::stream(Lane lane) const { return impl_->streams[int(lane)]; }
 int64_t CudaBackend::head_chunk_rows() const { return impl_->eng->head_chunk_rows(); }
 void CudaBackend::set_head_chunk_rows(int64_t rows) { impl_->eng->set_head_chunk_rows(std::max<int64_t>(rows, 1)); }
+void CudaBackend::set_mlp_pass_bound(int64_t rows) { impl_->eng->set_mlp_pass_bound(std::max<int64_t>(rows, 0)); }
 
 // ------------------------------------------------------------------------------------------- memory
 Allocation CudaBackend::alloc(MemKind k, int64_t bytes, const std::string& tag) {

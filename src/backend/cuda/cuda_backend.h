@@ -96,6 +96,8 @@ class CudaBackend final : public Backend {
   void* stream(Lane lane) const;  // cudaStream_t
   int64_t head_chunk_rows() const;
   void set_head_chunk_rows(int64_t rows);
+  // The most rows one MLP pass of a layer call takes (LayerEngine::set_mlp_pass_bound; 0: the model's bound).
+  void set_mlp_pass_bound(int64_t rows);
 
   struct Impl;
 

@@ -9,6 +9,7 @@
 #include "backend/cuda/finite_check.h"
 #include "backend/cuda/kernels.h"
 #include "core/error.h"
+#include "model/accounting.h"
 
 namespace lt::cuda {
 
@@ -47,22 +48,24 @@ using u16 = uint16_t;
 
 // Buffers of the part every layer kind shares, carved first (the mixer's follow), in the same order for
 // the forward and the backward. Kept (mixer.h): x1 and the gate/up output; h, h2 and act are recomputed
-// from x, x1 and gu by the kept backward (elementwise: ~1 % of the re-run they replace).
+// from x, x1 and gu by the kept backward (elementwise: ~1 % of the re-run they replace). The MLP runs in passes of
+// R rows (mlp_pass_rows): act holds one pass, gu one pass in a plain call and all T rows when kept.
 struct LayerBufs {
   u16 *x1, *gu;                  // kept
   u16 *h, *h2, *dx1, *act;       // scratch
   float *rstd, *partial;
 };
 template <typename C>
-LayerBufs carve_layer(C& keep, C& scratch, const ModelConfig& c, int64_t T) {
+LayerBufs carve_layer(C& keep, C& scratch, const ModelConfig& c, int64_t T, int64_t R) {
   const int64_t H = c.hidden, F = c.ffn;
+  const bool kept = &keep != &scratch;
   LayerBufs b{};
   b.x1 = keep.template take<u16>(T * H);
-  b.gu = keep.template take<u16>(T * 2 * F);
+  b.gu = keep.template take<u16>((kept ? T : R) * 2 * F);
   b.h = scratch.template take<u16>(T * H);
   b.h2 = scratch.template take<u16>(T * H);
   b.dx1 = scratch.template take<u16>(T * H);
-  b.act = scratch.template take<u16>(T * F);
+  b.act = scratch.template take<u16>(R * F);
   b.rstd = scratch.template take<float>(T * norm_rows_per_token(c));
   b.partial = scratch.template take<float>(norm_partial_floats(std::max({H, c.head_dim, c.linear.v_head_dim})));
   return b;
@@ -87,6 +90,35 @@ void mlp_gate_up(const Linear& L, const void* w, const UnitLayout& lay, const u1
   } else {
     L.fwd(h2, wg, nullptr, gu, F, H, 2 * F, 0.f);
     L.fwd(h2, wu, nullptr, gu + F, F, H, 2 * F, 0.f);
+  }
+}
+
+// The MLP's backward for rows [r0, r0 + n): their gate/up output (recomputed, or the kept one), the activation again,
+// dWd, dWg and dWu accumulated and h2's rows replaced by d h2.
+void mlp_backward(Gemm& gemm, const ModelConfig& c, const UnitLayout& lay, const void* w, const LayerBufs& b,
+                  int64_t r0, int64_t n, bool kept, const u16* dy, float* dw, cudaStream_t st) {
+  const int64_t H = c.hidden, F = c.ffn;
+  const Linear L{gemm, n, st};
+  const u16* wg = wptr(w, lay, "mlp.gate_proj.weight");
+  const u16* wu = wptr(w, lay, "mlp.up_proj.weight");
+  const u16* wd = wptr(w, lay, "mlp.down_proj.weight");
+  u16* gu = kept ? b.gu + r0 * 2 * F : b.gu;
+  u16* h2 = b.h2 + r0 * H;
+  if (!kept) mlp_gate_up(L, w, lay, h2, gu, F, H);
+  swiglu_fwd(gu, n, F, b.act, st);
+  L.dw(dy, 0, b.act, gptr(dw, lay, "mlp.down_proj.weight"), H, F);
+  L.dx(dy, 0, wd, b.act, H, F, 0.f);        // act := d act
+  swiglu_bwd(gu, b.act, n, F, gu, st);      // gu := d gu (in place)
+  float* dwg = gptr(dw, lay, "mlp.gate_proj.weight");
+  float* dwu = gptr(dw, lay, "mlp.up_proj.weight");
+  if (wu == wg + F * H && dwu == dwg + F * H) {
+    L.dw(gu, 0, h2, dwg, 2 * F, H);
+    L.dx(gu, 0, wg, h2, 2 * F, H, 0.f);     // h2 := d h2
+  } else {
+    L.dw(gu, 2 * F, h2, dwg, F, H);
+    L.dw(gu + F, 2 * F, h2, dwu, F, H);
+    L.dx(gu, 2 * F, wg, h2, F, H, 0.f);
+    L.dx(gu + F, 2 * F, wu, h2, F, H, 1.f);
   }
 }
 
@@ -125,7 +157,7 @@ Mixer& LayerEngine::mixer(const UnitLayout& lay) const {
 
 int64_t LayerEngine::layer_workspace_bytes(int64_t batch, int64_t seq) const {
   Carve cv(nullptr);
-  carve_layer(cv, cv, c_, batch * seq);
+  carve_layer(cv, cv, c_, batch * seq, mlp_pass_rows(c_, batch * seq, mlp_bound_));
   int64_t most = 0;
   for (const auto& mx : mixers_)
     if (mx) most = std::max(most, mx->workspace_bytes(batch, seq));
@@ -134,7 +166,7 @@ int64_t LayerEngine::layer_workspace_bytes(int64_t batch, int64_t seq) const {
 
 int64_t LayerEngine::layer_keep_bytes(const UnitLayout& lay, int64_t batch, int64_t seq) const {
   Carve kc(nullptr), sc(nullptr);
-  carve_layer(kc, sc, c_, batch * seq);
+  carve_layer(kc, sc, c_, batch * seq, mlp_pass_rows(c_, batch * seq, mlp_bound_));
   return kc.used + mixer(lay).keep_bytes(batch, seq);
 }
 
@@ -160,14 +192,20 @@ void LayerEngine::layer_forward(const UnitLayout& lay, const void* w, const Geo&
   if (T == 0) return;
   Mixer& mx = mixer(lay);
   Carves cv(ws, keep);
-  LayerBufs b = carve_layer(cv.keep, cv.scratch, c_, T);
-  const Linear L{gemm_, T, st};
+  const int64_t R = mlp_pass_rows(c_, T, mlp_bound_);
+  LayerBufs b = carve_layer(cv.keep, cv.scratch, c_, T, R);
   rmsnorm_fwd(x, wptr(w, lay, "input_layernorm.weight"), T, H, eps, b.h, nullptr, st, norm_off_);
   mx.forward(MixerCall{lay, w, g, cv.keep, cv.scratch, {b.rstd, b.partial}, st}, b.h, x, b.x1);  // x1 = x + mixer(h)
   rmsnorm_fwd(b.x1, wptr(w, lay, "post_attention_layernorm.weight"), T, H, eps, b.h2, nullptr, st, norm_off_);
-  mlp_gate_up(L, w, lay, b.h2, b.gu, F, H);
-  swiglu_fwd(b.gu, T, F, b.act, st);
-  L.fwd(b.act, wptr(w, lay, "mlp.down_proj.weight"), nullptr, y, H, F, 0, 1.f, b.x1);  // y = x1 + act Wd^T
+  const u16* wd = wptr(w, lay, "mlp.down_proj.weight");
+  for (int64_t r0 = 0; r0 < T; r0 += R) {  // y = x1 + swiglu(h2 [Wg; Wu]^T) Wd^T, R rows at a time
+    const int64_t n = std::min(R, T - r0);
+    const Linear P{gemm_, n, st};
+    u16* gu = keep ? b.gu + r0 * 2 * F : b.gu;
+    mlp_gate_up(P, w, lay, b.h2 + r0 * H, gu, F, H);
+    swiglu_fwd(gu, n, F, b.act, st);
+    P.fwd(b.act, wd, nullptr, static_cast<u16*>(y) + r0 * H, H, F, 0, 1.f, b.x1 + r0 * H);
+  }
   if (check_finite_) {
     check_finite_bf16(b.x1, T * H, fmt::format("layer {} forward: x + mixer(h)", lay.layer), st);
     check_finite_bf16(y, T * H, fmt::format("layer {} forward: output", lay.layer), st);
@@ -176,20 +214,17 @@ void LayerEngine::layer_forward(const UnitLayout& lay, const void* w, const Geo&
 
 void LayerEngine::layer_backward(const UnitLayout& lay, const void* w, const Geo& g, const void* x, const void* dy,
                                  void* dx, float* dw, void* ws, cudaStream_t st, void* keep) {
-  const int64_t T = g.tokens(), H = c_.hidden, F = c_.ffn;
+  const int64_t T = g.tokens(), H = c_.hidden;
   const float eps = float(c_.rms_eps);
   if (T == 0) return;
   LT_CHECK(dx != x, "layer_backward: dx must not alias x");
   Mixer& mx = mixer(lay);
   Carves cv(ws, keep);
-  LayerBufs b = carve_layer(cv.keep, cv.scratch, c_, T);
-  const Linear L{gemm_, T, st};
+  const int64_t R = mlp_pass_rows(c_, T, mlp_bound_);
+  LayerBufs b = carve_layer(cv.keep, cv.scratch, c_, T, R);
   const MixerCall call{lay, w, g, cv.keep, cv.scratch, {b.rstd, b.partial}, st};
   const u16* ln1 = wptr(w, lay, "input_layernorm.weight");
   const u16* ln2 = wptr(w, lay, "post_attention_layernorm.weight");
-  const u16* wg = wptr(w, lay, "mlp.gate_proj.weight");
-  const u16* wu = wptr(w, lay, "mlp.up_proj.weight");
-  const u16* wd = wptr(w, lay, "mlp.down_proj.weight");
 
   // ---- the forward internals: re-run from x, or (kept) the cheap ones rebuilt from what the forward kept
   rmsnorm_fwd(x, ln1, T, H, eps, b.h, nullptr, st, norm_off_);
@@ -199,24 +234,11 @@ void LayerEngine::layer_backward(const UnitLayout& lay, const void* w, const Geo
     mx.forward(call, b.h, x, b.x1);  // x1 = x + mixer(h)
   }
   rmsnorm_fwd(b.x1, ln2, T, H, eps, b.h2, nullptr, st, norm_off_);
-  if (!keep) mlp_gate_up(L, w, lay, b.h2, b.gu, F, H);
-  swiglu_fwd(b.gu, T, F, b.act, st);
 
-  // ---- MLP backward
-  L.dw(dy, 0, b.act, gptr(dw, lay, "mlp.down_proj.weight"), H, F);
-  L.dx(dy, 0, wd, b.act, H, F, 0.f);           // act := d act
-  swiglu_bwd(b.gu, b.act, T, F, b.gu, st);      // gu := d gu (in place)
-  float* dwg = gptr(dw, lay, "mlp.gate_proj.weight");
-  float* dwu = gptr(dw, lay, "mlp.up_proj.weight");
-  if (wu == wg + F * H && dwu == dwg + F * H) {
-    L.dw(b.gu, 0, b.h2, dwg, 2 * F, H);
-    L.dx(b.gu, 0, wg, b.h2, 2 * F, H, 0.f);     // h2 := d h2
-  } else {
-    L.dw(b.gu, 2 * F, b.h2, dwg, F, H);
-    L.dw(b.gu + F, 2 * F, b.h2, dwu, F, H);
-    L.dx(b.gu, 2 * F, wg, b.h2, F, H, 0.f);
-    L.dx(b.gu + F, 2 * F, wu, b.h2, F, H, 1.f);
-  }
+  // ---- MLP backward, R rows at a time: h2 := d h2
+  for (int64_t r0 = 0; r0 < T; r0 += R)
+    mlp_backward(gemm_, c_, lay, w, b, r0, std::min(R, T - r0), keep != nullptr, static_cast<const u16*>(dy) + r0 * H,
+                 dw, st);
   // dx1 = dy + norm2'(dh2)
   rmsnorm_bwd(b.x1, ln2, b.h2, dy, T, H, eps, b.dx1, gptr(dw, lay, "post_attention_layernorm.weight"), b.rstd,
               b.partial, st, norm_off_);

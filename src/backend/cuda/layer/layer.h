@@ -39,6 +39,8 @@ class LayerEngine {
   int64_t embed_workspace_bytes(int64_t T) const;
   int64_t head_chunk_rows() const { return head_chunk_; }
   void set_head_chunk_rows(int64_t r) { head_chunk_ = r; }
+  // The most rows one MLP pass takes (mlp_pass_rows' bound); 0: mlp_pass_bound (tests set fewer).
+  void set_mlp_pass_bound(int64_t rows) { mlp_bound_ = rows; }
 
   // Bytes a layer of lay's kind keeps from its forward for its backward (kept internals, mixer.h).
   int64_t layer_keep_bytes(const UnitLayout& lay, int64_t batch, int64_t seq) const;
@@ -78,6 +80,7 @@ class LayerEngine {
   bool check_finite_;  // KernelOptions::check_finite: probe each layer's outputs (finite_check.h)
   std::array<std::unique_ptr<Mixer>, kNumLayerKinds> mixers_;  // of the kinds present
   int64_t head_chunk_ = 4096;
+  int64_t mlp_bound_ = 0;
 };
 
 }  // namespace lt::cuda
