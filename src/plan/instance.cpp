@@ -496,10 +496,7 @@ Instance make_instance(const ModelConfig& c, int64_t batch, int64_t seq, const R
   in.L = int(c.layers);
   in.micro_batches = o.micro_batches;
   in.coll = o.collectives;
-  in.head_s = head_time(prof, c, batch, seq);
-  // By vocabulary slices the head computes its logits once more: a fourth GEMM of its size beside the forward's, dX's
-  // and dW's (the slices' softmax and norm again are left out).
-  if (o.placement.head_grad_slices) in.head_s *= 4.0 / 3.0;
+  in.head_s = head_time(prof, c, batch, seq, o.placement.head_grad_slices);
   in.A = double(batch * seq * c.hidden * 2);  // bf16 hidden state, the same for every kind
   const auto lay = model_layout(c);
   set_layers(in, c, lay, kind_costs(c, batch, chunk, seq, prof, o.attention_fraction), o.ring);

@@ -166,9 +166,11 @@ json profile_to_json(const ResourceProfile& p) {
   json lt = json::array();
   for (auto& t : p.layer_timings) lt.push_back(timing_to_json(t));
   j["layer_timings"] = lt;
-  if (p.head.tokens > 0)
+  if (p.head.tokens > 0) {
     j["head_timing"] = {{"hidden", p.head.hidden}, {"vocab", p.head.vocab}, {"tokens", p.head.tokens},
                         {"seconds", p.head.seconds}};
+    if (p.head.sliced_seconds > 0) j["head_timing"]["sliced_seconds"] = p.head.sliced_seconds;
+  }
   return j;
 }
 
@@ -251,13 +253,19 @@ ResourceProfile profile_from_json(const json& j, const std::string& src) {
     const std::string where = src + ": head_timing";
     LT_CHECK(h.is_object(), "{}: expected an object with hidden, vocab, tokens and seconds, got {}", where, h.dump());
     for (auto& [k, v] : h.items())
-      LT_CHECK(k == "hidden" || k == "vocab" || k == "tokens" || k == "seconds", "{}: unknown field '{}'", where, k);
+      LT_CHECK(k == "hidden" || k == "vocab" || k == "tokens" || k == "seconds" || k == "sliced_seconds",
+               "{}: unknown field '{}'", where, k);
     for (const char* k : {"hidden", "vocab", "tokens"})
       LT_CHECK(h.contains(k) && h[k].is_number_integer() && h[k].get<int64_t>() > 0,
                "{}: '{}' must be a positive integer, got {}", where, k, h.contains(k) ? h[k].dump() : "nothing");
     LT_CHECK(h.contains("seconds") && h["seconds"].is_number() && h["seconds"].get<double>() > 0,
              "{}: 'seconds' must be a positive number, got {}", where, h.contains("seconds") ? h["seconds"].dump() : "nothing");
     p.head = {h["hidden"].get<int64_t>(), h["vocab"].get<int64_t>(), h["tokens"].get<int64_t>(), h["seconds"].get<double>()};
+    if (h.contains("sliced_seconds")) {
+      LT_CHECK(h["sliced_seconds"].is_number() && h["sliced_seconds"].get<double>() > 0,
+               "{}: 'sliced_seconds' must be a positive number, got {}", where, h["sliced_seconds"].dump());
+      p.head.sliced_seconds = h["sliced_seconds"].get<double>();
+    }
   }
   if (j.contains("layer_timings")) {
     const json& a = j["layer_timings"];
@@ -337,10 +345,12 @@ double core_flops_rate(const ResourceProfile& p, LayerKind k) {
   return k == LayerKind::GatedDeltaNet && p.scan_flops > 0 ? p.scan_flops : p.attn_flops;
 }
 
-double head_time(const ResourceProfile& p, const ModelConfig& c, int64_t batch, int64_t seq) {
-  if (p.head.tokens > 0 && p.head.hidden == c.hidden && p.head.vocab == c.vocab)
-    return p.head.seconds * double(batch * seq) / double(p.head.tokens);
-  return 3.0 * head_flops_fwd(c, batch * seq) / p.gemm_flops;
+double head_time(const ResourceProfile& p, const ModelConfig& c, int64_t batch, int64_t seq, bool sliced) {
+  const bool measured = p.head.tokens > 0 && p.head.hidden == c.hidden && p.head.vocab == c.vocab;
+  const double rows = measured ? double(batch * seq) / double(p.head.tokens) : 0;
+  if (measured && sliced && p.head.sliced_seconds > 0) return p.head.sliced_seconds * rows;
+  const double full = measured ? p.head.seconds * rows : 3.0 * head_flops_fwd(c, batch * seq) / p.gemm_flops;
+  return sliced ? full * 4.0 / 3.0 : full;
 }
 
 LayerTimes layer_times(const ResourceProfile& p, const ModelConfig& c, LayerKind k, int64_t batch, int64_t seq,

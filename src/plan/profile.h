@@ -89,6 +89,9 @@ struct ResourceProfile {
   struct HeadTiming {
     int64_t hidden = 0, vocab = 0, tokens = 0;
     double seconds = 0;
+    // The same with the LM weight's gradient by vocabulary slices (StatePlacement::head_grad_slices: the pass without
+    // it, then each slice's logits again and its gradient added into a bf16 one); 0: not measured.
+    double sliced_seconds = 0;
   } head;
   // The backend's own layer workspace (saved internals + kernel scratch, one buffer sized for the largest
   // kind, the head and the embedding) for workspace_tokens rows, when a backend reported it (the GPU
@@ -148,8 +151,10 @@ LayerTimes packed_layer_times(const ResourceProfile& p, const ModelConfig& c, La
 // scaled by the rows from the nearest one outside them.
 double backend_workspace_bytes(const ResourceProfile& p, int64_t tokens);
 // Final norm + LM head + cross-entropy, forward and backward: the measured head timing scaled by the rows when it is
-// of this model's hidden size and vocabulary, else its GEMMs at gemm_flops.
-double head_time(const ResourceProfile& p, const ModelConfig& c, int64_t batch, int64_t seq);
+// of this model's hidden size and vocabulary, else its GEMMs at gemm_flops. sliced: the LM weight's gradient by
+// vocabulary slices: its measured time where the profile has it, else 4/3 of the full pass's (a fourth logits-sized
+// GEMM beside the forward's, dX's and dW's).
+double head_time(const ResourceProfile& p, const ModelConfig& c, int64_t batch, int64_t seq, bool sliced = false);
 // Achieved rate of a kind's mixer core (attn_flops, or scan_flops with attn_flops as the fallback).
 double core_flops_rate(const ResourceProfile& p, LayerKind k);
 

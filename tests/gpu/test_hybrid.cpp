@@ -146,6 +146,7 @@ std::vector<HybridCase> hybrid_cases() {
     v.push_back({"hd256", layer, 1, 129, true});
   }
   v.push_back({"hd64_h72", 0, 2, 70, true});  // the input projections as four GEMMs (not adjacent in the layout)
+  for (int64_t layer : {0, 1}) v.push_back({"hd128", layer, 1, 16384, true});  // a long packed row: 256 chunks
   return v;
 }
 

@@ -161,7 +161,10 @@ INSTANTIATE_TEST_SUITE_P(Archs, LayerTest,
                          ::testing::Values(LayerCase{"qwen2", 2, 100, false}, LayerCase{"qwen3", 2, 70, false},
                                            LayerCase{"llama", 1, 130, true}, LayerCase{"qwen2", 3, 64, true},
                                            LayerCase{"qwen3", 1, 1, false}, LayerCase{"qwen2", 2, 100, false, 48},
-                                           LayerCase{"llama", 1, 130, true, 64}),
+                                           LayerCase{"llama", 1, 130, true, 64},
+                                           // a long packed row (segments of ~5.5k, 6.8k and 4k), whole and in MLP
+                                           // passes of 4,096 rows
+                                           LayerCase{"qwen2", 1, 16384, true}, LayerCase{"llama", 1, 16384, true, 4096}),
                          [](const auto& info) {
                            return info.param.kind + "_B" + std::to_string(info.param.batch) + "_S" +
                                   std::to_string(info.param.seq) + (info.param.packed ? "_packed" : "") +

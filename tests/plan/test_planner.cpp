@@ -112,6 +112,16 @@ TEST(Planner, HeadTimingMeasured) {
   j = profile_to_json(p);
   j["head_timing"]["rows"] = 1;
   EXPECT_THROW(profile_from_json(j, "x"), Error);
+  // The LM weight's gradient by vocabulary slices: 4/3 of the full pass, or its own measured time.
+  EXPECT_DOUBLE_EQ(head_time(p, c, 4, 1024, true), 0.025 * 4 / 3);
+  EXPECT_DOUBLE_EQ(head_time(test_profile(), c, 4, 1024, true), estimate * 4 / 3);
+  p.head.sliced_seconds = 0.060;
+  j = profile_to_json(p);
+  EXPECT_EQ(profile_to_json(profile_from_json(j, "rt")).dump(), j.dump());
+  EXPECT_DOUBLE_EQ(head_time(profile_from_json(j, "rt"), c, 4, 1024, true), 0.030);
+  EXPECT_DOUBLE_EQ(head_time(profile_from_json(j, "rt"), c, 4, 1024), 0.025);
+  j["head_timing"]["sliced_seconds"] = -1;
+  EXPECT_THROW(profile_from_json(j, "x"), Error);
 }
 
 // Every heuristic gives a valid plan; the final plan is never worse than any candidate.

@@ -19,6 +19,7 @@
 #include "core/units.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "model/accounting.h"
 #include "plan/cuda/gpu_profiler.h"
 #include "plan/profile.h"
 
@@ -205,6 +206,29 @@ void measure_attention(ResourceProfile& p, CudaBackend& be, const ModelConfig& c
   for (Allocation* a : {&q, &k, &v, &o, &dO, &dq, &dk, &dv, &lse, &acc, &dl, &dkv}) be.free(*a);
 }
 
+// The head's pass with its LM weight gradient by vocabulary slices (StatePlacement::head_grad_slices), as the executor
+// runs it (exec/head_grads.cpp): the pass without that gradient, then per slice its logits again, its gradient and its
+// addition into a bf16 gradient (`held`, vocab x hidden bf16).
+double time_sliced_head(CudaBackend& be, const ModelConfig& c, cudaStream_t st, const DevGeometry& g, const void* hw,
+                        const void* lm, const int32_t* tg, const void* x, void* dx, void* held, double* acc) {
+  const int64_t T = g.tokens(), H = c.hidden, V = c.vocab, S = head_grad_slice_rows(c);
+  auto A = [&](int64_t bytes) { return be.alloc(MemKind::Device, bytes, "profile.head"); };
+  Allocation lse = A(T * 4), dn = A(H * 4), slice = A(S * H * 4);
+  const float scale = 1.f / float(T);
+  const double t = median_s(st, 3, [&] {
+    be.head_loss_lse(hw, lm, tg, g, x, scale, dx, dn.ptr, static_cast<float*>(lse.ptr), acc, {});
+    for (int64_t v0 = 0; v0 < V; v0 += S) {
+      const int64_t nv = std::min(S, V - v0);
+      be.fill_zero(Lane::Compute, slice.ptr, nv * H * 4, {});
+      be.head_lm_grad_slice(hw, lm, tg, g, x, static_cast<const float*>(lse.ptr), scale, v0, nv, slice.ptr, {});
+      be.grad_add(static_cast<uint16_t*>(held) + v0 * H, DType::BF16, slice.ptr, nv * H, nullptr, {});
+    }
+  });
+  be.synchronize();
+  for (Allocation* a : {&lse, &dn, &slice}) be.free(*a);
+  return t;
+}
+
 // The head (final norm, LM head, cross-entropy; forward and backward) at batch x seq rows: the planner's head time
 // (its GEMMs at the GEMM rate undercount the per-chunk logits and fp32 LM-head gradient traffic by ~25 %).
 void measure_head(ResourceProfile& p, CudaBackend& be, const ModelConfig& c, int64_t batch, int64_t seq) {
@@ -231,6 +255,11 @@ void measure_head(ResourceProfile& p, CudaBackend& be, const ModelConfig& c, int
   be.synchronize();
   p.head = {H, V, T, th};
   log_info("profile: head (norm, LM head, loss; fwd + bwd) {:.3f} ms ({} x {})", th * 1e3, batch, seq);
+  if (!c.tied && be.has_sliced_head_grad()) {  // the fp32 gradient's buffer holds the bf16 one
+    p.head.sliced_seconds = time_sliced_head(be, c, st, g, hw.ptr, lm.ptr, static_cast<const int32_t*>(tg.ptr), x.ptr,
+                                             dx.ptr, dlm.ptr, static_cast<double*>(acc.ptr));
+    log_info("profile: head with its LM weight gradient by vocabulary slices {:.3f} ms", p.head.sliced_seconds * 1e3);
+  }
   for (Allocation* a : {&hw, &lm, &x, &dx, &dhw, &dlm, &tg, &acc}) be.free(*a);
 }
 
