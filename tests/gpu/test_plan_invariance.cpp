@@ -32,10 +32,13 @@ ModelConfig gpu_config(Arch arch, bool tied) {
   return c;
 }
 
-Out run(const ModelConfig& c, const ExecPlan& plan, const test::Batch& b, const std::filesystem::path& nvme) {
+// mlp_bound > 0: every layer call's MLP in passes of at most that many rows (CudaBackend::set_mlp_pass_bound).
+Out run(const ModelConfig& c, const ExecPlan& plan, const test::Batch& b, const std::filesystem::path& nvme,
+        int64_t mlp_bound = 0) {
   CudaBackendOptions o;
   o.gpu_mem_cap = int64_t(2) << 30;
   CudaBackend be(c, o);
+  if (mlp_bound > 0) be.set_mlp_pass_bound(mlp_bound);
   HostState st(be);
   test::random_weights(be.layout(), st, 9);
   ExecOptions eo;
@@ -58,13 +61,13 @@ struct Worst {
 
 // Random plans of the model against its keep-everything plan.
 void check_random_plans(const ModelConfig& c, Arch arch, bool tied, std::mt19937_64& rng,
-                        const std::filesystem::path& dir, Worst& w) {
+                        const std::filesystem::path& dir, Worst& w, int64_t mlp_bound = 0) {
   const int64_t B = 4, S = 40;
   auto b = test::random_batch(c, B, S, 3 + uint64_t(tied), arch != Arch::Qwen2);
   const Out base = run(c, ExecPlan::keep_all(c.layers, B, S), b, {});
   for (int k = 0; k < 6; ++k) {
     ExecPlan p = test::random_plan(c.layers, B, S, rng);
-    const Out o = run(c, p, b, dir);
+    const Out o = run(c, p, b, dir, mlp_bound);
     const std::string what = describe_plan(p);
     EXPECT_EQ(o.n_tokens, base.n_tokens) << what;
     const double dl = std::fabs(o.loss - base.loss) / std::fabs(base.loss);
@@ -88,6 +91,20 @@ TEST(GpuPlanInvariance, RandomPlansWithinBf16Tolerance) {
     for (bool tied : {false, true}) check_random_plans(gpu_config(arch, tied), arch, tied, rng, dir, w);
   std::printf("[gpu-plan-invariance] %d random plans: worst loss rel diff %.2e, worst unit gradient cosine %.6f\n", w.n,
               w.loss, w.cos);
+  std::filesystem::remove_all(dir);
+}
+
+// The MLP in passes of 24 rows (long-sequence execution, mlp_pass_rows) under random plans: the keep-everything plan
+// in one pass per call is the reference.
+TEST(GpuPlanInvariance, RandomPlansInMlpPassesWithinBf16Tolerance) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(81);
+  auto dir = test::temp_dir("gpuinvmlp");
+  Worst w;
+  for (auto arch : {Arch::Qwen3, Arch::Qwen3_5})
+    check_random_plans(gpu_config(arch, false), arch, false, rng, dir, w, 24);
+  std::printf("[gpu-plan-invariance] MLP passes of 24 rows: %d random plans: worst loss rel diff %.2e, worst unit "
+              "gradient cosine %.6f\n", w.n, w.loss, w.cos);
   std::filesystem::remove_all(dir);
 }
 
