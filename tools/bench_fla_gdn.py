@@ -48,21 +48,6 @@ def inputs(torch, a, batch, grad):
     return t
 
 
-def time_ms(torch, fn, iters):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(iters):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        torch.cuda.synchronize()
-        out.append(s.elapsed_time(e))
-    return sorted(out)[len(out) // 2]
-
-
 def reference(torch, q, k, v, g, beta, scale):
     """fp32 recurrence over one sample: q, k [T, Hk, Dk], v [T, Hv, Dv], g, beta [T, Hv]."""
     T, Hk, Dk = q.shape
@@ -146,14 +131,15 @@ def main():
            "shape": dict(batch=a.batch, seq=a.seq, hk=a.hk, hv=a.hv, dk=a.dk, dv=a.dv)}
     scale = 1.0 / math.sqrt(a.dk)
     q, k, v, g, beta = inputs(torch, a, a.batch, False)
-    res["fla_fwd_ms"] = time_ms(torch, lambda: chunk_gated_delta_rule(q, k, v, g, beta, scale=scale), a.iters)
+    from bench_torch_kernels import median_time  # seconds, CUDA events after warm-up
+    res["fla_fwd_ms"] = 1e3 * median_time(lambda: chunk_gated_delta_rule(q, k, v, g, beta, scale=scale), reps=a.iters)
     qg, kg, vg, gg, bg = inputs(torch, a, a.batch, True)
     do = torch.randn(a.batch, a.seq, a.hv, a.dv, device="cuda", dtype=torch.bfloat16)
 
     def fwd_bwd():
         o, _ = chunk_gated_delta_rule(qg, kg, vg, gg, bg, scale=scale)
         o.backward(do)
-    res["fla_fwd_bwd_ms"] = time_ms(torch, fwd_bwd, a.iters)
+    res["fla_fwd_bwd_ms"] = 1e3 * median_time(fwd_bwd, reps=a.iters)
     res["fla_rel_err"] = numerics(torch, chunk_gated_delta_rule, a)
     if a.ours:
         f, b = ours_from_log(a.ours)

@@ -171,6 +171,24 @@ INSTANTIATE_TEST_SUITE_P(Archs, LayerTest,
                                   (info.param.mlp_bound > 0 ? "_mlp" + std::to_string(info.param.mlp_bound) : "");
                          });
 
+// An untied head's random inputs: its weights (lmv: the LM matrix's part), T bf16-exact rows and their targets, every
+// 7th ignored (all with all_ignored).
+struct HeadInputs {
+  std::vector<float> hw, lmv, x;
+  std::vector<int32_t> tg;
+};
+HeadInputs head_inputs(const ModelConfig& c, const UnitLayout& hl, int64_t T, uint32_t seed, bool all_ignored) {
+  std::mt19937 rng(seed);
+  HeadInputs in;
+  in.hw = unit_weights(hl, rng);
+  const float* lm = in.hw.data() + hl.find("lm_head.weight").offset;
+  in.lmv.assign(lm, lm + c.vocab * c.hidden);
+  in.x = round_bf16(randn(sz(T * c.hidden), rng));
+  in.tg.resize(sz(T));
+  for (int64_t t = 0; t < T; ++t) in.tg[sz(t)] = (all_ignored || t % 7 == 0) ? -100 : int32_t(rng() % c.vocab);
+  return in;
+}
+
 TEST(Head, LossAndGradientsMatchCpuReference) {
   REQUIRE_GPU();
   for (int mode = 0; mode < 2; ++mode) {  // 0: some targets ignored; 1: all ignored
@@ -179,13 +197,7 @@ TEST(Head, LossAndGradientsMatchCpuReference) {
     const ModelLayout layout = model_layout(c);
     const UnitLayout& hl = layout.head();
     const int64_t T = 300, H = c.hidden, V = c.vocab;
-    std::mt19937 rng(31);
-    auto hw = unit_weights(hl, rng);
-    const float* lm = hw.data() + hl.find("lm_head.weight").offset;
-    std::vector<float> lmv(lm, lm + V * H);
-    auto x = round_bf16(randn(sz(T * H), rng));
-    std::vector<int32_t> tg(sz(T));
-    for (int64_t t = 0; t < T; ++t) tg[sz(t)] = (mode == 1 || t % 7 == 0) ? -100 : int32_t(rng() % V);
+    auto [hw, lmv, x, tg] = head_inputs(c, hl, T, 31, mode == 1);
     std::vector<float> dx_ref(sz(T * H)), dhw_ref(sz(hl.numel), 0.f), dlm_ref(sz(V * H), 0.f);
     const float scale = 1.f / 200;
     auto r = cpu::head_forward_backward(c, hl, hw.data(), lmv.data(), tg.data(), T, x.data(), scale, dx_ref.data(),
@@ -232,13 +244,7 @@ TEST(Head, GradientBySlicesIsTheFullPasssGradient) {
   const ModelLayout layout = model_layout(c);
   const UnitLayout& hl = layout.head();
   const int64_t T = 300, H = c.hidden, V = c.vocab, S = 37, norm_off = hl.find("norm.weight").offset;
-  std::mt19937 rng(37);
-  auto hw = unit_weights(hl, rng);
-  const float* lm = hw.data() + hl.find("lm_head.weight").offset;
-  std::vector<float> lmv(lm, lm + V * H);
-  auto x = round_bf16(randn(sz(T * H), rng));
-  std::vector<int32_t> tg(sz(T));
-  for (int64_t t = 0; t < T; ++t) tg[sz(t)] = t % 7 == 0 ? -100 : int32_t(rng() % V);
+  auto [hw, lmv, x, tg] = head_inputs(c, hl, T, 37, false);
   std::vector<float> dx_ref(sz(T * H)), dn_ref(sz(H), 0.f), dlm_ref(sz(V * H), 0.f), lse_ref(sz(T));
   const float scale = 1.f / 200;
   cpu::head_forward_lse(c, hl, hw.data(), lmv.data(), tg.data(), T, x.data(), scale, dx_ref.data(), dn_ref.data(),
