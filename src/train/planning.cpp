@@ -211,6 +211,12 @@ SolvedPlan solve_plan(const PlacementSection& cfg, const PlanRequest& r) {
   LT_CHECK(cfg.gradient_dtype != GradientDtype::Bf16 || o.placement.grad_dtype == GradDType::Bf16,
            "internal: gradient_dtype bf16 was asked for, but the plan keeps the gradients ({}) in {}",
            grad_home_name(o.placement.grads), grad_dtype_name(o.placement.grad_dtype));
+  LT_CHECK(cfg.head_gradient != HeadGradient::Slices || o.placement.head_grad_slices,
+           "head_gradient: slices needs gradients held on the device in bf16 and an LM head of its own, but {}: use "
+           "head_gradient auto (or gradients device and gradient_dtype bf16 for an untied model)",
+           r.model.tied ? fmt::format("{} ties its LM head to the embedding", r.model.name)
+                        : fmt::format("the plan keeps the gradients ({}) in {}", grad_home_name(o.placement.grads),
+                                      grad_dtype_name(o.placement.grad_dtype)));
   return s;
 }
 

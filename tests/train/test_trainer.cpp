@@ -477,6 +477,18 @@ TEST(Trainer, HeadGradientBySlicesTrainsExactlyAsTheFullGradient) {
   std::ifstream rep(sliced_dir.p / "plan_report.txt");
   const std::string all((std::istreambuf_iterator<char>(rep)), std::istreambuf_iterator<char>());
   EXPECT_NE(all.find("gradient scratch (fp32, head sliced)"), std::string::npos) << all;
+  // Asked for where it cannot apply: an error naming why, before training.
+  TmpDir tied_dir("_head_tied");
+  try {
+    run_training(tiny_config(tied_dir.p, {"gradients=device", "gradient_dtype=bf16", "head_gradient=slices"}),
+                 quiet_hooks());
+    ADD_FAILURE() << "a tied model with head_gradient: slices trained";
+  } catch (const lt::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("head_gradient: slices needs gradients held on the device in bf16 and an LM "
+                                         "head of its own, but tiny-qwen2 ties its LM head to the embedding"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace
