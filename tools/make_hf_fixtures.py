@@ -8,6 +8,9 @@ writes <out>/<name>/:
   fixture.safetensors  input_ids [B,S] (I64), labels [B,S] (I64, -100 = ignored), logits [B,S,V] (F32),
                        loss [] (F32; HF's own: mean over non-ignored shifted labels),
                        grad.<hf name> for every parameter (F32; tied: the embedding's grad includes the head's)
+The long-row fixture (qwen2_long_row: one row of LONG_S tokens, SDPA attention, which on the CPU does not hold the
+S x S scores) keeps the logits of a few rows only: logits.rows [R] (I64, flat token indices), logits.at [R,V].
+Its provenance goes to PROVENANCE_long_row.json.
 Deterministic (fixed seeds, CPU, deterministic algorithms). Usage:
   /opt/refenv/bin/python tools/make_hf_fixtures.py [--out tests/fixtures/hf] [--device cpu]
 """
@@ -26,6 +29,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Co
 
 VOCAB = 300
 B, S = 2, 17
+LONG_S = 16384
+LONG = "qwen2_long_row"
 
 
 def common(**kw):
@@ -51,6 +56,9 @@ def models():
     # Llama-3.2 style: tied, llama3 rope, multi-query (one kv head), head_dim 8.
     yield "llama32_mqa_tied", LlamaConfig(**common(num_attention_heads=8, num_key_value_heads=1, tie_word_embeddings=True,
                                                     rms_norm_eps=1e-5, rope_parameters=dict(llama3_rope)))
+    # One long row: Qwen2 with bias, untied, positions up to LONG_S.
+    yield LONG, Qwen2Config(**common(tie_word_embeddings=False, rms_norm_eps=1e-6, max_position_embeddings=LONG_S,
+                                     rope_parameters={"rope_type": "default", "rope_theta": 1e6}))
 
 
 def randomize(model, gen):
@@ -75,16 +83,34 @@ def batch(gen):
     return ids, labels
 
 
+def long_batch(gen):
+    ids = torch.randint(3, VOCAB, (1, LONG_S), generator=gen)
+    labels = ids.clone()
+    labels[0, :200] = -100                     # a masked prompt
+    labels[0, 5000:5010] = -100                # ignored labels far into the row
+    labels[0, LONG_S - 2] = -100
+    return ids, labels
+
+
+def logits_entries(name, logits):
+    if name != LONG:
+        return {"logits": logits.contiguous()}
+    flat = logits.reshape(-1, logits.shape[-1])
+    rows = torch.tensor([0, 1, 2, 199, 200, 4999, 5010, 8191, 12000, LONG_S - 3, LONG_S - 2, LONG_S - 1])
+    return {"logits.rows": rows, "logits.at": flat[rows].contiguous()}
+
+
 def make_one(name, cfg, out_dir, device):
     gen = torch.Generator().manual_seed(1234)
     torch.manual_seed(1234)
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=torch.float32)
+    attn = "sdpa" if name == LONG else "eager"
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn, dtype=torch.float32)
     randomize(model, gen)
     model.to(device).train()
     for m in model.modules():  # no dropout in these configs, but be explicit
         if isinstance(m, torch.nn.Dropout):
             m.p = 0.0
-    ids, labels = batch(gen)
+    ids, labels = long_batch(gen) if name == LONG else batch(gen)
     outp = model(input_ids=ids.to(device), labels=labels.to(device))
     outp.loss.backward()
 
@@ -96,7 +122,7 @@ def make_one(name, cfg, out_dir, device):
         if extra not in ("config.json", "model.safetensors"):
             os.remove(os.path.join(d, extra))
     fx = {"input_ids": ids.contiguous(), "labels": labels.contiguous(),
-          "logits": outp.logits.detach().float().cpu().contiguous(),
+          **logits_entries(name, outp.logits.detach().float().cpu()),
           "loss": outp.loss.detach().float().cpu().reshape(())}
     for pname, p in model.named_parameters():
         fx["grad." + pname] = p.grad.detach().float().cpu().contiguous()
@@ -120,15 +146,21 @@ def main():
     torch.set_float32_matmul_precision("highest")
     os.makedirs(a.out, exist_ok=True)
     only = set(a.only.split(",")) if a.only else None
+    made = set()
     for name, cfg in models():
         if only and name not in only:
             continue
         make_one(name, cfg, a.out, torch.device(a.device))
-    with open(os.path.join(a.out, "PROVENANCE.json"), "w") as f:
-        json.dump({"script": "tools/make_hf_fixtures.py", "torch": torch.__version__,
-                   "transformers": transformers.__version__, "device": a.device, "batch": B, "seq": S}, f, indent=1,
-                  sort_keys=True)
-        f.write("\n")
+        made.add(name)
+    for fname, batch_seq, names in (("PROVENANCE.json", (B, S), made - {LONG}),
+                                    ("PROVENANCE_long_row.json", (1, LONG_S), made & {LONG})):
+        if not names:
+            continue
+        with open(os.path.join(a.out, fname), "w") as f:
+            json.dump({"script": "tools/make_hf_fixtures.py", "torch": torch.__version__,
+                       "transformers": transformers.__version__, "device": a.device, "batch": batch_seq[0],
+                       "seq": batch_seq[1]}, f, indent=1, sort_keys=True)
+            f.write("\n")
 
 
 if __name__ == "__main__":

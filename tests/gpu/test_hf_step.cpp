@@ -113,6 +113,7 @@ TEST(HfStepBf16, Qwen2BiasTied) { run_step("qwen2_bias_tied"); }
 TEST(HfStepBf16, Qwen3QkNormUntied) { run_step("qwen3_qknorm_untied"); }
 TEST(HfStepBf16, Llama3RopeScalingUntied) { run_step("llama3_rope_untied"); }
 TEST(HfStepBf16, Llama32MqaTied) { run_step("llama32_mqa_tied"); }
+TEST(HfStepBf16, Qwen2LongRow16k) { run_step("qwen2_long_row"); }  // one row of 16,384 tokens
 // Qwen3.5 hybrids (tools/make_hf_fixtures_qwen35.py: Gated DeltaNet + gated attention layers, (1 + w)
 // norms, partial RoPE; 2 x 80 tokens). The qwen35_bf16_* fixtures carry the features of qwen35_tied_3to1
 // and qwen35_untied_odd at hidden 256 with bf16-representable weights. Those two (hidden 64 and 48) are
