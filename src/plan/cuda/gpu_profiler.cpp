@@ -214,6 +214,8 @@ double time_sliced_head(CudaBackend& be, const ModelConfig& c, cudaStream_t st, 
   const int64_t T = g.tokens(), H = c.hidden, V = c.vocab, S = head_grad_slice_rows(c);
   auto A = [&](int64_t bytes) { return be.alloc(MemKind::Device, bytes, "profile.head"); };
   Allocation lse = A(T * 4), dn = A(H * 4), slice = A(S * H * 4);
+  be.fill_zero(Lane::Compute, held, V * H * 2, {});
+  be.fill_zero(Lane::Compute, dn.ptr, H * 4, {});
   const float scale = 1.f / float(T);
   const double t = median_s(st, 3, [&] {
     be.head_loss_lse(hw, lm, tg, g, x, scale, dx, dn.ptr, static_cast<float*>(lse.ptr), acc, {});
