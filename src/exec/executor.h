@@ -168,12 +168,19 @@ std::vector<int64_t> host_grad_units(const ModelConfig& c, const ExecPlan& p);
 struct ExecMemory {
   int64_t device = 0, pinned = 0, nvme = 0;
 };
-// kept_bytes: the kept layers' buffers (kept_internals_bytes), device; grad_ring_depth: of held gradients' staging
-// ring (StatePlacement::grad_ring_depth), pinned; head_slices: StatePlacement::head_grad_slices.
+// How a run holds its weight gradients, as executor_memory sizes them: where (HostStateOptions::grads), the
+// micro-batches (ExecOptions::micro_batches), their dtype (held, or host bf16), the held gradients' staging ring
+// (StatePlacement::grad_ring_depth, pinned) and the head's gradient by slices (StatePlacement::head_grad_slices).
+struct GradSizing {
+  GradHome home = GradHome::Host;
+  int32_t micro_batches = 1;
+  GradDType dtype = GradDType::F32;
+  int ring_depth = kGradRingDepth;
+  bool head_slices = false;
+};
+// kept_bytes: the kept layers' buffers (kept_internals_bytes), device.
 ExecMemory executor_memory(const ModelConfig& c, const ExecPlan& p, BackendDTypes dt, int64_t workspace_bytes,
-                           GradHome grads = GradHome::Host, int32_t micro_batches = 1,
-                           GradDType held_dtype = GradDType::F32, int64_t kept_bytes = 0,
-                           int grad_ring_depth = kGradRingDepth, bool head_slices = false);
+                           const GradSizing& grads = {}, int64_t kept_bytes = 0);
 // The backend workspace the executor holds for a plan (Backend::hold_workspace, before its other device buffers):
 // the largest over every call the plan makes (layer_workspace_bytes at each chunk size, embed_workspace_bytes over
 // the micro-batch). executor_memory's workspace_bytes.

@@ -97,28 +97,27 @@ bool held_grads_direct(DType grad, int32_t micro_batches, GradDType held) {
 
 // Device and pinned bytes of the weight gradients: per-micro-batch buffers (host gradients, or
 // accumulation into the held buffers) and the held buffers with their staging ring.
-ExecMemory grad_memory(const ModelConfig& c, const ExecPlan& p, const ModelLayout& lay, DType grad, GradHome home,
-                       int32_t micro_batches, GradDType held_dtype, int ring_depth, bool head_slices) {
+ExecMemory grad_memory(const ModelConfig& c, const ExecPlan& p, const ModelLayout& lay, DType grad, const GradSizing& s) {
   const int64_t g = int64_t(dtype_size(grad));
   ExecMemory m;
   const int64_t head = lay.head().numel, emb = embedding_on_device(c, p) ? lay.embedding().numel : 0;
-  if (home == GradHome::Host) {
+  if (s.home == GradHome::Host) {
     m.device = (2 * lay.max_layer_numel() + head + emb) * g;
-    if (held_dtype == GradDType::Bf16) m.device += 2 * lay.max_layer_numel() * 2;  // host bf16: the rounding pieces
+    if (s.dtype == GradDType::Bf16) m.device += 2 * lay.max_layer_numel() * 2;  // host bf16: the rounding pieces
     return m;
   }
   // With head slices: the head's norm and one vocabulary slice instead of the head's and the embedding's buffers, and
   // each row's log-sum-exp.
-  const int64_t heads = head_slices                        ? c.hidden + head_grad_slice_rows(c) * c.hidden
+  const int64_t heads = s.head_slices                      ? c.hidden + head_grad_slice_rows(c) * c.hidden
                         : shared_head_embedding_grad(c, p) ? std::max(head, emb)
                                                            : head + emb;
-  const int64_t scratch = (2 * lay.max_layer_numel() + heads) * g + (head_slices ? p.batch * p.seq * 4 : 0);
+  const int64_t scratch = (2 * lay.max_layer_numel() + heads) * g + (s.head_slices ? p.batch * p.seq * 4 : 0);
   const auto order = held_grad_order(c, p);
   const auto numel = unit_numels(lay);
-  const DType held = held_grad_dtype(grad, micro_batches, held_dtype);
-  m.device = (held_grads_direct(grad, micro_batches, held_dtype) ? 0 : scratch) +
+  const DType held = held_grad_dtype(grad, s.micro_batches, s.dtype);
+  m.device = (held_grads_direct(grad, s.micro_batches, s.dtype) ? 0 : scratch) +
              GradStream::device_bytes(order, numel, held);
-  m.pinned = GradStream::pinned_bytes(order, numel, held, ring_depth);
+  m.pinned = GradStream::pinned_bytes(order, numel, held, s.ring_depth);
   return m;
 }
 
@@ -144,13 +143,12 @@ int64_t plan_workspace_bytes(const Backend& be, const ExecPlan& p) {
 }
 
 ExecMemory executor_memory(const ModelConfig& c, const ExecPlan& p, BackendDTypes dt, int64_t workspace_bytes,
-                           GradHome grads, int32_t micro_batches, GradDType held_dtype, int64_t kept_bytes,
-                           int grad_ring_depth, bool head_slices) {
+                           const GradSizing& grads, int64_t kept_bytes) {
   const auto lay = model_layout(c);
   const int64_t L = c.layers, T = p.batch * p.seq;
   const int64_t w = int64_t(dtype_size(dt.weight)), a = int64_t(dtype_size(dt.act));
   const int64_t A = T * c.hidden * a, Apad = io_round_up(A), ln = lay.max_layer_numel();
-  const ExecMemory gm = grad_memory(c, p, lay, dt.grad, grads, micro_batches, held_dtype, grad_ring_depth, head_slices);
+  const ExecMemory gm = grad_memory(c, p, lay, dt.grad, grads);
   ExecMemory m;
   m.device = p.ring * ln * w + lay.head().numel * w + 4 * T * 4 + (2 + L + 2) * 8 + count_act_buffers(p) * A +
              workspace_bytes + gm.device + kept_bytes;

@@ -221,8 +221,9 @@ class TrainSession {
     NvmeNeed n;
     n.moment_files = optimizer().moment_homes().nvme;
     const auto& o = st_.options();
-    n.checkpoints = executor_memory(ms_.model, tp_.exec, bc_.backend->dtypes(), 0, o.grads, int32_t(shape_.rank_ga),
-                                    o.grad_dtype).nvme;
+    n.checkpoints = executor_memory(ms_.model, tp_.exec, bc_.backend->dtypes(), 0,
+                                    {.home = o.grads, .micro_batches = int32_t(shape_.rank_ga), .dtype = o.grad_dtype})
+                        .nvme;
     n.resuming = bool(resume_);
     return n;
   }

@@ -161,8 +161,8 @@ ExecPlan offload_plan(int64_t L, int64_t batch, int64_t seq) {
 int64_t held_extra_device(const Case& s, const CpuBackend& be) {
   const int64_t chunk = s.p.chunk_samples > 0 ? s.p.chunk_samples : s.p.batch;
   const int64_t ws = be.layer_workspace_bytes(chunk * s.p.seq);
-  return executor_memory(s.c, s.p, be.dtypes(), ws, GradHome::Device, s.nmb).device -
-         executor_memory(s.c, s.p, be.dtypes(), ws, GradHome::Host, s.nmb).device;
+  return executor_memory(s.c, s.p, be.dtypes(), ws, {.home = GradHome::Device, .micro_batches = s.nmb}).device -
+         executor_memory(s.c, s.p, be.dtypes(), ws, {.home = GradHome::Host, .micro_batches = s.nmb}).device;
 }
 
 TEST(ExecDeviceGrads, TrainingMatchesHostGradientsBitForBit) {
@@ -214,8 +214,8 @@ TEST(ExecDeviceGrads, ShallowRingTrainsTheSameAndPinsLess) {
       last_pinned = shallow.pinned;
       CpuBackend be(s.c, test::cpu_opts());
       const int64_t ws = be.layer_workspace_bytes(s.p.batch * s.p.seq);
-      EXPECT_EQ(executor_memory(s.c, s.p, be.dtypes(), ws, GradHome::Device, 1, GradDType::F32, 0, depth).pinned,
-                shallow.pinned - (deep.pinned - executor_memory(s.c, s.p, be.dtypes(), ws, GradHome::Device).pinned))
+      EXPECT_EQ(executor_memory(s.c, s.p, be.dtypes(), ws, {.home = GradHome::Device, .ring_depth = depth}).pinned,
+                shallow.pinned - (deep.pinned - executor_memory(s.c, s.p, be.dtypes(), ws, {.home = GradHome::Device}).pinned))
           << what;
     }
   }
@@ -269,8 +269,10 @@ TEST(ExecDeviceGrads, HeadGradientBySlicesTrainsTheSameWithoutTheTableSizedBuffe
     CpuBackend be(s.c, test::cpu_opts());
     const int64_t ws = plan_workspace_bytes(be, s.p);
     auto predicted = [&](bool slices) {
-      return executor_memory(s.c, s.p, be.dtypes(), ws, GradHome::Device, nmb, GradDType::Bf16, 0, kGradRingDepth,
-                             slices).device;
+      return executor_memory(s.c, s.p, be.dtypes(), ws,
+                             {.home = GradHome::Device, .micro_batches = nmb, .dtype = GradDType::Bf16,
+                              .head_slices = slices})
+          .device;
     };
     int64_t one_slice_peak = 0;
     for (int64_t rows : {s.c.vocab, int64_t(7), int64_t(1)}) {
@@ -324,8 +326,8 @@ TEST(ExecDeviceGrads, PredictedBytesEqualAllocatedBytes) {
         const int64_t chunk = p.chunk_samples > 0 ? p.chunk_samples : p.batch;
         int64_t kept = 0;
         for (int64_t b : kept_internals_bytes(be, p)) kept += b;
-        auto m = executor_memory(c, p, be.dtypes(), be.layer_workspace_bytes(chunk * p.seq), GradHome::Device, nmb,
-                                 held, kept);
+        auto m = executor_memory(c, p, be.dtypes(), be.layer_workspace_bytes(chunk * p.seq),
+                                 {.home = GradHome::Device, .micro_batches = nmb, .dtype = held}, kept);
         EXPECT_EQ(be.memory().current(MemKind::Device) - dev0, m.device) << describe_plan(p);
         EXPECT_EQ(be.memory().current(MemKind::Pinned) - pin0, m.pinned) << describe_plan(p);
         const std::string table = ex.memory_table();
@@ -510,8 +512,8 @@ TEST(ExecDeviceGrads, HostBf16MemoryAndLimits) {
       const int64_t chunk = p.chunk_samples > 0 ? p.chunk_samples : p.batch;
       int64_t kept = 0;
       for (int64_t b : kept_internals_bytes(be, p)) kept += b;
-      const auto m = executor_memory(c, p, be.dtypes(), be.layer_workspace_bytes(chunk * p.seq), GradHome::Host, 1,
-                                     GradDType::Bf16, kept);
+      const auto m = executor_memory(c, p, be.dtypes(), be.layer_workspace_bytes(chunk * p.seq),
+                                     {.dtype = GradDType::Bf16}, kept);
       EXPECT_EQ(be.memory().current(MemKind::Device) - dev0, m.device) << describe_plan(p);
       EXPECT_EQ(be.memory().current(MemKind::Pinned) - pin0, m.pinned) << describe_plan(p);
       EXPECT_NE(ex.memory_table().find("grads.bf16_pieces"), std::string::npos) << ex.memory_table();

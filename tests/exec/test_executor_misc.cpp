@@ -73,8 +73,7 @@ TEST(ExecMemory, PredictedBytesEqualAllocatedBytes) {
       int64_t kept_sum = 0;
       for (int64_t b : kept) kept_sum += b;
       EXPECT_EQ(kept_sum > 0, p.kept_layers > 0) << describe_plan(p);
-      auto m = executor_memory(c, p, be.dtypes(), be.layer_workspace_bytes(chunk * p.seq), GradHome::Host, 1,
-                               GradDType::F32, kept_sum);
+      auto m = executor_memory(c, p, be.dtypes(), be.layer_workspace_bytes(chunk * p.seq), {}, kept_sum);
       EXPECT_EQ(be.memory().current(MemKind::Device) - dev0, m.device) << describe_plan(p);
       EXPECT_EQ(be.memory().current(MemKind::Pinned) - pin0, m.pinned) << describe_plan(p);
     }

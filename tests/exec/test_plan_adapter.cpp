@@ -119,8 +119,10 @@ TEST(PlanAdapter, PredictedPeakCoversTheExecutorsDeviceMemory) {
       ++planned;
       const ExecPlan ex = exec_plan_from(o.plan, r.model);
       const BackendDTypes cuda{DType::BF16, DType::BF16, DType::F32};
-      const auto m = executor_memory(r.model, ex, cuda, 0, o.placement.grads, 1, o.placement.grad_dtype, 0,
-                                     o.placement.grad_ring_depth, o.placement.head_grad_slices);
+      const auto m = executor_memory(r.model, ex, cuda, 0,
+                                     {.home = o.placement.grads, .dtype = o.placement.grad_dtype,
+                                      .ring_depth = o.placement.grad_ring_depth,
+                                      .head_slices = o.placement.head_grad_slices});
       EXPECT_LE(double(m.device), double(o.sim.pred.peak_hbm)) << describe_plan(ex);
       EXPECT_LE(double(o.sim.pred.peak_hbm), o.inst.hbm_cap + 0.5);
     }
