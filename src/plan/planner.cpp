@@ -342,28 +342,25 @@ std::string why_not(const PlanRequest& r, const PlanOutcome& out, const StateCho
     return fmt::format("does not fit: dram short by {} (needs {} for the model state with {}, has {})",
                        format_bytes(in.dram_fixed - in.dram_cap), format_bytes(in.dram_fixed), describe_choice(st),
                        format_bytes(in.dram_cap));
-  // The smallest HBM footprint in the plan space: every boundary offloaded (blocks of one layer).
-  std::string why;
-  double least = 1e300;
-  for (auto& cd : out.candidates)
-    if ((!is_heuristic(r.planner) || cd.name == r.planner) && !cd.why.empty() && cd.why.rfind("does not fit", 0) == 0 &&
-        cd.sim.pred.peak_hbm > 0 && double(cd.sim.pred.peak_hbm) < least) {
-      least = double(cd.sim.pred.peak_hbm);
-      why = cd.why;
-    }
   const double floor_hbm = in.hbm_fixed + in.ring + in.max_ws_bwd() + 3 * in.A;
-  if (why.empty() && floor_hbm <= in.hbm_cap)  // the floor fits: the other boundaries have no home
-    return fmt::format("does not fit: the GPU's floor at chunk {} fits ({} of {}), but the other boundaries ({} each), "
-                       "recomputed or offloaded, find no room: the rest of HBM, dram {} left after the model state, "
-                       "nvme {} (staged through dram)",
-                       chunk, format_bytes(floor_hbm), format_bytes(in.hbm_cap), format_bytes(in.A),
-                       format_bytes(std::max(0.0, in.dram_cap - in.dram_fixed)), format_bytes(in.nvme_cap));
-  if (why.empty() || floor_hbm > in.hbm_cap)
-    why = fmt::format("does not fit: gpu short by {} (needs {} for the {}weight ring, the largest layer's backward and 3 "
-                      "boundaries at chunk {}, has {})", format_bytes(floor_hbm - in.hbm_cap), format_bytes(floor_hbm),
-                      in.hbm_fixed > 0 ? fmt::format("model state held in HBM ({}), the ", format_bytes(in.hbm_fixed))
-                                       : std::string(),
-                      chunk, format_bytes(in.hbm_cap));
+  if (floor_hbm > in.hbm_cap)
+    return fmt::format("does not fit: gpu short by {} (needs {} for the {}weight ring, the largest layer's backward and 3 "
+                       "boundaries at chunk {}, has {})", format_bytes(floor_hbm - in.hbm_cap), format_bytes(floor_hbm),
+                       in.hbm_fixed > 0 ? fmt::format("model state held in HBM ({}), the ", format_bytes(in.hbm_fixed))
+                                        : std::string(),
+                       chunk, format_bytes(in.hbm_cap));
+  // The floor fits: the other boundaries have no home. The candidate needing the least HBM says where it fell short.
+  std::string why = fmt::format("does not fit: the GPU's floor at chunk {} fits ({} of {}), but the other boundaries ({} "
+                                "each), recomputed or offloaded, find no room: the rest of HBM, dram {} left after the "
+                                "model state, nvme {} (staged through dram)",
+                                chunk, format_bytes(floor_hbm), format_bytes(in.hbm_cap), format_bytes(in.A),
+                                format_bytes(std::max(0.0, in.dram_cap - in.dram_fixed)), format_bytes(in.nvme_cap));
+  const Candidate* least = nullptr;
+  for (auto& cd : out.candidates)
+    if ((!is_heuristic(r.planner) || cd.name == r.planner) && cd.why.rfind("does not fit: ", 0) == 0 &&
+        cd.sim.pred.peak_hbm > 0 && (!least || cd.sim.pred.peak_hbm < least->sim.pred.peak_hbm))
+      least = &cd;
+  if (least) why += fmt::format("; the plan needing the least HBM ({}): {}", least->name, least->why.substr(14));
   return why;
 }
 
