@@ -513,20 +513,13 @@ void try_shallower_rings(const PlanRequest& r, const Prepared& deep, PlanOutcome
   log_debug("plan: gradient ring depth {}", out.placement.grad_ring_depth);
 }
 
-// The head's gradient by vocabulary slices (StatePlacement::head_grad_slices) when the request leaves it to the
-// planner: the [vocab, hidden] fp32 buffers' HBM goes to larger chunks or kept checkpoints for one more logits GEMM;
-// the whole plan (and its ring depths) with them, the faster kept (ties: without).
-void try_head_slices(const PlanRequest& r, const Prepared& base, PlanOutcome& out) {
-  if (r.head_grad_slices.has_value() || !head_grad_slices_apply(r.model, base.st.placement)) return;
-  StateChoice st = base.st;
-  st.placement.head_grad_slices = true;
-  if (!state_fits(r, st)) return;
-  Prepared pr = prepare(r, std::move(st));
-  if (!pr.dp.feasible) return;
-  PlanOutcome o = plan_state(r, pr, out.feasible ? &out.plan : nullptr);
-  try_shallower_rings(r, pr, o);
-  if (o.feasible && (!out.feasible || o.sim.pred.step_s < out.sim.pred.step_s * (1 - 1e-6))) out = std::move(o);
-  log_debug("plan: head gradient by slices {}", out.placement.head_grad_slices);
+// The ladder's state (placement.h), its plan and, where asked, its ring depths.
+PlanOutcome plan_ladder(const PlanRequest& r) {
+  Prepared prep = choose_state(r);
+  widen_8bit(r, prep);
+  PlanOutcome out = plan_state(r, prep);
+  try_shallower_rings(r, prep, out);
+  return out;
 }
 
 }  // namespace
@@ -536,11 +529,20 @@ PlanOutcome make_plan(const PlanRequest& r) {
   LT_CHECK(r.world >= 1 && r.ranks_per_host >= 1 && r.ranks_per_host <= r.world,
            "plan: world size must be >= 1 and ranks per host in [1, world], got world {} and ranks per host {}",
            r.world, r.ranks_per_host);
-  Prepared prep = choose_state(r);
-  widen_8bit(r, prep);
-  PlanOutcome out = plan_state(r, prep);
-  try_shallower_rings(r, prep, out);
-  try_head_slices(r, prep, out);
+  PlanOutcome out = plan_ladder(r);
+  // The head's gradient by vocabulary slices (StatePlacement::head_grad_slices) left to the planner: the whole ladder
+  // again with them on every rung where they apply. Their HBM (the [vocab, hidden] fp32 buffers) may let an earlier
+  // rung fit or run larger chunks, for one more logits GEMM; a later rung (NVMe moments) may still be faster, so the
+  // two ladders' plans are compared (ties: without).
+  if (!r.head_grad_slices && !r.model.tied) {
+    PlanRequest sliced = r;
+    sliced.head_grad_slices = true;
+    PlanOutcome o = plan_ladder(sliced);
+    if (o.feasible && o.placement.head_grad_slices &&
+        (!out.feasible || o.sim.pred.step_s < out.sim.pred.step_s * (1 - 1e-6)))
+      out = std::move(o);
+    log_debug("plan: head gradient by slices {}", out.placement.head_grad_slices);
+  }
   return out;
 }
 

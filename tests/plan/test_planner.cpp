@@ -317,6 +317,19 @@ TEST(Planner, HeadGradientBySlicesGivesTheTableSizedBuffersToTheChunks) {
   const PlanOutcome forced = make_plan(r);
   ASSERT_TRUE(forced.feasible) << forced.why;
   EXPECT_EQ(forced.plan.chunk, chosen.plan.chunk);
+  // Under 72 GiB with NVMe moments allowed: the full ladder reaches the NVMe-moment rung, the sliced one fits a rung
+  // before it; the faster of the two is kept, whichever it is.
+  r.profile.hbm_bytes = int64_t(72) << 30;
+  r.allow_nvme_moments = true;
+  r.head_grad_slices = false;
+  const PlanOutcome nvme_full = make_plan(r);
+  r.head_grad_slices = true;
+  const PlanOutcome nvme_sliced = make_plan(r);
+  r.head_grad_slices.reset();
+  const PlanOutcome nvme_auto = make_plan(r);
+  ASSERT_TRUE(nvme_full.feasible && nvme_sliced.feasible && nvme_auto.feasible);
+  EXPECT_GT(nvme_full.placement.nvme_layers, 0);
+  EXPECT_DOUBLE_EQ(nvme_auto.sim.pred.step_s, std::min(nvme_full.sim.pred.step_s, nvme_sliced.sim.pred.step_s));
   r.model = preset_config("qwen2.5-3b");  // tied
   r.head_grad_slices.reset();
   r.batch = 8;
