@@ -93,6 +93,9 @@ std::vector<Change> mode_changes(const PlanRequest& r) {
   if (r.optimizer == "adamw") add("optimizer: hybrid", [](PlanRequest& q) { q.optimizer = "hybrid"; });
   if (!dp && !device_layers && r.master != MasterMode::Bf16Sr && !(!r.master && r.allow_bf16_master))
     add("master_weights: bf16-sr", [](PlanRequest& q) { q.master = MasterMode::Bf16Sr; });
+  // The head's gradient forced whole: by vocabulary slices it frees a [vocab, hidden] fp32 buffer of HBM.
+  if (!dp && r.head_grad_slices == false && !r.model.tied)
+    add("head_gradient: auto", [](PlanRequest& q) { q.head_grad_slices.reset(); });
   if (!dp && !r.allow_nvme_moments && !r.nvme_all_layers && r.profile.nvme_bytes > 0)
     add("optimizer_nvme: auto", [](PlanRequest& q) { q.allow_nvme_moments = true; });
   if (labels.size() >= 2) v.push_back({fmt::format("{}", fmt::join(labels, ", ")), all});
