@@ -534,7 +534,10 @@ PlanOutcome make_plan(const PlanRequest& r) {
   // again with them on every rung where they apply. Their HBM (the [vocab, hidden] fp32 buffers) may let an earlier
   // rung fit or run larger chunks, for one more logits GEMM; a later rung (NVMe moments) may still be faster, so the
   // two ladders' plans are compared (ties: without).
-  if (!r.head_grad_slices && !r.model.tied) {
+  // Only where some rung can hold the gradients on the device in bf16 (head_grad_slices_apply): not forced to the
+  // host or fp32, nor data parallel (host gradients only).
+  const bool can_slice = !r.model.tied && r.world == 1 && r.grads != GradHome::Host && r.grad_dtype != GradDType::F32;
+  if (!r.head_grad_slices && can_slice) {
     PlanRequest sliced = r;
     sliced.head_grad_slices = true;
     PlanOutcome o = plan_ladder(sliced);

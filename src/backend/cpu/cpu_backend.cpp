@@ -419,8 +419,7 @@ void CpuBackend::embed_backward_acc(const int32_t* ids, int64_t T, const void* d
         float* a = static_cast<float*>(acc) + id * H;
         for (int64_t h = 0; h < H; ++h) a[h] += row[size_t(h)];
       } else {
-        bf16_t* a = static_cast<bf16_t*>(acc) + id * H;
-        for (int64_t h = 0; h < H; ++h) a[h] = f32_to_bf16(bf16_to_f32(a[h]) + row[size_t(h)]);
+        add_into_bf16(static_cast<bf16_t*>(acc) + id * H, row.data(), H);  // grad_add's rounding
       }
     }
     if (!sumsq) return;

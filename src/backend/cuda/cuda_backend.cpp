@@ -425,27 +425,31 @@ void CudaBackend::layer_backward_kept(int64_t layer, const void* w, const DevGeo
   });
 }
 
+// head_loss and head_loss_lse: LayerEngine::head_loss on the compute lane with the head's workspace.
+void CudaBackend::enqueue_head(const char* op, const void* head_w, const void* lm_w, const int32_t* targets,
+                               const DevGeometry& g, const void* x, float loss_scale, void* dx, float* d_norm_w,
+                               float* d_lm_w, float* lse, double* acc, OpLabel l) {
+  Impl& m = *impl_;
+  enqueue(m, Lane::Compute, l, 0, [&](cudaStream_t s) {
+    ensure_ws(m, mem_, m.eng->head_workspace_bytes(g.tokens()), op, l, g.tokens());
+    m.eng->head_loss(layout_.head(), head_w, lm_w, targets, g.tokens(), x, loss_scale, dx, d_norm_w, d_lm_w, lse, acc,
+                     m.err_dev, m.ws, s);
+  });
+}
+
 void CudaBackend::head_loss(const void* head_w, const void* lm_w, const int32_t* targets, const DevGeometry& g,
                             const void* x, float loss_scale, void* dx, void* d_head_w, void* d_lm_w, double* acc,
                             OpLabel l) {
-  Impl& m = *impl_;
-  enqueue(m, Lane::Compute, l, 0, [&](cudaStream_t s) {
-    ensure_ws(m, mem_, m.eng->head_workspace_bytes(g.tokens()), "head_loss", l, g.tokens());
-    float* d_norm_w = d_head_w ? static_cast<float*>(d_head_w) + layout_.head().find("norm.weight").offset : nullptr;
-    m.eng->head_loss(layout_.head(), head_w, lm_w, targets, g.tokens(), x, loss_scale, dx, d_norm_w,
-                     static_cast<float*>(d_lm_w), nullptr, acc, m.err_dev, m.ws, s);
-  });
+  float* d_norm_w = d_head_w ? static_cast<float*>(d_head_w) + layout_.head().find("norm.weight").offset : nullptr;
+  enqueue_head("head_loss", head_w, lm_w, targets, g, x, loss_scale, dx, d_norm_w, static_cast<float*>(d_lm_w), nullptr,
+               acc, l);
 }
 
 void CudaBackend::head_loss_lse(const void* head_w, const void* lm_w, const int32_t* targets, const DevGeometry& g,
                                 const void* x, float loss_scale, void* dx, void* d_norm_w, float* lse, double* acc,
                                 OpLabel l) {
-  Impl& m = *impl_;
-  enqueue(m, Lane::Compute, l, 0, [&](cudaStream_t s) {
-    ensure_ws(m, mem_, m.eng->head_workspace_bytes(g.tokens()), "head_loss_lse", l, g.tokens());
-    m.eng->head_loss(layout_.head(), head_w, lm_w, targets, g.tokens(), x, loss_scale, dx,
-                     static_cast<float*>(d_norm_w), nullptr, lse, acc, m.err_dev, m.ws, s);
-  });
+  enqueue_head("head_loss_lse", head_w, lm_w, targets, g, x, loss_scale, dx, static_cast<float*>(d_norm_w), nullptr, lse,
+               acc, l);
 }
 
 void CudaBackend::head_lm_grad_slice(const void* head_w, const void* lm_w, const int32_t* targets,

@@ -102,6 +102,9 @@ class CudaBackend final : public Backend {
   struct Impl;
 
  private:
+  void enqueue_head(const char* op, const void* head_w, const void* lm_w, const int32_t* targets, const DevGeometry& g,
+                    const void* x, float loss_scale, void* dx, float* d_norm_w, float* d_lm_w, float* lse, double* acc,
+                    OpLabel l);
   std::unique_ptr<Impl> impl_;
 };
 
