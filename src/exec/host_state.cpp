@@ -130,28 +130,36 @@ void HostState::read_master(int64_t u, int64_t off, int64_t n, float* dst) const
   }
 }
 
-void HostState::write_master(int64_t u, const float* src) {
-  const int64_t n = numel(u);
+void HostState::write_master(int64_t u, int64_t off, int64_t n, const float* src) {
   const size_t i = size_t(u);
+  LT_CHECK(off >= 0 && n >= 0 && off + n <= numel(u), "internal: write_master({}, {}, {}) outside the unit's {} elements",
+           u, off, n, numel(u));
   check_remainders_home(u);
   switch (storage_) {
     case MasterStorage::Aliased:
-    case MasterStorage::F32Copy: std::memcpy(f32_ptr_[i], src, size_t(n) * 4); break;
+    case MasterStorage::F32Copy: std::memcpy(f32_ptr_[i] + off, src, size_t(n) * 4); break;
     case MasterStorage::Split:
       if (remainders_on_nvme(u)) {
+        // The image is rewritten as a whole (its moments read and written back): one write per unit.
+        LT_CHECK(off == 0 && n == numel(u), "internal: unit {}'s master remainders live in its NVMe image: write the "
+                 "unit whole (write_master({}, {}, {}))", u, u, off, n);
         std::vector<uint16_t> lo(static_cast<size_t>(n));
         optim::split_tile(src, hi_ptr_[i], lo.data(), n);
         rem_opt_->write_remainders(int(u), lo.data());
       } else {
-        optim::split_tile(src, hi_ptr_[i], lo_[i].data(), n);
+        optim::split_tile(src, hi_ptr_[i] + off, lo_[i].data() + off, n);
       }
       break;
     // The starting weights round to nearest (even): stochastic rounding is for updates.
     case MasterStorage::Bf16:
-      for (int64_t k = 0; k < n; ++k) hi_ptr_[i][k] = f32_to_bf16(src[k]);
+      for (int64_t k = 0; k < n; ++k) hi_ptr_[i][off + k] = f32_to_bf16(src[k]);
       break;
   }
-  refresh_stream(u);
+  refresh_stream(u, off, n);
+}
+
+int64_t HostState::master_write_piece(int64_t u) const {
+  return remainders_on_nvme(u) ? numel(u) : std::min(numel(u), kMasterWritePiece);
 }
 
 float* HostState::grad(int64_t u) {
@@ -180,14 +188,13 @@ optim::UnitBuffers HostState::update_buffers(int64_t u) {
   return b;
 }
 
-void HostState::refresh_stream(int64_t u) {
-  const int64_t n = numel(u);
+void HostState::refresh_stream(int64_t u, int64_t off, int64_t n) {
   const size_t i = size_t(u);
   if (storage_ == MasterStorage::F32Copy) {
     auto* s = static_cast<bf16_t*>(stream_ptr_[i]);
-    for (int64_t k = 0; k < n; ++k) s[k] = f32_to_bf16(f32_ptr_[i][k]);
+    for (int64_t k = off; k < off + n; ++k) s[k] = f32_to_bf16(f32_ptr_[i][k]);
   } else if (stream_rebuilt()) {
-    read_master(u, static_cast<float*>(stream_ptr_[i]));
+    read_master(u, off, n, static_cast<float*>(stream_ptr_[i]) + off);
   }
 }
 

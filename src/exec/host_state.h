@@ -76,7 +76,14 @@ class HostState {
   // The exact fp32 values of unit u (all storages), and setting them (refreshes the streaming copy).
   void read_master(int64_t u, float* dst) const { read_master(u, 0, numel(u), dst); }
   void read_master(int64_t u, int64_t offset, int64_t n, float* dst) const;  // elements [offset, offset + n)
-  void write_master(int64_t u, const float* src);
+  void write_master(int64_t u, const float* src) { write_master(u, 0, numel(u), src); }
+  // Elements [offset, offset + n) of unit u: a unit written in pieces (starting weights, checkpoints) needs no fp32
+  // buffer of the whole unit. A unit whose master remainders live in its NVMe image takes one whole write.
+  void write_master(int64_t u, int64_t offset, int64_t n, const float* src);
+  // The largest piece write_master takes for unit u: kMasterWritePiece elements (64 MiB of fp32), the whole unit
+  // where its remainders are on NVMe.
+  static constexpr int64_t kMasterWritePiece = int64_t(1) << 24;
+  int64_t master_write_piece(int64_t u) const;
 
   void* stream(int64_t u) { return stream_ptr_[size_t(u)]; }
   bool aliased() const { return storage_ == MasterStorage::Aliased; }  // stream(u) is master(u)
@@ -94,7 +101,8 @@ class HostState {
   optim::UnitBuffers update_buffers(int64_t u);
   // Rewrites stream(u) from the master (rounding to bf16 for F32Copy, rebuilding fp32 for a rebuilt
   // copy; nothing to do where the copy is the master or its high half).
-  void refresh_stream(int64_t u);
+  void refresh_stream(int64_t u) { refresh_stream(u, 0, numel(u)); }
+  void refresh_stream(int64_t u, int64_t offset, int64_t n);  // elements [offset, offset + n)
   void refresh_all_streams();
   void zero_grads();
   int64_t total_numel() const;

@@ -148,86 +148,97 @@ void TensorStore::read_f32(const std::string& name, float* out) const {
 
 namespace {
 
-// load_weights into the units whose buffer is not null (the names of all units are checked).
-void load_units(const fs::path& dir, const ModelConfig& c, const ModelLayout& layout, const std::vector<float*>& units,
-                int threads) {
-  TensorStore store(dir);
-  struct Job {
-    const TensorStore::Ref* ref;
-    float* out;
-    int64_t begin = 0, count = 0;  // element range of the tensor (big tensors are split for balance)
-  };
-  std::vector<Job> jobs;
-  std::vector<std::string> missing;
-  std::map<std::string, bool> used;
-  for (size_t u = 0; u < layout.units.size(); ++u) {
-    // Zero only the alignment padding; every tensor is overwritten below.
-    int64_t pos = 0;
-    for (auto& p : layout.units[u].params) {
-      if (units[u]) std::fill(units[u] + pos, units[u] + p.offset, 0.0f);
-      pos = p.offset + p.numel;
-    }
-    if (units[u]) std::fill(units[u] + pos, units[u] + layout.units[u].numel, 0.0f);
-    for (auto& p : layout.units[u].params) {
-      auto* r = store.find(p.name);
-      if (!r) {
-        missing.push_back(p.name);
-        continue;
+// A model directory's tensors checked against the model once (every expected tensor present with its shape and a
+// float dtype, nothing unexpected), then read as fp32 window by window of a unit.
+class CheckedWeights {
+ public:
+  CheckedWeights(const fs::path& dir, const ModelConfig& c, const ModelLayout& layout)
+      : layout_(layout), store_(dir) {
+    std::vector<std::string> missing;
+    std::map<std::string, bool> used;
+    refs_.resize(layout.units.size());
+    for (size_t u = 0; u < layout.units.size(); ++u)
+      for (auto& p : layout.units[u].params) {
+        const TensorStore::Ref* r = store_.find(p.name);
+        refs_[u].push_back(r);
+        if (!r) {
+          missing.push_back(p.name);
+          continue;
+        }
+        used[p.name] = true;
+        LT_CHECK(r->tensor->shape == p.shape, "{}: tensor '{}': expected shape {} for {}, got {}",
+                 r->file->path().string(), p.name, shape_str(p.shape), c.name, shape_str(r->tensor->shape));
+        LT_CHECK(r->tensor->dtype == "F32" || r->tensor->dtype == "BF16" || r->tensor->dtype == "F16",
+                 "{}: tensor '{}': dtype {} cannot be loaded as weights (supported: F32, BF16, F16)",
+                 r->file->path().string(), p.name, r->tensor->dtype);
       }
-      used[p.name] = true;
-      LT_CHECK(r->tensor->shape == p.shape, "{}: tensor '{}': expected shape {} for {}, got {}",
-               r->file->path().string(), p.name, shape_str(p.shape), c.name, shape_str(r->tensor->shape));
-      LT_CHECK(r->tensor->dtype == "F32" || r->tensor->dtype == "BF16" || r->tensor->dtype == "F16",
-               "{}: tensor '{}': dtype {} cannot be loaded as weights (supported: F32, BF16, F16)",
-               r->file->path().string(), p.name, r->tensor->dtype);
-      constexpr int64_t kPiece = 8 << 20;
-      for (int64_t b = 0; units[u] && (b < p.numel || b == 0); b += kPiece)
-        jobs.push_back({r, units[u] + p.offset, b, std::min(kPiece, p.numel - b)});
+    if (!missing.empty())
+      fail("{}: {} expected tensor(s) missing for {}: {}", dir.string(), missing.size(), c.name, first_five(missing));
+    std::vector<std::string> extra;
+    for (auto& n : store_.names()) {
+      if (used.count(n) || ignorable(n) || passthrough_tensor(c, n)) continue;
+      if (n == "lm_head.weight" && c.tied) continue;  // tied: the head reads the embedding
+      extra.push_back(n);
     }
+    if (!extra.empty())
+      fail("{}: {} unexpected tensor(s) not part of {} ({}, {} layers): {}", dir.string(), extra.size(), c.name,
+           arch_hf_name(c.arch), c.layers, first_five(extra));
   }
-  if (!missing.empty()) {
-    std::string list;
-    for (size_t i = 0; i < std::min<size_t>(missing.size(), 5); ++i) list += (i ? ", " : "") + missing[i];
-    fail("{}: {} expected tensor(s) missing for {}: {}{}", dir.string(), missing.size(), c.name, list,
-         missing.size() > 5 ? ", ..." : "");
-  }
-  std::vector<std::string> extra;
-  for (auto& n : store.names()) {
-    if (used.count(n) || ignorable(n) || passthrough_tensor(c, n)) continue;
-    if (n == "lm_head.weight" && c.tied) continue;  // tied: the head reads the embedding
-    extra.push_back(n);
-  }
-  if (!extra.empty()) {
-    std::string list;
-    for (size_t i = 0; i < std::min<size_t>(extra.size(), 5); ++i) list += (i ? ", " : "") + extra[i];
-    fail("{}: {} unexpected tensor(s) not part of {} ({}, {} layers): {}{}", dir.string(), extra.size(), c.name,
-         arch_hf_name(c.arch), c.layers, list, extra.size() > 5 ? ", ..." : "");
-  }
-  // Convert in parallel, pieces of at most 8M elements, biggest first.
-  std::stable_sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) { return a.count > b.count; });
-  std::atomic<size_t> next{0};
-  std::exception_ptr err;
-  std::mutex err_mu;
-  auto work = [&] {
-    for (size_t i; (i = next.fetch_add(1)) < jobs.size();) {
-      try {
-        const Job& j = jobs[i];
-        const StTensor& t = *j.ref->tensor;
-        convert_to_f32(t.dtype, j.ref->file->raw(t) + uint64_t(j.begin) * t.elem_size, j.count, j.out + j.begin,
-                       j.ref->file->path().string() + ": tensor '" + t.name + "'");
-      } catch (...) {
-        std::lock_guard<std::mutex> g(err_mu);
-        if (!err) err = std::current_exception();
+
+  // Elements [off, off + n) of unit u into out[0, n) (alignment padding zeroed), converted on `threads` threads in
+  // pieces of at most 8M elements, biggest first.
+  void read(int64_t u, int64_t off, int64_t n, float* out, int threads) const {
+    std::fill(out, out + n, 0.0f);
+    struct Job {
+      const TensorStore::Ref* ref;
+      float* out;              // the tensor's element `begin`
+      int64_t begin, count;    // element range of the tensor
+    };
+    std::vector<Job> jobs;
+    const UnitLayout& lay = layout_.units[size_t(u)];
+    constexpr int64_t kPiece = 8 << 20;
+    for (size_t k = 0; k < lay.params.size(); ++k) {
+      const ParamInfo& p = lay.params[k];
+      const int64_t b = std::max(off, p.offset) - p.offset, e = std::min(off + n, p.offset + p.numel) - p.offset;
+      for (int64_t s = b; s < e; s += kPiece)
+        jobs.push_back({refs_[size_t(u)][k], out + (p.offset + s - off), s, std::min(kPiece, e - s)});
+    }
+    std::stable_sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) { return a.count > b.count; });
+    std::atomic<size_t> next{0};
+    std::exception_ptr err;
+    std::mutex err_mu;
+    auto work = [&] {
+      for (size_t i; (i = next.fetch_add(1)) < jobs.size();) {
+        try {
+          const Job& j = jobs[i];
+          const StTensor& t = *j.ref->tensor;
+          convert_to_f32(t.dtype, j.ref->file->raw(t) + uint64_t(j.begin) * t.elem_size, j.count, j.out,
+                         j.ref->file->path().string() + ": tensor '" + t.name + "'");
+        } catch (...) {
+          std::lock_guard<std::mutex> g(err_mu);
+          if (!err) err = std::current_exception();
+        }
       }
-    }
-  };
-  const int nt = std::min<int>(pick_threads(threads), int(std::max<size_t>(jobs.size(), 1)));
-  std::vector<std::thread> ts;
-  for (int t = 1; t < nt; ++t) ts.emplace_back(work);
-  work();
-  for (auto& t : ts) t.join();
-  if (err) std::rethrow_exception(err);
-}
+    };
+    const int nt = std::min<int>(pick_threads(threads), int(std::max<size_t>(jobs.size(), 1)));
+    std::vector<std::thread> ts;
+    for (int t = 1; t < nt; ++t) ts.emplace_back(work);
+    work();
+    for (auto& t : ts) t.join();
+    if (err) std::rethrow_exception(err);
+  }
+
+ private:
+  static std::string first_five(const std::vector<std::string>& names) {
+    std::string list;
+    for (size_t i = 0; i < std::min<size_t>(names.size(), 5); ++i) list += (i ? ", " : "") + names[i];
+    return list + (names.size() > 5 ? ", ..." : "");
+  }
+
+  const ModelLayout& layout_;
+  TensorStore store_;
+  std::vector<std::vector<const TensorStore::Ref*>> refs_;  // per unit, per parameter
+};
 
 }  // namespace
 
@@ -236,19 +247,25 @@ void load_weights(const fs::path& dir, const ModelConfig& c, const ModelLayout& 
   LT_CHECK(units.size() == layout.units.size(), "load_weights: {} unit buffers for {} units", units.size(),
            layout.units.size());
   for (size_t u = 0; u < units.size(); ++u) LT_CHECK(units[u], "load_weights: unit {} has no buffer", u);
-  load_units(dir, c, layout, units, threads);
+  const CheckedWeights w(dir, c, layout);
+  for (size_t u = 0; u < units.size(); ++u) w.read(int64_t(u), 0, layout.units[u].numel, units[u], threads);
 }
 
 void load_weights(const fs::path& dir, const ModelConfig& c, const ModelLayout& layout, const UnitSink& sink,
-                  int threads) {
+                  const PieceSize& piece, int threads) {
   int64_t largest = 0;
-  for (auto& u : layout.units) largest = std::max(largest, u.numel);
+  for (size_t u = 0; u < layout.units.size(); ++u)
+    largest = std::max(largest, std::min(piece(int64_t(u)), layout.units[u].numel));
   std::vector<float> buf(static_cast<size_t>(largest));
   for (size_t u = 0; u < layout.units.size(); ++u) {
-    std::vector<float*> ptrs(layout.units.size(), nullptr);
-    ptrs[u] = buf.data();
-    load_units(dir, c, layout, ptrs, threads);
-    sink(int64_t(u), buf.data());
+    // Opened per unit: the mapped shards' pages this unit touched are let go before the next.
+    const CheckedWeights w(dir, c, layout);
+    const int64_t numel = layout.units[u].numel, step = std::max<int64_t>(piece(int64_t(u)), 1);
+    for (int64_t off = 0; off < numel; off += step) {
+      const int64_t n = std::min(step, numel - off);
+      w.read(int64_t(u), off, n, buf.data(), threads);
+      sink(int64_t(u), off, n, buf.data());
+    }
   }
 }
 

@@ -55,11 +55,13 @@ class TensorStore {
 // are ignored, and so are pass-through tensors). Errors name the file, tensor, expected vs actual shape.
 void load_weights(const std::filesystem::path& dir, const ModelConfig& c, const ModelLayout& layout,
                   const std::vector<float*>& units, int threads = 0);
-// The same, one unit at a time through a buffer of the largest unit: `sink(u, values)` receives unit u's
-// layout.units[u].numel floats, so that no fp32 copy of the whole model is held (host state in 4 B/param).
-using UnitSink = std::function<void(int64_t unit, const float* values)>;
+// The same, a piece of a unit at a time through one buffer of the largest piece: `sink(u, offset, n, values)` receives
+// elements [offset, offset + n) of unit u, the pieces of a unit in order and at most piece(u) elements each, so that
+// no fp32 copy of the model, nor of its largest unit (the 27B shape's embedding: 5 GiB), is held.
+using UnitSink = std::function<void(int64_t unit, int64_t offset, int64_t n, const float* values)>;
+using PieceSize = std::function<int64_t(int64_t unit)>;
 void load_weights(const std::filesystem::path& dir, const ModelConfig& c, const ModelLayout& layout,
-                  const UnitSink& sink, int threads = 0);
+                  const UnitSink& sink, const PieceSize& piece, int threads = 0);
 // config.json + weights.
 ModelWeights load_model(const std::filesystem::path& dir, int threads = 0);
 

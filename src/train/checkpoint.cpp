@@ -162,8 +162,8 @@ TrainerState read_trainer_state(const fs::path& ckpt) {
 }
 
 void load_checkpoint_weights(const fs::path& ckpt, const ModelConfig& c, const ModelLayout& layout,
-                             const UnitSink& masters, optim::CpuAdamW* optimizer) {
-  load_weights(ckpt / "trainer_state" / "master", c, layout, masters);
+                             const UnitSink& masters, const PieceSize& piece, optim::CpuAdamW* optimizer) {
+  load_weights(ckpt / "trainer_state" / "master", c, layout, masters, piece);
   if (optimizer) optimizer->load(ckpt / "trainer_state" / "optimizer.bin");
 }
 

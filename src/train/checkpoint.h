@@ -71,8 +71,8 @@ fs::path save_checkpoint(const fs::path& output_dir, const CheckpointContents& c
 
 // Reads trainer_state/trainer_state.json of a checkpoint.
 TrainerState read_trainer_state(const fs::path& ckpt);
-// Loads the fp32 masters (into the given unit buffers) and the optimizer state.
+// Loads the fp32 masters (into `masters`, in pieces of at most piece(u) elements) and the optimizer state.
 void load_checkpoint_weights(const fs::path& ckpt, const ModelConfig& c, const ModelLayout& layout,
-                             const UnitSink& masters, optim::CpuAdamW* optimizer);
+                             const UnitSink& masters, const PieceSize& piece, optim::CpuAdamW* optimizer);
 
 }  // namespace lt::train

@@ -174,23 +174,39 @@ HostStateOptions host_state_options(const TrainingPlan& tp) {
 
 uint64_t rounding_seed(uint64_t seed) { return seed * 0x2545f4914f6cdd1dull + 0x5eed; }
 
+namespace {
+
+// The masters are written in pieces (HostState::master_write_piece): the fp32 buffer beside the optimizer's state (made
+// first) is 64 MiB, not the largest unit (the 27B shape's embedding: 5 GiB).
+UnitSink master_sink(HostState& st) {
+  return [&st](int64_t u, int64_t off, int64_t n, const float* v) { st.write_master(u, off, n, v); };
+}
+PieceSize master_pieces(const HostState& st) {
+  return [&st](int64_t u) { return st.master_write_piece(u); };
+}
+
+}  // namespace
+
 void write_initial_weights(const ModelSetup& ms, HostState& st, int threads) {
   const InitialWeights& iw = ms.initial;
   if (iw.source == InitialWeights::Source::Checkpoint) return;
-  auto to_state = [&st, &ms](int64_t u, const float* v) {
+  for (int64_t u = 0; u < st.units(); ++u)
     LT_CHECK(st.numel(u) == ms.layout.units[size_t(u)].numel, "internal: unit {} size mismatch", u);
-    st.write_master(u, v);
-  };
   if (iw.source == InitialWeights::Source::Pretrained) {
-    load_weights(iw.dir, ms.model, ms.layout, to_state, threads);
+    load_weights(iw.dir, ms.model, ms.layout, master_sink(st), master_pieces(st), threads);
     return;
   }
-  std::vector<float> buf;
+  int64_t largest = 0;
+  for (int64_t u = 0; u < st.units(); ++u) largest = std::max(largest, st.master_write_piece(u));
+  std::vector<float> buf(static_cast<size_t>(largest));
   for (int64_t u = 0; u < st.units(); ++u) {
-    if (StopSignals::requested()) throw data::StopRequested("while initialising the weights");
-    buf.resize(size_t(st.numel(u)));
-    init_unit(ms.model, ms.layout.units[size_t(u)], buf.data(), iw.seed, threads);
-    to_state(u, buf.data());
+    const int64_t step = std::max<int64_t>(st.master_write_piece(u), 1);
+    for (int64_t off = 0; off < st.numel(u); off += step) {
+      if (StopSignals::requested()) throw data::StopRequested("while initialising the weights");
+      const int64_t n = std::min(step, st.numel(u) - off);
+      init_unit_part(ms.model, ms.layout.units[size_t(u)], off, n, buf.data(), iw.seed, threads);
+      st.write_master(u, off, n, buf.data());
+    }
   }
 }
 
@@ -229,8 +245,7 @@ void resume_from(const fs::path& ckpt, const TrainConfig& cfg, const ModelSetup&
   if (saved.total_steps != ts.total_steps)
     log_warn("resume: total steps changed from {} to {}; the LR schedule follows the new total", saved.total_steps,
              ts.total_steps);
-  load_checkpoint_weights(ckpt, ms.model, ms.layout, [&st](int64_t u, const float* v) { st.write_master(u, v); },
-                          nullptr);
+  load_checkpoint_weights(ckpt, ms.model, ms.layout, master_sink(st), master_pieces(st), nullptr);
   load_optimizer(ckpt / "trainer_state" / "optimizer.bin");
   ts.global_step = saved.global_step;
   ts.micro_batches_done = saved.micro_batches_done;

@@ -61,5 +61,32 @@ TEST(MasterStorage, Bf16StochasticRoundingTrainsReproduciblyWithBf16Masters) {
   for (size_t s = 0; s < f.losses.size(); ++s) EXPECT_NEAR(a.losses[s], f.losses[s], 0.02 * f.losses[s]) << s;
 }
 
+// Masters written in pieces (starting weights, checkpoints: HostState::master_write_piece) hold exactly what one whole
+// write gives, in the master and in the streaming copy, for each storage the CPU backend has.
+TEST(MasterStorage, WritesInPiecesEqualTheWholeWrite) {
+  const ModelConfig c = test::tiny_config(Arch::Qwen3_5, 2, false);
+  CpuBackend be(c, test::cpu_opts());
+  HostStateOptions split, sr;
+  split.split_on_fp32_stream = true;
+  sr.master = MasterMode::Bf16Sr;
+  for (const HostStateOptions& o : {HostStateOptions{}, split, sr}) {
+    HostState whole(be, o), pieces(be, o);
+    for (int64_t u = 0; u < whole.units(); ++u) {
+      const int64_t n = whole.numel(u);
+      EXPECT_EQ(whole.master_write_piece(u), std::min(n, HostState::kMasterWritePiece));
+      std::vector<float> v(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) v[size_t(i)] = std::sin(0.37f * float(i + 11 * u)) * 0.1f;  // not bf16-exact
+      whole.write_master(u, v.data());
+      for (int64_t off = 0; off < n; off += 7) pieces.write_master(u, off, std::min<int64_t>(7, n - off), v.data() + off);
+      std::vector<float> a(static_cast<size_t>(n)), b(static_cast<size_t>(n));
+      whole.read_master(u, a.data());
+      pieces.read_master(u, b.data());
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), size_t(n) * 4), 0) << master_storage_name(whole.storage()) << " unit " << u;
+      EXPECT_EQ(std::memcmp(whole.stream(u), pieces.stream(u), size_t(n) * 4), 0)
+          << master_storage_name(whole.storage()) << " unit " << u << ": the streaming copy";
+    }
+  }
+}
+
 }  // namespace
 }  // namespace lt

@@ -197,6 +197,34 @@ TEST(ModelIO, LoadWeightsIntoCallerBuffersOverwritesEverything) {
   fs::remove_all(d);
 }
 
+// Through a sink in pieces (the trainer's starting weights and checkpoints): every element once, the pieces of a unit
+// in order and within the piece size, across tensor and shard boundaries, bf16 shards converted as whole loads do.
+TEST(ModelIO, LoadWeightsInPiecesDeliversTheWholeUnits) {
+  auto d = tmpdir("pieces");
+  auto w = random_model(preset_config("tiny-qwen35"), 5);
+  save_model(d, w, {DType::BF16, 64 << 10});  // several shards
+  const ModelWeights whole = load_model(d, 2);
+  for (int64_t piece : {int64_t(1000), int64_t(4097), int64_t(1) << 30}) {  // the embedding (16M) in ~1M pieces
+    std::vector<std::vector<float>> got;
+    for (auto& u : w.layout.units) got.emplace_back(size_t(u.numel), std::nanf(""));
+    std::vector<int64_t> next(got.size(), 0);
+    load_weights(
+        d, w.config, w.layout,
+        [&](int64_t u, int64_t off, int64_t n, const float* v) {
+          ASSERT_EQ(off, next[size_t(u)]) << "unit " << u << ": pieces in order";
+          ASSERT_LE(n, u == 0 ? std::min(piece, (int64_t(1) << 20) + 3) : piece);
+          std::copy(v, v + n, got[size_t(u)].begin() + off);
+          next[size_t(u)] = off + n;
+        },
+        [&](int64_t u) { return u == 0 ? std::min(piece, (int64_t(1) << 20) + 3) : piece; }, 3);
+    for (size_t u = 0; u < got.size(); ++u) {
+      EXPECT_EQ(next[u], w.layout.units[u].numel) << "unit " << u;
+      EXPECT_EQ(got[u], whole.units[u]) << "unit " << u << ", pieces of " << piece;
+    }
+  }
+  fs::remove_all(d);
+}
+
 TEST(ModelIO, TensorBiggerThanShardLimitGetsItsOwnShard) {
   auto d = tmpdir("own");
   auto w = random_model(preset_config("tiny-llama3"), 2);

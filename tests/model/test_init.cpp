@@ -53,6 +53,26 @@ TEST(Init, DeterministicAndIndependentOfThreadsAndOrder) {
   EXPECT_NE(a.tensor("model.layers.0.mlp.up_proj.weight")[0], a.tensor("model.layers.1.mlp.up_proj.weight")[0]);
 }
 
+TEST(Init, AUnitInPiecesIsTheWholeUnit) {
+  for (const char* preset : {"tiny-qwen3", "tiny-qwen35"}) {
+    auto c = preset_config(preset);
+    c.vocab = 40000;  // the embedding's fill split across threads
+    c.pad_token_id = 7;
+    const ModelLayout layout = model_layout(c);
+    for (const UnitLayout& u : {layout.units[0], layout.units[1]}) {
+      std::vector<float> whole(size_t(u.numel));
+      init_unit(c, u, whole.data(), 3, 4);
+      // Odd piece sizes split Box-Muller pairs, tensors, the pad row and the threads' slices at every place.
+      for (int64_t piece : {int64_t(1), int64_t(7), int64_t(1001), int64_t(1) << 20}) {
+        std::vector<float> parts(size_t(u.numel), -1.0f);
+        for (int64_t off = 0; off < u.numel; off += piece)
+          init_unit_part(c, u, off, std::min(piece, u.numel - off), parts.data() + off, 3, piece > 5000 ? 3 : 1);
+        ASSERT_EQ(parts, whole) << preset << " unit (layer " << u.layer << ") " << " pieces of " << piece;
+      }
+    }
+  }
+}
+
 TEST(Weights, FindByName) {
   auto w = make_weights(preset_config("tiny-llama3"));
   auto [u, p] = w.find("model.layers.1.mlp.down_proj.weight");
