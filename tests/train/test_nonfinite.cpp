@@ -345,22 +345,25 @@ TEST(NonFinite, OverflowWithFiniteWeightsNamesTheGradient) {
       << o.error;
 }
 
-// Huge finite weights (64 values of a q_proj at 1e30) leave the loss finite and make the gradient norm ~1e22, clipped
-// every step: the run warns once, at the first such step, naming the largest weight, records the event, and trains on.
+// Huge finite weights leave the loss finite and make the gradient norm huge, clipped every step: the run warns once, at
+// the first such step, naming the largest weight, records the event, and trains on. The tied embedding's row 0 at 1e8
+// gives that logit ~1e9 wherever the hidden state points its way: the softmax saturates there and the gradient of every
+// hidden state before it is ~1e8 (a q_proj at 1e30 saturates the attention instead, whose gradient then cancels to
+// zero or not depending on how the build rounds the softmax).
 TEST(NonFinite, ExtremeGradientsFromHugeWeightsAreNamed) {
   TmpDir t;
   const Outcome o = run_caught(tiny_config(t.p, {"max_steps=4"}),
-                               huge_weights("model.layers.0.self_attn.q_proj.weight", 1e30f));
+                               huge_weights("model.embed_tokens.weight", 1e8f));
   EXPECT_TRUE(o.error.empty()) << o.error;
   const auto ev = records(t.p, "extreme_gradients");
   ASSERT_EQ(ev.size(), 1u) << o.out;
   EXPECT_EQ(ev[0]["step"], 2);
-  EXPECT_GT(ev[0]["grad_norm"].get<double>(), 1e20);
-  EXPECT_EQ(ev[0]["largest_parameter"], "model.layers.0.self_attn.q_proj.weight");
-  EXPECT_FLOAT_EQ(ev[0]["max_abs"].get<float>(), 1e30f);
+  EXPECT_GT(ev[0]["grad_norm"].get<double>(), 1e6);
+  EXPECT_EQ(ev[0]["largest_parameter"], "model.embed_tokens.weight");
+  EXPECT_FLOAT_EQ(ev[0]["max_abs"].get<float>(), 1e8f);
   EXPECT_TRUE(has(o.out, "warning: step 2: gradient norm ")) << o.out;
   EXPECT_TRUE(has(o.out, "beyond any trained model's (clipped to 1)")) << o.out;
-  EXPECT_TRUE(has(o.out, "the largest is model.layers.0.self_attn.q_proj.weight (|w| up to 1e+30)")) << o.out;
+  EXPECT_TRUE(has(o.out, "the largest is model.embed_tokens.weight (|w| up to 1e+08)")) << o.out;
   EXPECT_EQ(records(t.p, "train").size(), 4u);
   // Every weight zero (the hidden states are zero, so is every gradient): the exact zero is named too.
   TmpDir z("_zero");
