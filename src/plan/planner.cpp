@@ -534,10 +534,12 @@ PlanOutcome make_plan(const PlanRequest& r) {
   // again with them on every rung where they apply. Their HBM (the [vocab, hidden] fp32 buffers) may let an earlier
   // rung fit or run larger chunks, for one more logits GEMM; a later rung (NVMe moments) may still be faster, so the
   // two ladders' plans are compared (ties: without).
-  // Only where some rung can hold the gradients on the device in bf16 (head_grad_slices_apply): not forced to the
-  // host or fp32, nor data parallel (host gradients only).
-  const bool can_slice = !r.model.tied && r.world == 1 && r.grads != GradHome::Host && r.grad_dtype != GradDType::F32;
-  if (!r.head_grad_slices && can_slice) {
+  // Only where some rung can take them (head_grad_slices_apply on the most the request leaves open): gradients not
+  // forced to the host or fp32, no data parallel (host gradients only).
+  StatePlacement most;
+  most.grads = r.grads.value_or(GradHome::Device);
+  most.grad_dtype = r.grad_dtype.value_or(GradDType::Bf16);
+  if (!r.head_grad_slices && r.world == 1 && head_grad_slices_apply(r.model, most)) {
     PlanRequest sliced = r;
     sliced.head_grad_slices = true;
     PlanOutcome o = plan_ladder(sliced);
